@@ -1,0 +1,1 @@
+"""Control plane: FastAPI on Redis."""

@@ -1,0 +1,395 @@
+"""The ZeroMQ wire protocol shared by every StreamRec service.
+
+A message is a ZeroMQ multipart message: one small header frame, then one raw frame per
+array. Nothing is ever pickled: a peer's bytes are untrusted, so the header is msgpack of
+plain types and the arrays are raw buffers whose dtype comes from a whitelist::
+
+    frame 0   header (msgpack map)
+              {"v": 1, "op": "sample_ids", "id": 7,
+               "meta": {...plain values...},
+               "arrays": [["keys", "<i8", [4096]], ["cnts", "<i4", [4096]]]}
+    frame 1   4096 * 8 bytes   (keys)
+    frame 2   4096 * 4 bytes   (cnts)
+
+A reply has the same shape; its header carries ``"ok": true`` or
+``"ok": false, "error": {"code": ..., "message": ...}`` instead of an op.
+
+Limits: ``max_message_bytes`` caps every frame at the socket (ZMQ_MAXMSGSIZE, so an
+oversized frame is dropped before it is buffered) and the sum of the frames after receipt;
+``MAX_FRAMES`` caps the frame count. Every client call has a timeout.
+
+Servers (:class:`RpcServer`) run a ROUTER front end and a pool of worker threads so that
+handlers that release the GIL (numpy, torch, the C++ extensions) use every core.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from streamrec.errors import BadRequest, RemoteError, RpcTimeout, StreamRecError
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_FRAMES = 256
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+#: Frames smaller than this are copied on send; larger ones are sent zero-copy.
+ZERO_COPY_THRESHOLD = 64 * 1024
+
+#: The only dtypes that may cross the wire (little-endian, fixed size, no objects).
+ALLOWED_DTYPES = {
+    np.dtype(t).str: np.dtype(t)
+    for t in (
+        np.bool_, np.int8, np.int16, np.int32, np.int64,
+        np.uint8, np.uint16, np.uint32, np.uint64,
+        np.float16, np.float32, np.float64,
+    )
+}
+
+Arrays = dict[str, np.ndarray]
+Meta = dict[str, Any]
+Handler = Callable[[Meta, Arrays], tuple[Meta, Arrays]]
+
+
+@dataclass
+class Message:
+    """A decoded message: header fields, plain metadata and named arrays."""
+
+    header: dict[str, Any]
+    meta: Meta = field(default_factory=dict)
+    arrays: Arrays = field(default_factory=dict)
+
+
+def _as_wire_array(name: str, value: Any) -> np.ndarray:
+    arr = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    if arr.dtype.str not in ALLOWED_DTYPES:
+        if arr.dtype.byteorder == ">" and arr.dtype.newbyteorder("<").str in ALLOWED_DTYPES:
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        else:
+            raise BadRequest(f"array {name!r}: dtype {arr.dtype} cannot cross the wire")
+    # Contiguity is checked before sending: only C-contiguous buffers go out as-is.
+    return np.ascontiguousarray(arr)
+
+
+def encode(header: dict[str, Any], meta: Meta | None, arrays: Mapping[str, Any] | None) -> list:
+    """Builds the frames of one message (header first, then one buffer per array)."""
+    arrays = arrays or {}
+    if len(arrays) + 1 > MAX_FRAMES:
+        raise BadRequest(f"too many arrays: {len(arrays)} (at most {MAX_FRAMES - 1})")
+    descriptors = []
+    buffers = []
+    for name, value in arrays.items():
+        arr = _as_wire_array(name, value)
+        descriptors.append([name, arr.dtype.str, list(arr.shape)])
+        buffers.append(arr)
+    head = dict(header, v=PROTOCOL_VERSION, meta=meta or {}, arrays=descriptors)
+    try:
+        packed = msgpack.packb(head, use_bin_type=True)
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"metadata cannot be encoded: {exc}") from exc
+    return [packed, *buffers]
+
+
+def _frame_bytes(frame: Any) -> memoryview:
+    if isinstance(frame, zmq.Frame):
+        return frame.buffer
+    return memoryview(frame)
+
+
+def decode(frames: list, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
+    """Parses and validates untrusted frames into a :class:`Message`.
+
+    Raises:
+        BadRequest: naming what is wrong (header, descriptor, size, dtype).
+    """
+    if not frames:
+        raise BadRequest("empty message")
+    if len(frames) > MAX_FRAMES:
+        raise BadRequest(f"too many frames: {len(frames)} (at most {MAX_FRAMES})")
+    views = [_frame_bytes(f) for f in frames]
+    total = sum(v.nbytes for v in views)
+    if total > max_message_bytes:
+        raise BadRequest(f"message of {total} bytes exceeds the cap of {max_message_bytes}")
+    try:
+        header = msgpack.unpackb(views[0], raw=False, strict_map_key=True, max_bin_len=0,
+                                 max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise BadRequest(f"header is not valid msgpack: {exc}") from exc
+    if not isinstance(header, dict):
+        raise BadRequest(f"header must be a map, got {type(header).__name__}")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise BadRequest(f"header field 'v': unsupported protocol version {version!r}")
+    meta = header.get("meta", {})
+    if not isinstance(meta, dict):
+        raise BadRequest("header field 'meta' must be a map")
+    descriptors = header.get("arrays", [])
+    if not isinstance(descriptors, list):
+        raise BadRequest("header field 'arrays' must be a list")
+    if len(descriptors) != len(views) - 1:
+        raise BadRequest(
+            f"header describes {len(descriptors)} arrays but {len(views) - 1} buffers came"
+        )
+    arrays: Arrays = {}
+    for desc, view in zip(descriptors, views[1:], strict=True):
+        name, arr = _decode_array(desc, view)
+        if name in arrays:
+            raise BadRequest(f"array {name!r} appears twice")
+        arrays[name] = arr
+    return Message(header=header, meta=meta, arrays=arrays)
+
+
+def _decode_array(desc: Any, view: memoryview) -> tuple[str, np.ndarray]:
+    if not (isinstance(desc, list) and len(desc) == 3):
+        raise BadRequest(f"array descriptor must be [name, dtype, shape], got {desc!r}")
+    name, dtype_str, shape = desc
+    if not isinstance(name, str):
+        raise BadRequest(f"array name must be a string, got {name!r}")
+    dtype = ALLOWED_DTYPES.get(dtype_str) if isinstance(dtype_str, str) else None
+    if dtype is None:
+        raise BadRequest(f"array {name!r}: dtype {dtype_str!r} is not allowed")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise BadRequest(f"array {name!r}: bad shape {shape!r}")
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if expected != view.nbytes:
+        raise BadRequest(
+            f"array {name!r}: shape {shape} of {dtype_str} needs {expected} bytes, "
+            f"buffer has {view.nbytes}"
+        )
+    arr = np.frombuffer(view, dtype=dtype).reshape(shape) if expected else np.empty(shape, dtype)
+    return name, arr
+
+
+def error_reply(request_id: Any, code: str, message: str) -> list:
+    return encode({"id": request_id, "ok": False, "error": {"code": code, "message": message}},
+                  None, None)
+
+
+class RpcServer:
+    """A ROUTER front end and ``workers`` threads that run ``handlers[op](meta, arrays)``.
+
+    A handler returns ``(meta, arrays)`` for the reply. A :class:`StreamRecError` (or a
+    ``ValueError``/``KeyError``/``TypeError`` from argument checks) becomes an error reply
+    with its code; any other exception becomes ``internal`` and is logged. The server keeps
+    serving in every case.
+
+    Args:
+        endpoint: where to bind, e.g. ``tcp://127.0.0.1:5555`` or ``ipc:///tmp/x.sock``.
+        handlers: op name -> handler.
+        workers: threads running handlers concurrently (handlers must be thread-safe).
+        max_message_bytes: cap on one incoming message (and each frame at the socket).
+        on_request: optional callback ``(op, seconds, error_code_or_None)`` for metrics.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        handlers: Mapping[str, Handler],
+        workers: int = 2,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        on_request: Callable[[str, float, str | None], None] | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.handlers = dict(handlers)
+        self.max_message_bytes = max_message_bytes
+        self.on_request = on_request
+        self.ctx = context or zmq.Context.instance()
+        self.frontend = self.ctx.socket(zmq.ROUTER)
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self.frontend.setsockopt(zmq.LINGER, 0)
+        self.frontend.bind(endpoint)
+        self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._backend_addr = f"inproc://rpc-workers-{uuid.uuid4().hex}"
+        self._control_addr = f"inproc://rpc-control-{uuid.uuid4().hex}"
+        self.backend = self.ctx.socket(zmq.DEALER)
+        self.backend.bind(self._backend_addr)
+        self.control = self.ctx.socket(zmq.PAIR)
+        self.control.bind(self._control_addr)
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"rpc-worker-{i}", daemon=True)
+            for i in range(max(1, workers))
+        ]
+        self._proxy_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> RpcServer:
+        for t in self._threads:
+            t.start()
+        self._proxy_thread = threading.Thread(target=self._proxy, name="rpc-proxy", daemon=True)
+        self._proxy_thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self.start()
+        while not self._stopping.wait(0.5):
+            pass
+
+    def stop(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        ctl = self.ctx.socket(zmq.PAIR)
+        ctl.connect(self._control_addr)
+        ctl.send(b"TERMINATE")
+        ctl.close(linger=100)
+        if self._proxy_thread is not None:
+            self._proxy_thread.join(timeout=5)
+
+    def _proxy(self) -> None:
+        try:
+            zmq.proxy_steerable(self.frontend, self.backend, None, self.control)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for sock in (self.frontend, self.backend, self.control):
+                sock.close(linger=0)
+
+    def _worker(self) -> None:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self._backend_addr)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                if not poller.poll(200):
+                    continue
+                frames = sock.recv_multipart(copy=False)
+                # ROUTER envelope: routing id(s), then an empty delimiter only if the peer
+                # was a REQ socket. Our clients are DEALERs: [identity, header, buffers...].
+                envelope, body = frames[:1], frames[1:]
+                if body and body[0].bytes == b"":
+                    envelope, body = frames[:2], frames[2:]
+                reply = self._handle(body)
+                sock.send_multipart(envelope + reply, copy=False)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            sock.close(linger=0)
+
+    def _handle(self, body: list) -> list:
+        started = time.perf_counter()
+        op, request_id, code = "?", None, None
+        try:
+            msg = decode(body, self.max_message_bytes)
+            request_id = msg.header.get("id")
+            op = msg.header.get("op")
+            if not isinstance(op, str) or op not in self.handlers:
+                code = "unknown_op"
+                known = ", ".join(sorted(self.handlers))
+                return error_reply(request_id, code, f"unknown op {op!r}; known ops: {known}")
+            meta, arrays = self.handlers[op](msg.meta, msg.arrays)
+            return encode({"id": request_id, "ok": True}, meta, arrays)
+        except StreamRecError as exc:
+            code = exc.code
+            return error_reply(request_id, code, str(exc))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            code = "bad_request"
+            return error_reply(request_id, code, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the server must survive anything a handler does
+            log.exception("handler for op %r failed", op)
+            code = "internal"
+            return error_reply(request_id, code, f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.on_request is not None:
+                self.on_request(str(op), time.perf_counter() - started, code)
+
+
+class RpcClient:
+    """A DEALER client: ``call(op, meta, arrays)`` returns ``(meta, arrays)`` or raises.
+
+    ``send`` and ``receive`` are exposed separately so a caller can have requests in flight
+    to several servers at once (the embedding-store client does). Replies to requests that
+    timed out are recognised by their id and dropped. One client is used by one thread at
+    a time (a lock enforces it).
+
+    Raises:
+        RpcTimeout: no reply within ``timeout_s`` (the server may be dead or overloaded).
+        RemoteError: the server answered with an error; ``.code`` and message say why.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        endpoint: str,
+        timeout_s: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self.max_message_bytes = max_message_bytes
+        self.ctx = context or zmq.Context.instance()
+        self.lock = threading.RLock()
+        self.sock = self._connect()
+
+    def _connect(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.connect(self.endpoint)
+        return sock
+
+    def send(self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None
+             ) -> int:
+        request_id = next(self._ids)
+        frames = encode({"op": op, "id": request_id}, meta, arrays)
+        size = sum(memoryview(f).nbytes for f in frames)
+        if size > self.max_message_bytes:
+            raise BadRequest(f"request of {size} bytes exceeds the cap of "
+                             f"{self.max_message_bytes}")
+        with self.lock:
+            self.sock.send_multipart(
+                frames, copy=size < ZERO_COPY_THRESHOLD)
+        return request_id
+
+    def receive(self, request_id: int, timeout_s: float | None = None) -> tuple[Meta, Arrays]:
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        with self.lock:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.sock.poll(int(remaining * 1000) + 1):
+                    # The DEALER may still get the late reply; a fresh socket avoids
+                    # mixing it with the next request's.
+                    self.sock.close(linger=0)
+                    self.sock = self._connect()
+                    raise RpcTimeout(
+                        f"no reply from {self.endpoint} within "
+                        f"{self.timeout_s if timeout_s is None else timeout_s:.1f}s "
+                        f"(request {request_id}); is the server running?")
+                frames = self.sock.recv_multipart(copy=False)
+                msg = decode(frames, self.max_message_bytes)
+                if msg.header.get("id") != request_id:
+                    continue  # a stale reply to an earlier request that timed out
+                if not msg.header.get("ok"):
+                    err = msg.header.get("error") or {}
+                    raise RemoteError(str(err.get("code", "unknown")),
+                                      str(err.get("message", "")))
+                return msg.meta, msg.arrays
+
+    def call(self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None,
+             timeout_s: float | None = None) -> tuple[Meta, Arrays]:
+        with self.lock:
+            return self.receive(self.send(op, meta, arrays), timeout_s)
+
+    def close(self) -> None:
+        with self.lock:
+            self.sock.close(linger=0)
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

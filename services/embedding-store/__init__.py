@@ -1,0 +1,1 @@
+"""Sparse parameter server: dynamic multi-table embedding store (PaddleRec / OneEmbedding)."""

@@ -1,0 +1,1 @@
+"""Node-local negative sampling server (RecIS ``LocalRpcDataSampler``)."""

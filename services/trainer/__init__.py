@@ -1,0 +1,1 @@
+"""DLRM trainer workers: streaming passes, predict-then-train AUC, checkpoints."""

@@ -1,0 +1,88 @@
+"""The wire protocol against a real RpcServer over real ZeroMQ sockets."""
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from streamrec import wire
+from streamrec.errors import BadRequest, RemoteError, RpcTimeout
+
+
+def echo(meta, arrays):
+    return {"seen": meta}, {k: v * 2 for k, v in arrays.items()}
+
+
+def boom(meta, arrays):
+    raise RuntimeError("exploded")
+
+
+@pytest.fixture
+def server():
+    srv = wire.RpcServer("tcp://127.0.0.1:*", {"echo": echo, "boom": boom},
+                         workers=2, max_message_bytes=1 << 20).start()
+    yield srv
+    srv.stop()
+
+
+def test_round_trip_arrays_and_meta(server):
+    with wire.RpcClient(server.endpoint, timeout_s=5) as client:
+        keys = np.arange(10, dtype=np.int64)
+        meta, arrays = client.call("echo", {"a": 1, "b": "x"}, {"keys": keys,
+                                   "w": np.ones((2, 3), np.float32)})
+        assert meta == {"seen": {"a": 1, "b": "x"}}
+        np.testing.assert_array_equal(arrays["keys"], keys * 2)
+        assert arrays["w"].shape == (2, 3) and arrays["w"].dtype == np.float32
+
+
+def test_errors_are_structured_and_server_keeps_serving(server):
+    with wire.RpcClient(server.endpoint, timeout_s=5) as client:
+        with pytest.raises(RemoteError) as info:
+            client.call("nope")
+        assert info.value.code == "unknown_op" and "nope" in str(info.value)
+        with pytest.raises(RemoteError) as info:
+            client.call("boom")
+        assert info.value.code == "internal" and "exploded" in str(info.value)
+        assert client.call("echo", {"x": 1})[0] == {"seen": {"x": 1}}
+
+
+def test_malformed_and_oversized_frames_refused(server):
+    ctx = zmq.Context.instance()
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(server.endpoint)
+    try:
+        raw.send_multipart([b"\xc1garbage"])
+        reply = wire.decode(raw.recv_multipart())
+        assert reply.header["ok"] is False and "msgpack" in reply.header["error"]["message"]
+        head = msgpack.packb({"v": 1, "op": "echo", "id": 3,
+                              "arrays": [["k", "<i8", [4]]]})
+        raw.send_multipart([head, b"\0" * 8])  # 8 bytes where 32 are described
+        reply = wire.decode(raw.recv_multipart())
+        assert "needs 32 bytes" in reply.header["error"]["message"]
+        head = msgpack.packb({"v": 1, "op": "echo", "id": 4, "arrays": [["k", "|O", [1]]]})
+        raw.send_multipart([head, b"\0" * 8])
+        reply = wire.decode(raw.recv_multipart())
+        assert "not allowed" in reply.header["error"]["message"]
+    finally:
+        raw.close(linger=0)
+    # Client-side cap: refused before anything is sent.
+    with wire.RpcClient(server.endpoint, timeout_s=5, max_message_bytes=1 << 10) as small:
+        with pytest.raises(BadRequest, match="exceeds the cap"):
+            small.send("echo", None, {"big": np.zeros(1 << 12, np.uint8)})
+    # A peer that sends more than the server's cap is cut off; others keep being served.
+    with wire.RpcClient(server.endpoint, timeout_s=1, max_message_bytes=1 << 22) as big:
+        with pytest.raises(RpcTimeout):
+            big.call("echo", None, {"big": np.zeros(1 << 21, np.uint8)})
+    with wire.RpcClient(server.endpoint, timeout_s=5) as client:
+        assert client.call("echo", {"y": 2})[0] == {"seen": {"y": 2}}
+
+
+def test_object_arrays_never_sent():
+    with pytest.raises(BadRequest, match="cannot cross the wire"):
+        wire.encode({"op": "x"}, None, {"o": np.array([object()])})
+
+
+def test_timeout_when_no_server():
+    with wire.RpcClient("tcp://127.0.0.1:1", timeout_s=0.2) as client:
+        with pytest.raises(RpcTimeout, match="no reply"):
+            client.call("echo")
