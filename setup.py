@@ -10,7 +10,8 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).parent
-CPU_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "services/embedding-store/csrc/cpu").glob("*.cpp"))
+CPU_DIR = ROOT / "services/embedding-store/csrc/cpu"
+CPU_SOURCES = sorted(str(p.relative_to(ROOT)) for p in CPU_DIR.glob("*.cpp"))
 
 ext_modules = []
 cmdclass = {}

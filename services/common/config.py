@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
-
 from streamrec.errors import BadRequest
 
 C = TypeVar("C", bound="StrictConfig")

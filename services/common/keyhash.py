@@ -22,8 +22,11 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 def mix64(keys: np.ndarray) -> np.ndarray:
     """Mixes keys: (n,) int64 or uint64 -> (n,) uint64."""
-    z = np.asarray(keys).view(np.uint64) if np.asarray(keys).dtype == np.int64 else (
-        np.asarray(keys, dtype=np.uint64))
+    z = (
+        np.asarray(keys).view(np.uint64)
+        if np.asarray(keys).dtype == np.int64
+        else (np.asarray(keys, dtype=np.uint64))
+    )
     with np.errstate(over="ignore"):
         z = (z ^ (z >> np.uint64(30))) * _M1
         z = (z ^ (z >> np.uint64(27))) * _M2

@@ -58,8 +58,11 @@ def days_between(start_day: str | int, end_day: str | int) -> list[str]:
 
 def split_names(split_interval: int) -> list[str]:
     """The HHMM names of one day's splits: split_interval=5 -> ['0000', '0005', ..., '2355']."""
-    if not (isinstance(split_interval, int) and 0 < split_interval <= 1440
-            and 1440 % split_interval == 0):
+    if not (
+        isinstance(split_interval, int)
+        and 0 < split_interval <= 1440
+        and 1440 % split_interval == 0
+    ):
         raise ValueError(f"split_interval must divide 1440 minutes, got {split_interval!r}")
     return [f"{m // 60:02d}{m % 60:02d}" for m in range(0, 1440, split_interval)]
 
@@ -84,8 +87,9 @@ def passes_per_day(split_interval: int, split_per_pass: int) -> int:
     return (n + split_per_pass - 1) // split_per_pass
 
 
-def iter_passes(start_day: str | int, end_day: str | int, split_interval: int,
-                split_per_pass: int) -> Iterator[PassSpec]:
+def iter_passes(
+    start_day: str | int, end_day: str | int, split_interval: int, split_per_pass: int
+) -> Iterator[PassSpec]:
     """Every pass from start_day to end_day, in training order."""
     if not (isinstance(split_per_pass, int) and split_per_pass >= 1):
         raise ValueError(f"split_per_pass must be an integer >= 1, got {split_per_pass!r}")
@@ -112,16 +116,24 @@ def pass_files(data_root: str | Path, spec: PassSpec, donefile: str | None) -> l
     for d in spec.split_dirs(data_root):
         if not d.is_dir():
             continue
-        files.extend(sorted(
-            p for p in d.iterdir()
-            if p.is_file() and p.name != donefile and not p.name.startswith((".", "_"))
-        ))
+        files.extend(
+            sorted(
+                p
+                for p in d.iterdir()
+                if p.is_file() and p.name != donefile and not p.name.startswith((".", "_"))
+            )
+        )
     return files
 
 
-def wait_for_pass(data_root: str | Path, spec: PassSpec, donefile: str | None,
-                  data_sleep_second: float, timeout_s: float | None = None,
-                  stop: object | None = None) -> bool:
+def wait_for_pass(
+    data_root: str | Path,
+    spec: PassSpec,
+    donefile: str | None,
+    data_sleep_second: float,
+    timeout_s: float | None = None,
+    stop: object | None = None,
+) -> bool:
     """Polls until the pass is ready (True) or the timeout passes (False).
 
     Args:

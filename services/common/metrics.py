@@ -10,16 +10,39 @@ import prometheus_client
 
 #: Latency buckets from 100 us to 60 s, fitting both in-memory RPCs and checkpoints.
 LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
+def serve_metrics(
+    port: int, host: str = "127.0.0.1", registry: prometheus_client.CollectorRegistry | None = None
+) -> int:
     """Serves /metrics on ``host:port`` in a daemon thread; port 0 picks a free port.
+
+    Args:
+        registry: what to serve; the process-wide default registry when None.
 
     Returns:
         The bound port.
     """
-    server, _thread = prometheus_client.start_http_server(port, addr=host)
+    server, _thread = prometheus_client.start_http_server(
+        port, addr=host, registry=registry or prometheus_client.REGISTRY
+    )
     return int(server.server_port)

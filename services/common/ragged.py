@@ -67,8 +67,9 @@ class RaggedTensor:
         return cls(values, offsets)
 
     @classmethod
-    def from_list(cls, rows: Sequence[Sequence[Any]], dtype: torch.dtype = torch.int64
-                  ) -> RaggedTensor:
+    def from_list(
+        cls, rows: Sequence[Sequence[Any]], dtype: torch.dtype = torch.int64
+    ) -> RaggedTensor:
         flat = [x for row in rows for x in row]
         return cls.from_lengths(torch.tensor(flat, dtype=dtype), [len(r) for r in rows])
 

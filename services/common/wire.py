@@ -36,7 +36,6 @@ from typing import Any
 import msgpack
 import numpy as np
 import zmq
-
 from streamrec.errors import BadRequest, RemoteError, RpcTimeout, StreamRecError
 
 log = logging.getLogger(__name__)
@@ -51,9 +50,18 @@ ZERO_COPY_THRESHOLD = 64 * 1024
 ALLOWED_DTYPES = {
     np.dtype(t).str: np.dtype(t)
     for t in (
-        np.bool_, np.int8, np.int16, np.int32, np.int64,
-        np.uint8, np.uint16, np.uint32, np.uint64,
-        np.float16, np.float32, np.float64,
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float16,
+        np.float32,
+        np.float64,
     )
 }
 
@@ -122,8 +130,9 @@ def decode(frames: list, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
     if total > max_message_bytes:
         raise BadRequest(f"message of {total} bytes exceeds the cap of {max_message_bytes}")
     try:
-        header = msgpack.unpackb(views[0], raw=False, strict_map_key=True, max_bin_len=0,
-                                 max_ext_len=0)
+        header = msgpack.unpackb(
+            views[0], raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0
+        )
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise BadRequest(f"header is not valid msgpack: {exc}") from exc
     if not isinstance(header, dict):
@@ -172,8 +181,9 @@ def _decode_array(desc: Any, view: memoryview) -> tuple[str, np.ndarray]:
 
 
 def error_reply(request_id: Any, code: str, message: str) -> list:
-    return encode({"id": request_id, "ok": False, "error": {"code": code, "message": message}},
-                  None, None)
+    return encode(
+        {"id": request_id, "ok": False, "error": {"code": code, "message": message}}, None, None
+    )
 
 
 class RpcServer:
@@ -342,17 +352,16 @@ class RpcClient:
         sock.connect(self.endpoint)
         return sock
 
-    def send(self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None
-             ) -> int:
+    def send(
+        self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None
+    ) -> int:
         request_id = next(self._ids)
         frames = encode({"op": op, "id": request_id}, meta, arrays)
         size = sum(memoryview(f).nbytes for f in frames)
         if size > self.max_message_bytes:
-            raise BadRequest(f"request of {size} bytes exceeds the cap of "
-                             f"{self.max_message_bytes}")
+            raise BadRequest(f"request of {size} bytes exceeds the cap of {self.max_message_bytes}")
         with self.lock:
-            self.sock.send_multipart(
-                frames, copy=size < ZERO_COPY_THRESHOLD)
+            self.sock.send_multipart(frames, copy=size < ZERO_COPY_THRESHOLD)
         return request_id
 
     def receive(self, request_id: int, timeout_s: float | None = None) -> tuple[Meta, Arrays]:
@@ -368,19 +377,24 @@ class RpcClient:
                     raise RpcTimeout(
                         f"no reply from {self.endpoint} within "
                         f"{self.timeout_s if timeout_s is None else timeout_s:.1f}s "
-                        f"(request {request_id}); is the server running?")
+                        f"(request {request_id}); is the server running?"
+                    )
                 frames = self.sock.recv_multipart(copy=False)
                 msg = decode(frames, self.max_message_bytes)
                 if msg.header.get("id") != request_id:
                     continue  # a stale reply to an earlier request that timed out
                 if not msg.header.get("ok"):
                     err = msg.header.get("error") or {}
-                    raise RemoteError(str(err.get("code", "unknown")),
-                                      str(err.get("message", "")))
+                    raise RemoteError(str(err.get("code", "unknown")), str(err.get("message", "")))
                 return msg.meta, msg.arrays
 
-    def call(self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None,
-             timeout_s: float | None = None) -> tuple[Meta, Arrays]:
+    def call(
+        self,
+        op: str,
+        meta: Meta | None = None,
+        arrays: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[Meta, Arrays]:
         with self.lock:
             return self.receive(self.send(op, meta, arrays), timeout_s)
 

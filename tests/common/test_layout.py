@@ -1,29 +1,37 @@
 import threading
 
 import pytest
-
 from streamrec import layout
 
 
 def test_pass_formation_per_day():
-    passes = list(layout.iter_passes("20190720", "20190721", split_interval=360,
-                                     split_per_pass=3))
+    passes = list(layout.iter_passes("20190720", "20190721", split_interval=360, split_per_pass=3))
     # 4 splits a day (0000, 0600, 1200, 1800) -> passes of 3 and 1, pass ids from 1 each day
     assert [(p.day, p.pass_id, p.splits) for p in passes] == [
-        ("20190720", 1, ("0000", "0600", "1200")), ("20190720", 2, ("1800",)),
-        ("20190721", 1, ("0000", "0600", "1200")), ("20190721", 2, ("1800",))]
+        ("20190720", 1, ("0000", "0600", "1200")),
+        ("20190720", 2, ("1800",)),
+        ("20190721", 1, ("0000", "0600", "1200")),
+        ("20190721", 2, ("1800",)),
+    ]
     assert passes[1].is_last_of_day(360, 3) and not passes[0].is_last_of_day(360, 3)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"start_day": "2019072", "end_day": "20190720"}, "YYYYMMDD"),
-    ({"start_day": "20190721", "end_day": "20190720"}, "before"),
-    ({"split_interval": 7}, "divide 1440"),
-    ({"split_per_pass": 0}, "split_per_pass"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"start_day": "2019072", "end_day": "20190720"}, "YYYYMMDD"),
+        ({"start_day": "20190721", "end_day": "20190720"}, "before"),
+        ({"split_interval": 7}, "divide 1440"),
+        ({"split_per_pass": 0}, "split_per_pass"),
+    ],
+)
 def test_bad_layout_arguments(kwargs, match):
-    args = {"start_day": "20190720", "end_day": "20190720", "split_interval": 60,
-            "split_per_pass": 1} | kwargs
+    args = {
+        "start_day": "20190720",
+        "end_day": "20190720",
+        "split_interval": 60,
+        "split_per_pass": 1,
+    } | kwargs
     with pytest.raises(ValueError, match=match):
         list(layout.iter_passes(**args))
 
@@ -36,16 +44,18 @@ def test_donefile_readiness_and_wait(tmp_path):
         (d / "part-0").write_text("x")
     assert not layout.pass_ready(tmp_path, spec, "done")  # data without donefile: not ready
     assert not layout.wait_for_pass(tmp_path, spec, "done", 0.01, timeout_s=0.05)
-    timer = threading.Timer(0.1, lambda: [(d / "done").touch()
-                                          for d in spec.split_dirs(tmp_path)])
+    timer = threading.Timer(0.1, lambda: [(d / "done").touch() for d in spec.split_dirs(tmp_path)])
     timer.start()
     assert layout.wait_for_pass(tmp_path, spec, "done", 0.02, timeout_s=5)
     assert [p.name for p in layout.pass_files(tmp_path, spec, "done")] == ["part-0", "part-0"]
 
 
 def test_newest_complete_checkpoint_skips_half_written(tmp_path):
-    for day, pid, complete in [("20190720", 2, True), ("20190720", 10, True),
-                               ("20190721", 1, False)]:
+    for day, pid, complete in [
+        ("20190720", 2, True),
+        ("20190720", 10, True),
+        ("20190721", 1, False),
+    ]:
         d = layout.checkpoint_dir(tmp_path, day, pid)
         d.mkdir(parents=True)
         if complete:

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import torch
-
 from streamrec.keyhash import mix64, shard_of
 from streamrec.ragged import RaggedTensor
 
@@ -10,12 +9,13 @@ def test_ragged_basics_and_take_rows():
     r = RaggedTensor.from_list([[10, 11], [], [12, 13, 14]])
     assert r.offsets().tolist() == [0, 2, 2, 5]
     assert r.lengths().tolist() == [2, 0, 3]
-    assert r.take_rows(torch.tensor([2, 0, 2])).to_list() == [[12, 13, 14], [10, 11],
-                                                              [12, 13, 14]]
+    assert r.take_rows(torch.tensor([2, 0, 2])).to_list() == [[12, 13, 14], [10, 11], [12, 13, 14]]
 
 
-@pytest.mark.parametrize("values,offsets", [([[1, 2]], [0, 2]), ([1, 2], [1, 2]),
-                                             ([1, 2], [0, 3]), ([1, 2, 3], [0, 2, 1, 3])])
+@pytest.mark.parametrize(
+    "values,offsets",
+    [([[1, 2]], [0, 2]), ([1, 2], [1, 2]), ([1, 2], [0, 3]), ([1, 2, 3], [0, 2, 1, 3])],
+)
 def test_ragged_rejects_bad_shapes(values, offsets):
     with pytest.raises(ValueError, match="RaggedTensor"):
         RaggedTensor(values=values, offsets=offsets)

@@ -4,7 +4,6 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-
 from streamrec import wire
 from streamrec.errors import BadRequest, RemoteError, RpcTimeout
 
@@ -19,8 +18,9 @@ def boom(meta, arrays):
 
 @pytest.fixture
 def server():
-    srv = wire.RpcServer("tcp://127.0.0.1:*", {"echo": echo, "boom": boom},
-                         workers=2, max_message_bytes=1 << 20).start()
+    srv = wire.RpcServer(
+        "tcp://127.0.0.1:*", {"echo": echo, "boom": boom}, workers=2, max_message_bytes=1 << 20
+    ).start()
     yield srv
     srv.stop()
 
@@ -28,8 +28,9 @@ def server():
 def test_round_trip_arrays_and_meta(server):
     with wire.RpcClient(server.endpoint, timeout_s=5) as client:
         keys = np.arange(10, dtype=np.int64)
-        meta, arrays = client.call("echo", {"a": 1, "b": "x"}, {"keys": keys,
-                                   "w": np.ones((2, 3), np.float32)})
+        meta, arrays = client.call(
+            "echo", {"a": 1, "b": "x"}, {"keys": keys, "w": np.ones((2, 3), np.float32)}
+        )
         assert meta == {"seen": {"a": 1, "b": "x"}}
         np.testing.assert_array_equal(arrays["keys"], keys * 2)
         assert arrays["w"].shape == (2, 3) and arrays["w"].dtype == np.float32
@@ -54,8 +55,7 @@ def test_malformed_and_oversized_frames_refused(server):
         raw.send_multipart([b"\xc1garbage"])
         reply = wire.decode(raw.recv_multipart())
         assert reply.header["ok"] is False and "msgpack" in reply.header["error"]["message"]
-        head = msgpack.packb({"v": 1, "op": "echo", "id": 3,
-                              "arrays": [["k", "<i8", [4]]]})
+        head = msgpack.packb({"v": 1, "op": "echo", "id": 3, "arrays": [["k", "<i8", [4]]]})
         raw.send_multipart([head, b"\0" * 8])  # 8 bytes where 32 are described
         reply = wire.decode(raw.recv_multipart())
         assert "needs 32 bytes" in reply.header["error"]["message"]
