@@ -40,7 +40,7 @@ demo: install
 	$(PY) -m streamrec.sampler.demo
 
 bench: install
-	$(PY) bench/sampler.py
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 lint: install
 	$(VENV)/bin/ruff check services tests bench

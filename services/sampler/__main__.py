@@ -1,0 +1,75 @@
+"""``streamrec-sampler``: run the node-local sampler server, or ping one.
+
+streamrec-sampler serve [--endpoint ipc:///run/x.sock | tcp://0.0.0.0:5560]
+                        [--metrics-port 9102] [--workers 2] [--seed 7] ...
+streamrec-sampler ping  [--endpoint ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from streamrec.errors import StreamRecError
+from streamrec.sampler.config import ServerConfig, default_endpoint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamrec-sampler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the sampler server in the foreground")
+    serve.add_argument(
+        "--endpoint",
+        help="ipc://PATH or tcp://HOST:PORT "
+        "(default: $STREAMREC_SAMPLER_ENDPOINT or a per-user ipc socket)",
+    )
+    serve.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here")
+    serve.add_argument("--metrics-host", help="address of the metrics listener")
+    serve.add_argument("--workers", type=int, help="request threads")
+    serve.add_argument("--max-message-bytes", type=int, help="cap on one request")
+    serve.add_argument("--max-rounds", type=int, help="conflict redraw rounds")
+    serve.add_argument("--max-negatives", type=int, help="cap on negatives per request")
+    serve.add_argument("--seed", type=int, help="seed of the random streams")
+    serve.add_argument("--log-level", default="INFO")
+    ping = sub.add_parser("ping", help="ask a running server who it is")
+    ping.add_argument("--endpoint")
+    ping.add_argument("--timeout", type=float, default=5.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            from streamrec.sampler.server import serve
+
+            logging.basicConfig(
+                level=args.log_level.upper(),
+                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            )
+            fields = {
+                k: v
+                for k, v in vars(args).items()
+                if k not in ("command", "log_level") and v is not None
+            }
+            serve(ServerConfig.parse(fields, source="streamrec-sampler serve"))
+            return 0
+        from streamrec.wire import RpcClient
+
+        with RpcClient(args.endpoint or default_endpoint(), timeout_s=args.timeout) as client:
+            meta, _ = client.call("ping")
+        print(json.dumps(meta))
+        return 0
+    except StreamRecError as exc:
+        print(f"streamrec-sampler: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

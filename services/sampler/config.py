@@ -1,0 +1,95 @@
+"""Sampler configuration: the server's settings and where the node-local socket lives.
+
+Endpoint resolution (client and server alike): an explicit argument, else the
+``STREAMREC_SAMPLER_ENDPOINT`` environment variable, else an ipc socket in a per-user
+runtime directory (``$XDG_RUNTIME_DIR/streamrec`` or ``/tmp/streamrec-<uid>``).
+``tcp://HOST:PORT`` works too (the Kubernetes DaemonSet uses it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from streamrec.config import StrictConfig
+from streamrec.errors import BadRequest, ServiceUnavailable
+from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+ENDPOINT_ENV = "STREAMREC_SAMPLER_ENDPOINT"
+_ENDPOINT_RE = re.compile(r"^(ipc://.+|tcp://[^:/]+:(\d+|\*))$")
+
+
+def runtime_dir() -> Path:
+    """A private per-user directory for sockets, lock files and the auto-started server's log."""
+    fallback = Path(tempfile.gettempdir()) / f"streamrec-{os.getuid()}"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    for base in ([Path(xdg) / "streamrec"] if xdg else []) + [fallback]:
+        try:
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            continue  # e.g. an XDG_RUNTIME_DIR we may not write: use /tmp
+        if os.access(base, os.W_OK):
+            return base
+    raise ServiceUnavailable(
+        f"no writable runtime directory for the sampler socket (tried "
+        f"$XDG_RUNTIME_DIR/streamrec and {fallback})"
+    )
+
+
+def default_endpoint() -> str:
+    env = os.environ.get(ENDPOINT_ENV)
+    if env:
+        return check_endpoint(env, source=ENDPOINT_ENV)
+    return f"ipc://{runtime_dir() / 'sampler.sock'}"
+
+
+def check_endpoint(endpoint: str, source: str = "endpoint") -> str:
+    if not isinstance(endpoint, str) or not _ENDPOINT_RE.match(endpoint):
+        raise BadRequest(f"{source}: expected ipc://PATH or tcp://HOST:PORT, got {endpoint!r}")
+    return endpoint
+
+
+def lock_base(endpoint: str) -> Path:
+    """Prefix of the lock and log files that belong to ``endpoint``.
+
+    ``<socket path>`` for ipc (next to the socket), ``<runtime dir>/sampler-<host>-<port>``
+    for tcp.
+    """
+    if endpoint.startswith("ipc://"):
+        return Path(endpoint[len("ipc://") :])
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", endpoint[len("tcp://") :])
+    return runtime_dir() / f"sampler-{safe}"
+
+
+class ServerConfig(StrictConfig):
+    """Settings of ``streamrec-sampler serve``.
+
+    Attributes:
+        endpoint: where to bind (ipc://PATH or tcp://HOST:PORT).
+        metrics_port: serve Prometheus /metrics on this port (0 picks one), ``None``: off.
+        metrics_host: address of the metrics listener.
+        workers: request threads (numpy releases the GIL, so they use several cores).
+        max_message_bytes: cap on one request (a 1M-row table is ~40 MB).
+        max_rounds: rejection rounds for conflicting draws before the exact fallback.
+        max_negatives: cap on ``sum(sample_cnts)`` of one request.
+        seed: seed of the server's random streams (``None``: from the OS).
+    """
+
+    endpoint: str = Field(default_factory=default_endpoint)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    workers: int = Field(default=2, ge=1, le=64)
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=4096)
+    max_rounds: int = Field(default=16, ge=1, le=1000)
+    max_negatives: int = Field(default=50_000_000, ge=1)
+    seed: int | None = Field(default=None, ge=0)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if not _ENDPOINT_RE.match(value):
+            raise ValueError("expected ipc://PATH or tcp://HOST:PORT")
+        return value

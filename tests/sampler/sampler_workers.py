@@ -1,0 +1,113 @@
+"""Helpers of the service tests: starting a server process, and functions run in separate
+client processes (multiprocessing 'spawn'). A uniquely named module, importable from the
+child processes and from the tests alike."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from streamrec.sampler import LocalRpcDataSampler
+from streamrec.wire import RpcClient
+
+TAGS = ("cat", "item", "w", "skey")
+
+
+def draw_counts(endpoint: str, batches: int, category: int, pos_id: int, n_items: int):
+    """Samples ``batches`` x 500 positives x 20 negatives in ``category``; returns counts."""
+    s = LocalRpcDataSampler(*TAGS, endpoint=endpoint, auto_start=False)
+    counts = np.zeros(n_items, np.int64)
+    cats = set()
+    own = 0
+    for _ in range(batches):
+        ids = s.sample_ids(torch.full((500,), pos_id), 20, torch.full((500,), category))
+        own += int((ids == pos_id).sum())
+        cats.update(np.unique(ids.numpy() % 100).tolist())
+        counts += np.bincount(ids.numpy() // 100, minlength=n_items)
+    s.close()
+    return counts, sorted(cats), own
+
+
+def sample_until_stopped(endpoint: str, started, stop, results) -> None:
+    """Samples continuously; reports per response whether all ids came from table A or B."""
+    s = LocalRpcDataSampler(*TAGS, endpoint=endpoint, auto_start=False)
+    pure_a = pure_b = mixed = 0
+    j = torch.arange(64)
+    cats = j % 5
+    pos = j * 100 + cats  # table A's ids, so own-id avoidance is exercised
+    started.set()
+    while not stop.is_set():
+        ids = s.sample_ids(pos, 50, cats).numpy()
+        in_b = ids >= 1_000_000
+        if in_b.all():
+            pure_b += 1
+        elif not in_b.any():
+            pure_a += 1
+        else:
+            mixed += 1
+    results.put((pure_a, pure_b, mixed))
+    s.close()
+
+
+def construct_client(endpoint: str, barrier) -> int:
+    """Waits for the other racer, then creates an auto-starting client; returns server pid."""
+    barrier.wait()
+    s = LocalRpcDataSampler(*TAGS, endpoint=endpoint, auto_start=True, start_timeout_s=60)
+    pid = s.server_pid
+    s.close()
+    return pid
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, endpoint: str, metrics_port: int, proc: subprocess.Popen) -> None:
+        self.endpoint = endpoint
+        self.metrics_port = metrics_port
+        self.proc = proc
+
+
+def start_server(directory: str, *extra: str) -> ServerProcess:
+    endpoint = f"ipc://{directory}/sampler.sock"
+    port = free_port()
+    log = open(os.path.join(directory, "server.log"), "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrec.sampler",
+            "serve",
+            "--endpoint",
+            endpoint,
+            "--metrics-port",
+            str(port),
+            "--seed",
+            "1",
+            *extra,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    with RpcClient(endpoint, timeout_s=1) as client:
+        while True:
+            if proc.poll() is not None:
+                with open(log.name) as f:
+                    raise RuntimeError(f"server exited: {f.read()}")
+            try:
+                if os.path.exists(endpoint[6:]):
+                    client.call("ping", timeout_s=1)
+                    break
+            except Exception:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise
+            time.sleep(0.05)
+    return ServerProcess(endpoint, port, proc)
