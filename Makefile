@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := redis-server prometheus
 SOURCES := $(shell find services -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
-.PHONY: install system-deps test test-fast demo bench lint format clean
+.PHONY: install system-deps test test-fast demo demo-sampler bench lint format clean
 
 install: $(STAMP)
 
@@ -37,6 +37,9 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests
 
 demo: install
+	$(VENV)/bin/streamrec up
+
+demo-sampler: install
 	$(PY) -m streamrec.sampler.demo
 
 bench: install

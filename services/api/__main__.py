@@ -1,0 +1,74 @@
+"""``streamrec-api serve``: the control plane under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from streamrec.api.errors import ApiConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamrec-api", description="StreamRec control plane")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="serve the REST API (and run the scheduler)")
+    s.add_argument("--host", default=None)
+    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--redis-url", default=None)
+    s.add_argument("--token-file", default=None, help="file holding the bearer token")
+    s.add_argument(
+        "--data-root",
+        action="append",
+        dest="data_roots",
+        default=None,
+        help="allowed root for job data (repeatable)",
+    )
+    s.add_argument(
+        "--model-root",
+        action="append",
+        dest="model_roots",
+        default=None,
+        help="allowed root for job models (repeatable)",
+    )
+    s.add_argument("--auth-reads", action="store_true", default=None)
+    s.add_argument(
+        "--auth-disabled",
+        action="store_true",
+        default=None,
+        help="no token at all (local tests only)",
+    )
+    s.add_argument("--no-scheduler", action="store_false", dest="scheduler_enabled", default=None)
+    s.add_argument("--scheduler-interval-s", type=float, default=None)
+    s.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    import uvicorn
+    from streamrec.api.app import create_app
+    from streamrec.api.config import Settings
+
+    overrides = {
+        k: v for k, v in vars(args).items() if k not in ("cmd", "log_level") and v is not None
+    }
+    try:
+        settings = Settings.load(overrides)
+    except ApiConfigError as exc:
+        print(f"streamrec-api: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

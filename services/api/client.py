@@ -1,0 +1,231 @@
+"""Clients of the control plane.
+
+* :class:`TrainerChannel`: the trainers' side, straight on Redis (what the trainer agent uses):
+  take passes from the job's work stream, acknowledge them, report outcomes, heartbeat, read
+  commands. Only rank 0 of a trainer group talks to it.
+* :class:`ApiClient`: the operator's side, over REST (what ``streamrec up`` and tests use).
+
+Report types the scheduler understands (``report(kind, **data)``)::
+
+    started        ranks, host                 trainer group came up
+    claimed        day, pass_id, ranks         a pass was taken
+    pass_done      day, pass_id, ranks, record the per-pass record (AUCs, logloss, samples, ...)
+    pass_failed    day, pass_id, error         the pass raised; handed out again once
+    checkpoint     day, pass_id, path          a full checkpoint is complete on disk
+    trigger_done   trigger_id, result          a checkpoint/export/shrink command finished
+    trigger_failed trigger_id, error
+    stopped                                    the group obeyed a stop command
+    error          message                     something worth an event
+    fatal          message                     the job cannot run (bad trainer config): fail it
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import redis
+from streamrec.api import keys
+from streamrec.errors import NotFound, RemoteError, ServiceUnavailable
+from streamrec.layout import PassSpec
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """A pass taken from the work stream; ``msg_id`` is what :meth:`ack_pass` needs."""
+
+    msg_id: str
+    spec: PassSpec
+    attempt: int
+    resume_from: str | None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command for the trainer group: checkpoint, export (mode), shrink or stop."""
+
+    type: str
+    mode: str | None
+    trigger_id: str | None
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf become None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _clean(value.item())
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+class TrainerChannel:
+    """Rank 0's connection to the control plane for one job.
+
+    Args:
+        redis_url: the control plane's Redis.
+        job_id: the job this trainer group works for.
+        consumer: this group's consumer name in the work/command groups (unique per group).
+        heartbeat_ttl_s: the heartbeat expires this long after the last beat.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        job_id: str,
+        consumer: str,
+        heartbeat_ttl_s: float = 10.0,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.r = redis.Redis.from_url(
+            redis_url,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
+        self.job_id = job_id
+        self.consumer = consumer
+        self.heartbeat_ttl_ms = int(heartbeat_ttl_s * 1000)
+        self.max_block_ms = max(1, int(timeout_s * 1000) // 2)
+
+    def close(self) -> None:
+        self.r.close()
+
+    # ---- job ---------------------------------------------------------------------------
+    def job(self) -> dict[str, str]:
+        """The job's hash (state, spec JSON, ...); raises NotFound when it was deleted."""
+        fields = self.r.hgetall(keys.job(self.job_id))
+        if not fields:
+            raise NotFound(f"job {self.job_id!r} not found")
+        return fields
+
+    def spec(self) -> dict[str, Any]:
+        return json.loads(self.job()["spec"])
+
+    def state(self) -> str:
+        return self.job()["state"]
+
+    # ---- liveness ----------------------------------------------------------------------
+    def heartbeat(self, **info: Any) -> None:
+        """Renews the group's heartbeat (a key with TTL; the scheduler reads its absence)."""
+        body = json.dumps(_clean({"consumer": self.consumer, "ts": time.time(), **info}))
+        self.r.set(keys.heartbeat(self.job_id), body, px=self.heartbeat_ttl_ms)
+
+    def clear_heartbeat(self) -> None:
+        self.r.delete(keys.heartbeat(self.job_id))
+
+    # ---- work --------------------------------------------------------------------------
+    def take_pass(self, block_ms: int = 1000) -> WorkItem | None:
+        """The next pass of the work stream for this group, or None after ``block_ms``."""
+        deadline = time.monotonic() + block_ms / 1000
+        while True:  # blocks in slices shorter than the socket timeout
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            resp = self.r.xreadgroup(
+                keys.TRAINER_GROUP,
+                self.consumer,
+                {keys.work(self.job_id): ">"},
+                count=1,
+                block=max(1, min(left_ms, self.max_block_ms)),
+            )
+            if resp and resp[0][1]:
+                break
+            if time.monotonic() >= deadline:
+                return None
+        msg_id, f = resp[0][1][0]
+        spec = PassSpec(f["day"], int(f["pass_id"]), tuple(json.loads(f["splits"])))
+        return WorkItem(msg_id, spec, int(f.get("attempt", 1)), f.get("resume_from") or None)
+
+    def ack_pass(self, item: WorkItem) -> None:
+        self.r.xack(keys.work(self.job_id), keys.TRAINER_GROUP, item.msg_id)
+
+    def report(self, kind: str, **data: Any) -> str:
+        """Appends a report for the scheduler (see the module docstring for the kinds)."""
+        return self.r.xadd(
+            keys.reports(self.job_id),
+            {"type": kind, "data": json.dumps(_clean(data)), "ts": f"{time.time():.3f}"},
+        )
+
+    # ---- commands ----------------------------------------------------------------------
+    def take_commands(self, block_ms: int | None = None) -> list[Command]:
+        """New commands, acknowledged on read; ones issued before the job's last start are
+        dropped (a stop meant for an earlier run must not stop this one)."""
+        block = None if block_ms is None else max(1, min(block_ms, self.max_block_ms))
+        resp = self.r.xreadgroup(
+            keys.TRAINER_GROUP,
+            self.consumer,
+            {keys.commands(self.job_id): ">"},
+            count=16,
+            block=block,
+        )
+        if not resp:
+            return []
+        started_at = float(self.r.hget(keys.job(self.job_id), "started_at") or 0)
+        out = []
+        for msg_id, f in resp[0][1]:
+            self.r.xack(keys.commands(self.job_id), keys.TRAINER_GROUP, msg_id)
+            if not f or float(f.get("ts") or 0) < started_at:
+                continue
+            out.append(
+                Command(f.get("type", ""), f.get("mode") or None, f.get("trigger_id") or None)
+            )
+        return out
+
+
+class ApiClient:
+    """A small REST client of the control plane (``/v1``) with a bearer token."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"{method} {path}: {exc}") from exc
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail")
+            except ValueError:
+                detail = resp.text[:500]
+            raise RemoteError(str(resp.status_code), f"{method} {path}: {detail}")
+        return resp.json() if resp.content else None
+
+    def ready(self) -> bool:
+        try:
+            return self.http.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def create_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/jobs", json=spec)
+
+    def action(self, job_id: str, action: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/{action}")
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def passes(self, job_id: str, limit: int = 1000) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/jobs/{job_id}/passes", params={"limit": limit})["data"]
+
+    def events(self, job_id: str, after: str | None = None, limit: int = 100) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if after:
+            params["after"] = after
+        return self._call("GET", f"/v1/jobs/{job_id}/events", params=params)
+
+    def trigger(self, job_id: str, kind: str, mode: str | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/triggers", json={"kind": kind, "mode": mode})

@@ -1,0 +1,110 @@
+"""API settings: one class, validated when the server starts (never at import).
+
+Values come from CLI flags and ``STREAMREC_API_*`` environment variables (flags win)::
+
+    STREAMREC_API_REDIS_URL=redis://127.0.0.1:6379/0
+    STREAMREC_API_TOKEN=...              # or STREAMREC_API_TOKEN_FILE=/run/secrets/api-token
+    STREAMREC_API_DATA_ROOTS=/data:/mnt/more-data
+    STREAMREC_API_MODEL_ROOTS=/models
+
+Mutating endpoints always need the bearer token; ``auth_reads`` closes the read endpoints too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from streamrec.api.errors import ApiConfigError
+from streamrec.config import StrictConfig
+
+ENV_PREFIX = "STREAMREC_API_"
+_LIST_FIELDS = ("data_roots", "model_roots")
+
+
+class Settings(StrictConfig):
+    """Everything the API process needs, checked once at start-up.
+
+    Args:
+        redis_url: Redis holding all state (``redis://host:port/db``).
+        token: bearer token for mutating endpoints (constant-time compare).
+        token_file: file holding the token (a mounted secret); used when ``token`` is unset.
+        auth_disabled: explicit opt-out of auth (tests, local demo only).
+        auth_reads: also require the token on read endpoints.
+        data_roots / model_roots: jobs may only name paths under one of these.
+        max_body_bytes: request bodies above this are refused with 413.
+        redis_timeout_s: socket timeout for every Redis call (no hangs when Redis is down).
+        scheduler_interval_s: how often the scheduler polls donefiles, reports, heartbeats.
+        heartbeat_ttl_s: a trainer group whose heartbeat is older than this is dead.
+        lock_ttl_s: lease of the scheduler lock (one scheduling API at a time).
+        scheduler_enabled: run the scheduler thread in this process.
+    """
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    token: str | None = None
+    token_file: Path | None = None
+    auth_disabled: bool = False
+    auth_reads: bool = False
+    data_roots: list[Path] = Field(default_factory=list)
+    model_roots: list[Path] = Field(default_factory=list)
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    redis_timeout_s: float = Field(2.0, gt=0, le=60)
+    scheduler_interval_s: float = Field(0.5, gt=0, le=60)
+    heartbeat_ttl_s: float = Field(10.0, gt=0, le=3600)
+    lock_ttl_s: float = Field(3.0, gt=0, le=600)
+    scheduler_enabled: bool = True
+    api_id: str = Field(default_factory=lambda: f"api-{os.getpid()}")
+
+    @field_validator("token")
+    @classmethod
+    def _token_not_blank(cls, v: str | None) -> str | None:
+        if v is not None and len(v.strip()) < 8:
+            raise ValueError("token must have at least 8 non-blank characters")
+        return v
+
+    @field_validator("data_roots", "model_roots")
+    @classmethod
+    def _absolute(cls, v: list[Path]) -> list[Path]:
+        return [p.expanduser().resolve() for p in v]
+
+    @model_validator(mode="after")
+    def _auth_configured(self) -> Settings:
+        if self.token is None and self.token_file is not None:
+            try:
+                text = self.token_file.read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"token_file {str(self.token_file)!r}: {exc.strerror}") from None
+            if len(text) < 8:
+                raise ValueError(f"token_file {str(self.token_file)!r}: token shorter than 8")
+            object.__setattr__(self, "token", text)
+        if self.token is None and not self.auth_disabled:
+            raise ValueError(
+                "no API token: set STREAMREC_API_TOKEN or STREAMREC_API_TOKEN_FILE "
+                "(or auth_disabled=true for a local test)"
+            )
+        return self
+
+    @classmethod
+    def load(
+        cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Builds settings from ``STREAMREC_API_*`` env vars, then ``overrides`` (non-None)."""
+        env = os.environ if env is None else env
+        data: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is None:
+                continue
+            data[name] = [p for p in raw.split(os.pathsep) if p] if name in _LIST_FIELDS else raw
+        for k, v in (overrides or {}).items():
+            if v is not None:
+                data[k] = v
+        try:
+            return cls.parse(data, source="api settings")
+        except ValueError as exc:
+            raise ApiConfigError(str(exc)) from exc

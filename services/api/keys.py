@@ -1,0 +1,94 @@
+"""Every Redis key the control plane and the trainer agents use, in one place.
+
+::
+
+    streamrec:jobs                          zset   job id -> creation time (listing order)
+    streamrec:jobs:state:<state>            set    job ids in that state (one index per state)
+    streamrec:job:<id>                      hash   spec (JSON), state, times, cursor, in-flight pass
+    streamrec:job:<id>:passes               zset   pass key "YYYYMMDD/<pass_id>" -> order index
+    streamrec:job:<id>:pass:<day>/<pid>     hash   one pass record (state, metrics, attempts, ...)
+    streamrec:job:<id>:work                 stream passes handed out; group "trainers"
+    streamrec:job:<id>:commands             stream commands (checkpoint/export/shrink/stop)
+    streamrec:job:<id>:reports              stream what trainers report back; group "api"
+    streamrec:job:<id>:events               stream events (state changes, failures, checkpoints)
+    streamrec:job:<id>:triggers             zset   trigger id -> creation time
+    streamrec:job:<id>:trigger:<tid>        hash   one trigger (kind, mode, state, result)
+    streamrec:job:<id>:heartbeat            string trainer group heartbeat (JSON), with TTL
+    streamrec:scheduler:lock                string owner of the scheduler lease, with TTL
+"""
+
+from __future__ import annotations
+
+PREFIX = "streamrec"
+JOBS = f"{PREFIX}:jobs"
+SCHEDULER_LOCK = f"{PREFIX}:scheduler:lock"
+
+#: Consumer group of the trainers on a job's work and command streams.
+TRAINER_GROUP = "trainers"
+#: Consumer group of the API on a job's report stream.
+API_GROUP = "api"
+#: Fixed consumer name of the API: a restarted API re-reads its own pending reports.
+API_CONSUMER = "scheduler"
+
+
+def jobs_in_state(state: str) -> str:
+    return f"{PREFIX}:jobs:state:{state}"
+
+
+def job(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}"
+
+
+def passes(job_id: str) -> str:
+    return f"{job(job_id)}:passes"
+
+
+def pass_key(day: str, pass_id: int) -> str:
+    """The name of a pass inside a job: ``"20190720/3"``."""
+    return f"{day}/{pass_id}"
+
+
+def pass_record(job_id: str, day: str, pass_id: int) -> str:
+    return f"{job(job_id)}:pass:{pass_key(day, pass_id)}"
+
+
+def work(job_id: str) -> str:
+    return f"{job(job_id)}:work"
+
+
+def commands(job_id: str) -> str:
+    return f"{job(job_id)}:commands"
+
+
+def reports(job_id: str) -> str:
+    return f"{job(job_id)}:reports"
+
+
+def events(job_id: str) -> str:
+    return f"{job(job_id)}:events"
+
+
+def triggers(job_id: str) -> str:
+    return f"{job(job_id)}:triggers"
+
+
+def trigger(job_id: str, trigger_id: str) -> str:
+    return f"{job(job_id)}:trigger:{trigger_id}"
+
+
+def heartbeat(job_id: str) -> str:
+    return f"{job(job_id)}:heartbeat"
+
+
+def all_job_keys(job_id: str) -> list[str]:
+    """Fixed-name keys of a job (pass and trigger records are listed from their indexes)."""
+    return [
+        job(job_id),
+        passes(job_id),
+        work(job_id),
+        commands(job_id),
+        reports(job_id),
+        events(job_id),
+        triggers(job_id),
+        heartbeat(job_id),
+    ]

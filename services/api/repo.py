@@ -1,0 +1,399 @@
+"""Reads and writes of jobs, passes, triggers and events in Redis (all API state lives there).
+
+Every write that touches more than one key is one MULTI/EXEC, so a crash of the API between
+two calls never leaves a half-written job. Key names come from :mod:`streamrec.api.keys`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+from streamrec.api import keys
+from streamrec.api.errors import (
+    InvalidTransition,
+    JobNotFound,
+    PassNotFound,
+    PathRefused,
+    SpecInvalid,
+    TriggerNotFound,
+)
+from streamrec.api.models import (
+    JOB_RUNNER_FIELDS,
+    EventPublic,
+    EventsPublic,
+    JobCreate,
+    JobPublic,
+    JobsPublic,
+    PassesPublic,
+    PassPublic,
+    TriggerCreate,
+    TriggerPublic,
+    TriggersPublic,
+    WorkerPublic,
+)
+from streamrec.api.state import (
+    ACTIVE_STATES,
+    JobState,
+    TriggerState,
+    change_state,
+    event_fields,
+    next_state,
+)
+from streamrec.layout import iter_passes
+
+
+def check_under(field: str, value: str, roots: Sequence[Path]) -> Path:
+    """Resolves ``value`` and refuses it unless it lies under one of ``roots``.
+
+    Symlinks and ``..`` are resolved first, so ``/data/../etc`` is refused under ``/data``.
+    """
+    path = Path(value).expanduser().resolve()
+    for root in roots:
+        if path == root or path.is_relative_to(root):
+            return path
+    raise PathRefused(field, value, [str(r) for r in roots])
+
+
+def check_trainer_config(spec: JobCreate) -> None:
+    """Validates the trainer config the job implies, so a bad one is a 422 now rather than a
+    failed job later. Skipped when the trainer package is not installed beside the API."""
+    try:
+        from streamrec.trainer.config import TrainerConfig
+    except ImportError:
+        return
+    try:
+        TrainerConfig.model_validate(spec.trainer_config())
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            if loc and loc[0] == "runner" and len(loc) > 1 and loc[1] in JOB_RUNNER_FIELDS:
+                field = f"data.{loc[1]}"  # mapped from the job's own sections
+            else:
+                field = ".".join(["model", *loc])
+            errors.append((field, err["msg"], err.get("input")))
+        raise SpecInvalid(errors) from None
+
+
+def count_passes(spec: JobCreate) -> int:
+    d = spec.data
+    return sum(1 for _ in iter_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass))
+
+
+def _float(v: str | None) -> float | None:
+    return None if v in (None, "") else float(v)
+
+
+def _int(v: str | None) -> int | None:
+    return None if v in (None, "") else int(float(v))
+
+
+class Repo:
+    """The API's view of Redis.
+
+    Args:
+        r: a client with ``decode_responses=True``.
+        data_roots / model_roots: allowed roots for job paths (empty: any path refused).
+    """
+
+    def __init__(
+        self, r: redis.Redis, data_roots: Sequence[Path] = (), model_roots: Sequence[Path] = ()
+    ) -> None:
+        self.r = r
+        self.data_roots = list(data_roots)
+        self.model_roots = list(model_roots)
+
+    # ---- jobs -------------------------------------------------------------------------
+    def create_job(self, spec: JobCreate) -> JobPublic:
+        """Stores a new job in state ``created`` with its streams and consumer groups."""
+        data_root = check_under("data.data_root", spec.data.data_root, self.data_roots)
+        model_root = check_under(
+            "checkpoint.model_save_path", spec.checkpoint.model_save_path, self.model_roots
+        )
+        spec = spec.model_copy(deep=True)
+        spec.data.data_root = str(data_root)
+        spec.checkpoint.model_save_path = str(model_root)
+        check_trainer_config(spec)
+        job_id = uuid.uuid4().hex[:16]
+        now = time.time()
+        fields = {
+            "id": job_id,
+            "name": spec.name,
+            "spec": spec.model_dump_json(),
+            "state": JobState.CREATED.value,
+            "created_at": f"{now:.3f}",
+            "updated_at": f"{now:.3f}",
+            "passes_total": str(count_passes(spec)),
+            "passes_done": "0",
+            "cursor": "0",
+            "in_flight": "",
+            "last_checkpoint": "",
+            "error": "",
+        }
+        with self.r.pipeline() as pipe:
+            pipe.hset(keys.job(job_id), mapping=fields)
+            pipe.zadd(keys.JOBS, {job_id: now})
+            pipe.sadd(keys.jobs_in_state(JobState.CREATED.value), job_id)
+            pipe.xgroup_create(keys.work(job_id), keys.TRAINER_GROUP, id="0", mkstream=True)
+            pipe.xgroup_create(keys.commands(job_id), keys.TRAINER_GROUP, id="0", mkstream=True)
+            pipe.xgroup_create(keys.reports(job_id), keys.API_GROUP, id="0", mkstream=True)
+            pipe.xadd(keys.events(job_id), event_fields("state", "created", {"to": "created"}))
+            pipe.execute()
+        return self.get_job(job_id)
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        fields = self.r.hgetall(keys.job(job_id))
+        if not fields:
+            raise JobNotFound(f"job {job_id!r} not found")
+        return fields
+
+    def job_spec(self, job_id: str) -> JobCreate:
+        return JobCreate.model_validate_json(self.job_fields(job_id)["spec"])
+
+    def get_job(self, job_id: str) -> JobPublic:
+        return self._job_public(self.job_fields(job_id))
+
+    @staticmethod
+    def _job_public(f: dict[str, str]) -> JobPublic:
+        return JobPublic(
+            id=f["id"],
+            name=f["name"],
+            state=JobState(f["state"]),
+            spec=JobCreate.model_validate_json(f["spec"]),
+            created_at=float(f["created_at"]),
+            updated_at=float(f["updated_at"]),
+            passes_total=int(f["passes_total"]),
+            passes_done=int(f["passes_done"]),
+            in_flight=f.get("in_flight") or None,
+            last_checkpoint=f.get("last_checkpoint") or None,
+            error=f.get("error") or None,
+        )
+
+    def list_jobs(self, state: JobState | None, offset: int, limit: int) -> JobsPublic:
+        if state is None:
+            total = int(self.r.zcard(keys.JOBS))
+            ids = self.r.zrange(keys.JOBS, offset, offset + limit - 1)
+        else:
+            members = self.r.smembers(keys.jobs_in_state(state.value))
+            scores = self.r.zmscore(keys.JOBS, list(members)) if members else []
+            ordered = sorted(zip(members, scores, strict=True), key=lambda m: (m[1] or 0, m[0]))
+            total = len(ordered)
+            ids = [m[0] for m in ordered[offset : offset + limit]]
+        with self.r.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(keys.job(job_id))
+            rows = pipe.execute()
+        jobs = [self._job_public(f) for f in rows if f]
+        return JobsPublic(data=jobs, count=total)
+
+    def act(self, job_id: str, action: str) -> JobPublic:
+        """Applies an operator action (start, stop, pause, resume) to a job."""
+        command = {"type": "stop", "ts": f"{time.time():.3f}"} if action == "stop" else None
+        extra = {"error": "", "started_at": f"{time.time():.3f}"} if action == "start" else None
+        change_state(self.r, job_id, action, reason="operator", extra=extra, command=command)
+        return self.get_job(job_id)
+
+    def delete_job(self, job_id: str) -> None:
+        """Removes a finished (or never started) job and everything under it."""
+        key = keys.job(job_id)
+        with self.r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key, keys.passes(job_id), keys.triggers(job_id))
+                    state = pipe.hget(key, "state")
+                    if state is None:
+                        raise JobNotFound(f"job {job_id!r} not found")
+                    try:
+                        next_state(JobState(state), "delete")
+                    except KeyError:
+                        raise InvalidTransition(job_id, state, "delete") from None
+                    pass_keys = pipe.zrange(keys.passes(job_id), 0, -1)
+                    trigger_ids = pipe.zrange(keys.triggers(job_id), 0, -1)
+                    pipe.multi()
+                    pipe.delete(*keys.all_job_keys(job_id))
+                    for pk in pass_keys:
+                        day, pid = pk.split("/")
+                        pipe.delete(keys.pass_record(job_id, day, int(pid)))
+                    for tid in trigger_ids:
+                        pipe.delete(keys.trigger(job_id, tid))
+                    pipe.srem(keys.jobs_in_state(state), job_id)
+                    pipe.zrem(keys.JOBS, job_id)
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
+
+    # ---- passes -----------------------------------------------------------------------
+    def list_passes(self, job_id: str, offset: int, limit: int) -> PassesPublic:
+        self.job_fields(job_id)
+        total = int(self.r.zcard(keys.passes(job_id)))
+        names = self.r.zrange(keys.passes(job_id), offset, offset + limit - 1)
+        with self.r.pipeline(transaction=False) as pipe:
+            for name in names:
+                day, pid = name.split("/")
+                pipe.hgetall(keys.pass_record(job_id, day, int(pid)))
+            rows = pipe.execute()
+        return PassesPublic(data=[pass_public(f) for f in rows if f], count=total)
+
+    def get_pass(self, job_id: str, day: str, pass_id: int) -> PassPublic:
+        self.job_fields(job_id)
+        f = self.r.hgetall(keys.pass_record(job_id, day, pass_id))
+        if not f:
+            raise PassNotFound(f"job {job_id!r} has no pass {day}/{pass_id}")
+        return pass_public(f)
+
+    # ---- triggers ---------------------------------------------------------------------
+    def create_trigger(self, job_id: str, body: TriggerCreate) -> TriggerPublic:
+        """Queues a command for the job's trainers; they report its outcome by trigger id.
+
+        Refused (409) unless a trainer group may be at work (running, paused, stopping).
+        """
+        key = keys.job(job_id)
+        trigger_id = uuid.uuid4().hex[:12]
+        now = f"{time.time():.3f}"
+        with self.r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    state = pipe.hget(key, "state")
+                    if state is None:
+                        raise JobNotFound(f"job {job_id!r} not found")
+                    if JobState(state) not in ACTIVE_STATES:
+                        raise InvalidTransition(job_id, state, f"trigger {body.kind}")
+                    pipe.multi()
+                    pipe.hset(
+                        keys.trigger(job_id, trigger_id),
+                        mapping={
+                            "id": trigger_id,
+                            "kind": body.kind,
+                            "mode": body.mode or "",
+                            "state": TriggerState.PENDING.value,
+                            "created_at": now,
+                        },
+                    )
+                    pipe.zadd(keys.triggers(job_id), {trigger_id: float(now)})
+                    pipe.xadd(
+                        keys.commands(job_id),
+                        {
+                            "type": body.kind,
+                            "mode": body.mode or "",
+                            "trigger_id": trigger_id,
+                            "ts": now,
+                        },
+                    )
+                    what = body.kind + (f" {body.mode}" if body.mode else "")
+                    pipe.xadd(
+                        keys.events(job_id),
+                        event_fields(
+                            "trigger",
+                            f"{what} requested ({trigger_id})",
+                            {"trigger_id": trigger_id, "kind": body.kind, "mode": body.mode},
+                        ),
+                    )
+                    pipe.execute()
+                    break
+                except redis.WatchError:
+                    continue
+        return self.get_trigger(job_id, trigger_id)
+
+    def get_trigger(self, job_id: str, trigger_id: str) -> TriggerPublic:
+        self.job_fields(job_id)
+        f = self.r.hgetall(keys.trigger(job_id, trigger_id))
+        if not f:
+            raise TriggerNotFound(f"job {job_id!r} has no trigger {trigger_id!r}")
+        return trigger_public(f)
+
+    def list_triggers(self, job_id: str, offset: int, limit: int) -> TriggersPublic:
+        self.job_fields(job_id)
+        total = int(self.r.zcard(keys.triggers(job_id)))
+        ids = self.r.zrange(keys.triggers(job_id), offset, offset + limit - 1)
+        with self.r.pipeline(transaction=False) as pipe:
+            for tid in ids:
+                pipe.hgetall(keys.trigger(job_id, tid))
+            rows = pipe.execute()
+        return TriggersPublic(data=[trigger_public(f) for f in rows if f], count=total)
+
+    # ---- events, workers --------------------------------------------------------------
+    def events(self, job_id: str, after: str | None, limit: int) -> EventsPublic:
+        """One page of events, oldest first, strictly after the stream id ``after``."""
+        self.job_fields(job_id)
+        start = "-" if after is None else f"({after}"
+        rows = self.r.xrange(keys.events(job_id), min=start, max="+", count=limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        data = [event_public(i, f) for i, f in rows]
+        return EventsPublic(data=data, next=data[-1].id if (more and data) else None)
+
+    def worker(self, job_id: str) -> WorkerPublic:
+        self.job_fields(job_id)
+        raw = self.r.get(keys.heartbeat(job_id))
+        if raw is None:
+            return WorkerPublic(alive=False)
+        ttl = self.r.pttl(keys.heartbeat(job_id))
+        try:
+            hb = json.loads(raw)
+        except ValueError:
+            hb = {"raw": raw[:200]}
+        return WorkerPublic(
+            alive=True,
+            heartbeat=hb if isinstance(hb, dict) else {"value": hb},
+            ttl_s=ttl / 1000 if ttl and ttl > 0 else None,
+        )
+
+
+def pass_public(f: dict[str, str]) -> PassPublic:
+    return PassPublic(
+        day=f["day"],
+        pass_id=int(f["pass_id"]),
+        splits=json.loads(f["splits"]),
+        state=f["state"],
+        attempts=int(f.get("attempts", "0")),
+        resume_from=f.get("resume_from") or None,
+        predict_auc=_float(f.get("predict_auc")),
+        train_auc=_float(f.get("train_auc")),
+        logloss=_float(f.get("logloss")),
+        best_auc=_float(f.get("best_auc")),
+        samples=_int(f.get("samples")),
+        malformed_lines=_int(f.get("malformed_lines")),
+        seconds=_float(f.get("seconds")),
+        ranks=_int(f.get("ranks")),
+        queued_at=_float(f.get("queued_at")),
+        started_at=_float(f.get("started_at")),
+        finished_at=_float(f.get("finished_at")),
+        error=f.get("error") or None,
+    )
+
+
+def trigger_public(f: dict[str, str]) -> TriggerPublic:
+    result: Any = json.loads(f["result"]) if f.get("result") else None
+    return TriggerPublic(
+        id=f["id"],
+        kind=f["kind"],
+        mode=f.get("mode") or None,
+        state=f["state"],
+        created_at=float(f["created_at"]),
+        finished_at=_float(f.get("finished_at")),
+        result=result if isinstance(result, dict) or result is None else {"value": result},
+        error=f.get("error") or None,
+    )
+
+
+def event_public(event_id: str, f: dict[str, str]) -> EventPublic:
+    try:
+        data = json.loads(f.get("data") or "{}")
+    except ValueError:
+        data = {}
+    return EventPublic(
+        id=event_id,
+        type=f.get("type", ""),
+        message=f.get("message", ""),
+        ts=float(f.get("ts") or 0),
+        data=data if isinstance(data, dict) else {},
+    )

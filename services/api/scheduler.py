@@ -1,0 +1,539 @@
+"""Pass scheduling: from donefiles to the trainers' work stream, and back from their reports.
+
+One API at a time schedules (a lease in Redis, renewed every tick), so several API replicas or
+a restarted one never hand out a pass twice. Each tick, for every job that may be at work:
+
+1. **Reports.** Read the job's report stream with consumer group ``api`` (first this
+   consumer's pending entries, left by a crash, then new ones); apply each, then XACK it.
+   Applying is idempotent (a pass already done stays done).
+2. **Dead group.** A pass in flight that a trainer took (pending in the work group) while the
+   group's heartbeat key has expired means the group died: the job's cursor goes back to the
+   pass after the last checkpoint and the passes from there are handed out again, once (a
+   pass whose second attempt also dies fails the job).
+3. **Hand-out.** A running job with no pass in flight gets its next pass (in training order)
+   as soon as every split of it holds its donefile: a pass record is written and the pass is
+   XADDed to the work stream (group ``trainers``), in one transaction.
+
+Every pass, requeue, checkpoint, trigger outcome and state change is an event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+from streamrec.api import keys
+from streamrec.api.config import Settings
+from streamrec.api.errors import ApiError
+from streamrec.api.metrics import ApiMetrics
+from streamrec.api.models import JobCreate
+from streamrec.api.repo import Repo
+from streamrec.api.state import (
+    ACTIVE_STATES,
+    JobState,
+    PassState,
+    TriggerState,
+    change_state,
+    event_fields,
+)
+from streamrec.layout import PassSpec, iter_passes, pass_ready
+
+log = logging.getLogger(__name__)
+
+_LEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+#: Metric fields a trainer reports for a pass (OnlineTrainer.run_pass record).
+PASS_METRICS = (
+    "predict_auc",
+    "train_auc",
+    "logloss",
+    "best_auc",
+    "samples",
+    "malformed_lines",
+    "seconds",
+)
+MAX_ATTEMPTS = 2
+
+
+class Scheduler:
+    """The scheduling loop, in a daemon thread of the API process.
+
+    Args:
+        repo: the API's Redis repository.
+        settings: ``scheduler_interval_s`` (tick period), ``lock_ttl_s`` (lease).
+        metrics: where pass and trigger outcomes are counted.
+    """
+
+    def __init__(self, repo: Repo, settings: Settings, metrics: ApiMetrics) -> None:
+        self.repo = repo
+        self.r = repo.r
+        self.settings = settings
+        self.metrics = metrics
+        self.owner = f"{settings.api_id}-{uuid.uuid4().hex[:8]}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._plans: dict[str, tuple[str, list[PassSpec]]] = {}
+        self._last_probe: dict[str, float] = {}
+        self._lease = self.r.register_script(_LEASE)
+        self._release = self.r.register_script(_RELEASE)
+
+    # ---- thread -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with contextlib.suppress(redis.RedisError):
+            self._release(keys=[keys.SCHEDULER_LOCK], args=[self.owner])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                self.tick()
+            except redis.RedisError as exc:
+                self.metrics.redis_errors.inc()
+                log.warning("scheduler: redis unavailable: %s", exc)
+            except Exception:  # keep scheduling other jobs; the error is logged
+                log.exception("scheduler tick failed")
+            self.metrics.scheduler_tick_seconds.observe(time.perf_counter() - t0)
+            self._stop.wait(self.settings.scheduler_interval_s)
+
+    # ---- one tick ---------------------------------------------------------------------
+    def tick(self) -> bool:
+        """One scheduling round; returns False when another API holds the lease."""
+        lease_ms = int(self.settings.lock_ttl_s * 1000)
+        leader = bool(self._lease(keys=[keys.SCHEDULER_LOCK], args=[self.owner, lease_ms]))
+        self.metrics.scheduler_leader.set(1 if leader else 0)
+        if not leader:
+            return False
+        for state in sorted(ACTIVE_STATES):
+            for job_id in sorted(self.r.smembers(keys.jobs_in_state(state))):
+                try:
+                    self.step(job_id)
+                except ApiError as exc:  # deleted or changed under us: next tick sees it
+                    log.info("scheduler: job %s: %s", job_id, exc)
+        for state in JobState:
+            self.metrics.jobs.labels(state.value).set(self.r.scard(keys.jobs_in_state(state.value)))
+        return True
+
+    def step(self, job_id: str) -> None:
+        """Reports, dead-group check, then hand-out, for one job."""
+        self.apply_reports(job_id)
+        f = self.repo.job_fields(job_id)
+        if f["state"] in ACTIVE_STATES:
+            self.check_dead(job_id, f)
+            f = self.repo.job_fields(job_id)
+        state = JobState(f["state"])
+        if state == JobState.STOPPING and not self.r.exists(keys.heartbeat(job_id)):
+            change_state(self.r, job_id, "stopped", reason="no trainer group alive")
+        elif state == JobState.RUNNING:
+            self.hand_out(job_id, f)
+
+    def plan(self, job_id: str, spec_json: str) -> list[PassSpec]:
+        """Every pass of the job in training order (cached per job spec)."""
+        cached = self._plans.get(job_id)
+        if cached is None or cached[0] != spec_json:
+            d = JobCreate.model_validate_json(spec_json).data
+            cached = (
+                spec_json,
+                list(iter_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass)),
+            )
+            self._plans[job_id] = cached
+        return cached[1]
+
+    # ---- hand-out ---------------------------------------------------------------------
+    def hand_out(self, job_id: str, f: dict[str, str]) -> None:
+        """Puts the next pass on the work stream when it is ready and none is in flight."""
+        if f.get("in_flight"):
+            return
+        plan = self.plan(job_id, f["spec"])
+        cursor = int(f["cursor"])
+        if cursor >= len(plan):
+            if int(f["passes_done"]) >= int(f["passes_total"]):
+                change_state(self.r, job_id, "succeed", reason="every pass done")
+            return
+        spec = JobCreate.model_validate_json(f["spec"])
+        now = time.monotonic()
+        if now - self._last_probe.get(job_id, 0.0) < spec.data.data_sleep_second:
+            return
+        p = plan[cursor]
+        if not pass_ready(spec.data.data_root, p, spec.data.data_donefile):
+            self._last_probe[job_id] = now
+            return
+        self._last_probe.pop(job_id, None)
+        pk = keys.pass_key(p.day, p.pass_id)
+        rec = keys.pass_record(job_id, p.day, p.pass_id)
+        before = self.r.hmget(rec, ["attempts", "state"])
+        # a pass that failed the job starts its count afresh when the operator restarts it
+        attempts = 1 if before[1] == PassState.FAILED.value else int(before[0] or 0) + 1
+        resume_from = f.get("last_checkpoint", "") if attempts > 1 else ""
+        ts = f"{time.time():.3f}"
+        with self.r.pipeline() as pipe:
+            pipe.delete(rec)
+            pipe.hset(
+                rec,
+                mapping={
+                    "day": p.day,
+                    "pass_id": str(p.pass_id),
+                    "splits": json.dumps(list(p.splits)),
+                    "state": PassState.QUEUED.value,
+                    "attempts": str(attempts),
+                    "resume_from": resume_from,
+                    "queued_at": ts,
+                },
+            )
+            pipe.zadd(keys.passes(job_id), {pk: cursor})
+            pipe.xadd(
+                keys.work(job_id),
+                {
+                    "day": p.day,
+                    "pass_id": str(p.pass_id),
+                    "splits": json.dumps(list(p.splits)),
+                    "attempt": str(attempts),
+                    "resume_from": resume_from,
+                    "ts": ts,
+                },
+            )
+            pipe.hset(keys.job(job_id), mapping={"in_flight": pk, "cursor": str(cursor + 1)})
+            pipe.xadd(
+                keys.events(job_id),
+                event_fields(
+                    "pass",
+                    f"pass {pk} handed out (attempt {attempts})",
+                    {"pass": pk, "attempt": attempts, "resume_from": resume_from or None},
+                ),
+            )
+            pipe.execute()
+        self.metrics.passes_handed_out.labels(job_id).inc()
+
+    # ---- dead groups ------------------------------------------------------------------
+    def check_dead(self, job_id: str, f: dict[str, str]) -> None:
+        """Requeues the pass in flight when the trainer group that took it is gone.
+
+        Gone: the job's heartbeat key has expired, or it is now renewed by another group (a
+        restarted group heartbeats under a new consumer name while the dead one's pass is
+        still pending).
+        """
+        if not f.get("in_flight"):
+            return
+        rows = self.r.xpending_range(
+            keys.work(job_id), keys.TRAINER_GROUP, min="-", max="+", count=16
+        )
+        if not rows:
+            return  # handed out but not taken yet: nobody died holding it
+        holders = {row["consumer"] for row in rows}
+        raw = self.r.get(keys.heartbeat(job_id))
+        if raw is not None:
+            try:
+                beating = json.loads(raw).get("consumer")
+            except (ValueError, AttributeError):
+                beating = None
+            if beating is None or beating in holders:
+                return
+            reason = f"trainer group {sorted(holders)} replaced by {beating!r}"
+        else:
+            reason = "trainer group heartbeat expired"
+        self.metrics.trainers_dead.labels(job_id).inc()
+        self.requeue(job_id, f, reason)
+
+    def requeue(self, job_id: str, f: dict[str, str], reason: str) -> None:
+        """Hands the pass in flight out again from the last checkpoint, or fails the job.
+
+        The cursor goes back to the pass after the last reported checkpoint (the new group
+        warm-starts from it), so no pass trained since then is lost. A pass whose second
+        attempt dies fails the job; the cursor is rewound all the same, so an operator's
+        ``start`` retries from the checkpoint.
+        """
+        pk = f["in_flight"]
+        day, pid = pk.split("/")
+        rec = keys.pass_record(job_id, day, int(pid))
+        attempts = int(self.r.hget(rec, "attempts") or 1)
+        self._ack_work(job_id)
+        plan = self.plan(job_id, f["spec"])
+        index = {keys.pass_key(p.day, p.pass_id): i for i, p in enumerate(plan)}
+        in_flight_idx = index[pk]
+        ckpt = f.get("last_checkpoint") or ""
+        new_cursor = min(index[ckpt] + 1, in_flight_idx) if ckpt in index else 0
+        rewound = [keys.pass_key(p.day, p.pass_id) for p in plan[new_cursor:in_flight_idx]]
+        with self.r.pipeline(transaction=False) as pipe:
+            for name in rewound:
+                d, i = name.split("/")
+                pipe.hget(keys.pass_record(job_id, d, int(i)), "state")
+            states = pipe.execute()
+        undone = sum(1 for s in states if s == PassState.DONE.value)
+        failed = attempts >= MAX_ATTEMPTS
+        now = f"{time.time():.3f}"
+        with self.r.pipeline() as pipe:
+            if failed:
+                pipe.hset(
+                    rec,
+                    mapping={
+                        "state": PassState.FAILED.value,
+                        "error": reason,
+                        "finished_at": now,
+                        "retired": str(attempts),
+                    },
+                )
+            else:
+                pipe.hset(
+                    rec,
+                    mapping={
+                        "state": PassState.QUEUED.value,
+                        "error": reason,
+                        "retired": str(attempts),
+                    },
+                )
+            pipe.hset(keys.job(job_id), mapping={"in_flight": "", "cursor": str(new_cursor)})
+            if undone:
+                pipe.hincrby(keys.job(job_id), "passes_done", -undone)
+            if failed:
+                pipe.hset(keys.job(job_id), "error", f"pass {pk}: {reason}")
+                pipe.xadd(
+                    keys.events(job_id),
+                    event_fields(
+                        "failure",
+                        f"pass {pk} failed after {attempts} attempts: {reason}",
+                        {"pass": pk, "attempts": attempts, "resume_from": ckpt or None},
+                    ),
+                )
+            else:
+                pipe.xadd(
+                    keys.events(job_id),
+                    event_fields(
+                        "requeue",
+                        f"pass {pk}: {reason}; handing out again from "
+                        f"{ckpt or 'the start'} ({len(rewound) + 1} pass(es))",
+                        {"pass": pk, "resume_from": ckpt or None, "rewound": rewound},
+                    ),
+                )
+            pipe.execute()
+        self._last_probe.pop(job_id, None)
+        if failed:
+            change_state(self.r, job_id, "fail", reason=f"pass {pk}: {reason}")
+        else:
+            self.metrics.passes_requeued.labels(job_id).inc()
+
+    def _ack_work(self, job_id: str) -> None:
+        """Acknowledges every pending entry of the work group (at most one pass in flight)."""
+        rows = self.r.xpending_range(
+            keys.work(job_id), keys.TRAINER_GROUP, min="-", max="+", count=1000
+        )
+        ids = [row["message_id"] for row in rows]
+        if ids:
+            self.r.xack(keys.work(job_id), keys.TRAINER_GROUP, *ids)
+
+    # ---- reports ----------------------------------------------------------------------
+    def apply_reports(self, job_id: str, max_batches: int = 10) -> int:
+        """Applies the trainers' reports (own pending first, then new); returns how many."""
+        n = 0
+        for start in ("0", ">"):
+            for _ in range(max_batches):
+                resp = self.r.xreadgroup(
+                    keys.API_GROUP, keys.API_CONSUMER, {keys.reports(job_id): start}, count=100
+                )
+                msgs = resp[0][1] if resp else []
+                if not msgs:
+                    break
+                for msg_id, fields in msgs:
+                    if fields:
+                        self._apply_one(job_id, msg_id, fields)
+                    self.r.xack(keys.reports(job_id), keys.API_GROUP, msg_id)
+                    n += 1
+                if start == "0":
+                    break  # pending ones are re-read only once per tick
+        return n
+
+    def _apply_one(self, job_id: str, msg_id: str, fields: dict[str, str]) -> None:
+        kind = fields.get("type", "")
+        try:
+            data = json.loads(fields.get("data") or "{}")
+            if not isinstance(data, dict):
+                raise ValueError(f"data must be an object, got {type(data).__name__}")
+            handler = getattr(self, f"_on_{kind}", None)
+            if handler is None:
+                raise ValueError(f"unknown report type {kind!r}")
+            handler(job_id, data)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.r.xadd(
+                keys.events(job_id),
+                event_fields(
+                    "bad_report", f"report {msg_id} ({kind!r}) ignored: {exc}", {"id": msg_id}
+                ),
+            )
+        except ApiError as exc:  # e.g. a transition no longer allowed: record it, go on
+            self.r.xadd(
+                keys.events(job_id),
+                event_fields(
+                    "bad_report", f"report {msg_id} ({kind!r}) not applied: {exc}", {"id": msg_id}
+                ),
+            )
+
+    def _event(self, job_id: str, kind: str, message: str, data: dict[str, Any]) -> None:
+        self.r.xadd(keys.events(job_id), event_fields(kind, message, data))
+
+    def _on_started(self, job_id: str, data: dict[str, Any]) -> None:
+        self._event(job_id, "trainer", f"trainer group up: {data.get('ranks')} rank(s)", data)
+
+    def _stale(self, job_id: str, rec: str, data: dict[str, Any]) -> bool:
+        """A report about an earlier attempt of a pass that was handed out again."""
+        if "attempt" not in data:
+            return False
+        current_raw, retired_raw = self.r.hmget(rec, ["attempts", "retired"])
+        current, retired = int(current_raw or 0), int(retired_raw or 0)
+        if int(data["attempt"]) == current and int(data["attempt"]) > retired:
+            return False
+        self._event(
+            job_id,
+            "stale_report",
+            f"report for attempt {data['attempt']} of "
+            f"{rec.rsplit(':', 1)[-1]} ignored (attempt {current} is current)",
+            data,
+        )
+        return True
+
+    def _on_claimed(self, job_id: str, data: dict[str, Any]) -> None:
+        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
+        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
+        if self._stale(job_id, rec, data) or self.r.hget(rec, "state") != PassState.QUEUED.value:
+            return
+        self.r.hset(
+            rec,
+            mapping={
+                "state": PassState.RUNNING.value,
+                "started_at": f"{time.time():.3f}",
+                "ranks": str(int(data.get("ranks", 1))),
+            },
+        )
+        self._event(
+            job_id, "pass", f"pass {pk} started on {data.get('ranks', 1)} rank(s)", {"pass": pk}
+        )
+
+    def _on_pass_done(self, job_id: str, data: dict[str, Any]) -> None:
+        day, pid = str(data["day"]), int(data["pass_id"])
+        pk = keys.pass_key(day, pid)
+        rec = keys.pass_record(job_id, day, pid)
+        current = self.r.hget(rec, "state")
+        if current is None or current == PassState.DONE.value or self._stale(job_id, rec, data):
+            return
+        record = data.get("record") or {}
+        values = {}
+        for name in PASS_METRICS:
+            v = record.get(name)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                values[name] = repr(float(v)) if isinstance(v, float) else str(v)
+        f = self.repo.job_fields(job_id)
+        with self.r.pipeline() as pipe:
+            pipe.hset(
+                rec,
+                mapping={
+                    **values,
+                    "state": PassState.DONE.value,
+                    "error": "",
+                    "finished_at": f"{time.time():.3f}",
+                    "ranks": str(int(data.get("ranks", 1))),
+                },
+            )
+            pipe.hincrby(keys.job(job_id), "passes_done", 1)
+            if f.get("in_flight") == pk:
+                pipe.hset(keys.job(job_id), "in_flight", "")
+            shown = ", ".join(
+                f"{k}={record[k]:.4f}"
+                for k in ("predict_auc", "train_auc", "logloss")
+                if isinstance(record.get(k), int | float)
+            )
+            pipe.xadd(
+                keys.events(job_id),
+                event_fields(
+                    "pass",
+                    f"pass {pk} done" + (f": {shown}" if shown else ""),
+                    {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
+                ),
+            )
+            pipe.execute()
+        self._ack_work(job_id)
+        self.metrics.passes_done.labels(job_id).inc()
+        for kind in ("predict", "train", "best"):
+            v = record.get(f"{kind}_auc")
+            if isinstance(v, int | float):
+                self.metrics.pass_auc.labels(job_id, kind).set(v)
+        if isinstance(record.get("logloss"), int | float):
+            self.metrics.pass_logloss.labels(job_id).set(record["logloss"])
+        if isinstance(record.get("seconds"), int | float):
+            self.metrics.pass_seconds.observe(record["seconds"])
+        if isinstance(record.get("samples"), int) and record["samples"] >= 0:
+            self.metrics.pass_samples.labels(job_id).inc(record["samples"])
+
+    def _on_pass_failed(self, job_id: str, data: dict[str, Any]) -> None:
+        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
+        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
+        f = self.repo.job_fields(job_id)
+        if f.get("in_flight") != pk or self._stale(job_id, rec, data):
+            return
+        self.requeue(job_id, f, f"trainer error: {str(data.get('error', ''))[:500]}")
+
+    def _on_checkpoint(self, job_id: str, data: dict[str, Any]) -> None:
+        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
+        self.r.hset(keys.job(job_id), "last_checkpoint", pk)
+        self.metrics.checkpoints.labels(job_id).inc()
+        self._event(
+            job_id,
+            "checkpoint",
+            f"checkpoint {pk} at {data.get('path')}",
+            {"pass": pk, "path": data.get("path")},
+        )
+
+    def _finish_trigger(self, job_id: str, data: dict[str, Any], state: TriggerState) -> None:
+        tid = str(data["trigger_id"])
+        key = keys.trigger(job_id, tid)
+        kind = self.r.hget(key, "kind")
+        if kind is None:
+            raise ValueError(f"unknown trigger {tid!r}")
+        fields = {"state": state.value, "finished_at": f"{time.time():.3f}"}
+        if state == TriggerState.DONE:
+            fields["result"] = json.dumps(data.get("result") or {})
+        else:
+            fields["error"] = str(data.get("error", ""))[:2000]
+        self.r.hset(key, mapping=fields)
+        self.metrics.triggers.labels(kind, state.value).inc()
+        self._event(
+            job_id,
+            "trigger",
+            f"trigger {tid} ({kind}) {state.value}",
+            {"trigger_id": tid, **{k: v for k, v in fields.items() if k != "state"}},
+        )
+
+    def _on_trigger_done(self, job_id: str, data: dict[str, Any]) -> None:
+        self._finish_trigger(job_id, data, TriggerState.DONE)
+
+    def _on_trigger_failed(self, job_id: str, data: dict[str, Any]) -> None:
+        self._finish_trigger(job_id, data, TriggerState.FAILED)
+
+    def _on_stopped(self, job_id: str, data: dict[str, Any]) -> None:
+        if self.r.hget(keys.job(job_id), "state") == JobState.STOPPING.value:
+            change_state(self.r, job_id, "stopped", reason="trainers stopped")
+
+    def _on_error(self, job_id: str, data: dict[str, Any]) -> None:
+        self._event(job_id, "failure", f"trainer error: {str(data.get('message'))[:2000]}", data)
+
+    def _on_fatal(self, job_id: str, data: dict[str, Any]) -> None:
+        """A trainer cannot run this job at all (e.g. its config is invalid): fail it."""
+        msg = str(data.get("message"))[:2000]
+        self.r.hset(keys.job(job_id), "error", msg)
+        change_state(self.r, job_id, "fail", reason=msg)

@@ -1,0 +1,146 @@
+"""Job and pass states, the job state machine, and the one function that changes a job's state.
+
+Job state machine (actions in brackets; the scheduler takes the unbracketed ones)::
+
+    created --[start]--> running --[pause]--> paused --[resume]--> running
+    running|paused --[stop]--> stopping --(trainers stopped / none alive)--> stopped
+    running|paused --(last pass done)--> succeeded
+    running|paused|stopping --(pass failed twice, bad data)--> failed
+    stopped|failed --[start]--> running          (resumes from the last checkpoint)
+    created|stopped|succeeded|failed --[delete]--> (gone)
+
+Any other (state, action) is refused with :class:`InvalidTransition` (HTTP 409 naming the
+current state). A state change and its index move (``jobs:state:<state>`` sets) and its event
+are written in one MULTI/EXEC under WATCH, so readers never see a job in two indexes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import StrEnum
+from typing import Any
+
+import redis
+from streamrec.api import keys
+from streamrec.api.errors import InvalidTransition, JobNotFound
+
+
+class JobState(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class PassState(StrEnum):
+    QUEUED = "queued"  # handed out on the work stream, not yet taken
+    RUNNING = "running"  # a trainer group took it
+    DONE = "done"
+    FAILED = "failed"
+
+
+class TriggerState(StrEnum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+S = JobState
+#: (current state, action) -> new state. ``delete`` maps to None (the job is removed).
+TRANSITIONS: dict[tuple[JobState, str], JobState | None] = {
+    (S.CREATED, "start"): S.RUNNING,
+    (S.STOPPED, "start"): S.RUNNING,
+    (S.FAILED, "start"): S.RUNNING,
+    (S.RUNNING, "pause"): S.PAUSED,
+    (S.PAUSED, "resume"): S.RUNNING,
+    (S.RUNNING, "stop"): S.STOPPING,
+    (S.PAUSED, "stop"): S.STOPPING,
+    (S.STOPPING, "stopped"): S.STOPPED,
+    (S.RUNNING, "succeed"): S.SUCCEEDED,
+    (S.PAUSED, "succeed"): S.SUCCEEDED,
+    (S.STOPPING, "succeed"): S.SUCCEEDED,
+    (S.RUNNING, "fail"): S.FAILED,
+    (S.PAUSED, "fail"): S.FAILED,
+    (S.STOPPING, "fail"): S.FAILED,
+    (S.CREATED, "delete"): None,
+    (S.STOPPED, "delete"): None,
+    (S.SUCCEEDED, "delete"): None,
+    (S.FAILED, "delete"): None,
+}
+#: Actions an operator may ask for over REST.
+USER_ACTIONS = ("start", "stop", "pause", "resume", "delete")
+#: States in which a trainer group may be at work (triggers are accepted).
+ACTIVE_STATES = frozenset({S.RUNNING, S.PAUSED, S.STOPPING})
+
+
+def next_state(current: JobState, action: str) -> JobState | None:
+    """The state after ``action``; raises KeyError when the machine does not allow it."""
+    return TRANSITIONS[(current, action)]
+
+
+def event_fields(kind: str, message: str, data: dict[str, Any] | None = None) -> dict[str, str]:
+    """The fields of one entry of a job's event stream."""
+    return {
+        "type": kind,
+        "message": message,
+        "data": json.dumps(data or {}),
+        "ts": f"{time.time():.3f}",
+    }
+
+
+def change_state(
+    r: redis.Redis,
+    job_id: str,
+    action: str,
+    reason: str = "",
+    extra: dict[str, str] | None = None,
+    command: dict[str, str] | None = None,
+) -> JobState:
+    """Applies ``action`` to a job atomically; returns the new state.
+
+    The job hash, both state indexes, the event stream and (when given) a command for the
+    trainers change in one transaction; a concurrent change makes the WATCH fail and the check
+    runs again on the fresh state.
+
+    Raises:
+        JobNotFound: no such job.
+        InvalidTransition: the state machine refuses ``action`` in the current state.
+    """
+    key = keys.job(job_id)
+    with r.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                raw = pipe.hget(key, "state")
+                if raw is None:
+                    raise JobNotFound(f"job {job_id!r} not found")
+                current = JobState(raw)
+                try:
+                    new = next_state(current, action)
+                except KeyError:
+                    raise InvalidTransition(job_id, current.value, action) from None
+                assert new is not None, "delete goes through delete_job"
+                now = f"{time.time():.3f}"
+                pipe.multi()
+                pipe.hset(key, mapping={"state": new.value, "updated_at": now, **(extra or {})})
+                pipe.srem(keys.jobs_in_state(current.value), job_id)
+                pipe.sadd(keys.jobs_in_state(new.value), job_id)
+                msg = f"{current.value} -> {new.value} ({action})" + (
+                    f": {reason}" if reason else ""
+                )
+                pipe.xadd(
+                    keys.events(job_id),
+                    event_fields(
+                        "state", msg, {"from": current.value, "to": new.value, "action": action}
+                    ),
+                )
+                if command is not None:
+                    pipe.xadd(keys.commands(job_id), command)
+                pipe.execute()
+                return new
+            except redis.WatchError:
+                continue

@@ -1,0 +1,299 @@
+"""Save and load of a store: full checkpoints, batch models, base and delta models (seed 002).
+
+A save writes one directory (one store or one shard; the trainer puts the shards and the
+dense part under ``model_root/YYYYMMDD/<pass_id>/``, see shared/DESIGN.md)::
+
+    <path>/
+      <table>.keys.npy          (n,) int64            checkpoint / batch: every row
+      <table>.rows.npy          (n, width) float32    full rows: stats, weights, optimizer state
+      <table>.<mode>.keys.npy   (n,) int64            base / delta through FileConverter
+      <table>.<mode>.values.npy (n, dim) float32      weights only (serving)
+      MANIFEST.json             written last: format, version, mode, day, tables (options,
+                                rows, dim, width), files (sha256, bytes), converter, extra
+
+Crash safety: everything is written into a sibling ``.<name>.tmp-<uuid>`` directory, fsynced,
+the manifest last, then renamed onto ``<path>`` (an existing ``<path>`` is first renamed aside
+and removed after). A crash or a full disk leaves the previous ``<path>`` as it was, so a
+directory with a MANIFEST.json is always complete. Loading verifies every file's size and
+sha256 and every table before changing anything in the store.
+
+Selections: checkpoint and batch take every row (batch is meant after the daily shrink);
+base takes score >= base_threshold; delta takes rows changed since the previous base/delta
+with score >= delta_threshold and unseen days <= delta_keep_days. Base and delta clear the
+changed flags (restored if the save fails).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from streamrec.embedding_store import _C
+from streamrec.embedding_store.converters import Converter, FileConverter, load_npy, save_npy
+from streamrec.embedding_store.errors import CheckpointError, InvalidInput
+from streamrec.embedding_store.tiers import SELECT_ALL, SELECT_BASE, SELECT_DELTA
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store import EmbeddingStore
+
+MANIFEST = "MANIFEST.json"
+FORMAT = "streamrec-embedding-store"
+VERSION = 1
+MODES = ("checkpoint", "batch", "base", "delta")
+FULL_MODES = ("checkpoint", "batch")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_path(path: str | os.PathLike[str]) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or str(path).strip() in ("", "."):
+        raise InvalidInput(f"path must name a directory, got {path!r}")
+    return Path(path)
+
+
+def save_store(
+    store: EmbeddingStore,
+    path: str | os.PathLike[str],
+    mode: str,
+    converter: Converter | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Writes ``store`` to ``path`` in ``mode``; returns the manifest (see the module doc)."""
+    if mode not in MODES:
+        raise InvalidInput(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if converter is not None and not isinstance(converter, Converter):
+        raise InvalidInput(f"converter must be a Converter, got {type(converter).__name__}")
+    path = _check_path(path)
+    started = time.time()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    cleared: dict[str, torch.Tensor] = {}
+    full = mode in FULL_MODES
+    conv = converter or FileConverter(staging)
+    try:
+        tables: dict[str, Any] = {}
+        for name, tier in store._each_tier():
+            with store._locks[name].write():
+                if full:
+                    keys, rows = tier.export(SELECT_ALL)
+                else:
+                    keys, rows = tier.export(SELECT_BASE if mode == "base" else SELECT_DELTA)
+                    tier.clear_dirty()
+                    cleared[name] = keys
+            if full:
+                save_npy(staging / f"{name}.keys.npy", keys.numpy())
+                save_npy(staging / f"{name}.rows.npy", rows.numpy())
+            else:
+                values = rows[:, _C.EMBED_W : _C.EMBED_W + tier.dim].contiguous().numpy()
+                conv.write_rows(name, keys.numpy(), values, mode, mode)
+            tables[name] = {
+                "rows": int(keys.numel()),
+                "dim": tier.dim,
+                "width": tier.width,
+                "options": tier.options.model_dump(mode="json"),
+            }
+        files = {
+            p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
+            for p in sorted(staging.iterdir())
+            if p.is_file()
+        }
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "mode": mode,
+            "day": store.day,
+            "tier": store.options.tier,
+            "seed": store.options.seed,
+            "created_unix": started,
+            "save_seconds": time.time() - started,
+            "converter": "files" if converter is None else conv.describe(),
+            "tables": tables,
+            "files": files,
+            "extra": extra or {},
+        }
+        tmp = staging / (MANIFEST + ".part")
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, staging / MANIFEST)
+        _fsync_dir(staging)
+        _replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for name, keys in cleared.items():  # the failed save saved nothing: changes stay due
+            with store._locks[name].write():
+                store._tiers[name].mark_dirty(keys)
+        raise
+    return manifest
+
+
+def _replace(staging: Path, path: Path) -> None:
+    """Renames the complete ``staging`` onto ``path``, keeping the old one until then."""
+    aside = None
+    if path.exists() or path.is_symlink():
+        aside = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(path, aside)
+    try:
+        os.rename(staging, path)
+    except BaseException:
+        if aside is not None:
+            os.rename(aside, path)
+        raise
+    _fsync_dir(path.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a saved directory after checking every file it lists.
+
+    Raises:
+        CheckpointError: no directory, no or unreadable manifest, a missing file, a size or
+            checksum that differs.
+    """
+    path = _check_path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {str(path)!r}")
+    mpath = path / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(
+            f"{str(path)!r} has no {MANIFEST} (an incomplete or foreign directory)"
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{mpath}: unreadable manifest: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{mpath}: not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(f"{mpath}: version {manifest.get('version')!r}, expected {VERSION}")
+    if manifest.get("mode") not in MODES:
+        raise CheckpointError(f"{mpath}: mode {manifest.get('mode')!r} not one of {MODES}")
+    files = manifest.get("files")
+    tables = manifest.get("tables")
+    if not isinstance(files, dict) or not isinstance(tables, dict):
+        raise CheckpointError(f"{mpath}: files and tables must be mappings")
+    for name, meta in files.items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise CheckpointError(f"{mpath}: file name {name!r} is not a plain file name")
+        fp = path / name
+        if not fp.is_file():
+            raise CheckpointError(f"{str(path)!r}: missing file {name!r} listed in {MANIFEST}")
+        if not isinstance(meta, dict) or fp.stat().st_size != meta.get("bytes"):
+            raise CheckpointError(
+                f"{str(path)!r}: file {name!r} has {fp.stat().st_size} bytes, manifest says "
+                f"{meta.get('bytes') if isinstance(meta, dict) else meta!r}"
+            )
+        if _sha256(fp) != meta.get("sha256"):
+            raise CheckpointError(f"{str(path)!r}: file {name!r} fails its sha256 checksum")
+    return manifest
+
+
+def load_store(
+    store: EmbeddingStore, path: str | os.PathLike[str], converter: Converter | None = None
+) -> dict[str, Any]:
+    """Loads a directory written by :func:`save_store` into ``store``.
+
+    checkpoint/batch replace the rows of the tables they hold (day included); base/delta set
+    the weights of their keys (a delta after its base). Everything is read and checked
+    before the store changes, so a bad checkpoint leaves the store as it was.
+    """
+    path = _check_path(path)
+    manifest = read_manifest(path)
+    mode = manifest["mode"]
+    full = mode in FULL_MODES
+    conv = converter or FileConverter(path)
+    staged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, meta in manifest["tables"].items():
+        if name not in store._tiers:
+            raise CheckpointError(
+                f"{str(path)!r}: table {name!r} is not in this store ({list(store.tables)})"
+            )
+        tier = store._tiers[name]
+        if not isinstance(meta, dict) or meta.get("dim") != tier.dim:
+            raise CheckpointError(
+                f"{str(path)!r}: table {name!r} has dim {meta.get('dim')!r} in the checkpoint, "
+                f"{tier.dim} in this store"
+            )
+        if full:
+            _check_same_layout(path, name, meta, tier.options.model_dump(mode="json"), tier.width)
+            keys = load_npy(path / f"{name}.keys.npy")
+            values = load_npy(path / f"{name}.rows.npy")
+            want = (keys.shape[0], tier.width) if keys.ndim == 1 else None
+        else:
+            keys, values = conv.read_rows(name, mode)
+            want = (keys.shape[0], tier.dim) if keys.ndim == 1 else None
+        if (
+            keys.dtype != np.int64
+            or want is None
+            or values.dtype != np.float32
+            or (values.shape != want)
+            or keys.shape[0] != meta.get("rows")
+        ):
+            raise CheckpointError(
+                f"{str(path)!r}: table {name!r}: keys {keys.dtype} {keys.shape} and values "
+                f"{values.dtype} {values.shape} do not match the manifest ({meta.get('rows')} rows)"
+            )
+        if np.unique(keys).size != keys.shape[0]:
+            raise CheckpointError(f"{str(path)!r}: table {name!r} repeats keys")
+        if not np.isfinite(values).all():
+            raise CheckpointError(f"{str(path)!r}: table {name!r} holds NaN or Inf")
+        cap = getattr(tier, "capacity", None)
+        if full and cap is not None and keys.shape[0] > cap:
+            raise CheckpointError(
+                f"{str(path)!r}: table {name!r} has {keys.shape[0]} rows, capacity is {cap}"
+            )
+        staged[name] = (torch.from_numpy(keys), torch.from_numpy(values))
+    for name, (keys, values) in staged.items():
+        tier = store._tiers[name]
+        with store._locks[name].write():
+            if full:
+                tier.reset()
+                tier.import_rows(keys, values)
+            else:
+                tier.import_weights(keys, values)
+    if full:
+        store._day = int(manifest.get("day", 0))
+    return manifest
+
+
+def _check_same_layout(
+    path: Path, name: str, meta: dict[str, Any], now: dict[str, Any], width: int
+) -> None:
+    saved = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    for part in ("embed_sgd_param", "embedx_sgd_param"):
+        a = (saved.get(part) or {}).get("name")
+        b = now[part]["name"]
+        if a != b:
+            raise CheckpointError(
+                f"{str(path)!r}: table {name!r} was saved with {part}.name={a!r}, this store "
+                f"uses {b!r} (the optimizer state would not fit)"
+            )
+    if meta.get("width") != width:
+        raise CheckpointError(
+            f"{str(path)!r}: table {name!r} rows have width {meta.get('width')!r}, expected {width}"
+        )

@@ -1,0 +1,440 @@
+"""``EmbeddingStoreClient``: the remote embedding store, with the in-process store's methods.
+
+A request for ``n`` keys is deduplicated, split by shard (``streamrec.keyhash.shard_of``),
+sent to every shard at once and reassembled in the caller's order::
+
+    keys     [7, 3, 7, 9]            (n,) int64, any order, duplicates allowed
+    unique   [7, 3, 9]               first occurrence (C++ hash), inverse = [0, 1, 0, 2]
+    by shard shard 0: [3, 9]   shard 1: [7]       (stable sort of unique keys by shard)
+    replies  shard 0: rows of 3, 9   shard 1: row of 7   (sent together, then received)
+    out      rows of [7, 3, 7, 9]    one gather: grouped_rows[rank[inverse]]
+
+``push`` sums the gradients, shows and clicks of duplicate keys before sending, and checks
+them for NaN/Inf first, so a bad push writes nothing on any shard.
+
+Threads: the client may be shared by several threads (a prefetch thread pulls while the main
+thread pushes). Each thread gets its own ZeroMQ socket per shard (``threading.local``), so
+requests of different threads are in flight at the same time and never see each other's
+replies. A thread's sockets are closed when the thread ends (with its ``threading.local``)
+or at :meth:`close`, which closes those of every thread.
+
+Failures: a request that fails on one shard raises after every shard has answered; the other
+shards may have applied their part (a push is then partly applied, as with any parameter
+server; the client refuses malformed input before sending to avoid that in the common case).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from streamrec.embedding_store.config import shard_dir_name
+from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, UnknownTable
+from streamrec.embedding_store.options import TableOptions
+from streamrec.embedding_store.store import unique_keys
+from streamrec.errors import BadRequest, RemoteError
+from streamrec.keyhash import shard_of
+from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta, RpcClient
+
+SAVE_MODES = ("checkpoint", "base", "delta", "batch")
+
+
+def _as_keys(keys: Any) -> torch.Tensor:
+    """(n,) int64 tensor from a tensor or array of int64 (or uint64, bit pattern kept)."""
+    if isinstance(keys, torch.Tensor):
+        t = keys.detach().cpu()
+    else:
+        arr = np.asarray(keys)
+        if arr.dtype == np.uint64:
+            arr = arr.view(np.int64)
+        if arr.dtype != np.int64:
+            raise InvalidInput(f"keys: dtype must be int64, got {arr.dtype}")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t.dtype != torch.int64:
+        raise InvalidInput(f"keys: dtype must be int64, got {t.dtype}")
+    if t.dim() != 1:
+        raise InvalidInput(f"keys: shape must be (n,), got {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def _as_float(name: str, value: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    t = (
+        value.detach().cpu()
+        if isinstance(value, torch.Tensor)
+        else torch.from_numpy(np.ascontiguousarray(np.asarray(value)))
+    )
+    if t.dtype != torch.float32:
+        raise InvalidInput(f"{name}: dtype must be float32, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise InvalidInput(f"{name}: shape must be {shape}, got {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def _sum_numeric(dicts: list[Any]) -> Any:
+    """Sums numeric leaves of same-shaped dicts (rates and ratios are left out)."""
+    first = dicts[0]
+    if isinstance(first, dict):
+        out = {}
+        for key in first:
+            if any(s in str(key) for s in ("rate", "ratio")):
+                continue
+            vals = [d.get(key) for d in dicts if isinstance(d, dict) and key in d]
+            summed = _sum_numeric(vals) if len(vals) == len(dicts) else None
+            if summed is not None:
+                out[key] = summed
+        return out
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in dicts):
+        return sum(dicts)
+    return first if all(v == first for v in dicts) else None
+
+
+class _ThreadSockets:
+    """One thread's RpcClients; closed when the thread ends and its local storage goes."""
+
+    def __init__(self, clients: list[RpcClient]) -> None:
+        self.clients = clients
+
+    def __del__(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+class EmbeddingStoreClient:
+    """The embedding store served by N shard processes, behind the in-process interface.
+
+    Args:
+        endpoints: one ZeroMQ endpoint per shard, shard K at index K.
+        tables: the tables (a list or name -> TableOptions); None asks shard 0. When given,
+            their names and dims must match the shards'.
+        timeout_s: per request and shard; :class:`~streamrec.errors.RpcTimeout` after it.
+        max_message_bytes: cap on one message each way.
+        check: ping every shard at start-up and check its index and shard count.
+
+    Example:
+        >>> store = EmbeddingStoreClient(["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"])
+        >>> rows = store.pull("user", torch.tensor([3, 7, 3]))      # (3, dim) float32
+        >>> store.push("user", torch.tensor([3, 7, 3]), grads)      # grads (3, dim) float32
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        tables: Iterable[TableOptions] | Mapping[str, TableOptions] | None = None,
+        timeout_s: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        check: bool = True,
+    ) -> None:
+        if not endpoints:
+            raise BadRequest("endpoints: at least one shard endpoint is needed, got []")
+        self.endpoints = list(endpoints)
+        self.num_shards = len(self.endpoints)
+        self.timeout_s = timeout_s
+        self.max_message_bytes = max_message_bytes
+        self._local = threading.local()
+        # weak: the sockets of a thread that ended go with its threading.local storage
+        self._all_clients: weakref.WeakSet[RpcClient] = weakref.WeakSet()
+        self._clients_lock = threading.Lock()
+        self._closed = False
+        try:
+            self._tables = self._check_shards(tables, check)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_shards(
+        self, tables: Iterable[TableOptions] | Mapping[str, TableOptions] | None, ping: bool
+    ) -> dict[str, TableOptions]:
+        """Pings every shard (index and count) and returns the tables they serve."""
+        if ping:
+            for k, meta in enumerate(self._broadcast("ping")):
+                if meta.get("shard_id") != k or meta.get("num_shards") != self.num_shards:
+                    raise BadRequest(
+                        f"endpoints[{k}] ({self.endpoints[k]}) serves shard "
+                        f"{meta.get('shard_id')} of {meta.get('num_shards')}, expected shard "
+                        f"{k} of {self.num_shards}: list endpoints in shard order"
+                    )
+        served = self._fetch_tables()
+        if tables is None:
+            return served
+        given = dict(tables) if isinstance(tables, Mapping) else {t.name: t for t in tables}
+        theirs = {n: t.dim for n, t in served.items()}
+        ours = {n: t.dim for n, t in given.items()}
+        if ours != theirs:
+            raise BadRequest(f"tables {ours} (name: dim) differ from the shards' {theirs}")
+        return given
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _clients(self) -> list[RpcClient]:
+        """This thread's RpcClient per shard (made on first use)."""
+        if self._closed:
+            raise BadRequest("the EmbeddingStoreClient is closed")
+        held = getattr(self._local, "sockets", None)
+        if held is None:
+            held = _ThreadSockets(
+                [
+                    RpcClient(e, timeout_s=self.timeout_s, max_message_bytes=self.max_message_bytes)
+                    for e in self.endpoints
+                ]
+            )
+            with self._clients_lock:
+                self._all_clients.update(held.clients)
+            self._local.sockets = held
+        return held.clients
+
+    def _exchange(self, requests: list[tuple[int, str, Meta, Arrays]]) -> list[tuple[Meta, Arrays]]:
+        """Sends every (shard, op, meta, arrays) at once, then receives every reply in order.
+
+        Raises the first error only after every reply is in (or timed out), so no reply is
+        left behind on a socket.
+        """
+        clients = self._clients()
+        sent: list[tuple[int, int | None, BaseException | None]] = []
+        for shard, op, meta, arrays in requests:
+            try:
+                sent.append((shard, clients[shard].send(op, meta, arrays), None))
+            except Exception as exc:  # refused before sending (e.g. over the size cap)
+                sent.append((shard, None, exc))
+        replies: list[tuple[Meta, Arrays]] = []
+        error: BaseException | None = None
+        for shard, request_id, exc in sent:
+            if exc is None and request_id is not None:
+                try:
+                    replies.append(clients[shard].receive(request_id))
+                    continue
+                except Exception as e:
+                    exc = e
+            replies.append(({}, {}))
+            if error is None:
+                error = exc
+                if isinstance(exc, RemoteError):
+                    exc.args = (f"shard {shard} ({self.endpoints[shard]}): {exc}",)
+        if error is not None:
+            raise error
+        return replies
+
+    def _broadcast(self, op: str, meta: Meta | None = None) -> list[Meta]:
+        return [
+            m for m, _ in self._exchange([(k, op, meta or {}, {}) for k in range(self.num_shards)])
+        ]
+
+    def _fetch_tables(self) -> dict[str, TableOptions]:
+        meta, _ = self._exchange([(0, "tables", {}, {})])[0]
+        return {
+            t["name"]: TableOptions.parse(t, source="tables from shard 0") for t in meta["tables"]
+        }
+
+    def _table(self, table: str) -> TableOptions:
+        if not isinstance(table, str) or table not in self._tables:
+            raise UnknownTable(f"unknown table {table!r}; tables: {sorted(self._tables)}")
+        return self._tables[table]
+
+    def _split(self, unique: torch.Tensor) -> tuple[torch.Tensor | None, list[int]]:
+        """Stable order of ``unique`` keys by shard and the shard boundaries in it.
+
+        Returns:
+            order: (u,) int64 with ``unique[order]`` grouped by shard 0, 1, ...; None when
+                there is one shard (no reordering needed).
+            bounds: N + 1 offsets into the grouped keys.
+        """
+        u = unique.numel()
+        if self.num_shards == 1:
+            return None, [0, u]
+        shard = shard_of(unique.numpy(), self.num_shards)
+        # small integers: numpy's stable sort is a radix sort here, O(u)
+        small = shard.astype(np.int16 if self.num_shards < 2**15 else np.int64)
+        order = np.argsort(small, kind="stable")
+        bounds = np.zeros(self.num_shards + 1, dtype=np.int64)
+        np.cumsum(np.bincount(shard, minlength=self.num_shards), out=bounds[1:])
+        return torch.from_numpy(order), bounds.tolist()
+
+    def _requests(
+        self, op: str, meta: Meta, grouped: dict[str, np.ndarray], bounds: list[int]
+    ) -> list[tuple[int, str, Meta, Arrays]]:
+        """One request per shard that has keys, each array cut at the shard bounds."""
+        return [
+            (k, op, meta, {name: arr[bounds[k] : bounds[k + 1]] for name, arr in grouped.items()})
+            for k in range(self.num_shards)
+            if bounds[k + 1] > bounds[k]
+        ]
+
+    # -- the store interface ----------------------------------------------------------
+
+    @property
+    def tables(self) -> dict[str, TableOptions]:
+        """Table name -> options, as the shards serve them."""
+        return dict(self._tables)
+
+    def pull(self, table: str, keys: Any, create: bool = True) -> torch.Tensor:
+        """Rows of ``keys``: (n,) int64 -> (n, dim) float32, in the order of ``keys``.
+
+        ``create=False`` (prediction) creates nothing; missing keys read as the store reads
+        them (zeros).
+        """
+        dim = self._table(table).dim
+        keys_t = _as_keys(keys)
+        if keys_t.numel() == 0:
+            return torch.zeros((0, dim), dtype=torch.float32)
+        unique, inverse = unique_keys(keys_t)
+        order, bounds = self._split(unique)
+        grouped = unique if order is None else unique.index_select(0, order)
+        meta = {"table": table, "create": bool(create)}
+        requests = self._requests("pull", meta, {"keys": grouped.numpy()}, bounds)
+        replies = self._exchange(requests)
+        parts = [torch.from_numpy(np.asarray(a["values"])) for _, a in replies]
+        for (k, *_), part in zip(requests, parts, strict=True):
+            n = bounds[k + 1] - bounds[k]
+            if tuple(part.shape) != (n, dim) or part.dtype != torch.float32:
+                raise RemoteError(
+                    "bad_reply",
+                    f"shard {k} sent values of shape "
+                    f"{tuple(part.shape)} {part.dtype}, expected ({n}, {dim})",
+                )
+        rows = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if order is not None:  # where each unique key's row sits among the grouped rows
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(order.numel())
+            inverse = rank.index_select(0, inverse)
+        return rows.index_select(0, inverse)
+
+    def push(
+        self, table: str, keys: Any, grads: Any, shows: Any = None, clicks: Any = None
+    ) -> None:
+        """Applies gradients: keys (n,) int64, grads (n, dim) float32, shows/clicks (n,)
+        float32 or None (as in the store: 1 show per key occurrence, 0 clicks). Duplicate keys
+        are summed first; NaN/Inf is refused before anything is sent.
+        """
+        dim = self._table(table).dim
+        keys_t = _as_keys(keys)
+        n = keys_t.numel()
+        g = _as_float("grads", grads, (n, dim))
+        extra = {
+            name: _as_float(name, v, (n,))
+            for name, v in (("shows", shows), ("clicks", clicks))
+            if v is not None
+        }
+        if n == 0:
+            return
+        # first-occurrence order: without duplicates, unique is keys itself (rows line up)
+        unique, inverse = unique_keys(keys_t)
+        u = unique.numel()
+        if u < n:
+            if "shows" not in extra:  # the store counts 1 show per occurrence: keep that
+                extra["shows"] = torch.ones(n, dtype=torch.float32)
+            g = torch.zeros((u, dim), dtype=torch.float32).index_add_(0, inverse, g)
+            extra = {
+                name: torch.zeros(u, dtype=torch.float32).index_add_(0, inverse, v)
+                for name, v in extra.items()
+            }
+        for name, v in (("grads", g), *extra.items()):
+            # one reduction instead of an (n, dim) mask: a finite sum means every value is
+            # finite (NaN and Inf propagate); only an overflowing sum needs the full check
+            if not bool(torch.isfinite(v.sum())) and not bool(torch.isfinite(v).all()):
+                raise NonFiniteGradient(
+                    f"{name}: holds NaN or Inf (after summing duplicate keys); "
+                    f"nothing was pushed to table {table!r}"
+                )
+            if name != "grads" and bool((v < 0).any()):
+                raise InvalidInput(f"{name}: must be >= 0; nothing was pushed to table {table!r}")
+        order, bounds = self._split(unique)
+        columns = {"keys": unique, "grads": g, **extra}
+        grouped = {
+            name: (v if order is None else v.index_select(0, order)).numpy()
+            for name, v in columns.items()
+        }
+        self._exchange(self._requests("push", {"table": table}, grouped, bounds))
+
+    def size(self, table: str) -> int:
+        """Rows of ``table`` over all shards."""
+        self._table(table)
+        return sum(int(m["size"]) for m in self._broadcast("size", {"table": table}))
+
+    def sizes(self, table: str) -> list[int]:
+        """Rows of ``table`` per shard."""
+        self._table(table)
+        return [int(m["size"]) for m in self._broadcast("size", {"table": table})]
+
+    def shrink(self) -> dict[str, int]:
+        """Shrinks every shard; returns rows deleted per table (summed over shards)."""
+        total: dict[str, int] = {}
+        for meta in self._broadcast("shrink"):
+            for name, count in (meta.get("deleted") or {}).items():
+                total[name] = total.get(name, 0) + int(count)
+        return total
+
+    def advance_day(self) -> None:
+        """Advances the day on every shard (unseen-day counters, decay at the next shrink)."""
+        self._broadcast("advance_day")
+
+    def save(
+        self, path: str, mode: str = "checkpoint", converter: str | None = None
+    ) -> dict[str, Any]:
+        """Every shard saves into ``path/shard-K-of-N/`` with its own manifest.
+
+        Args:
+            path: a directory the shards can write (a shared volume).
+            mode: checkpoint | base | delta | batch.
+            converter: where base/delta rows go: None or "files" (in the shard directories),
+                "redis" (the shards' serving Redis, ``--redis-url``). A converter object
+                cannot travel to the shards.
+
+        Returns:
+            {"path", "mode", "num_shards", "shards": [{"dir", "manifest"} per shard]}.
+        """
+        if mode not in SAVE_MODES:
+            raise BadRequest(f"mode must be one of {list(SAVE_MODES)}, got {mode!r}")
+        meta = {"path": str(path), "mode": mode, **self._converter_meta(converter)}
+        metas = self._broadcast("save", meta)
+        return {"path": str(path), "mode": mode, "num_shards": self.num_shards, "shards": metas}
+
+    def load(self, path: str, converter: str | None = None) -> None:
+        """Every shard loads ``path/shard-K-of-N/``; the shard count must match the save.
+
+        Two phases: every shard first checks its directory (manifest, files, checksums, shard
+        count) and only when all are good do they load, so a bad checkpoint changes no shard.
+        """
+        meta = {"path": str(path), **self._converter_meta(converter)}
+        self._broadcast("load", {**meta, "verify_only": True})
+        self._broadcast("load", meta)
+
+    @staticmethod
+    def _converter_meta(converter: Any) -> Meta:
+        if converter is None:
+            return {}
+        if converter not in ("files", "redis"):
+            raise BadRequest(
+                f"converter must be None, 'files' or 'redis' for the remote store, got "
+                f"{converter!r} (converter objects work with the in-process store)"
+            )
+        return {"converter": converter}
+
+    def stats(self) -> dict[str, Any]:
+        """{"num_shards", "shards": [stats of each shard], "total": numeric leaves summed}."""
+        shards = [m["stats"] for m in self._broadcast("stats")]
+        return {
+            "num_shards": self.num_shards,
+            "shards": shards,
+            "total": _sum_numeric(shards) or {},
+        }
+
+    def shard_dirs(self, path: str) -> list[str]:
+        """Where each shard saves under ``path``."""
+        return [f"{path}/{shard_dir_name(k, self.num_shards)}" for k in range(self.num_shards)]
+
+    def close(self) -> None:
+        """Closes the sockets of every thread; the client is unusable afterwards."""
+        self._closed = True
+        with self._clients_lock:
+            for c in list(self._all_clients):
+                c.close()
+            self._all_clients.clear()
+
+    def __enter__(self) -> EmbeddingStoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

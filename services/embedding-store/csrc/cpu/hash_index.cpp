@@ -1,0 +1,163 @@
+// Open-addressing hash index over int64 keys (linear probing, power-of-two capacity).
+//
+// The index is one (capacity, 2) int64 tensor of [key, row] slots, so that a probe touches
+// one cache line; row == -1 marks an empty slot. Lookups prefetch the slot of a key a few
+// iterations ahead, which hides most of the memory latency of a large table.
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+
+namespace streamrec {
+namespace {
+
+constexpr int64_t kGrain = 4096;
+constexpr int64_t kAhead = 8;  // prefetch distance, in keys
+
+void check_index(const torch::Tensor& slots) {
+  TORCH_CHECK(slots.dtype() == torch::kInt64 && slots.is_contiguous() && slots.dim() == 2 &&
+                  slots.size(1) == 2, "index must be a contiguous (capacity, 2) int64 tensor");
+  const int64_t cap = slots.size(0);
+  TORCH_CHECK(cap > 0 && (cap & (cap - 1)) == 0, "index capacity must be a power of two, got ",
+              cap);
+}
+
+void check_keys(const torch::Tensor& keys) {
+  TORCH_CHECK(keys.dtype() == torch::kInt64 && keys.dim() == 1 && keys.is_contiguous(),
+              "keys must be a contiguous (n,) int64 tensor");
+}
+
+inline uint64_t home(int64_t key, uint64_t mask) {
+  return mix64(static_cast<uint64_t>(key)) & mask;
+}
+
+// Slot holding `key`, or the empty slot where it would go. s: (cap, 2) [key, row].
+inline uint64_t probe(const int64_t* s, uint64_t mask, int64_t key) {
+  uint64_t i = home(key, mask);
+  while (s[2 * i + 1] != -1 && s[2 * i] != key) i = (i + 1) & mask;
+  return i;
+}
+
+}  // namespace
+
+torch::Tensor find(const torch::Tensor& slots, const torch::Tensor& keys) {
+  check_index(slots);
+  check_keys(keys);
+  const int64_t n = keys.numel();
+  auto out = torch::empty({n}, keys.options());
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + kAhead < e) __builtin_prefetch(s + 2 * home(k[i + kAhead], mask));
+      o[i] = s[2 * probe(s, mask, k[i]) + 1];
+    }
+  });
+  return out;
+}
+
+std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
+                                                        const torch::Tensor& keys,
+                                                        int64_t next_row) {
+  auto rows = find(slots, keys);
+  const int64_t n = keys.numel();
+  int64_t* r = rows.data_ptr<int64_t>();
+  // Inserting is serial (misses are a small share once a table is warm); finding is not.
+  int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  std::vector<int64_t> fresh;
+  for (int64_t i = 0; i < n; ++i) {
+    if (r[i] != -1) continue;
+    const uint64_t j = probe(s, mask, k[i]);
+    if (s[2 * j + 1] == -1) {
+      s[2 * j] = k[i];
+      s[2 * j + 1] = next_row + static_cast<int64_t>(fresh.size());
+      fresh.push_back(k[i]);
+    }
+    r[i] = s[2 * j + 1];
+  }
+  auto new_keys = torch::empty({static_cast<int64_t>(fresh.size())}, keys.options());
+  if (!fresh.empty())
+    std::memcpy(new_keys.data_ptr<int64_t>(), fresh.data(), fresh.size() * sizeof(int64_t));
+  return {rows, new_keys};
+}
+
+void insert_or_assign(torch::Tensor slots, const torch::Tensor& keys, const torch::Tensor& vals) {
+  check_index(slots);
+  check_keys(keys);
+  check_keys(vals);
+  TORCH_CHECK(keys.numel() == vals.numel(), "keys and vals differ in length");
+  int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* v = vals.data_ptr<int64_t>();
+  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    const uint64_t j = probe(s, mask, k[i]);
+    s[2 * j] = k[i];
+    s[2 * j + 1] = v[i];
+  }
+}
+
+std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys) {
+  check_keys(keys);
+  const int64_t n = keys.numel();
+  int64_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;
+  std::vector<int64_t> s(2 * cap, -1);
+  const uint64_t mask = static_cast<uint64_t>(cap - 1);
+  auto inverse = torch::empty({n}, keys.options());
+  const int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* inv = inverse.data_ptr<int64_t>();
+  std::vector<int64_t> uniq;
+  uniq.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(s.data() + 2 * home(k[i + kAhead], mask));
+    const uint64_t j = probe(s.data(), mask, k[i]);
+    if (s[2 * j + 1] == -1) {
+      s[2 * j] = k[i];
+      s[2 * j + 1] = static_cast<int64_t>(uniq.size());
+      uniq.push_back(k[i]);
+    }
+    inv[i] = s[2 * j + 1];
+  }
+  auto out = torch::empty({static_cast<int64_t>(uniq.size())}, keys.options());
+  if (!uniq.empty())
+    std::memcpy(out.data_ptr<int64_t>(), uniq.data(), uniq.size() * sizeof(int64_t));
+  return {out, inverse};
+}
+
+torch::Tensor index_build(int64_t capacity, const torch::Tensor& keys) {
+  check_keys(keys);
+  TORCH_CHECK(capacity > keys.numel(), "index capacity ", capacity, " too small for ",
+              keys.numel(), " keys");
+  auto slots = torch::full({capacity, 2}, -1, keys.options());
+  check_index(slots);
+  // Keys are distinct, so inserters never look at each other's keys: claiming an empty
+  // slot's row with a compare-and-swap is enough to insert in parallel.
+  int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const uint64_t mask = static_cast<uint64_t>(capacity - 1);
+  at::parallel_for(0, keys.numel(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      uint64_t j = home(k[i], mask);
+      for (;;) {
+        int64_t empty = -1;
+        if (s[2 * j + 1] == -1 &&
+            __atomic_compare_exchange_n(s + 2 * j + 1, &empty, i, false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+          s[2 * j] = k[i];
+          break;
+        }
+        j = (j + 1) & mask;
+      }
+    }
+  });
+  return slots;
+}
+
+}  // namespace streamrec

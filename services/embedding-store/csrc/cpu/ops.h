@@ -1,0 +1,84 @@
+// The sparse-table operations, as free functions over tensors, named after HierarchicalKV
+// (find, find_or_insert, insert_or_assign, export_batch). A CUDA extension implements the
+// same signatures over device tensors so the Python store stays the same.
+//
+// Hash index: open addressing with linear probing over one (capacity, 2) int64 tensor of
+// [key, row] slots; row == -1 marks an empty slot; capacity is a power of two. Rows are ids
+// into the table's row matrix. Erasing is done by rebuilding
+// (index_build) after compaction, which shrink() does once a day.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <tuple>
+
+#include "table_params.h"
+
+namespace streamrec {
+
+// --- hash index (hash_index.cpp) ---
+// slots: (capacity, 2) int64 [key, row] pairs, row == -1 for an empty slot.
+// Row id per key, -1 where absent. keys: (n,) int64 -> (n,) int64.
+torch::Tensor find(const torch::Tensor& slots, const torch::Tensor& keys);
+// Row id per key, inserting absent keys with ids next_row, next_row + 1, ... in order of
+// first occurrence (duplicates share one id). The caller guarantees room in the index.
+// Returns (rows (n,) int64, new_keys (m,) int64 in id order).
+std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
+                                                        const torch::Tensor& keys,
+                                                        int64_t next_row);
+// Sets key -> val for every pair (last wins). keys, vals: (n,) int64.
+void insert_or_assign(torch::Tensor slots, const torch::Tensor& keys, const torch::Tensor& vals);
+// Distinct keys in order of first occurrence and each key's position among them (a hash
+// dedup, cheaper than sorting). keys: (n,) int64 -> (uniq (u,) int64, inverse (n,) int64).
+std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys);
+// A fresh index of `capacity` slots holding keys[i] -> i (built in parallel).
+// keys: (n,) int64, distinct (the caller's row keys).
+torch::Tensor index_build(int64_t capacity, const torch::Tensor& keys);
+
+// --- rows (rows.cpp) ---
+// Initialises rows [start, start + count): stats zero, weights from the initializers
+// (deterministic per seed, key and column), optimizer state to its initial value, embedx
+// expanded at once when embedx_threshold <= 0. data: (R, width) float32; row_keys: (R,) int64.
+void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start, int64_t count,
+               const TableParams& p);
+// Weights of the given rows, zeros where rows[i] == -1. -> (n, dim) float32.
+torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const TableParams& p);
+// Per-key deterministic initial weights as init_rows and the expansion draw them; embedx as
+// zeros unless with_embedx. keys: (n,) int64 -> (n, dim) float32.
+torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx);
+
+// Fills the embedx weights of one row (pointer to its first column) from its initializer.
+void init_embedx(float* row, int64_t key, const TableParams& p);
+
+// --- optimizer (optimizer.cpp) ---
+// Fused push: show/click, unseen days, dirty flag, the embed rule, the embedx rule on expanded
+// rows, then expansion of rows whose score reached embedx_threshold. Repeated rows are summed
+// first (grads, shows, clicks); rows of -1 are skipped.
+// rows: (n,) int64; grads: (n, dim) float32; shows, clicks: (n,) float32; row_keys: (R,)
+// int64 (the expansion initialises embedx from the row's key); marks: (R,) int32 zeros,
+// scratch for finding repeats (left zero). Returns the number of rows expanded.
+int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::Tensor& rows,
+               const torch::Tensor& grads, const torch::Tensor& shows,
+               const torch::Tensor& clicks, const TableParams& p, torch::Tensor marks);
+
+// Counts of bad inputs of a push, before anything is written:
+// (rows of grads with NaN/Inf, shows or clicks that are NaN/Inf or negative).
+// grads: (n, dim) float32; shows, clicks: (n,) float32.
+std::tuple<int64_t, int64_t> check_push(const torch::Tensor& grads, const torch::Tensor& shows,
+                                        const torch::Tensor& clicks);
+
+// --- day advance, shrink, save selection (shrink.cpp) ---
+// unseen_days += 1 on rows [0, size).
+void advance_day(torch::Tensor data, int64_t size);
+// Decays show/click of rows [0, size) and returns the keep mask (size,) bool:
+// false where score < delete_threshold or unseen_days > delete_after_unseen_days.
+torch::Tensor shrink(torch::Tensor data, int64_t size, const TableParams& p);
+// Rows a save mode takes, (size,) bool. mode: 0 all, 1 base (score >= base_threshold),
+// 2 delta (changed since the last base/delta, score >= delta_threshold,
+// unseen_days <= delta_keep_days).
+torch::Tensor select_rows(const torch::Tensor& data, int64_t size, int64_t mode,
+                          const TableParams& p);
+// Clears the changed-since-save flag of rows [0, size).
+void clear_dirty(torch::Tensor data, int64_t size);
+
+}  // namespace streamrec

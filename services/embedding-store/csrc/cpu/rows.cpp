@@ -1,0 +1,134 @@
+// Row initialisation and gather.
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "ops.h"
+
+namespace streamrec {
+namespace {
+
+constexpr int64_t kGrain = 1024;
+
+// Counter-based draws: a row's stream starts at mix64(seed ^ mix64(key)); column c's value
+// is a function of (stream, c) only, so a row's initial values do not depend on the order
+// or the thread that creates it, and a pull on another shard draws the same.
+inline uint64_t row_stream(uint64_t seed, int64_t key) {
+  return mix64(seed ^ mix64(static_cast<uint64_t>(key)));
+}
+
+// Uniform in [0, 1) for column `col`, draw `k` (0 or 1) of the row stream.
+inline double unit(uint64_t stream, int64_t col, uint64_t k) {
+  const uint64_t h = mix64(stream + (2 * static_cast<uint64_t>(col) + k + 1) *
+                                        0x9E3779B97F4A7C15ULL);
+  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+inline float draw(const InitParams& ip, uint64_t stream, int64_t col) {
+  switch (ip.kind) {
+    case kUniform: return static_cast<float>(ip.a + (ip.b - ip.a) * unit(stream, col, 0));
+    case kNormal: {  // Box-Muller
+      const double u1 = 1.0 - unit(stream, col, 0);  // (0, 1]
+      const double u2 = unit(stream, col, 1);
+      return static_cast<float>(ip.a + ip.b * std::sqrt(-2.0 * std::log(u1)) *
+                                            std::cos(6.283185307179586 * u2));
+    }
+    default: return 0.0f;
+  }
+}
+
+void init_state(float* st, const RuleParams& rp, int64_t d) {
+  const int64_t w = state_width(rp.kind, d);
+  std::memset(st, 0, sizeof(float) * w);
+  if (rp.kind == kAdam && d > 0) {
+    st[2 * d] = static_cast<float>(rp.beta1);
+    st[2 * d + 1] = static_cast<float>(rp.beta2);
+  }
+}
+
+}  // namespace
+
+void TableParams::finalize() {
+  if (dim < 1) throw std::invalid_argument("dim must be >= 1, got " + std::to_string(dim));
+  const int64_t ws1 = state_width(embed_rule.kind, 1);
+  const int64_t ws2 = state_width(embedx_rule.kind, dim - 1);
+  if (ws1 < 0 || ws2 < 0) throw std::invalid_argument("unknown optimizer rule kind");
+  embed_state = kEmbedW + dim;
+  embedx_state = embed_state + ws1;
+  width = embedx_state + ws2;
+}
+
+// Fills the embedx weights of one row from its initializer.
+void init_embedx(float* row, int64_t key, const TableParams& p) {
+  const uint64_t st = row_stream(p.seed, key);
+  for (int64_t c = 1; c < p.dim; ++c) row[kEmbedW + c] = draw(p.embedx_init, st, c);
+}
+
+void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start, int64_t count,
+               const TableParams& p) {
+  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2 &&
+                  data.size(1) == p.width, "data must be contiguous (R, width) float32");
+  TORCH_CHECK(start >= 0 && count >= 0 && start + count <= data.size(0) &&
+                  start + count <= row_keys.numel(), "rows out of range");
+  float* d = data.data_ptr<float>();
+  const int64_t* k = row_keys.data_ptr<int64_t>();
+  const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
+  at::parallel_for(start, start + count, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* row = d + r * p.width;
+      std::memset(row, 0, sizeof(float) * p.width);
+      row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
+      row[kEmbedW] = draw(p.embed_init, row_stream(p.seed, k[r]), 0);
+      if (expand) init_embedx(row, k[r], p);
+      init_state(row + p.embed_state, p.embed_rule, 1);
+      init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
+    }
+  });
+}
+
+torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const TableParams& p) {
+  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() &&
+                  data.size(1) == p.width, "data must be contiguous (R, width) float32");
+  TORCH_CHECK(rows.dtype() == torch::kInt64 && rows.is_contiguous(), "rows must be int64");
+  const int64_t n = rows.numel();
+  auto out = torch::empty({n, p.dim}, data.options());
+  const float* d = data.data_ptr<float>();
+  const int64_t* r = rows.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  const int64_t R = data.size(0);
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + 8 < e && r[i + 8] >= 0 && r[i + 8] < R)
+        __builtin_prefetch(d + r[i + 8] * p.width + kEmbedW);
+      if (r[i] < 0 || r[i] >= R) {
+        std::memset(o + i * p.dim, 0, sizeof(float) * p.dim);
+      } else {
+        std::memcpy(o + i * p.dim, d + r[i] * p.width + kEmbedW, sizeof(float) * p.dim);
+      }
+    }
+  });
+  return out;
+}
+
+torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx) {
+  TORCH_CHECK(keys.dtype() == torch::kInt64 && keys.is_contiguous(), "keys must be int64");
+  const int64_t n = keys.numel();
+  auto out = torch::zeros({n, p.dim}, torch::kFloat32);
+  const int64_t* k = keys.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  const bool expand = with_embedx;
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t st = row_stream(p.seed, k[i]);
+      o[i * p.dim] = draw(p.embed_init, st, 0);
+      if (expand)
+        for (int64_t c = 1; c < p.dim; ++c) o[i * p.dim + c] = draw(p.embedx_init, st, c);
+    }
+  });
+  return out;
+}
+
+}  // namespace streamrec

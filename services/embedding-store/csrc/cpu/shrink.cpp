@@ -1,0 +1,80 @@
+// Day advance, shrink (decay and delete mask) and the rows each save mode takes.
+#include <ATen/Parallel.h>
+
+#include "ops.h"
+
+namespace streamrec {
+namespace {
+
+constexpr int64_t kGrain = 4096;
+
+void check_data(const torch::Tensor& data, int64_t size) {
+  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2,
+              "data must be contiguous (R, width) float32");
+  TORCH_CHECK(size >= 0 && size <= data.size(0), "size out of range");
+}
+
+}  // namespace
+
+void advance_day(torch::Tensor data, int64_t size) {
+  check_data(data, size);
+  float* d = data.data_ptr<float>();
+  const int64_t w = data.size(1);
+  at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) d[r * w + kUnseen] += 1.0f;
+  });
+}
+
+torch::Tensor shrink(torch::Tensor data, int64_t size, const TableParams& p) {
+  check_data(data, size);
+  auto keep = torch::empty({size}, torch::kBool);
+  float* d = data.data_ptr<float>();
+  bool* kp = keep.data_ptr<bool>();
+  const float decay = static_cast<float>(p.show_click_decay_rate);
+  at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* row = d + r * p.width;
+      row[kShow] *= decay;
+      row[kClick] *= decay;
+      const double score = p.score(row[kShow], row[kClick]);
+      kp[r] = !(score < p.delete_threshold || row[kUnseen] > p.delete_after_unseen_days);
+    }
+  });
+  return keep;
+}
+
+torch::Tensor select_rows(const torch::Tensor& data, int64_t size, int64_t mode,
+                          const TableParams& p) {
+  check_data(data, size);
+  TORCH_CHECK(mode >= 0 && mode <= 2, "unknown select mode ", mode);
+  auto sel = torch::empty({size}, torch::kBool);
+  const float* d = data.data_ptr<float>();
+  bool* s = sel.data_ptr<bool>();
+  at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = d + r * p.width;
+      const double score = p.score(row[kShow], row[kClick]);
+      if (mode == 0) {
+        s[r] = true;
+      } else if (mode == 1) {
+        s[r] = score >= p.base_threshold;
+      } else {
+        s[r] = (static_cast<int>(row[kFlags]) & kFlagDirty) && score >= p.delta_threshold &&
+               row[kUnseen] <= p.delta_keep_days;
+      }
+    }
+  });
+  return sel;
+}
+
+void clear_dirty(torch::Tensor data, int64_t size) {
+  check_data(data, size);
+  float* d = data.data_ptr<float>();
+  const int64_t w = data.size(1);
+  at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      d[r * w + kFlags] = static_cast<float>(static_cast<int>(d[r * w + kFlags]) & ~kFlagDirty);
+  });
+}
+
+}  // namespace streamrec

@@ -1,0 +1,65 @@
+"""Errors of the embedding store, each with a wire ``code`` (see :mod:`streamrec.errors`)."""
+
+from __future__ import annotations
+
+from streamrec.errors import BadRequest, NotFound, StreamRecError
+
+
+class EmbeddingStoreError(StreamRecError):
+    """Base of the embedding store's own errors."""
+
+    code = "embedding_store_error"
+
+
+class UnknownTable(NotFound):
+    """A table name the store does not hold."""
+
+    code = "unknown_table"
+
+
+class InvalidInput(BadRequest):
+    """Keys, gradients, shows or clicks of the wrong dtype, shape or value."""
+
+    code = "invalid_input"
+
+
+class NonFiniteGradient(InvalidInput):
+    """A push carried NaN or Inf; nothing of that push was written."""
+
+    code = "non_finite_gradient"
+
+
+class TierUnavailable(EmbeddingStoreError):
+    """The requested storage tier cannot run here (the device tier without CUDA)."""
+
+    code = "tier_unavailable"
+
+
+class CapacityExceeded(EmbeddingStoreError):
+    """A table would grow beyond its ``capacity``; nothing of that call was written."""
+
+    code = "capacity_exceeded"
+
+
+class CheckpointError(EmbeddingStoreError):
+    """A checkpoint is missing, incomplete or corrupt (bad checksum, missing file)."""
+
+    code = "bad_checkpoint"
+
+
+class WrongShard(BadRequest):
+    """A shard got keys that hash to another shard."""
+
+    code = "wrong_shard"
+
+
+class ShardCountMismatch(BadRequest):
+    """A checkpoint saved by M shards is loaded into N."""
+
+    code = "shard_mismatch"
+
+
+class StoreClosed(EmbeddingStoreError):
+    """The store was closed."""
+
+    code = "store_closed"

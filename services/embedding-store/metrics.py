@@ -1,0 +1,185 @@
+"""Prometheus metrics of one embedding-store shard (names ``streamrec_embedding_store_*``).
+
+Request-side figures (keys, latency, save/load durations, errors) are counted by the server
+as requests go by. Store-side figures (rows per table and tier, bytes per tier, cache hits and
+hit rate, rows created/expanded/deleted/refused) are read from ``store.stats()`` at scrape
+time by :class:`StoreCollector`, so they are never stale and cost nothing between scrapes.
+
+Each :class:`StoreMetrics` owns its registry, so several shards (or tests) in one process do
+not collide.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from streamrec.metrics import LATENCY_BUCKETS, serve_metrics
+
+log = logging.getLogger(__name__)
+
+PREFIX = "streamrec_embedding_store"
+
+#: Per-table counters read from store stats: stats key -> (metric suffix, help).
+_TABLE_COUNTERS = {
+    "rows_created": ("rows_created_total", "Rows created (first pull or push of a key)"),
+    "rows_expanded": ("rows_expanded_total", "Rows whose embedx part was expanded"),
+    "rows_deleted": ("rows_deleted_total", "Rows deleted by shrink"),
+    "rows_refused": ("rows_refused_total", "New keys refused by probabilistic admission"),
+    "cache_hits": ("cache_hits_total", "Lookups served from the RAM cache (ssd tier)"),
+    "cache_misses": ("cache_misses_total", "Lookups that went to the files (ssd tier)"),
+}
+
+
+class StoreCollector(Collector):
+    """Turns ``stats()`` of the store into gauges and counters at scrape time.
+
+    Args:
+        stats: returns the store's stats dict (see ``EmbeddingStore.stats``).
+        shard: label value naming this shard (``K-of-N``).
+    """
+
+    def __init__(self, stats: Callable[[], dict[str, Any]], shard: str) -> None:
+        self._stats = stats
+        self._shard = shard
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            stats = self._stats()
+        except Exception:  # a scrape must never take the shard down
+            log.exception("store stats failed during a metrics scrape")
+            return
+        yield from _families(stats, self._shard)
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _families(stats: dict[str, Any], shard: str) -> Iterator[Any]:
+    rows = GaugeMetricFamily(
+        f"{PREFIX}_rows", "Rows per table and tier", labels=["shard", "table", "tier"]
+    )
+    tier_bytes = GaugeMetricFamily(
+        f"{PREFIX}_tier_bytes", "Bytes held per tier", labels=["shard", "tier"]
+    )
+    hit_rate = GaugeMetricFamily(
+        f"{PREFIX}_cache_hit_ratio",
+        "Share of lookups served from the cache (ssd tier)",
+        labels=["shard", "table"],
+    )
+    counters = {
+        key: CounterMetricFamily(
+            f"{PREFIX}_{suffix.removesuffix('_total')}", text, labels=["shard", "table"]
+        )
+        for key, (suffix, text) in _TABLE_COUNTERS.items()
+    }
+    tier = str(stats.get("tier", "host"))
+    for name, table in (stats.get("tables") or {}).items():
+        if not isinstance(table, dict):
+            continue
+        by_tier = table.get("rows_by_tier")
+        if not isinstance(by_tier, dict):
+            by_tier = {tier: table.get("rows")}
+        for t, v in by_tier.items():
+            n = _num(v)
+            if n is not None:
+                rows.add_metric([shard, str(name), str(t)], n)
+        for key, family in counters.items():
+            v = _num(table.get(key))
+            if v is not None:
+                family.add_metric([shard, str(name)], v)
+        hits, misses = _num(table.get("cache_hits")), _num(table.get("cache_misses"))
+        ratio = _num(table.get("cache_hit_rate"))
+        if ratio is None and hits is not None and misses is not None and hits + misses > 0:
+            ratio = hits / (hits + misses)
+        if ratio is not None:
+            hit_rate.add_metric([shard, str(name)], ratio)
+    total_bytes = stats.get("bytes") or {}
+    if isinstance(total_bytes, dict):
+        for t, v in total_bytes.items():
+            b = _num(v)
+            if b is not None:
+                tier_bytes.add_metric([shard, str(t)], b)
+    yield rows
+    yield tier_bytes
+    yield hit_rate
+    yield from counters.values()
+
+
+class StoreMetrics:
+    """The metrics of one shard, in their own registry.
+
+    Args:
+        stats: the store's ``stats`` method (read at scrape time).
+        shard: label value naming this shard (``K-of-N``).
+    """
+
+    def __init__(self, stats: Callable[[], dict[str, Any]] | None, shard: str) -> None:
+        self.registry = CollectorRegistry()
+        self.shard = shard
+        r = self.registry
+        self.request_seconds = Histogram(
+            f"{PREFIX}_request_seconds",
+            "Time to serve one request, by op",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_errors = Counter(
+            f"{PREFIX}_request_errors_total",
+            "Requests answered with an error, by op and code",
+            ["op", "code"],
+            registry=r,
+        )
+        self.pull_keys = Counter(f"{PREFIX}_pull_keys_total", "Keys pulled", ["table"], registry=r)
+        self.push_keys = Counter(f"{PREFIX}_push_keys_total", "Keys pushed", ["table"], registry=r)
+        self.pull_seconds = Histogram(
+            f"{PREFIX}_pull_seconds",
+            "Time of a pull in the store",
+            ["table"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.optimizer_steps = Counter(
+            f"{PREFIX}_optimizer_steps_total",
+            "Fused optimizer steps (push batches applied), by table",
+            ["table"],
+            registry=r,
+        )
+        self.push_seconds = Histogram(
+            f"{PREFIX}_push_seconds",
+            "Time of a push (optimizer update) in the store",
+            ["table"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.save_seconds = Histogram(
+            f"{PREFIX}_save_seconds",
+            "Time to save, by mode",
+            ["mode"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.load_seconds = Histogram(
+            f"{PREFIX}_load_seconds",
+            "Time to load a checkpoint",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        if stats is not None:
+            r.register(StoreCollector(stats, shard))
+
+    def on_request(self, op: str, seconds: float, code: str | None) -> None:
+        """The RpcServer callback: one observation per request, one error count if any."""
+        self.request_seconds.labels(op).observe(seconds)
+        if code is not None:
+            self.request_errors.labels(op, code).inc()
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serves /metrics on ``host:port`` (0 picks a free port); returns the bound port."""
+        return serve_metrics(port, host, registry=self.registry)

@@ -1,0 +1,514 @@
+"""The in-process embedding store: several dynamic sparse tables behind pull/push.
+
+Example:
+    >>> store = EmbeddingStore([TableOptions(name="item", dim=16, embedx_threshold=0)])
+    >>> w = store.pull("item", torch.tensor([3, 7, 3]))         # (3, 16) float32
+    >>> store.push("item", torch.tensor([3, 7]), torch.ones(2, 16))
+
+Semantics (seed 002, PaddleRec's CtrCommonAccessor):
+
+- ``pull(create=True)`` finds or creates rows (new rows get their deterministic initial
+  values); ``pull(create=False)`` (prediction) creates nothing and reads absent keys as zeros.
+- ``push`` sums duplicate keys, refuses NaN/Inf, creates absent keys (PaddleRec does),
+  adds show/click, resets unseen days, runs the embed rule, the embedx rule on expanded rows,
+  and expands rows whose score reached ``embedx_threshold`` (embedx initialised, trained from
+  the next push on). ``shows`` defaults to 1 per occurrence, ``clicks`` to 0.
+- ``advance_day`` adds one unseen day to every row; ``shrink`` decays show/click by
+  ``show_click_decay_rate`` and deletes rows with score < ``delete_threshold`` or unseen
+  days > ``delete_after_unseen_days``.
+
+Thread safety: each table has a reader-writer lock; pulls of present keys share it, pushes,
+creation, shrink, save and load hold it alone. The C++ ops release the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from streamrec.embedding_store import _C
+from streamrec.embedding_store.errors import (
+    InvalidInput,
+    NonFiniteGradient,
+    StoreClosed,
+    TierUnavailable,
+    UnknownTable,
+)
+from streamrec.embedding_store.options import StoreOptions, TableOptions
+from streamrec.embedding_store.tiers import HostTable, TableTier
+
+
+class RWLock:
+    """Readers share, a writer is alone; waiting writers go before new readers."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+def as_keys(keys: Any, field: str = "keys") -> torch.Tensor:
+    """Validates keys: (n,) int64 tensor or ndarray (int32 widened, uint64 bit pattern kept)
+    -> contiguous (n,) int64 tensor."""
+    if isinstance(keys, np.ndarray):
+        if keys.dtype == np.uint64:
+            keys = keys.view(np.int64)
+        if keys.dtype.kind not in "iu":
+            raise InvalidInput(f"{field} must be int64, got numpy dtype {keys.dtype}")
+        keys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
+    elif isinstance(keys, torch.Tensor):
+        if keys.dtype == torch.uint64:
+            keys = keys.view(torch.int64)
+        if keys.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+            raise InvalidInput(f"{field} must be int64, got {keys.dtype}")
+        keys = keys.detach().to("cpu", torch.int64)
+    else:
+        raise InvalidInput(
+            f"{field} must be a torch.Tensor or numpy array, got {type(keys).__name__}"
+        )
+    if keys.dim() != 1:
+        raise InvalidInput(f"{field} must be 1-D (n,), got shape {tuple(keys.shape)}")
+    return keys.contiguous()
+
+
+def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct keys in order of first occurrence and the inverse (a C++ hash dedup).
+
+    keys: (n,) int64 -> (uniq (u,) int64, inverse (n,) int64) with uniq[inverse] == keys.
+    """
+    return _C.unique(keys.contiguous())
+
+
+def _as_float(x: Any, field: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x)
+    if not isinstance(x, torch.Tensor):
+        raise InvalidInput(f"{field} must be a torch.Tensor or numpy array, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise InvalidInput(f"{field} must be float32, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise InvalidInput(f"{field} must have shape {shape}, got {tuple(x.shape)}")
+    return x.detach().to("cpu").contiguous()
+
+
+class EmbeddingStore:
+    """Dynamic multi-table sparse parameter store (PaddleRec tables, OneEmbedding tiers).
+
+    Args:
+        tables: one :class:`TableOptions` per table (names unique).
+        tier: ``"host"`` (RAM), ``"ssd"`` (files under ``persistent_path`` with a RAM cache of
+            ``cache_budget_mb`` MiB per table, at most ``capacity`` rows per table) or
+            ``"device"`` (needs the CUDA extension, a separate issue).
+        persistent_path: directory of the ssd tier's files.
+        cache_budget_mb: RAM cache per table of the ssd tier, MiB.
+        capacity: most rows per table (required for ssd; host: unbounded when None).
+        seed: initializer seed; initial values are a function of (seed, table, key, column).
+        num_threads: threads of the C++ ops (sets torch's intra-op threads, process-wide).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableOptions],
+        tier: str = "host",
+        persistent_path: str | None = None,
+        cache_budget_mb: float | None = None,
+        capacity: int | None = None,
+        seed: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        self.options = StoreOptions.parse(
+            {
+                "tier": tier,
+                "persistent_path": persistent_path,
+                "cache_budget_mb": cache_budget_mb,
+                "capacity": capacity,
+                "seed": seed,
+                "num_threads": num_threads,
+            },
+            source="store options",
+        )
+        opts = [t if isinstance(t, TableOptions) else TableOptions.parse(t) for t in tables]
+        if not opts:
+            raise InvalidInput("tables must name at least one table")
+        names = [t.name for t in opts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise InvalidInput(f"tables: duplicate table names {dup}")
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self._tables: dict[str, TableOptions] = {t.name: t for t in opts}
+        self._tiers: dict[str, TableTier] = {t.name: self._make_tier(t) for t in opts}
+        self._locks: dict[str, RWLock] = {t.name: RWLock() for t in opts}
+        self._counts = {n: {"pull_keys": 0, "push_keys": 0} for n in names}
+        self._count_lock = threading.Lock()
+        self._day = 0
+        self._closed = False
+        self._admin = threading.Lock()  # serialises save/load/shrink/advance_day
+
+    def _make_tier(self, t: TableOptions) -> TableTier:
+        o = self.options
+        if o.tier == "host":
+            return HostTable(t, o.seed, o.capacity)
+        if o.tier == "ssd":
+            from streamrec.embedding_store.tiers import SsdTable
+
+            return SsdTable(t, o.seed, o.capacity, o.cache_budget_mb, o.persistent_path)
+        cuda = torch.cuda.is_available()
+        raise TierUnavailable(
+            "tier 'device' needs the CUDA extension of the embedding store (the CUDA issue, "
+            "not built yet) and a CUDA GPU "
+            f"(torch.cuda.is_available() = {cuda}); use tier 'host' or 'ssd'"
+        )
+
+    # -- accessors ----------------------------------------------------------------------
+    @property
+    def tables(self) -> dict[str, TableOptions]:
+        """Table name -> options, in construction order."""
+        return dict(self._tables)
+
+    @property
+    def day(self) -> int:
+        """Days advanced since the store was created (or the loaded checkpoint's day)."""
+        return self._day
+
+    def _tier(self, table: str) -> TableTier:
+        if self._closed:
+            raise StoreClosed("the embedding store is closed")
+        tier = self._tiers.get(table) if isinstance(table, str) else None
+        if tier is None:
+            raise UnknownTable(f"unknown table {table!r}; tables are {list(self._tables)}")
+        return tier
+
+    # -- pull / push --------------------------------------------------------------------
+    def pull(self, table: str, keys: Any, create: bool = True) -> torch.Tensor:
+        """Weights of keys.
+
+        Args:
+            table: table name.
+            keys: (n,) int64 tensor or ndarray (duplicates allowed).
+            create: create absent keys (training); False reads them as zeros (prediction).
+
+        Returns:
+            (n, dim) float32 tensor (a copy; column 0 embed, columns 1.. embedx, zeros until
+            the row is expanded).
+        """
+        tier = self._tier(table)
+        keys = as_keys(keys)
+        lock = self._locks[table]
+        with self._count_lock:
+            self._counts[table]["pull_keys"] += keys.numel()
+        hint = None
+        if tier.concurrent_reads:  # present keys (or a read-only pull) under a shared lock
+            with lock.read():
+                out, hint = tier.read(keys)
+                if out is None and not create:
+                    out = tier.pull(keys, False, hint)
+            if out is not None:
+                return out
+        with lock.write():
+            return tier.pull(keys, create, hint)
+
+    def push(
+        self,
+        table: str,
+        keys: Any,
+        grads: Any,
+        shows: Any | None = None,
+        clicks: Any | None = None,
+    ) -> None:
+        """Applies gradients of the loss and show/click counts.
+
+        Args:
+            table: table name.
+            keys: (n,) int64; duplicates are summed first (grads, shows and clicks).
+            grads: (n, dim) float32, finite (a push with NaN/Inf is refused whole).
+            shows: (n,) float32 >= 0, or None for 1 per key occurrence.
+            clicks: (n,) float32 >= 0, or None for 0.
+
+        Absent keys are created first (PaddleRec's behaviour), subject to admission.
+        """
+        tier = self._tier(table)
+        keys = as_keys(keys)
+        n, dim = keys.numel(), tier.dim
+        grads = _as_float(grads, f"table {table!r}: grads", (n, dim))
+        shows = (
+            torch.ones(n) if shows is None else _as_float(shows, f"table {table!r}: shows", (n,))
+        )
+        clicks = (
+            torch.zeros(n)
+            if clicks is None
+            else _as_float(clicks, f"table {table!r}: clicks", (n,))
+        )
+        bad_rows, bad_counts = _C.check_push(grads, shows, clicks)
+        if bad_rows:
+            bad = ~torch.isfinite(grads).all(dim=1)
+            first = int(keys[bad.nonzero()[0, 0]])
+            raise NonFiniteGradient(
+                f"table {table!r}: grads hold NaN or Inf for {bad_rows} of {n} keys "
+                f"(first key {first}); nothing of this push was written"
+            )
+        if bad_counts:
+            raise InvalidInput(
+                f"table {table!r}: shows and clicks must be finite and >= 0 "
+                f"({bad_counts} of {n} keys are not)"
+            )
+        if n == 0:
+            return
+        with self._count_lock:
+            self._counts[table]["push_keys"] += n
+        with self._locks[table].write():
+            if tier.push(keys, grads, shows, clicks):
+                return
+            # duplicate keys: sum them, then push once per key
+            uniq, inverse = unique_keys(keys)
+            m = uniq.numel()
+            grads = torch.zeros(m, dim).index_add_(0, inverse, grads)
+            shows = torch.zeros(m).index_add_(0, inverse, shows)
+            clicks = torch.zeros(m).index_add_(0, inverse, clicks)
+            if not tier.push(uniq, grads, shows, clicks):
+                raise AssertionError("push of distinct keys reported duplicates")
+
+    def initial_values(self, table: str, keys: Any, expanded: bool = False) -> torch.Tensor:
+        """The deterministic initial weights a row of each key gets, (n, dim) float32; the
+        embedx columns as zeros unless ``expanded`` (as drawn when the row expands)."""
+        tier = self._tier(table)
+        return _C.initial_weights(as_keys(keys), tier.params, expanded)
+
+    def inspect(self, table: str, keys: Any) -> dict[str, torch.Tensor]:
+        """Per-key statistics, read-only: ``present`` (n,) bool, ``show``, ``click``,
+        ``unseen_days``, ``score`` (n,) float32, ``expanded`` (n,) bool (absent keys: zeros)."""
+        tier = self._tier(table)
+        keys = as_keys(keys)
+        lock = self._locks[table]
+        with lock.read() if tier.concurrent_reads else lock.write():
+            return tier.inspect(keys)
+
+    # -- OneEmbedding-style multi-table lookup and bag pooling ---------------------------
+    def lookup(self, ids: Any, table_ids: Any | None = None, create: bool = True) -> torch.Tensor:
+        """Multi-table lookup (seed 003); the tables involved must share one dim.
+
+        Args:
+            ids: (batch, num_tables) int64, column j looked up in the j-th table (construction
+                order); or (n,) int64 with ``table_ids``.
+            table_ids: (n,) integer table index per id, or None.
+            create: as in :meth:`pull`.
+
+        Returns:
+            (batch, num_tables, dim) float32, or (n, dim) with ``table_ids``.
+        """
+        names = list(self._tables)
+        if isinstance(ids, np.ndarray):
+            ids = torch.from_numpy(ids.view(np.int64) if ids.dtype == np.uint64 else ids)
+        if not isinstance(ids, torch.Tensor):
+            raise InvalidInput(f"ids must be a tensor or ndarray, got {type(ids).__name__}")
+        if table_ids is None:
+            if ids.dim() != 2 or ids.shape[1] > len(names):
+                raise InvalidInput(
+                    f"ids must be (batch, num_tables <= {len(names)}), got {tuple(ids.shape)}"
+                )
+            used = names[: ids.shape[1]]
+            self._same_dim(used)
+            cols = [self.pull(t, ids[:, j].contiguous(), create) for j, t in enumerate(used)]
+            dim = self._tables[used[0]].dim
+            return torch.stack(cols, 1) if cols else torch.zeros(ids.shape[0], 0, dim)
+        keys = as_keys(ids, "ids")
+        tids = as_keys(table_ids, "table_ids")
+        if tids.numel() != keys.numel():
+            raise InvalidInput(
+                f"table_ids must match ids in length {keys.numel()}, got {tids.numel()}"
+            )
+        if keys.numel() and (int(tids.min()) < 0 or int(tids.max()) >= len(names)):
+            raise InvalidInput(
+                f"table_ids must be in [0, {len(names)}), got {int(tids.min())}..{int(tids.max())}"
+            )
+        present = [int(t) for t in torch.unique(tids)]
+        self._same_dim([names[t] for t in present] or names[:1])
+        out = torch.zeros(keys.numel(), self._tables[names[present[0] if present else 0]].dim)
+        for t in present:
+            sel = (tids == t).nonzero().squeeze(1)
+            out[sel] = self.pull(names[t], keys[sel], create)
+        return out
+
+    def _same_dim(self, names: list[str]) -> None:
+        dims = {self._tables[n].dim for n in names}
+        if len(dims) > 1:
+            raise InvalidInput(f"tables {names} differ in dim {sorted(dims)}; lookup needs one dim")
+
+    def pull_bags(
+        self, table: str, keys: Any, offsets: Any, pooling: str = "sum", create: bool = True
+    ) -> torch.Tensor:
+        """Pooled bags (DLRM's EmbeddingBag), no autograd.
+
+        Args:
+            keys: (nnz,) int64, the bags' keys concatenated.
+            offsets: (bags + 1,) int64, bag i = keys[offsets[i]:offsets[i + 1]].
+            pooling: "sum" or "mean" (an empty bag pools to zeros).
+
+        Returns:
+            (bags, dim) float32.
+        """
+        if pooling not in ("sum", "mean"):
+            raise InvalidInput(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        keys = as_keys(keys)
+        offsets = as_keys(offsets, "offsets")
+        if (
+            offsets.numel() < 1
+            or int(offsets[0]) != 0
+            or int(offsets[-1]) != keys.numel()
+            or bool((offsets[1:] < offsets[:-1]).any())
+        ):
+            raise InvalidInput(
+                f"offsets must rise from 0 to len(keys)={keys.numel()}, got {offsets.tolist()[:8]}"
+            )
+        uniq, inverse = unique_keys(keys)
+        weights = self.pull(table, uniq, create)
+        return F.embedding_bag(inverse, weights, offsets, mode=pooling, include_last_offset=True)
+
+    # -- table maintenance --------------------------------------------------------------
+    def size(self, table: str) -> int:
+        """Rows held by ``table``."""
+        tier = self._tier(table)
+        with self._locks[table].read():
+            return tier.size()
+
+    def advance_day(self) -> None:
+        """One more unseen day for every row of every table (call at the end of a day)."""
+        with self._admin:
+            for name, tier in self._each_tier():
+                with self._locks[name].write():
+                    tier.advance_day()
+            self._day += 1
+
+    def shrink(self) -> dict[str, int]:
+        """Decays show/click and deletes rows (see the module doc); returns deleted per table."""
+        out = {}
+        with self._admin:
+            for name, tier in self._each_tier():
+                with self._locks[name].write():
+                    out[name] = tier.shrink()
+        return out
+
+    def _each_tier(self) -> list[tuple[str, TableTier]]:
+        if self._closed:
+            raise StoreClosed("the embedding store is closed")
+        return list(self._tiers.items())
+
+    def stats(self) -> dict[str, Any]:
+        """JSON-able statistics.
+
+        Keys: ``tier``, ``day``, ``rows`` (total), ``bytes`` (tier -> bytes allocated),
+        ``tables``: name -> {``rows``, ``bytes`` (tier -> bytes), ``rows_by_tier`` (tier ->
+        rows), ``rows_created``, ``rows_expanded``, ``rows_deleted``, ``rows_refused``
+        (admission), ``cache_hits``, ``cache_misses``, ``cache_hit_rate`` (ssd tier; the host
+        tier has no cache and reports 1.0), ``cache_rows_max`` (ssd), ``pull_keys``,
+        ``push_keys``}.
+        """
+        tables: dict[str, Any] = {}
+        total_bytes: dict[str, int] = {}
+        for name, tier in self._each_tier():
+            with self._locks[name].read():
+                s = tier.stats()
+            s = dict(s)
+            with self._count_lock:
+                s.update(self._counts[name])
+            looked = s["cache_hits"] + s["cache_misses"]
+            s["cache_hit_rate"] = (s["cache_hits"] / looked) if looked else 1.0
+            s.setdefault("rows_by_tier", {self.options.tier: s["rows"]})
+            for k, v in s["bytes"].items():
+                total_bytes[k] = total_bytes.get(k, 0) + int(v)
+            tables[name] = s
+        return {
+            "tier": self.options.tier,
+            "day": self._day,
+            "rows": sum(t["rows"] for t in tables.values()),
+            "bytes": total_bytes,
+            "tables": tables,
+        }
+
+    # -- save / load --------------------------------------------------------------------
+    def save(
+        self,
+        path: str,
+        mode: str = "checkpoint",
+        converter: Any | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Saves to directory ``path`` (see :mod:`streamrec.embedding_store.checkpoint`).
+
+        Args:
+            path: the directory (created; an existing one is replaced only once the new one
+                is complete).
+            mode: "checkpoint" (every row with optimizer state), "batch" (the same, meant after
+                the daily shrink), "base" (score >= base_threshold, weights) or "delta"
+                (changed since the last base/delta, score >= delta_threshold, unseen days <=
+                delta_keep_days, weights).
+            converter: where base/delta rows go (default: files in ``path``).
+            extra: JSON-able facts for the manifest (e.g. the shard id and count).
+
+        Returns:
+            The manifest written (JSON-able).
+        """
+        from streamrec.embedding_store.checkpoint import save_store
+
+        with self._admin:
+            return save_store(self, path, mode, converter, extra)
+
+    def load(self, path: str, converter: Any | None = None) -> dict[str, Any]:
+        """Loads a directory written by :meth:`save`; checks the manifest's checksums first,
+        so a bad checkpoint raises CheckpointError and changes nothing. checkpoint/batch
+        replace the rows of the tables they hold (other tables keep theirs) and set the day;
+        base/delta set the weights of their keys (``converter`` as given to save). Returns
+        the manifest."""
+        from streamrec.embedding_store.checkpoint import load_store
+
+        with self._admin:
+            return load_store(self, path, converter)
+
+    def close(self) -> None:
+        """Releases the tiers' memory and files; later calls raise StoreClosed."""
+        with self._admin:
+            for name, tier in list(self._tiers.items()):
+                with self._locks[name].write():
+                    tier.close()
+            self._closed = True
+
+    def __enter__(self) -> EmbeddingStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

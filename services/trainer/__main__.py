@@ -1,0 +1,131 @@
+"""``streamrec-trainer``: run a job, export a serving model, or score files with one.
+
+Examples::
+
+    streamrec-trainer --config job.yaml                      # the whole job (warm start first)
+    streamrec-trainer --config job.yaml --learning-rate 0.05 --end-day 20190722
+    streamrec-trainer export --config job.yaml --out serving/  # newest checkpoint -> serving
+    streamrec-trainer predict --model serving/ --data part-00000 --out scores.txt
+
+Every runner and hyper_parameters field of the config is also a flag (``--arch-mlp-bot``,
+``--split-per-pass``, ...), overriding the file. Run several ranks with torchrun::
+
+    torchrun --nproc-per-node 2 -m streamrec.trainer --config job.yaml
+
+This module alone calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from streamrec.errors import StreamRecError
+from streamrec.trainer.config import TrainerConfig, flag_fields
+from streamrec.trainer.errors import ConfigError
+
+log = logging.getLogger("streamrec.trainer")
+
+
+def _train_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="DLRM trainer over streaming passes")
+    p.add_argument("--config", help="job YAML (PaddleRec config_online.yaml shape)")
+    p.add_argument("--log-level", default="INFO")
+    for flag, (section, name) in flag_fields().items():
+        p.add_argument("--" + flag, dest=f"{section}.{name}", default=None, metavar="VALUE",
+                       help=f"{section}.{name}")
+    return p
+
+
+def load_config(args: argparse.Namespace) -> TrainerConfig:
+    """The YAML file (if any) with every given flag applied on top, validated."""
+    data: dict[str, Any] = {}
+    if args.config:
+        text = Path(args.config).read_text()
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{args.config}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{args.config}: top level must be a mapping")
+    for key, raw in vars(args).items():
+        if "." not in key or raw is None:
+            continue
+        section, name = key.split(".", 1)
+        value = yaml.safe_load(raw) if raw != "" else None
+        if name in ("start_day", "end_day"):
+            value = str(raw)
+        sec = data.setdefault(section, {})
+        if not isinstance(sec, dict):
+            raise ConfigError(f"{section} must be a mapping, got {sec!r}")
+        sec[name] = value
+    return TrainerConfig.parse(data, source=args.config or "flags")
+
+
+def cmd_train(argv: list[str]) -> int:
+    args = _train_parser("streamrec-trainer").parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    from streamrec.trainer.runner import OnlineTrainer
+
+    config = load_config(args)
+    with OnlineTrainer(config) as trainer:
+        trainer.run()
+    return 0
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = _train_parser("streamrec-trainer export")
+    p.add_argument("--out", required=True, help="serving model directory to write")
+    args = p.parse_args(argv)
+    from streamrec.trainer.runner import OnlineTrainer
+
+    with OnlineTrainer(load_config(args)) as trainer:
+        if trainer.warm_start() is None:
+            raise ConfigError(f"no complete checkpoint under "
+                              f"{trainer.config.runner.model_save_path} to export")
+        out = trainer.export_serving(args.out)
+    print(json.dumps({"exported": str(out), "last_pass": trainer.last_pass}))
+    return 0
+
+
+def cmd_predict(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="streamrec-trainer predict",
+                                description="score data files with an exported model")
+    p.add_argument("--model", required=True, help="directory written by export")
+    p.add_argument("--delta", action="append", default=[], help="delta model dir (repeat)")
+    p.add_argument("--data", action="append", required=True, help="data file (repeat)")
+    p.add_argument("--data-format", choices=["criteo", "generated"], default=None)
+    p.add_argument("--out", default=None, help="write one probability per line here")
+    p.add_argument("--batch-size", type=int, default=4096)
+    args = p.parse_args(argv)
+    from streamrec.trainer.export import Predictor
+
+    pred = Predictor(args.model, args.delta)
+    try:
+        res = pred.score_files([Path(f) for f in args.data],
+                               Path(args.out) if args.out else None, args.data_format,
+                               args.batch_size)
+    finally:
+        pred.close()
+    print(json.dumps(res))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"predict": cmd_predict, "export": cmd_export, "train": cmd_train}
+    cmd = commands.get(argv[0]) if argv else None
+    try:
+        return cmd(argv[1:]) if cmd else cmd_train(argv)
+    except (StreamRecError, OSError) as exc:
+        print(f"streamrec-trainer: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The trainer agent: each rank's loop when the control plane (streamrec.api) drives the job.
+
+Run one per rank under torchrun::
+
+    torchrun --nproc-per-node 2 -m streamrec.trainer.agent \\
+        --redis-url redis://127.0.0.1:6379/0 --job-id 3f2a...
+
+Every rank reads the job spec from Redis, builds its :class:`OnlineTrainer` (joining
+torch.distributed when ``WORLD_SIZE > 1``) and warm-starts. Then, step by step::
+
+    rank 0                                   every rank
+    ------                                   ----------
+    commands (checkpoint/export/shrink/stop)
+    or the next pass from the work stream  ->  broadcast as int64 tensors  ->  run it
+    report the outcome, XACK the pass
+
+Only rank 0 talks to Redis for work (``TrainerChannel``: take, ack, report, heartbeat); the
+step reaches the other ranks as two int64 tensors (a header and the split names as HHMM
+integers), never pickled. Rank 0 renews the group's heartbeat from a thread; when the
+group dies the control plane hands the pass in flight out again, from the last checkpoint,
+to the next group (which warm-starts from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from streamrec import layout
+from streamrec.api.client import Command, TrainerChannel, WorkItem
+from streamrec.api.models import JobCreate
+from streamrec.errors import NotFound, StreamRecError
+from streamrec.trainer import distributed as ddp
+from streamrec.trainer.config import TrainerConfig
+
+log = logging.getLogger("streamrec.trainer.agent")
+
+# Step opcodes broadcast from rank 0 (header[0]).
+IDLE, PASS, CHECKPOINT, EXPORT, SHRINK, STOP, EXIT = range(7)
+MODES = {None: 0, "base": 1, "delta": 2, "batch": 3}
+MODE_NAMES = {v: k for k, v in MODES.items()}
+#: Job states in which the agent leaves (nothing more will come for this run).
+FINISHED = frozenset({"succeeded", "failed", "stopped"})
+HEADER = 6  # op, day, pass_id, attempt, n_splits, mode
+
+
+@dataclass
+class Step:
+    """One unit of work, the same on every rank once broadcast."""
+
+    op: int
+    spec: layout.PassSpec | None = None
+    attempt: int = 1
+    mode: str | None = None
+    item: WorkItem | None = None  # rank 0 only: what to ack
+    command: Command | None = None  # rank 0 only: which trigger to report
+
+
+def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+    """Header ``(6,) int64`` and splits ``(n,) int64`` (HHMM as integers)."""
+    spec = step.spec
+    splits = [int(s) for s in spec.splits] if spec else []
+    header = torch.tensor(
+        [
+            step.op,
+            int(spec.day) if spec else 0,
+            spec.pass_id if spec else 0,
+            step.attempt,
+            len(splits),
+            MODES[step.mode],
+        ],
+        dtype=torch.int64,
+    )
+    return header, torch.tensor(splits, dtype=torch.int64)
+
+
+def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
+    op, day, pass_id, attempt, _n, mode = (int(v) for v in header.tolist())
+    spec = None
+    if op == PASS:
+        spec = layout.PassSpec(f"{day:08d}", pass_id, tuple(f"{s:04d}" for s in splits.tolist()))
+    return Step(op, spec, attempt, MODE_NAMES[mode])
+
+
+def broadcast_step(step: Step | None, rank: int) -> Step:
+    """Rank 0's step to every rank (tensors only); identity when not distributed."""
+    if not ddp.active():
+        assert step is not None
+        return step
+    if rank == 0:
+        assert step is not None
+        header, splits = encode(step)
+    else:
+        header = torch.zeros(HEADER, dtype=torch.int64)
+    dist.broadcast(header, 0)
+    if rank != 0:
+        splits = torch.zeros(int(header[4]), dtype=torch.int64)
+    if int(header[4]):
+        dist.broadcast(splits, 0)
+    return step if rank == 0 else decode(header, splits)  # type: ignore[return-value]
+
+
+class Heartbeat:
+    """Renews the group's heartbeat every ``ttl/3`` seconds in a daemon thread.
+
+    torchrun starts each rank in its own session, so a launcher killed outright leaves its
+    ranks running; a rank whose parent changed (orphaned) stops beating and exits, so the
+    group is seen dead and its pass handed to the next group.
+    """
+
+    def __init__(self, channel: TrainerChannel, ttl_s: float, **info: Any) -> None:
+        self.channel = channel
+        self.period = ttl_s / 3
+        self.info = info
+        self.parent = os.getppid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.channel.heartbeat(**self.info)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            if os.getppid() != self.parent:
+                log.error("launcher (pid %d) is gone: this rank exits", self.parent)
+                os._exit(3)
+            try:
+                self.channel.heartbeat(**self.info)
+            except Exception as exc:  # Redis blip: the next beat may succeed
+                log.warning("heartbeat failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class Agent:
+    """One rank's side of a control-plane driven job.
+
+    Args:
+        redis_url / job_id: where the job lives.
+        heartbeat_ttl_s: the group counts as dead this long after rank 0's last beat.
+        poll_ms: how long rank 0 waits on the work stream per step.
+        store: passed to OnlineTrainer (None: built from the job's store endpoints).
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        job_id: str,
+        heartbeat_ttl_s: float = 10.0,
+        poll_ms: int = 500,
+        store: Any | None = None,
+    ) -> None:
+        self.rank, self.world = ddp.env_world()
+        self.job_id = job_id
+        self.poll_ms = poll_ms
+        consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.channel = TrainerChannel(redis_url, job_id, consumer, heartbeat_ttl_s)
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.store = store
+        self.pending: deque[Step] = deque()
+        self.trainer: Any = None
+        self.heart: Heartbeat | None = None
+        #: Whether this group trained a pass since its warm start (a requeued pass then
+        #: needs the checkpoint reloaded; a fresh group already loaded it).
+        self.trained = False
+
+    # ---- set-up ------------------------------------------------------------------------
+    def config(self) -> TrainerConfig:
+        """The trainer config of the job (every rank reads the spec; only rank 0 takes work)."""
+        spec = JobCreate.model_validate(self.channel.spec())
+        return TrainerConfig.parse(spec.trainer_config(), source=f"job {self.job_id}")
+
+    def start(self) -> None:
+        from streamrec.trainer.runner import OnlineTrainer
+
+        try:
+            config = self.config()
+        except StreamRecError as exc:
+            if self.rank == 0:
+                self.channel.report("fatal", message=str(exc))
+            raise
+        if self.rank == 0:  # beat from the start: warm start may take a while
+            self.heart = Heartbeat(
+                self.channel, self.heartbeat_ttl_s, ranks=self.world, host=socket.gethostname()
+            )
+            self.heart.start()
+        self.trainer = OnlineTrainer(config, store=self.store)
+        resumed = self.trainer.warm_start()
+        if self.rank == 0:
+            self.channel.report(
+                "started",
+                ranks=self.world,
+                host=socket.gethostname(),
+                resumed_from=layout_key(resumed),
+            )
+
+    # ---- rank 0: what next --------------------------------------------------------------
+    def next_step(self) -> Step:
+        for cmd in self.channel.take_commands():
+            op = {"checkpoint": CHECKPOINT, "export": EXPORT, "shrink": SHRINK, "stop": STOP}.get(
+                cmd.type
+            )
+            if op is None:
+                log.warning("unknown command %r ignored", cmd.type)
+                continue
+            self.pending.append(Step(op, mode=cmd.mode, command=cmd))
+        if self.pending:
+            return self.pending.popleft()
+        try:
+            state = self.channel.state()
+        except NotFound:
+            return Step(EXIT)
+        if state in FINISHED:
+            return Step(EXIT)
+        item = self.channel.take_pass(block_ms=self.poll_ms)
+        if item is None:
+            return Step(IDLE)
+        return Step(PASS, item.spec, item.attempt, item=item)
+
+    # ---- every rank: do it --------------------------------------------------------------
+    def run(self) -> int:
+        """The loop; returns when the job is finished, stopped or deleted."""
+        self.start()
+        try:
+            while True:
+                step = broadcast_step(self.next_step() if self.rank == 0 else None, self.rank)
+                if step.op in (EXIT, STOP):
+                    if step.op == STOP and self.rank == 0:
+                        self.channel.report("stopped")
+                    return 0
+                if step.op == PASS:
+                    self.do_pass(step)
+                elif step.op != IDLE:
+                    self.do_command(step)
+        finally:
+            self.close()
+
+    def do_pass(self, step: Step) -> None:
+        t = self.trainer
+        spec = step.spec
+        assert spec is not None
+        if self.rank == 0:
+            self.channel.report(
+                "claimed",
+                day=spec.day,
+                pass_id=spec.pass_id,
+                ranks=self.world,
+                attempt=step.attempt,
+            )
+        try:
+            if step.attempt > 1 and self.trained:
+                t.warm_start()  # handed out again: continue from the last checkpoint
+            self.trained = True
+            record = t.run_pass(spec)
+        except (StreamRecError, OSError, ValueError) as exc:
+            log.exception("pass %s/%s failed", spec.day, spec.pass_id)
+            if self.rank == 0:
+                self.channel.report(
+                    "pass_failed",
+                    day=spec.day,
+                    pass_id=spec.pass_id,
+                    attempt=step.attempt,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                assert step.item is not None
+                self.channel.ack_pass(step.item)
+            return
+        if self.rank == 0:
+            newest = layout.newest_checkpoint(t.model_root)
+            if newest is not None and (newest[0], newest[1]) == (spec.day, spec.pass_id):
+                self.channel.report(
+                    "checkpoint", day=spec.day, pass_id=spec.pass_id, path=str(newest[2])
+                )
+            self.channel.report(
+                "pass_done",
+                day=spec.day,
+                pass_id=spec.pass_id,
+                ranks=self.world,
+                attempt=step.attempt,
+                record=record,
+            )
+            assert step.item is not None
+            self.channel.ack_pass(step.item)
+
+    def do_command(self, step: Step) -> None:
+        t = self.trainer
+        cmd = step.command
+        try:
+            if t.last_pass is None:
+                raise NotFound("no pass trained or loaded yet: nothing to save or shrink")
+            day, pass_id = t.last_pass
+            if step.op == CHECKPOINT:
+                path = t.save_checkpoint(day, pass_id)
+                result: dict[str, Any] = {"path": str(path), "day": day, "pass_id": pass_id}
+            elif step.op == EXPORT:
+                path = t.save_model(step.mode, day, pass_id if step.mode == "delta" else None)
+                result = {"path": str(path), "mode": step.mode, "day": day}
+            else:
+                result = {"deleted": t.shrink()}
+        except (StreamRecError, OSError, ValueError) as exc:
+            if self.rank == 0 and cmd is not None and cmd.trigger_id:
+                self.channel.report(
+                    "trigger_failed",
+                    trigger_id=cmd.trigger_id,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            return
+        if self.rank == 0:
+            if step.op == CHECKPOINT:
+                self.channel.report("checkpoint", day=day, pass_id=pass_id, path=result["path"])
+            if cmd is not None and cmd.trigger_id:
+                self.channel.report("trigger_done", trigger_id=cmd.trigger_id, result=result)
+
+    def close(self) -> None:
+        if self.heart is not None:
+            self.heart.stop()
+            try:
+                self.channel.clear_heartbeat()
+            except Exception as exc:  # Redis gone: the TTL ends the heartbeat anyway
+                log.warning("could not clear the heartbeat: %s", exc)
+        if self.trainer is not None:
+            self.trainer.close()
+        self.channel.close()
+
+
+def layout_key(found: tuple[str, int] | None) -> str | None:
+    return None if found is None else f"{found[0]}/{found[1]}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="streamrec.trainer.agent", description="trainer rank driven by the control plane"
+    )
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--job-id", required=True)
+    p.add_argument("--heartbeat-ttl-s", type=float, default=10.0)
+    p.add_argument("--poll-ms", type=int, default=500)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=args.log_level.upper(), format=f"%(asctime)s rank{rank} %(name)s %(message)s"
+    )
+    agent = Agent(args.redis_url, args.job_id, args.heartbeat_ttl_s, args.poll_ms)
+    try:
+        return agent.run()
+    except StreamRecError as exc:
+        log.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

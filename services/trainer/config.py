@@ -1,0 +1,280 @@
+"""Trainer configuration: PaddleRec ``config_online.yaml`` shape, reference DLRM names.
+
+A job file has up to five sections; unknown keys anywhere are an error that names them::
+
+    runner:                       # PaddleRec online runner names (seed 002)
+      train_data_dir: data        # data_root/YYYYMMDD/HHMM/part-*
+      data_format: generated      # or criteo (reader_type is accepted as an alias)
+      split_interval: 5           # minutes per split
+      split_per_pass: 2
+      start_day: "20190720"
+      end_day: "20190720"
+      data_donefile: to.hadoop.done
+      data_sleep_second: 1
+      checkpoint_per_pass: 2
+      save_delta_frequency: 6
+      model_save_path: output_model
+      train_batch_size: 2048
+    hyper_parameters:             # reference DLRM names (seed 004)
+      arch_sparse_feature_size: 16
+      arch_mlp_bot: 13-512-256-64-16
+      arch_mlp_top: 512-256-1
+      arch_interaction_op: dot
+      loss_function: bce
+      learning_rate: 0.1
+      optimizer: sgd
+    table_parameters: {...}       # embedding-store TableOptions for every sparse slot
+    store: {addresses: [tcp://127.0.0.1:7000]}   # none: the store runs in-process
+    distributed: {backend: auto}
+
+Every section has defaults, so ``TrainerConfig.parse({})`` is a small valid job.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from streamrec.config import StrictConfig
+from streamrec.layout import parse_day, split_names
+
+DataFormat = Literal["criteo", "generated"]
+
+
+def parse_dims(value: Any, field: str, min_len: int = 2) -> list[int]:
+    """'13-512-256' or [13, 512, 256] -> [13, 512, 256] (the reference's dash format)."""
+    if isinstance(value, str):
+        parts = value.strip().split("-")
+        try:
+            dims = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{field} must look like '13-512-256', got {value!r}") from None
+    elif isinstance(value, list | tuple):
+        dims = list(value)
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+            raise ValueError(f"{field} must be a list of integers, got {value!r}")
+    else:
+        raise ValueError(f"{field} must be a dash string or a list, got {value!r}")
+    if len(dims) < min_len or any(d < 1 for d in dims):
+        raise ValueError(f"{field} needs >= {min_len} positive sizes, got {value!r}")
+    return dims
+
+
+class RunnerConfig(StrictConfig):
+    """The streaming runner (seed 002 names)."""
+
+    train_data_dir: str = "data"
+    data_format: DataFormat = "generated"
+    #: PaddleRec's reader name; here an alias of data_format (criteo | generated).
+    reader_type: DataFormat | None = None
+    split_interval: int = Field(5, ge=1, le=1440)
+    split_per_pass: int = Field(1, ge=1)
+    start_day: str = "20190720"
+    end_day: str = "20190720"
+    data_donefile: str | None = "to.hadoop.done"
+    data_sleep_second: float = Field(1.0, gt=0)
+    #: Give up waiting for a pass's donefiles after this many seconds (None: wait forever).
+    data_wait_timeout_second: float | None = Field(None, gt=0)
+    checkpoint_per_pass: int = Field(1, ge=0)
+    save_delta_frequency: int = Field(0, ge=0)
+    model_save_path: str = "output_model"
+    train_batch_size: int = Field(2048, ge=1)
+    #: A pass whose share of malformed lines exceeds this fails (DataError naming a line).
+    max_malformed_ratio: float = Field(0.01, ge=0, le=1)
+    #: Parsed batches buffered ahead of compute by the prefetch thread.
+    prefetch_batches: int = Field(4, ge=1, le=64)
+    #: Bytes read per parse chunk (whole lines; files are parsed chunk by chunk).
+    read_chunk_mb: float = Field(16.0, gt=0)
+    #: PaddleRec's flag: sparse gradients of the mean batch loss are multiplied by the batch
+    #: size before the push (per-sample gradients, what the store's AdaGrad rules expect).
+    scale_sparse_gradient_with_batch_size: bool = True
+    #: Pull batch i+1 while batch i computes (its rows are then one push older); False pulls
+    #: after the previous push (no staleness, no overlap).
+    sparse_pipeline: bool = True
+    #: Whether the predict phase runs before training (the honest online AUC).
+    predict_before_train: bool = True
+    #: Shrink + base + batch model at the last pass of each day.
+    save_base_at_day_end: bool = True
+    #: Port for Prometheus /metrics (0: any free port, None: not served).
+    metrics_port: int | None = None
+    #: Address /metrics binds (0.0.0.0 in a container).
+    metrics_host: str = "127.0.0.1"
+
+    @field_validator("start_day", "end_day", mode="before")
+    @classmethod
+    def _day(cls, v: Any) -> str:
+        parse_day(v)
+        return str(v)
+
+    @field_validator("split_interval")
+    @classmethod
+    def _interval(cls, v: int) -> int:
+        split_names(v)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("reader_type") is not None:
+            fmt = data.get("data_format")
+            if fmt is not None and fmt != data["reader_type"]:
+                raise ValueError(f"reader_type {data['reader_type']!r} contradicts "
+                                 f"data_format {fmt!r}")
+            data = dict(data, data_format=data["reader_type"])
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> RunnerConfig:
+        if parse_day(self.end_day) < parse_day(self.start_day):
+            raise ValueError(f"end_day {self.end_day!r} is before start_day {self.start_day!r}")
+        return self
+
+
+class ModelConfig(StrictConfig):
+    """The DLRM model and dense optimizer (reference DLRM names, seed 004)."""
+
+    arch_sparse_feature_size: int = Field(16, ge=1)
+    arch_mlp_bot: list[int] = Field(default_factory=lambda: [13, 512, 256, 64, 16])
+    #: Top MLP after its input, which is fitted to the interaction (as the reference does).
+    arch_mlp_top: list[int] = Field(default_factory=lambda: [512, 256, 1])
+    arch_interaction_op: Literal["dot", "cat"] = "dot"
+    arch_interaction_itself: bool = False
+    #: Number of sparse features (embedding tables): 26 for Criteo (PaddleRec's name).
+    sparse_inputs_slots: int = Field(26, ge=1)
+    loss_function: Literal["mse", "bce", "wbce"] = "bce"
+    #: wbce weights for label 0 and 1, the reference's '1.0-1.0' format.
+    loss_weights: list[float] = Field(default_factory=lambda: [1.0, 1.0])
+    loss_threshold: float = Field(0.0, ge=0, lt=1)
+    optimizer: Literal["sgd", "adagrad", "adam"] = "sgd"
+    learning_rate: float = Field(0.01, gt=0)
+    lr_num_warmup_steps: int = Field(0, ge=0)
+    lr_decay_start_step: int = Field(0, ge=0)
+    lr_num_decay_steps: int = Field(0, ge=0)
+    #: The reference's mini_batch_size; an alias of runner.train_batch_size.
+    mini_batch_size: int | None = Field(None, ge=1)
+    numpy_rand_seed: int = 123
+
+    @field_validator("arch_mlp_bot", "arch_mlp_top", mode="before")
+    @classmethod
+    def _dims(cls, v: Any, info: Any) -> list[int]:
+        return parse_dims(v, info.field_name, 2 if info.field_name == "arch_mlp_bot" else 1)
+
+    @field_validator("loss_weights", mode="before")
+    @classmethod
+    def _weights(cls, v: Any) -> list[float]:
+        if isinstance(v, str):
+            try:
+                v = [float(p) for p in v.split("-")]
+            except ValueError:
+                raise ValueError(f"loss_weights must look like '1.0-1.0', got {v!r}") from None
+        if not (isinstance(v, list | tuple) and len(v) == 2):
+            raise ValueError(f"loss_weights needs 2 values (label 0, label 1), got {v!r}")
+        return list(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.lr_num_decay_steps > 0 and self.lr_decay_start_step < self.lr_num_warmup_steps:
+            raise ValueError(
+                f"lr_decay_start_step {self.lr_decay_start_step} is before the end of warmup "
+                f"(lr_num_warmup_steps {self.lr_num_warmup_steps}): warmup must finish first")
+        return self
+
+    @property
+    def dense_dim(self) -> int:
+        return self.arch_mlp_bot[0]
+
+
+class StoreConfig(StrictConfig):
+    """Where the sparse parameters live: in-process (no addresses) or store shards."""
+
+    addresses: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(60.0, gt=0)
+
+
+class DistributedConfig(StrictConfig):
+    """torch.distributed settings; ranks come from env:// (torchrun or Kubernetes)."""
+
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    timeout_s: float = Field(600.0, gt=0)
+
+
+class NegativeSamplingConfig(StrictConfig):
+    """Negative sampling through the node-local sampler (seed 000); see negsampling.py."""
+
+    enabled: bool = False
+    #: Parquet negative table, loaded by local rank 0 (LOCAL_RANK) at start.
+    table_path: str | None = None
+    reload: bool = True
+    item_slot: int = Field(0, ge=0)
+    category_slot: int | None = Field(None, ge=0)
+    #: More item-side slots taken from the negative table (columns slot_<k>).
+    item_slots: list[int] = Field(default_factory=list)
+    #: 1 positive + (sample_size - 1) negatives, the seed's name.
+    sample_size: int = Field(2, ge=2, le=1024)
+    weight_tag: str = "weight"
+    skey_name: str = "skey"
+    put_back: bool = True
+    #: Item for positives missing from the table (the seed's murmurhash(0)).
+    default_value: int = 5533571732986600803
+    #: Keep only label-1 rows as positives (a stream of clicks); False samples for every row.
+    positives_only: bool = True
+    endpoint: str | None = None
+    auto_start: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> NegativeSamplingConfig:
+        if self.enabled and self.reload and not self.table_path:
+            raise ValueError("negative_sampling.enabled needs table_path (or reload: false "
+                             "with a table already loaded in the sampler)")
+        return self
+
+
+class TrainerConfig(StrictConfig):
+    """A whole trainer job. See the module docstring for the YAML shape."""
+
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    hyper_parameters: ModelConfig = Field(default_factory=ModelConfig)
+    #: embedding-store TableOptions fields applied to every slot's table.
+    table_parameters: dict[str, Any] = Field(default_factory=dict)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    negative_sampling: NegativeSamplingConfig = Field(default_factory=NegativeSamplingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alias(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        hp, runner = data.get("hyper_parameters"), data.get("runner")
+        mb = hp.get("mini_batch_size") if isinstance(hp, dict) else None
+        if mb is None:
+            return data
+        runner = dict(runner) if isinstance(runner, dict) else {}
+        if runner.get("train_batch_size", mb) != mb:
+            raise ValueError(f"hyper_parameters.mini_batch_size {mb!r} contradicts "
+                             f"runner.train_batch_size {runner['train_batch_size']!r}")
+        runner["train_batch_size"] = mb
+        return dict(data, runner=runner)
+
+    @property
+    def table_names(self) -> list[str]:
+        """One embedding table per sparse slot: slot_0 .. slot_{S-1}."""
+        return [f"slot_{i}" for i in range(self.hyper_parameters.sparse_inputs_slots)]
+
+    def world(self) -> tuple[int, int]:
+        """(rank, world_size) from the environment (torchrun / Kubernetes env://)."""
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+#: CLI flags: --name (dashes) for every runner and hyper_parameters field.
+FLAG_SECTIONS = {"runner": RunnerConfig, "hyper_parameters": ModelConfig}
+
+
+def flag_fields() -> dict[str, tuple[str, str]]:
+    """'arch-mlp-bot' -> ('hyper_parameters', 'arch_mlp_bot') for every flag."""
+    out = {}
+    for section, cls in FLAG_SECTIONS.items():
+        for name in cls.model_fields:
+            out[name.replace("_", "-")] = (section, name)
+    return out

@@ -1,0 +1,487 @@
+"""Reading pass data: vectorised TSV parsing (Criteo and the generator's format) and batching.
+
+Both formats are tab-separated text, one sample a line::
+
+    criteo     label  I1..I13 (decimal ints, may be empty or negative)  C1..C26 (hex, may be empty)
+    generated  label  p_true (decimal, the planted click probability)  I1..I13  C1..C{S} (decimal)
+
+Parsing works on whole chunks of a file at once with numpy (no per-line Python): newline and
+tab positions are found in the byte buffer, lines with the wrong number of fields are set
+aside as malformed, and each block of columns is converted character position by
+character position over all lines together. A line whose label is not 0/1 or whose fields
+hold a character that does not belong there is malformed too; malformed lines are counted,
+skipped, and the first one is remembered (file, 1-based line) for the error a pass raises
+when their share is too high.
+
+Integer features follow the reference's Criteo preprocessing: empty -> 0, negative -> 0,
+then ``log(x + 1)``. An empty categorical field is an empty bag (no key) for that slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import torch
+from streamrec.ragged import RaggedTensor
+from streamrec.trainer.errors import DataError
+
+NUM_DENSE = 13
+CRITEO_SLOTS = 26
+_NL, _TAB, _CR, _MINUS, _DOT = 10, 9, 13, 45, 46
+
+_HEX = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _HEX[_c] = 10 + _i
+_DEC = np.full(256, 255, dtype=np.uint8)
+_DEC[48:58] = np.arange(10, dtype=np.uint8)
+
+
+@dataclass
+class Batch:
+    """A batch of samples.
+
+    Attributes:
+        dense: (B, D) float32, log-transformed integer features.
+        labels: (B,) float32 in {0, 1}.
+        keys: (B, S) int64, the key of each sparse slot (meaningless where not present).
+        present: (B, S) bool, False for an empty categorical field; None: all present.
+        ptrue: (B,) float32 planted click probability (generated data), else None.
+    """
+
+    dense: torch.Tensor
+    labels: torch.Tensor
+    keys: torch.Tensor
+    present: torch.Tensor | None = None
+    ptrue: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def features(self) -> list[RaggedTensor]:
+        """One RaggedTensor per slot, ``B`` rows of 0 or 1 keys: S x (values, offsets)."""
+        b, s = self.keys.shape
+        if self.present is None:
+            offsets = torch.arange(b + 1, dtype=torch.int64)
+            cols = self.keys.t().contiguous()
+            return [RaggedTensor(cols[j], offsets) for j in range(s)]
+        out = []
+        for j in range(s):
+            mask = self.present[:, j]
+            offsets = torch.zeros(b + 1, dtype=torch.int64)
+            torch.cumsum(mask.to(torch.int64), 0, out=offsets[1:])
+            out.append(RaggedTensor(self.keys[:, j][mask], offsets))
+        return out
+
+    @staticmethod
+    def concat(batches: list[Batch]) -> Batch:
+        if len(batches) == 1:
+            return batches[0]
+        present = None
+        if any(b.present is not None for b in batches):
+            present = torch.cat([b.present if b.present is not None
+                                 else torch.ones_like(b.keys, dtype=torch.bool)
+                                 for b in batches])
+        ptrue = None
+        if all(b.ptrue is not None for b in batches):
+            ptrue = torch.cat([b.ptrue for b in batches])  # type: ignore[misc]
+        return Batch(torch.cat([b.dense for b in batches]),
+                     torch.cat([b.labels for b in batches]),
+                     torch.cat([b.keys for b in batches]), present, ptrue)
+
+    def slice(self, start: int, stop: int) -> Batch:
+        return Batch(self.dense[start:stop], self.labels[start:stop], self.keys[start:stop],
+                     None if self.present is None else self.present[start:stop],
+                     None if self.ptrue is None else self.ptrue[start:stop])
+
+
+@dataclass
+class ParseStats:
+    """Line counts of what was read; ``first_bad`` names the first malformed line."""
+
+    lines: int = 0
+    malformed: int = 0
+    first_bad: tuple[str, int, str] | None = None  # (file, 1-based line, reason)
+    files: list[str] = field(default_factory=list)
+
+    def add(self, other: ParseStats) -> None:
+        self.lines += other.lines
+        self.malformed += other.malformed
+        if self.first_bad is None:
+            self.first_bad = other.first_bad
+        self.files.extend(other.files)
+
+    def check(self, max_malformed_ratio: float, what: str = "pass") -> None:
+        """Raises DataError when the malformed share exceeds ``max_malformed_ratio``."""
+        if self.lines and self.malformed / self.lines > max_malformed_ratio:
+            assert self.first_bad is not None
+            path, line, reason = self.first_bad
+            raise DataError(
+                f"{what}: {self.malformed} of {self.lines} lines malformed "
+                f"({self.malformed / self.lines:.2%} > max_malformed_ratio "
+                f"{max_malformed_ratio:.2%}); first: {path} line {line}: {reason}")
+
+
+def _parse_columns(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: str
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parses a block of fields, all lines at once.
+
+    Args:
+        buf: (nbytes,) uint8 text.
+        starts, ends: (n, k) int64 byte range [start, end) of each field.
+        kind: 'int' (optional '-', decimal), 'hex', or 'fixed' (decimal with one optional '.').
+
+    Returns:
+        values: (n, k) int64 for int/hex, float64 for fixed; ok: (n, k) bool;
+        empty: (n, k) bool (empty fields are ok and read as 0).
+    """
+    lens = ends - starts
+    empty = lens == 0
+    ok = lens <= (16 if kind == "hex" else 19)
+    if kind == "int":
+        neg = ~empty & (buf[np.minimum(starts, len(buf) - 1)] == _MINUS)
+        starts = starts + neg
+        lens = lens - neg
+        ok &= ~(neg & (lens == 0))
+    width = int(lens.max(initial=0)) if lens.size else 0
+    width = min(width, 19)
+    table = _HEX if kind == "hex" else _DEC
+    base = np.uint64(16 if kind == "hex" else 10)
+    acc = np.zeros(starts.shape, dtype=np.uint64)
+    frac = np.zeros(starts.shape, dtype=np.int64)
+    seen_dot = np.zeros(starts.shape, dtype=bool)
+    last = len(buf) - 1
+    with np.errstate(over="ignore"):
+        for j in range(width):
+            active = j < lens
+            ch = buf[np.minimum(starts + j, last)]
+            if kind == "fixed":
+                dot = active & (ch == _DOT)
+                ok &= ~(dot & seen_dot)
+                seen_dot |= dot
+                active &= ~dot
+            d = table[ch]
+            ok &= ~(active & (d == 255))
+            step = active & (d != 255)
+            acc = np.where(step, acc * base + d.astype(np.uint64), acc)
+            if kind == "fixed":
+                frac += step & seen_dot
+    if kind == "fixed":
+        return acc.astype(np.float64) / np.power(10.0, frac), ok, empty
+    values = acc.view(np.int64)
+    if kind == "int":
+        values = np.where(neg, -values, values)
+    return values, ok, empty
+
+
+def split_lines(buf: np.ndarray, ncols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                     np.ndarray]:
+    """Field ranges of every line with exactly ``ncols`` tab-separated fields.
+
+    Args:
+        buf: (nbytes,) uint8, whole lines, the last one ending in '\\n'.
+
+    Returns:
+        starts, ends: (m, ncols) int64 of the good lines; good: (n,) bool per line;
+        line_ends: (n,) int64 position of each line's newline.
+    """
+    nl = np.flatnonzero(buf == _NL)
+    n = nl.size
+    line_starts = np.empty(n, dtype=np.int64)
+    line_starts[:1] = 0
+    line_starts[1:] = nl[:-1] + 1
+    line_ends = nl.astype(np.int64)
+    has_cr = np.zeros(n, dtype=bool)
+    nonempty = line_ends > line_starts
+    has_cr[nonempty] = buf[line_ends[nonempty] - 1] == _CR
+    content_ends = line_ends - has_cr
+    tabs = np.flatnonzero(buf == _TAB)
+    line_of_tab = np.searchsorted(nl, tabs)
+    counts = np.bincount(line_of_tab, minlength=n)[:n]
+    good = (counts == ncols - 1) & (content_ends > line_starts)
+    tpos = tabs[good[line_of_tab]].reshape(-1, ncols - 1).astype(np.int64)
+    starts = np.concatenate([line_starts[good][:, None], tpos + 1], axis=1)
+    ends = np.concatenate([tpos, content_ends[good][:, None]], axis=1)
+    return starts, ends, good, line_ends
+
+
+def _line_scan(buf: np.ndarray, ncols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per non-blank line: whether it has ``ncols`` fields, and its 0-based line index.
+
+    Args:
+        buf: (nbytes,) uint8, whole lines, the last one ending in '\\n'.
+
+    Returns:
+        field_ok: (m,) bool over the m non-blank lines; line_index: (m,) int64.
+    """
+    nl = np.flatnonzero(buf == _NL)
+    starts = np.empty(nl.size, dtype=np.int64)
+    starts[:1] = 0
+    starts[1:] = nl[:-1] + 1
+    lens = nl - starts
+    has_cr = np.zeros(nl.size, dtype=bool)
+    has_cr[lens > 0] = buf[nl[lens > 0] - 1] == _CR
+    nonblank = (lens - has_cr) > 0
+    # tabs before each newline, differenced: the tab count of every line
+    before = np.searchsorted(np.flatnonzero(buf == _TAB), nl)
+    tabs = np.diff(before, prepend=0)
+    line_index = np.flatnonzero(nonblank)
+    return tabs[nonblank] == ncols - 1, line_index
+
+
+_PARSE_OPTIONS = pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
+                                    escape_char=False, newlines_in_values=False,
+                                    invalid_row_handler=lambda row: "skip")
+
+
+def _arrow_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:
+    """Typed columns of the lines with the right field count (C++, multi-threaded)."""
+    head = 2 if gen else 1
+    names = [f"f{i}" for i in range(head + NUM_DENSE + num_slots)]
+    types = {n: pa.int64() for n in names}
+    if gen:
+        types["f1"] = pa.float64()
+    else:
+        for n in names[head + NUM_DENSE:]:
+            types[n] = pa.binary()
+    return pacsv.read_csv(
+        pa.py_buffer(data),
+        read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 22),
+        parse_options=_PARSE_OPTIONS,
+        convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False,
+                                             quoted_strings_can_be_null=False))
+
+
+def _int_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values (n,) int64 with nulls as 0, null (n,) bool)."""
+    arr = col.combine_chunks()
+    null = arr.is_null().to_numpy(zero_copy_only=False)
+    return pc.fill_null(arr, 0).to_numpy(zero_copy_only=False).astype(np.int64), null
+
+
+def _hex_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Binary column of hex text -> (values (n,) int64, ok (n,) bool, empty (n,) bool)."""
+    arr = col.combine_chunks()
+    n = len(arr)
+    if n == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z.astype(bool), z.astype(bool)
+    _, offs_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offs_buf, dtype=np.int32)[arr.offset:arr.offset + n + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None and (
+        data_buf.size) else np.zeros(1, dtype=np.uint8)
+    starts = offsets[:-1].astype(np.int64)[:, None]
+    ends = offsets[1:].astype(np.int64)[:, None]
+    values, ok, empty = _parse_columns(data, starts, ends, "hex")
+    return values[:, 0], ok[:, 0], empty[:, 0]
+
+
+def parse_chunk(data: bytes, data_format: str, num_slots: int, source: str = "<bytes>",
+                first_line: int = 1) -> tuple[Batch, ParseStats]:
+    """Parses whole lines of text into a Batch; malformed lines are counted and skipped.
+
+    Blank lines are ignored. A line is malformed when it has the wrong number of fields,
+    a label other than 0/1, or a field that is not a number of its column's kind.
+
+    Args:
+        data: text of whole lines (a missing final newline is tolerated).
+        data_format: 'criteo' or 'generated'.
+        num_slots: S, categorical fields per line (26 for Criteo).
+        source, first_line: file name and line number of ``data``'s first line, for errors.
+    """
+    if data_format not in ("criteo", "generated"):
+        raise ValueError(f"data_format must be 'criteo' or 'generated', got {data_format!r}")
+    if data and not data.endswith(b"\n"):
+        data = data + b"\n"
+    gen = data_format == "generated"
+    head = 2 if gen else 1
+    ncols = head + NUM_DENSE + num_slots
+    buf = np.frombuffer(data, dtype=np.uint8)
+    field_ok, line_index = _line_scan(buf, ncols)
+    stats = ParseStats(lines=int(field_ok.size))
+    bad_fields = line_index[~field_ok]
+    try:
+        table = _arrow_table(data, gen, num_slots) if field_ok.any() else None
+    except pa.ArrowInvalid:
+        table = None  # a value that is not a number: the slower exact parser finds it
+        if field_ok.any():
+            return _parse_chunk_numpy(data, data_format, num_slots, source, first_line)
+    if table is None or table.num_rows != int(field_ok.sum()):
+        if field_ok.any():
+            return _parse_chunk_numpy(data, data_format, num_slots, source, first_line)
+        table = None
+    if table is None:
+        stats.malformed = int(bad_fields.size)
+        if bad_fields.size:
+            stats.first_bad = (source, first_line + int(bad_fields[0]),
+                               f"expected {ncols} tab-separated fields")
+        return _empty_batch(num_slots, gen), stats
+    label, label_null = _int_column(table.column(0))
+    row_ok = ~label_null & ((label == 0) | (label == 1))
+    ints = np.empty((table.num_rows, NUM_DENSE), dtype=np.int64)
+    for j in range(NUM_DENSE):
+        ints[:, j] = _int_column(table.column(head + j))[0]
+    keys = np.empty((table.num_rows, num_slots), dtype=np.int64)
+    empty = np.zeros((table.num_rows, num_slots), dtype=bool)
+    for j in range(num_slots):
+        col = table.column(head + NUM_DENSE + j)
+        if gen:
+            keys[:, j], empty[:, j] = _int_column(col)
+        else:
+            keys[:, j], ok, empty[:, j] = _hex_column(col)
+            row_ok &= ok
+    ptrue = None
+    if gen:
+        p = table.column(1).combine_chunks()
+        pnull = p.is_null().to_numpy(zero_copy_only=False)
+        ptrue = pc.fill_null(p, 0.0).to_numpy(zero_copy_only=False)
+        row_ok &= ~pnull & (ptrue >= 0) & (ptrue <= 1)
+    bad_values = line_index[field_ok][~row_ok]
+    stats.malformed = int(bad_fields.size + bad_values.size)
+    firsts = []
+    if bad_fields.size:
+        firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
+    if bad_values.size:
+        firsts.append((int(bad_values[0]), "bad label (not 0/1) or a field that is not a "
+                       "number of its column's kind"))
+    if firsts:
+        line, reason = min(firsts)
+        stats.first_bad = (source, first_line + line, reason)
+    return _make_batch(label, ints, keys, empty, ptrue, row_ok), stats
+
+
+def _empty_batch(num_slots: int, gen: bool) -> Batch:
+    return _make_batch(np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
+                       np.zeros((0, num_slots), np.int64), np.zeros((0, num_slots), bool),
+                       np.zeros(0) if gen else None, np.zeros(0, bool))
+
+
+def _make_batch(label: np.ndarray, ints: np.ndarray, keys: np.ndarray, empty: np.ndarray,
+                ptrue: np.ndarray | None, row_ok: np.ndarray) -> Batch:
+    if not row_ok.all():
+        label, ints, keys, empty = label[row_ok], ints[row_ok], keys[row_ok], empty[row_ok]
+        ptrue = None if ptrue is None else ptrue[row_ok]
+    dense = np.log1p(np.maximum(ints, 0).astype(np.float32))
+    present = ~empty
+    return Batch(
+        dense=torch.from_numpy(np.ascontiguousarray(dense)),
+        labels=torch.from_numpy(label.astype(np.float32)),
+        keys=torch.from_numpy(np.ascontiguousarray(keys)),
+        present=None if present.all() else torch.from_numpy(present),
+        ptrue=None if ptrue is None else torch.from_numpy(ptrue.astype(np.float32)),
+    )
+
+
+def _parse_chunk_numpy(data: bytes, data_format: str, num_slots: int, source: str = "<bytes>",
+                first_line: int = 1) -> tuple[Batch, ParseStats]:
+    """The exact numpy parser, used when a chunk holds a value pyarrow cannot convert.
+
+    Args:
+        data: text of whole lines (a missing final newline is tolerated).
+        data_format: 'criteo' or 'generated'.
+        num_slots: S, categorical fields per line (26 for Criteo).
+        source, first_line: file name and line number of ``data``'s first line, for errors.
+    """
+    if data_format not in ("criteo", "generated"):
+        raise ValueError(f"data_format must be 'criteo' or 'generated', got {data_format!r}")
+    if data and not data.endswith(b"\n"):
+        data = data + b"\n"
+    buf = np.frombuffer(data, dtype=np.uint8)
+    gen = data_format == "generated"
+    head = 2 if gen else 1
+    ncols = head + NUM_DENSE + num_slots
+    starts, ends, good, line_ends = split_lines(buf, ncols)
+    label, lab_ok, lab_empty = _parse_columns(buf, starts[:, :1], ends[:, :1], "int")
+    row_ok = (lab_ok & ~lab_empty & ((label == 0) | (label == 1)))[:, 0]
+    ints, int_ok, _ = _parse_columns(buf, starts[:, head:head + NUM_DENSE],
+                                     ends[:, head:head + NUM_DENSE], "int")
+    keys, key_ok, key_empty = _parse_columns(buf, starts[:, head + NUM_DENSE:],
+                                             ends[:, head + NUM_DENSE:],
+                                             "int" if gen else "hex")
+    row_ok &= int_ok.all(axis=1) & key_ok.all(axis=1)
+    ptrue = None
+    if gen:
+        p, p_ok, p_empty = _parse_columns(buf, starts[:, 1:2], ends[:, 1:2], "fixed")
+        row_ok &= (p_ok & ~p_empty & (p <= 1.0))[:, 0]
+        ptrue = p[:, 0]
+    field_ok, line_index = _line_scan(buf, ncols)  # the same numbering as the fast path
+    assert int(field_ok.sum()) == int(good.sum())
+    stats = ParseStats(lines=int(field_ok.size))
+    bad_fields = line_index[~field_ok]
+    bad_values = line_index[field_ok][~row_ok]
+    stats.malformed = int(bad_fields.size + bad_values.size)
+    firsts = []
+    if bad_fields.size:
+        firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
+    if bad_values.size:
+        firsts.append((int(bad_values[0]), "bad label (not 0/1) or a field that is not a "
+                       "number of its column's kind"))
+    if firsts:
+        line, reason = min(firsts)
+        stats.first_bad = (source, first_line + line, reason)
+    return _make_batch(label[:, 0], ints, keys, key_empty, ptrue, row_ok), stats
+
+
+def read_file(path: str | Path, data_format: str, num_slots: int,
+              chunk_bytes: int = 16 << 20) -> Iterator[tuple[Batch, ParseStats]]:
+    """Parses a file chunk by chunk (whole lines each); yields (batch, stats) per chunk."""
+    path = Path(path)
+    line_no = 1
+    try:
+        with path.open("rb") as f:
+            rest = b""
+            while True:
+                block = f.read(chunk_bytes)
+                if not block:
+                    break
+                block = rest + block
+                cut = block.rfind(b"\n")
+                if cut < 0:
+                    rest = block
+                    continue
+                rest = block[cut + 1:]
+                batch, stats = parse_chunk(block[:cut + 1], data_format, num_slots, str(path),
+                                           line_no)
+                line_no += stats.lines
+                yield batch, stats
+            if rest:
+                yield parse_chunk(rest, data_format, num_slots, str(path), line_no)
+    except OSError as exc:
+        raise DataError(f"cannot read data file {path}: {exc}") from exc
+
+
+def iter_batches(files: list[Path], data_format: str, num_slots: int, batch_size: int,
+                 stats: ParseStats, max_malformed_ratio: float = 1.0,
+                 chunk_bytes: int = 16 << 20) -> Iterator[Batch]:
+    """Batches of exactly ``batch_size`` (the last may be smaller) over several files.
+
+    ``stats`` accumulates line counts; after each file the malformed share so far is
+    checked against ``max_malformed_ratio`` (DataError naming the first bad line).
+    """
+    pending: list[Batch] = []
+    npending = 0
+    for path in files:
+        for chunk, chunk_stats in read_file(path, data_format, num_slots, chunk_bytes):
+            stats.add(chunk_stats)
+            if len(chunk) == 0:
+                continue
+            pending.append(chunk)
+            npending += len(chunk)
+            if npending >= batch_size:
+                merged = Batch.concat(pending)
+                full = (npending // batch_size) * batch_size
+                for start in range(0, full, batch_size):
+                    yield merged.slice(start, start + batch_size)
+                pending = [merged.slice(full, npending)] if full < npending else []
+                npending -= full
+        stats.files.append(str(path))
+        stats.check(max_malformed_ratio, f"pass data up to {path}")
+    if npending:
+        yield Batch.concat(pending)

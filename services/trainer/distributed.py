@@ -1,0 +1,105 @@
+"""Data parallelism over dense parameters with torch.distributed (env:// rendezvous).
+
+Ranks come from the environment torchrun (or a Kubernetes indexed Job) sets: ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Backend ``auto`` is nccl when the dense
+model runs on a GPU, gloo otherwise.
+
+Ranks may hold different numbers of batches in a pass (files are divided ``r::world``), so
+every training step all-reduces one flat buffer: the dense gradients followed by a 1 when the
+rank had a batch. The summed count tells every rank how many contributed (the gradient is
+their mean) and when all are done (count 0), so collectives always match across ranks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import torch
+import torch.distributed as dist
+from streamrec.trainer.errors import ConfigError
+
+
+def env_world() -> tuple[int, int]:
+    """(rank, world_size) from the environment; (0, 1) when not launched distributed."""
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError as exc:
+        raise ConfigError(f"RANK / WORLD_SIZE must be integers: {exc}") from exc
+
+
+def init_from_env(backend: str = "auto", timeout_s: float = 600.0,
+                  device: torch.device | None = None) -> tuple[int, int, bool]:
+    """Joins the process group when WORLD_SIZE > 1.
+
+    Returns:
+        (rank, world_size, created): ``created`` is True when this call made the group
+        (and :func:`shutdown` should end it).
+    """
+    rank, world = env_world()
+    if world <= 1:
+        return 0, 1, False
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), False
+    if backend == "auto":
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+    if backend == "nccl" and (device is None or device.type != "cuda"):
+        raise ConfigError("distributed.backend 'nccl' needs the dense model on a CUDA GPU; "
+                          "use 'gloo' on CPU")
+    dist.init_process_group(backend, init_method="env://",
+                            timeout=dt.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size(), True
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
+    """Every parameter and buffer of ``module`` from rank ``src`` (identical start)."""
+    if not active():
+        return
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src)
+
+
+def sync_gradients(params: list[torch.nn.Parameter], has_batch: bool) -> int:
+    """Averages gradients over the ranks that had a batch; returns how many had one.
+
+    A rank without a batch passes ``has_batch=False``; its gradients are set to the mean of
+    the others so its optimizer takes the same step. Returns 0 when no rank had a batch.
+    """
+    device = params[0].device
+    grads = [p.grad if (has_batch and p.grad is not None) else torch.zeros_like(p)
+             for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] +
+                     [torch.tensor([1.0 if has_batch else 0.0], device=device)])
+    dist.all_reduce(flat)
+    count = int(round(float(flat[-1])))
+    if count == 0:
+        return 0
+    flat = flat[:-1] / count
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n
+    return count
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (in place) when distributed; the tensor itself otherwise."""
+    if active():
+        dist.all_reduce(t)
+    return t
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()

@@ -1,0 +1,138 @@
+"""Serving export and the ``predict`` entry point.
+
+An exported model directory::
+
+    dense_int8.pt   the dense DLRM with every nn.Linear int8-dynamically quantized (seed 004:
+                    ``quantize_dynamic(dlrm, {nn.Linear}, torch.qint8)``), as a state dict
+    model.json      the architecture (hyper_parameters) and the sparse tables' options
+    sparse/         the embedding store's ``base`` save (rows with score >= base_threshold)
+    MANIFEST.json   written last, with checksums
+
+:class:`Predictor` loads it (plus optional delta models saved later by the trainer, applied
+in order), and scores files of either data format. Nothing is unpickled: the state dict is
+read with ``weights_only=True`` into a model rebuilt from model.json.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_manifest, write_manifest
+from streamrec.trainer.config import ModelConfig
+from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.errors import CheckpointError
+from streamrec.trainer.evaluation import AucAccumulator
+from streamrec.trainer.model import DLRMDense
+from torch import nn
+
+DENSE_INT8 = "dense_int8.pt"
+MODEL_JSON = "model.json"
+
+
+def quantize(model: nn.Module) -> nn.Module:
+    """int8 dynamic quantization of the Linear layers (weights int8, activations on the fly)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization warns of its future move
+        from torch.ao.quantization import quantize_dynamic
+
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+def build_dense(arch: ModelConfig) -> DLRMDense:
+    return DLRMDense(arch.dense_dim, arch.sparse_inputs_slots, arch.arch_sparse_feature_size,
+                     arch.arch_mlp_bot, arch.arch_mlp_top, arch.arch_interaction_op,
+                     arch.arch_interaction_itself, arch.loss_threshold,
+                     seed=arch.numpy_rand_seed)
+
+
+def export_serving(trainer: Any, out_dir: Path) -> Path:
+    """Writes the serving model of ``trainer`` (an OnlineTrainer) into ``out_dir``."""
+    from streamrec.trainer import distributed as ddp
+
+    ddp.barrier()
+    if trainer.rank == 0:
+        fresh_dir(out_dir)
+        q = quantize(trainer.dense_copy())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.save(q.state_dict(), out_dir / DENSE_INT8)
+        (out_dir / MODEL_JSON).write_text(json.dumps({
+            "hyper_parameters": trainer.config.hyper_parameters.model_dump(mode="json"),
+            "tables": [t.model_dump(mode="json") for t in trainer.tables],
+            "data_format": trainer.config.runner.data_format,
+        }, indent=1))
+        trainer.store.save(str(out_dir / SPARSE_NAME), mode="base")
+        write_manifest(out_dir, {"mode": "serving", "last_pass": trainer.last_pass})
+    ddp.barrier()
+    return out_dir
+
+
+class Predictor:
+    """Scores samples with an exported model.
+
+    Args:
+        model_dir: a directory written by :func:`export_serving`.
+        deltas: delta model directories (``model_root/DAY/delta_N``) to apply in order.
+    """
+
+    def __init__(self, model_dir: str | Path, deltas: list[str | Path] | None = None) -> None:
+        from streamrec.embedding_store import EmbeddingStore, StoreEmbeddingBags, TableOptions
+
+        self.dir = Path(model_dir)
+        read_manifest(self.dir)
+        try:
+            spec = json.loads((self.dir / MODEL_JSON).read_text())
+            self.arch = ModelConfig.parse(spec["hyper_parameters"], source=str(self.dir))
+            tables = [TableOptions.parse(t) for t in spec["tables"]]
+            self.data_format = str(spec.get("data_format", "generated"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{self.dir / MODEL_JSON}: unusable: {exc}") from exc
+        self.dense = quantize(build_dense(self.arch)).eval()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                state = torch.load(self.dir / DENSE_INT8, map_location="cpu", weights_only=True)
+            self.dense.load_state_dict(state)
+        except Exception as exc:
+            raise CheckpointError(f"{self.dir / DENSE_INT8}: cannot load: {exc}") from exc
+        self.store = EmbeddingStore(tables)
+        self.store.load(str(self.dir / SPARSE_NAME))
+        for d in deltas or []:
+            read_manifest(Path(d))
+            self.store.load(str(Path(d) / SPARSE_NAME))
+        self.emb = StoreEmbeddingBags(self.store, [t.name for t in tables])
+
+    def predict_batch(self, batch: Any) -> torch.Tensor:
+        """A :class:`~streamrec.trainer.data.Batch` -> click probabilities (B,) float32."""
+        with torch.no_grad():
+            pulled = self.emb.pull(batch.features(), create=False)
+            return self.dense(batch.dense, self.emb(pulled)).view(-1)
+
+    def score_files(self, files: list[Path], out: Path | None = None,
+                    data_format: str | None = None, batch_size: int = 4096) -> dict[str, Any]:
+        """Scores files; writes one probability per line to ``out``; returns AUC etc."""
+        acc = AucAccumulator()
+        stats = ParseStats()
+        fmt = data_format or self.data_format
+        sink = out.open("w") if out is not None else None
+        try:
+            for batch in iter_batches(files, fmt, self.arch.sparse_inputs_slots, batch_size,
+                                      stats):
+                p = self.predict_batch(batch)
+                acc.add(p, batch.labels)
+                if sink is not None:
+                    np.savetxt(sink, p.numpy(), fmt="%.6f")
+        finally:
+            if sink is not None:
+                sink.close()
+        res = acc.result()
+        return {"samples": res["samples"], "auc": res["auc"], "logloss": res["logloss"],
+                "malformed_lines": stats.malformed}
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,164 @@
+"""DLRM (seed 004): bottom MLP, feature interaction, top MLP with a sigmoid.
+
+The sparse part lives in the embedding store, so :class:`DLRMDense` takes the pooled
+embeddings as inputs. :class:`DLRM` adds ``nn.EmbeddingBag`` tables (sum pooling, sparse
+gradients) exactly as the reference does; the benchmark's baseline uses it.
+
+Shapes, for a batch of ``B`` samples, ``D`` dense features, ``S`` sparse features of
+dimension ``d`` (= ``arch_sparse_feature_size`` = the bottom MLP's last size)::
+
+    dense_x (B, D) --bottom MLP--> x (B, d)
+    ly: S x (B, d) pooled embeddings
+    dot:  T = [x, ly...] (B, S+1, d); Z = T T^T (B, S+1, S+1);
+          R = [x, Z[:, i, j] for j < i (j <= i with self-interaction)]
+    cat:  R = [x, ly...] (B, (S+1) d)
+    R --top MLP (ReLU ..., last layer sigmoid)--> p (B, 1)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from streamrec.trainer.errors import ModelShapeError
+from torch import nn
+
+
+def interaction_size(op: str, num_features: int, dim: int, itself: bool) -> int:
+    """Width of the interaction output R for ``num_features`` = S + 1 vectors of size dim."""
+    if op == "dot":
+        pairs = num_features * (num_features + 1) // 2 if itself else (
+            num_features * (num_features - 1) // 2)
+        return pairs + dim
+    if op == "cat":
+        return num_features * dim
+    raise ModelShapeError(f"arch_interaction_op must be 'dot' or 'cat', got {op!r}")
+
+
+def make_mlp(sizes: list[int], sigmoid_layer: int, rng: np.random.RandomState) -> nn.Sequential:
+    """Linear layers with the reference's initialisation; ReLU after each but ``sigmoid_layer``.
+
+    Weights ~ N(0, sqrt(2 / (fan_in + fan_out))), biases ~ N(0, sqrt(1 / fan_out)).
+    """
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        n, m = int(sizes[i]), int(sizes[i + 1])
+        layer = nn.Linear(n, m, bias=True)
+        w = rng.normal(0.0, np.sqrt(2.0 / (m + n)), size=(m, n)).astype(np.float32)
+        b = rng.normal(0.0, np.sqrt(1.0 / m), size=m).astype(np.float32)
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(w))
+            layer.bias.copy_(torch.from_numpy(b))
+        layers.append(layer)
+        layers.append(nn.Sigmoid() if i == sigmoid_layer else nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRMDense(nn.Module):
+    """The dense part of DLRM: bottom MLP, interaction, top MLP (+ sigmoid).
+
+    Args:
+        dense_dim: D, the number of dense features (must equal ``mlp_bot[0]``).
+        num_sparse: S, the number of sparse features (embedding tables).
+        sparse_dim: d, the embedding size (must equal ``mlp_bot[-1]``).
+        mlp_bot: bottom MLP sizes including its input, e.g. [13, 512, 256, 64, 16].
+        mlp_top: top MLP sizes after its input, e.g. [512, 256, 1]; the input size is
+            fitted to the interaction as in the reference.
+        interaction_op: 'dot' or 'cat'.
+        interaction_itself: 'dot' includes each vector's product with itself.
+        loss_threshold: when in (0, 1), clamps p to [t, 1 - t] (reference behaviour).
+        seed: numpy seed of the reference initialisation.
+
+    Raises:
+        ModelShapeError: on the reference's dimension mismatches.
+    """
+
+    def __init__(self, dense_dim: int, num_sparse: int, sparse_dim: int, mlp_bot: list[int],
+                 mlp_top: list[int], interaction_op: str = "dot",
+                 interaction_itself: bool = False, loss_threshold: float = 0.0,
+                 seed: int = 123) -> None:
+        super().__init__()
+        if dense_dim != mlp_bot[0]:
+            raise ModelShapeError(f"arch-dense-feature-size {dense_dim} does not match first "
+                                  f"dim of bottom mlp {mlp_bot[0]} (arch_mlp_bot={mlp_bot})")
+        if sparse_dim != mlp_bot[-1]:
+            raise ModelShapeError(
+                f"arch-sparse-feature-size {sparse_dim} does not match last dim of bottom mlp "
+                f"{mlp_bot[-1]} (arch_mlp_bot={mlp_bot})")
+        if mlp_top[-1] != 1:
+            raise ModelShapeError(f"arch_mlp_top must end in 1 (one click probability), "
+                                  f"got {mlp_top}")
+        if num_sparse < 1:
+            raise ModelShapeError(f"need at least one sparse feature, got {num_sparse}")
+        self.dense_dim, self.num_sparse, self.sparse_dim = dense_dim, num_sparse, sparse_dim
+        self.interaction_op, self.interaction_itself = interaction_op, interaction_itself
+        self.loss_threshold = loss_threshold
+        num_int = interaction_size(interaction_op, num_sparse + 1, sparse_dim,
+                                   interaction_itself)
+        self.ln_bot = list(mlp_bot)
+        self.ln_top = [num_int, *mlp_top]
+        rng = np.random.RandomState(seed)
+        self.bot_l = make_mlp(self.ln_bot, -1, rng)
+        self.top_l = make_mlp(self.ln_top, len(self.ln_top) - 2, rng)
+        offset = 1 if interaction_itself else 0
+        n = num_sparse + 1
+        li = [i for i in range(n) for _ in range(i + offset)]
+        lj = [j for i in range(n) for j in range(i + offset)]
+        self.register_buffer("li", torch.tensor(li, dtype=torch.int64), persistent=False)
+        self.register_buffer("lj", torch.tensor(lj, dtype=torch.int64), persistent=False)
+
+    def interact(self, x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
+        """x: (B, d), ly: S x (B, d) -> R: (B, num_int) float32."""
+        if self.interaction_op == "cat":
+            return torch.cat([x, *ly], dim=1)
+        batch, d = x.shape
+        t = torch.cat([x, *ly], dim=1).view(batch, -1, d)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return torch.cat([x, z[:, self.li, self.lj]], dim=1)
+
+    def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
+        """dense_x: (B, D) float32, ly: S x (B, d) float32 -> click probability (B, 1)."""
+        if dense_x.dim() != 2 or dense_x.shape[1] != self.dense_dim:
+            raise ModelShapeError(f"dense_x must be (batch, {self.dense_dim}), got "
+                                  f"{tuple(dense_x.shape)}")
+        if len(ly) != self.num_sparse:
+            raise ModelShapeError(f"expected {self.num_sparse} sparse features, got {len(ly)}")
+        for k, e in enumerate(ly):
+            if e.shape != (dense_x.shape[0], self.sparse_dim):
+                raise ModelShapeError(f"sparse feature {k} must be ({dense_x.shape[0]}, "
+                                      f"{self.sparse_dim}), got {tuple(e.shape)}")
+        x = self.bot_l(dense_x)
+        p = self.top_l(self.interact(x, ly))
+        if 0.0 < self.loss_threshold < 1.0:
+            p = torch.clamp(p, min=self.loss_threshold, max=1.0 - self.loss_threshold)
+        return p
+
+
+class DLRM(nn.Module):
+    """The reference DLRM: :class:`DLRMDense` plus ``nn.EmbeddingBag`` tables (sum, sparse).
+
+    Args:
+        ln_emb: rows of each table, e.g. [100] * 12 + [1000] * 3.
+        (the rest as :class:`DLRMDense`)
+    """
+
+    def __init__(self, dense_dim: int, ln_emb: list[int], sparse_dim: int,
+                 mlp_bot: list[int], mlp_top: list[int], interaction_op: str = "dot",
+                 interaction_itself: bool = False, seed: int = 123) -> None:
+        super().__init__()
+        self.dense = DLRMDense(dense_dim, len(ln_emb), sparse_dim, mlp_bot, mlp_top,
+                               interaction_op, interaction_itself, seed=seed)
+        rng = np.random.RandomState(seed + 1)
+        self.emb_l = nn.ModuleList()
+        for n in ln_emb:
+            bag = nn.EmbeddingBag(n, sparse_dim, mode="sum", sparse=True)
+            w = rng.uniform(-np.sqrt(1 / n), np.sqrt(1 / n), size=(n, sparse_dim))
+            with torch.no_grad():
+                bag.weight.copy_(torch.from_numpy(w.astype(np.float32)))
+            self.emb_l.append(bag)
+
+    def forward(self, dense_x: torch.Tensor, offsets: list[torch.Tensor],
+                indices: list[torch.Tensor]) -> torch.Tensor:
+        """dense_x: (B, D); offsets/indices: S x (B,) / (nnz,) int64 -> p (B, 1)."""
+        ly = [bag(idx, off) for bag, off, idx in zip(self.emb_l, offsets, indices,
+                                                     strict=True)]
+        return self.dense(dense_x, ly)

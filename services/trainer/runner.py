@@ -1,0 +1,546 @@
+"""``OnlineTrainer``: streaming passes, predict-then-train, checkpoints, warm start.
+
+One pass (seed 002)::
+
+    files of the pass (rank r takes files r::world)
+      -> prefetch thread: read + parse (pyarrow/numpy on whole chunks), cut into batches
+      -> pull worker (one thread, FIFO): features -> store pull (pooled by the module)
+      -> main thread: DLRM forward/backward, dense all-reduce, optimizer step
+      -> pull worker: push sparse gradients + show/click
+
+    predict phase: every batch with the model as it stood before the pass (create=False:
+                   nothing is created or trained) -> predict AUC / logloss
+    train phase:   the same batches again, trained -> train AUC / logloss / samples/s
+
+The pull worker runs ``pull(i+1)`` while batch ``i`` computes and ``push(i)`` while batch
+``i+1`` computes. Being one FIFO thread, ``pull(i+1)`` always runs after ``push(i-1)`` and
+before ``push(i)``: the sparse rows a batch sees are stale by exactly one step, the same in
+every run, so a restart from a checkpoint reproduces the parameters of an uninterrupted run.
+
+At the end of every pass, rank 0 appends a JSON record to ``<model_save_path>/passes.jsonl``.
+Every ``checkpoint_per_pass`` passes (by pass id) a checkpoint is written; every
+``save_delta_frequency`` passes a delta model; after the last pass of a day: advance_day,
+shrink, base model, batch model and a checkpoint (so a restart continues with the next day).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from streamrec import layout
+from streamrec.metrics import serve_metrics
+from streamrec.trainer import distributed as ddp
+from streamrec.trainer import metrics as m
+from streamrec.trainer.checkpoint import (
+    DENSE_NAME,
+    SPARSE_NAME,
+    fresh_dir,
+    load_dense,
+    read_manifest,
+    save_dense,
+    write_manifest,
+)
+from streamrec.trainer.config import TrainerConfig
+from streamrec.trainer.data import Batch, ParseStats, iter_batches
+from streamrec.trainer.errors import CheckpointError, ConfigError, TrainerError
+from streamrec.trainer.evaluation import AucAccumulator
+from streamrec.trainer.losses import make_loss
+from streamrec.trainer.lr_policy import LRPolicyScheduler
+from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.negsampling import NegativeSampler
+
+log = logging.getLogger(__name__)
+
+PASSES_FILE = "passes.jsonl"
+
+#: Table options the trainer uses unless ``table_parameters`` says otherwise: a plain
+#: embedding table (every row trained from the start), PaddleRec's StdAdaGrad, small init
+#: (the settings bench/trainer.py's quality run uses).
+DEFAULT_TABLE_PARAMETERS: dict[str, Any] = {
+    "embedx_threshold": 0,
+    "initializer": {"type": "uniform", "low": -0.005, "high": 0.005},
+    "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05,
+                        "initial_g2sum": 3.0},
+    "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05,
+                         "initial_g2sum": 3.0},
+}
+
+
+def build_table_options(config: TrainerConfig) -> list[Any]:
+    """One TableOptions per sparse slot, dim = arch_sparse_feature_size."""
+    from streamrec.embedding_store import TableOptions
+
+    params = dict(DEFAULT_TABLE_PARAMETERS, **config.table_parameters)
+    dim = config.hyper_parameters.arch_sparse_feature_size
+    for bad in ("name", "dim", "embedx_dim"):
+        if bad in config.table_parameters:
+            raise ConfigError(
+                f"table_parameters.{bad} is set by the trainer (one table per slot, dim = "
+                f"arch_sparse_feature_size = {dim}); got {config.table_parameters[bad]!r}")
+    return [TableOptions.parse(dict(params, name=name, dim=dim),
+                               source=f"table_parameters (table {name})")
+            for name in config.table_names]
+
+
+class _Prefetcher:
+    """Parses a pass's files in a daemon thread into a bounded queue of batches."""
+
+    _END = object()
+
+    def __init__(self, files: list[Path], config: TrainerConfig, stats: ParseStats,
+                 transform: Callable[[Batch], Batch] | None = None) -> None:
+        r = config.runner
+        self._transform = transform
+        self._q: queue.Queue[Any] = queue.Queue(maxsize=r.prefetch_batches)
+        self._stop = threading.Event()
+        self._args = (files, r.data_format, config.hyper_parameters.sparse_inputs_slots,
+                      r.train_batch_size, stats, r.max_malformed_ratio,
+                      int(r.read_chunk_mb * (1 << 20)))
+        self._thread = threading.Thread(target=self._run, name="trainer-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for batch in iter_batches(*self._args):
+                if self._transform is not None:
+                    batch = self._transform(batch)
+                if not self._put(batch):
+                    return
+            self._put(self._END)
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._put(exc)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            item = self._q.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class OnlineTrainer:
+    """DLRM trainer over the streaming layout; the programmatic API of a trainer rank.
+
+    Args:
+        config: the job.
+        store: an embedding store (in-process ``EmbeddingStore`` or ``EmbeddingStoreClient``);
+            None builds one: the client when ``store.addresses`` is set, else in-process.
+
+    Example:
+        >>> t = OnlineTrainer(TrainerConfig.from_yaml("job.yaml"))
+        >>> t.run()          # every pass start_day..end_day, after a warm start
+        >>> t.close()
+    """
+
+    def __init__(self, config: TrainerConfig, store: Any | None = None) -> None:
+        from streamrec.embedding_store import StoreEmbeddingBags
+
+        self.config = config
+        hp, r = config.hyper_parameters, config.runner
+        self.device = torch.device("cuda" if config.distributed.backend == "nccl"
+                                   and torch.cuda.is_available() else "cpu")
+        _, world = ddp.env_world()
+        if world > 1 and store is None and not config.store.addresses:
+            raise ConfigError(
+                f"WORLD_SIZE={world}: ranks must share their sparse parameters; set "
+                f"store.addresses to the embedding-store shards (an in-process store would "
+                f"give each rank its own)")
+        self.rank, self.world, self._own_group = ddp.init_from_env(
+            config.distributed.backend, config.distributed.timeout_s, self.device)
+        self.label = str(self.rank)
+        self.tables = build_table_options(config)
+        self._own_store = store is None
+        if store is None:
+            store = self._make_store()
+        self.store = store
+        self.emb = StoreEmbeddingBags(store, config.table_names, pooling="sum")
+        self.dense = DLRMDense(hp.dense_dim, hp.sparse_inputs_slots, hp.arch_sparse_feature_size,
+                               hp.arch_mlp_bot, hp.arch_mlp_top, hp.arch_interaction_op,
+                               hp.arch_interaction_itself, hp.loss_threshold,
+                               seed=hp.numpy_rand_seed).to(self.device)
+        ddp.broadcast_module(self.dense)
+        self.params = list(self.dense.parameters())
+        self.optimizer = self._make_optimizer()
+        self.scheduler = LRPolicyScheduler(self.optimizer, hp.lr_num_warmup_steps,
+                                           hp.lr_decay_start_step, hp.lr_num_decay_steps)
+        self.loss_fn = make_loss(hp.loss_function, hp.loss_weights)
+        self.model_root = Path(r.model_save_path)
+        self.data_root = Path(r.train_data_dir)
+        self.last_pass: tuple[str, int] | None = None
+        self.step = 0
+        self.stop_event = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-sparse")
+        self.negatives: NegativeSampler | None = None
+        if config.negative_sampling.enabled:
+            ns = config.negative_sampling
+            # local rank 0 of each node loads the table into the node's sampler; every rank
+            # passes one barrier, the others before they start sampling
+            loader = ns.reload and int(os.environ.get("LOCAL_RANK", "0")) == 0
+            if ns.reload and not loader:
+                ddp.barrier()
+                ns = ns.model_copy(update={"reload": False})
+            self.negatives = NegativeSampler(ns, hp.sparse_inputs_slots)
+            if loader:
+                ddp.barrier()
+        self.metrics_port: int | None = None
+        if r.metrics_port is not None:
+            self.metrics_port = serve_metrics(r.metrics_port + self.rank if r.metrics_port
+                                              else 0, r.metrics_host)
+
+    # -- construction helpers -------------------------------------------------------------
+    def _make_store(self) -> Any:
+        if self.config.store.addresses:
+            from streamrec.embedding_store.client import EmbeddingStoreClient
+
+            return EmbeddingStoreClient(self.config.store.addresses, self.tables,
+                                        timeout_s=self.config.store.timeout_s)
+        from streamrec.embedding_store import EmbeddingStore
+
+        return EmbeddingStore(self.tables, seed=self.config.hyper_parameters.numpy_rand_seed)
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        hp = self.config.hyper_parameters
+        if hp.optimizer == "sgd":
+            return torch.optim.SGD(self.params, lr=hp.learning_rate)
+        if hp.optimizer == "adagrad":
+            return torch.optim.Adagrad(self.params, lr=hp.learning_rate)
+        return torch.optim.Adam(self.params, lr=hp.learning_rate)
+
+    # -- one pass ---------------------------------------------------------------------------
+    def rank_files(self, spec: layout.PassSpec) -> list[Path]:
+        """This rank's share of the pass's files: r::world of the sorted list."""
+        files = layout.pass_files(self.data_root, spec, self.config.runner.data_donefile)
+        return files[self.rank::self.world]
+
+    def _pull(self, batch: Batch, create: bool) -> Any:
+        return self.emb.pull(batch.features(), create=create)
+
+    def _push(self, pulled: Any, labels: torch.Tensor) -> None:
+        if self.config.runner.scale_sparse_gradient_with_batch_size:
+            for part in pulled.tables:
+                if part.weights.grad is not None:
+                    part.weights.grad.mul_(float(pulled.batch))
+        self.emb.push(pulled, labels)
+
+    def _forward(self, batch: Batch, pulled: Any) -> torch.Tensor:
+        outs = [o.to(self.device, non_blocking=True) for o in self.emb(pulled)]
+        return self.dense(batch.dense.to(self.device, non_blocking=True), outs).view(-1)
+
+    def predict_files(self, files: list[Path], acc: AucAccumulator,
+                      best: AucAccumulator | None, stats: ParseStats) -> int:
+        """Scores files with the current model (no training, no key created)."""
+        prefetch = _Prefetcher(files, self.config, stats, self.negatives)
+        n = 0
+        try:
+            it = iter(prefetch)
+            batch = next(it, None)
+            fut = self._pool.submit(self._pull, batch, False) if batch is not None else None
+            self.dense.eval()
+            with torch.no_grad():
+                while batch is not None:
+                    assert fut is not None
+                    pulled = fut.result()
+                    nxt = next(it, None)
+                    fut = self._pool.submit(self._pull, nxt, False) if nxt is not None else None
+                    p = self._forward(batch, pulled)
+                    acc.add(p.cpu(), batch.labels)
+                    if best is not None and batch.ptrue is not None:
+                        best.add(batch.ptrue, batch.labels)
+                    n += len(batch)
+                    batch = nxt
+        finally:
+            self.dense.train()
+            prefetch.close()
+        return n
+
+    def train_files(self, files: list[Path], acc: AucAccumulator, stats: ParseStats) -> int:
+        """Trains on files; returns this rank's sample count. All ranks step together."""
+        prefetch = _Prefetcher(files, self.config, stats, self.negatives)
+        pipelined = self.config.runner.sparse_pipeline
+        n = 0
+        pushes: list[Future] = []
+        try:
+            it = iter(prefetch)
+            batch = next(it, None)
+            fut = self._pool.submit(self._pull, batch, True) if batch is not None else None
+            while True:
+                if batch is None and self.world == 1:
+                    break
+                pulled = fut.result() if fut is not None else None
+                nxt = next(it, None) if batch is not None else None
+                fut = None
+                if nxt is not None and pipelined:
+                    fut = self._pool.submit(self._pull, nxt, True)
+                self.optimizer.zero_grad(set_to_none=True)
+                p = None
+                if batch is not None:
+                    p = self._forward(batch, pulled)
+                    labels = batch.labels.to(self.device)
+                    loss = self.loss_fn(p.view(-1, 1), labels.view(-1, 1))
+                    loss.backward()
+                if self.world > 1 and ddp.sync_gradients(self.params, batch is not None) == 0:
+                    break
+                self.optimizer.step()
+                self.scheduler.step()
+                self.step += 1
+                if batch is not None:
+                    # FIFO after pull(i+1): the next pull never sees this push (see module doc)
+                    pushes.append(self._pool.submit(self._push, pulled, batch.labels))
+                    acc.add(p.detach().cpu(), batch.labels)
+                    n += len(batch)
+                    if len(pushes) > 4:
+                        pushes.pop(0).result()
+                if nxt is not None and not pipelined:  # after push(i): no stale rows
+                    fut = self._pool.submit(self._pull, nxt, True)
+                batch = nxt
+            for f in pushes:
+                f.result()
+        finally:
+            prefetch.close()
+        return n
+
+    def run_pass(self, spec: layout.PassSpec) -> dict[str, Any]:
+        """Predicts then trains one pass; saves what is due; returns the pass record."""
+        r = self.config.runner
+        started = time.monotonic()
+        files = self.rank_files(spec)
+        pred, best, train = AucAccumulator(), AucAccumulator(), AucAccumulator()
+        pstats, tstats = ParseStats(), ParseStats()
+        predict_s = 0.0
+        if r.predict_before_train:
+            self.predict_files(files, pred, best, pstats)
+            predict_s = time.monotonic() - started
+        t_train = time.monotonic()
+        self.train_files(files, train, tstats)
+        train_s = time.monotonic() - t_train
+        counts = torch.tensor([tstats.lines, tstats.malformed, len(files)], dtype=torch.float64)
+        flat = torch.cat([pred.state(), best.state(), train.state(), counts])
+        ddp.all_reduce_sum(flat)
+        size = pred.state().numel()
+        pred.load_state(flat[:size])
+        best.load_state(flat[size:2 * size])
+        train.load_state(flat[2 * size:3 * size])
+        lines, malformed, nfiles = (int(v) for v in flat[3 * size:])
+        pr, br, tr = pred.result(), best.result(), train.result()
+        seconds = time.monotonic() - started
+        record: dict[str, Any] = {
+            "day": spec.day, "pass_id": spec.pass_id, "splits": list(spec.splits),
+            "files": nfiles, "lines": lines, "samples": tr["samples"],
+            "malformed_lines": malformed,
+            "predict_auc": pr["auc"], "predict_logloss": pr["logloss"],
+            "train_auc": tr["auc"], "logloss": tr["logloss"],
+            "best_auc": br["auc"] if br["samples"] else None,
+            "actual_ctr": tr["actual_ctr"], "predicted_ctr": tr["predicted_ctr"],
+            "seconds": seconds, "predict_seconds": predict_s, "train_seconds": train_s,
+            "samples_per_second": tr["samples"] / train_s if train_s > 0 else None,
+            "lr": self.optimizer.param_groups[0]["lr"], "step": self.step,
+            "world_size": self.world,
+        }
+        self._observe(record, pstats.malformed + tstats.malformed)
+        self.last_pass = (spec.day, spec.pass_id)
+        if self.rank == 0:
+            self.model_root.mkdir(parents=True, exist_ok=True)
+            with (self.model_root / PASSES_FILE).open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        self._save_due(spec)
+        return record
+
+    def _observe(self, rec: dict[str, Any], malformed_local: int) -> None:
+        lab = self.label
+        m.SAMPLES.labels(lab, "train").inc(rec["samples"])
+        if self.config.runner.predict_before_train:
+            m.SAMPLES.labels(lab, "predict").inc(rec["samples"])
+        m.MALFORMED.labels(lab).inc(malformed_local)
+        m.PASSES.labels(lab).inc()
+        for phase, auc, ll in (("predict", rec["predict_auc"], rec["predict_logloss"]),
+                               ("train", rec["train_auc"], rec["logloss"])):
+            if auc is not None:
+                m.PASS_AUC.labels(lab, phase).set(auc)
+            if ll is not None:
+                m.PASS_LOGLOSS.labels(lab, phase).set(ll)
+        if rec["best_auc"] is not None:
+            m.PASS_BEST_AUC.labels(lab).set(rec["best_auc"])
+        if rec["samples_per_second"] is not None:
+            m.THROUGHPUT.labels(lab).set(rec["samples_per_second"])
+        m.PASS_SECONDS.labels(lab).observe(rec["seconds"])
+        m.CURRENT_DAY.labels(lab).set(int(rec["day"]))
+        m.CURRENT_PASS.labels(lab).set(rec["pass_id"])
+
+    def _save_due(self, spec: layout.PassSpec) -> None:
+        r = self.config.runner
+        last_of_day = spec.is_last_of_day(r.split_interval, r.split_per_pass)
+        if r.save_delta_frequency and spec.pass_id % r.save_delta_frequency == 0 and (
+                not last_of_day):
+            self.save_model("delta", spec.day, spec.pass_id)
+        if last_of_day and r.save_base_at_day_end:
+            self._rank0_store(self.store.advance_day)
+            self.shrink()
+            self.save_model("base", spec.day)
+            self.save_model("batch", spec.day)
+            self.save_checkpoint(spec.day, spec.pass_id)
+        elif r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0:
+            self.save_checkpoint(spec.day, spec.pass_id)
+
+    # -- saving and loading -----------------------------------------------------------------
+    def _rank0_store(self, fn: Any, *args: Any) -> Any:
+        """Runs a store admin call once (rank 0; the ranks share the store), ranks in step."""
+        ddp.barrier()
+        out = fn(*args) if self.rank == 0 else None
+        ddp.barrier()
+        return out
+
+    def dense_state(self) -> dict[str, Any]:
+        return {
+            "model": self.dense.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "trainer": {"day": self.last_pass[0] if self.last_pass else "",
+                        "pass_id": self.last_pass[1] if self.last_pass else 0,
+                        "step": self.step},
+            "arch": json.dumps(self.config.hyper_parameters.model_dump(mode="json")),
+        }
+
+    def _write(self, directory: Path, mode: str, info: dict[str, Any]) -> Path:
+        """Dense state + store save + manifest (last) into a fresh directory; rank 0 writes."""
+        started = time.monotonic()
+        ddp.barrier()
+        if self.rank == 0:
+            fresh_dir(directory)
+            save_dense(directory / DENSE_NAME, self.dense_state())
+            self.store.save(str(directory / SPARSE_NAME), mode=mode)
+            write_manifest(directory, dict(info, mode=mode, world_size=self.world,
+                                           tables=self.config.table_names))
+        ddp.barrier()
+        m.SAVE_SECONDS.labels(self.label, mode).observe(time.monotonic() - started)
+        return directory
+
+    def save_checkpoint(self, day: str, pass_id: int) -> Path:
+        """Full checkpoint after pass ``pass_id`` of ``day`` (dense + store, manifest last)."""
+        return self._write(layout.checkpoint_dir(self.model_root, day, pass_id), "checkpoint",
+                           {"day": day, "pass_id": pass_id, "step": self.step})
+
+    def save_model(self, mode: str, day: str, pass_id: int | None = None) -> Path:
+        """``base`` / ``batch`` (end of day) or ``delta`` (after ``pass_id``) model."""
+        if mode == "base":
+            d = layout.base_dir(self.model_root, day)
+        elif mode == "batch":
+            d = layout.batch_dir(self.model_root, day)
+        elif mode == "delta":
+            if pass_id is None:
+                raise ConfigError("save_model('delta') needs a pass_id")
+            d = layout.delta_dir(self.model_root, day, pass_id)
+        else:
+            raise ConfigError(f"mode must be base, delta or batch, got {mode!r}")
+        return self._write(d, mode, {"day": day, "pass_id": pass_id, "step": self.step})
+
+    def shrink(self) -> dict[str, Any]:
+        """The store's shrink (decay show/click, delete stale rows); deleted rows per table."""
+        out = self._rank0_store(self.store.shrink)
+        return dict(out or {})
+
+    def warm_start(self) -> tuple[str, int] | None:
+        """Loads the newest complete checkpoint; returns its (day, pass_id) or None."""
+        found = layout.newest_checkpoint(self.model_root)
+        if found is None:
+            return None
+        day, pass_id, directory = found
+        manifest = read_manifest(directory)
+        state = load_dense(directory / DENSE_NAME)
+        try:
+            self.dense.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise CheckpointError(f"{directory}: dense state does not fit this model: {exc}"
+                                  ) from exc
+        ddp.barrier()
+        if self.rank == 0:
+            self.store.load(str(directory / SPARSE_NAME))
+        ddp.barrier()
+        self.step = int(state["trainer"]["step"])
+        self.last_pass = (day, pass_id)
+        log.info("warm start from %s (step %d, manifest %s)", directory, self.step,
+                 manifest.get("mode"))
+        return self.last_pass
+
+    def export_serving(self, out_dir: str | Path) -> Path:
+        """Dense part int8-quantized + the store's base rows, for :mod:`.export`'s predict."""
+        from streamrec.trainer.export import export_serving
+
+        return export_serving(self, Path(out_dir))
+
+    # -- the whole job ----------------------------------------------------------------------
+    def passes_todo(self) -> list[layout.PassSpec]:
+        """Every pass of start_day..end_day after the last one done (warm start)."""
+        r = self.config.runner
+        specs = list(layout.iter_passes(r.start_day, r.end_day, r.split_interval,
+                                        r.split_per_pass))
+        if self.last_pass is None:
+            return specs
+        return [s for s in specs if (s.day, s.pass_id) > self.last_pass]
+
+    def run(self) -> None:
+        """Warm start, then every remaining pass, waiting for donefiles as configured."""
+        r = self.config.runner
+        self.warm_start()
+        for spec in self.passes_todo():
+            waited = time.monotonic()
+            ready = layout.wait_for_pass(self.data_root, spec, r.data_donefile,
+                                         r.data_sleep_second, r.data_wait_timeout_second,
+                                         self.stop_event)
+            m.WAIT_SECONDS.labels(self.label).inc(time.monotonic() - waited)
+            if self.stop_event.is_set():
+                return
+            if not ready:
+                raise TrainerError(
+                    f"pass {spec.day}/{spec.pass_id} (splits {', '.join(spec.splits)}) not "
+                    f"ready after data_wait_timeout_second={r.data_wait_timeout_second}: "
+                    f"no {r.data_donefile!r} in every split under {self.data_root}")
+            self.run_pass(spec)
+
+    def close(self) -> None:
+        """Stops waiting, releases the store (if built here) and the process group."""
+        self.stop_event.set()
+        self._pool.shutdown(wait=True)
+        if self.negatives is not None:
+            self.negatives.close()
+        if self._own_store:
+            self.store.close()
+        if self._own_group:
+            ddp.shutdown()
+
+    def __enter__(self) -> OnlineTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def dense_copy(self) -> DLRMDense:
+        """A detached CPU copy of the dense model (export, comparisons)."""
+        return copy.deepcopy(self.dense).cpu().eval()

@@ -1,0 +1,186 @@
+"""Test helpers: a real redis-server and a real API process (uvicorn over HTTP) on free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+TOKEN = "test-token-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    port: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, appendonly: bool = False) -> None:
+        args = [
+            "/usr/bin/redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--appendonly",
+            "yes" if appendonly else "no",
+        ]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
+
+
+@dataclass
+class ApiServer:
+    """`streamrec-api serve` as a child process."""
+
+    redis_url: str
+    data_root: Path
+    model_root: Path
+    token_file: Path
+    port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    extra: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "streamrec.api",
+            "serve",
+            "--port",
+            str(self.port),
+            "--redis-url",
+            self.redis_url,
+            "--token-file",
+            str(self.token_file),
+            "--data-root",
+            str(self.data_root),
+            "--model-root",
+            str(self.model_root),
+            "--scheduler-interval-s",
+            "0.1",
+            "--log-level",
+            "warning",
+            *self.extra,
+        ]
+        env = {**os.environ, "STREAMREC_API_LOCK_TTL_S": "0.5", **self.env}
+        self.log = self.token_file.parent / f"api-{self.port}.log"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"API did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def http(self, token: str | None = TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+
+def make_api(redis_url: str, roots: dict[str, Path], **kw) -> ApiServer:
+    return ApiServer(redis_url, roots["data"], roots["model"], roots["secret"] / "token", **kw)
+
+
+def job_body(roots: dict[str, Path], name: str = "t", **data_overrides) -> dict:
+    data = {
+        "data_root": str(roots["data"] / name),
+        "start_day": "20190720",
+        "end_day": "20190720",
+        "split_interval": 360,
+        "split_per_pass": 1,
+        "data_donefile": "DONE",
+        "data_sleep_second": 0.05,
+        **data_overrides,
+    }
+    return {
+        "name": name,
+        "data": data,
+        "checkpoint": {"model_save_path": str(roots["model"] / name)},
+    }
+
+
+def land_split(
+    data_root: Path, day: str, split: str, donefile: str = "DONE", lines: int = 3
+) -> Path:
+    """Writes a split directory with one data file, then its donefile (last, as producers do)."""
+    d = data_root / day / split
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "part-00000").write_text("".join(f"{i % 2}\t1\t2\n" for i in range(lines)))
+    (d / donefile).write_text("")
+    return d
+
+
+def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,427 @@
+"""Scheduling against a real API process and Redis: donefiles, reports, dead trainers, restart.
+
+The trainer side is played by :class:`streamrec.api.client.TrainerChannel` (what the agent
+uses), in this process or in a child process that is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from api_helpers import job_body, land_split, make_api, wait_for
+from streamrec.api import keys
+from streamrec.api.client import TrainerChannel
+
+SPLITS = ["0000", "0600", "1200", "1800"]
+
+
+def start_job(client, roots, name="s", **data) -> str:
+    resp = client.post("/v1/jobs", json=job_body(roots, name, **data))
+    assert resp.status_code == 201, resp.text
+    job_id = resp.json()["id"]
+    assert client.post(f"/v1/jobs/{job_id}/start").json()["state"] == "running"
+    return job_id
+
+
+def finish(ch: TrainerChannel, item, auc: float = 0.7) -> None:
+    """What rank 0 does after a pass: report the record, then acknowledge the work item."""
+    record = {
+        "predict_auc": auc - 0.05,
+        "train_auc": auc,
+        "logloss": 0.5,
+        "samples": 30,
+        "malformed_lines": 1,
+        "seconds": 0.2,
+        "best_auc": 0.8,
+    }
+    ch.report(
+        "pass_done",
+        day=item.spec.day,
+        pass_id=item.spec.pass_id,
+        ranks=2,
+        attempt=item.attempt,
+        record=record,
+    )
+    ch.ack_pass(item)
+
+
+def test_passes_follow_donefiles_in_order(client, roots, redis_server):
+    job_id = start_job(client, roots, "order")
+    data_root = roots["data"] / "order"
+    ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    ch.heartbeat(ranks=2)
+    # nothing is ready: nothing is handed out
+    assert ch.take_pass(block_ms=400) is None
+    # a split without its donefile is not ready
+    (data_root / "20190720" / "0000").mkdir(parents=True)
+    (data_root / "20190720" / "0000" / "part-0").write_text("1\t2\n")
+    assert ch.take_pass(block_ms=400) is None
+    # the second split landing first does not jump the queue
+    land_split(data_root, "20190720", "0600")
+    assert ch.take_pass(block_ms=400) is None
+    land_split(data_root, "20190720", "0000")
+    got = []
+    for i, split in enumerate(SPLITS):
+        item = ch.take_pass(block_ms=5000)
+        assert item is not None, f"pass {i + 1} not handed out"
+        assert (item.spec.day, item.spec.pass_id, item.spec.splits) == ("20190720", i + 1, (split,))
+        assert item.attempt == 1
+        ch.report("claimed", day=item.spec.day, pass_id=item.spec.pass_id, ranks=2)
+        # one pass in flight at a time: the next is not handed out before this one is done
+        if i + 2 <= len(SPLITS):
+            land_split(data_root, "20190720", SPLITS[min(i + 2, 3)])
+        assert ch.take_pass(block_ms=300) is None
+        wait_for(
+            lambda pid=i + 1: (
+                client.get(f"/v1/jobs/{job_id}/passes/20190720/{pid}").json()["state"] == "running"
+            ),
+            what="running",
+        )
+        finish(ch, item, auc=0.6 + 0.05 * i)
+        got.append(item.spec.pass_id)
+    assert got == [1, 2, 3, 4]
+    job = wait_for(
+        lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["state"] == "succeeded" and j,
+        what="succeeded",
+    )
+    assert job["passes_done"] == 4 and job["in_flight"] is None
+    passes = client.get(f"/v1/jobs/{job_id}/passes").json()
+    assert passes["count"] == 4
+    p2 = passes["data"][1]
+    assert (p2["day"], p2["pass_id"], p2["splits"], p2["state"]) == (
+        "20190720",
+        2,
+        ["0600"],
+        "done",
+    )
+    assert p2["train_auc"] == pytest.approx(0.65) and p2["predict_auc"] == pytest.approx(0.6)
+    assert p2["samples"] == 30 and p2["malformed_lines"] == 1 and p2["ranks"] == 2
+    assert p2["finished_at"] >= p2["started_at"] >= p2["queued_at"]
+    assert client.get(f"/v1/jobs/{job_id}/passes/20190720/3").json()["train_auc"] == pytest.approx(
+        0.7
+    )
+    metrics = client.get("/metrics").text
+    assert f'streamrec_api_passes_done_total{{job="{job_id}"}} 4.0' in metrics
+    assert f'streamrec_api_pass_auc{{job="{job_id}",kind="train"}} 0.75' in metrics
+    ch.close()
+
+
+def test_pause_holds_back_passes(client, roots, redis_server):
+    job_id = start_job(client, roots, "pause")
+    for s in SPLITS:
+        land_split(roots["data"] / "pause", "20190720", s)
+    ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    ch.heartbeat()
+    item = ch.take_pass(block_ms=5000)
+    assert item is not None and item.spec.pass_id == 1
+    assert client.post(f"/v1/jobs/{job_id}/pause").json()["state"] == "paused"
+    finish(ch, item)
+    assert ch.take_pass(block_ms=800) is None  # paused: pass 2 is ready but held back
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 1)
+    assert client.post(f"/v1/jobs/{job_id}/resume").json()["state"] == "running"
+    item = ch.take_pass(block_ms=5000)
+    assert item is not None and item.spec.pass_id == 2
+    ch.close()
+
+
+DEAD_TRAINER = textwrap.dedent("""
+    import sys, time
+    from streamrec.api.client import TrainerChannel
+    ch = TrainerChannel(sys.argv[1], sys.argv[2], "doomed", heartbeat_ttl_s=0.5)
+    ch.heartbeat(ranks=2)
+    item = ch.take_pass(block_ms=10000)
+    ch.report("claimed", day=item.spec.day, pass_id=item.spec.pass_id, ranks=2)
+    print(item.spec.pass_id, item.attempt, item.resume_from, flush=True)
+    while True:                     # training... until SIGKILL
+        ch.heartbeat(ranks=2)
+        time.sleep(0.1)
+""")
+
+
+def run_doomed(redis_url: str, job_id: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", DEAD_TRAINER, redis_url, job_id], stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_dead_group_pass_handed_out_again_once(client, roots, redis_server, r):
+    job_id = start_job(client, roots, "dead")
+    for s in SPLITS:
+        land_split(roots["data"] / "dead", "20190720", s)
+    ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    ch.heartbeat()
+    item = ch.take_pass(block_ms=5000)
+    assert item.spec.pass_id == 1
+    finish(ch, item)
+    ch.report("checkpoint", day="20190720", pass_id=1, path="/m/20190720/1")
+    ch.clear_heartbeat()
+    # a trainer group takes pass 2 and is killed mid-pass
+    doomed = run_doomed(redis_server.url, job_id)
+    assert doomed.stdout.readline().split() == ["2", "1", "None"]
+    wait_for(
+        lambda: client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()["state"] == "running",
+        what="pass 2 running",
+    )
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    # the heartbeat expires; pass 2 is handed out again from the checkpoint after pass 1,
+    # and taken by a new group (which is killed too)
+    doomed = run_doomed(redis_server.url, job_id)
+    assert doomed.stdout.readline().split() == ["2", "2", "20190720/1"]
+    events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+    requeues = [e for e in events if e["type"] == "requeue"]
+    assert len(requeues) == 1 and "heartbeat expired" in requeues[0]["message"]
+    assert requeues[0]["data"]["resume_from"] == "20190720/1"
+    assert r.xpending(keys.work(job_id), keys.TRAINER_GROUP)["pending"] == 1  # the new one
+    p2 = client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()
+    assert p2["attempts"] == 2 and p2["resume_from"] == "20190720/1"
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=10)
+    # the second attempt died as well: the job fails instead of looping
+    job = wait_for(
+        lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["state"] == "failed" and j,
+        what="failed",
+    )
+    assert "20190720/2" in job["error"] and "heartbeat expired" in job["error"]
+    assert client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()["state"] == "failed"
+    assert client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 1
+    # the operator starts it again: pass 2 is retried (a fresh count) from the checkpoint
+    assert client.post(f"/v1/jobs/{job_id}/start").json()["state"] == "running"
+    ch3 = TrainerChannel(redis_server.url, job_id, "g3", heartbeat_ttl_s=30)
+    ch3.heartbeat()
+    item = ch3.take_pass(block_ms=10000)
+    assert (item.spec.pass_id, item.attempt) == (2, 1)
+    finish(ch3, item)
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()["state"] == "done")
+    assert client.get(f"/v1/jobs/{job_id}").json()["error"] is None
+    ch.close()
+    ch3.close()
+
+
+def test_rewind_to_last_checkpoint(client, roots, redis_server):
+    """With a checkpoint every 2 passes, a group dying on pass 4 replays 3 and 4."""
+    job_id = start_job(client, roots, "rewind")
+    for s in SPLITS:
+        land_split(roots["data"] / "rewind", "20190720", s)
+    ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=0.5)
+    for pid in (1, 2, 3):
+        ch.heartbeat()
+        item = ch.take_pass(block_ms=5000)
+        assert item.spec.pass_id == pid
+        finish(ch, item)
+        if pid == 2:
+            ch.report("checkpoint", day="20190720", pass_id=2, path="/m/20190720/2")
+    ch.heartbeat()
+    item = ch.take_pass(block_ms=5000)
+    assert item.spec.pass_id == 4
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 3)
+    # the group dies (its heartbeat is not renewed)
+    ch2 = TrainerChannel(redis_server.url, job_id, "g2", heartbeat_ttl_s=30)
+    ch2.heartbeat()
+    again = [ch2.take_pass(block_ms=10000) for _ in range(1)]
+    assert again[0].spec.pass_id == 3 and again[0].resume_from == "20190720/2"
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["passes_done"] == 2  # pass 3 is being trained again
+    finish(ch, item)  # the old group's late report for pass 4 (attempt 1): ignored
+    wait_for(
+        lambda: any(
+            e["type"] == "stale_report"
+            for e in client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+        )
+    )
+    assert client.get(f"/v1/jobs/{job_id}/passes/20190720/4").json()["state"] == "queued"
+    finish(ch2, again[0])
+    item = ch2.take_pass(block_ms=5000)
+    assert item.spec.pass_id == 4 and item.attempt == 2
+    finish(ch2, item)
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded")
+    assert client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 4
+    ch.close()
+    ch2.close()
+
+
+def test_triggers_reach_trainers_and_report(client, roots, redis_server):
+    job = client.post("/v1/jobs", json=job_body(roots, "trig")).json()
+    job_id = job["id"]
+    # no trainer group can be at work before start: 409 with the state
+    resp = client.post(f"/v1/jobs/{job_id}/triggers", json={"kind": "checkpoint"})
+    assert resp.status_code == 409 and resp.json()["state"] == "created"
+    client.post(f"/v1/jobs/{job_id}/start")
+    ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    ch.heartbeat()
+    made = []
+    for body in (
+        {"kind": "checkpoint"},
+        {"kind": "export", "mode": "base"},
+        {"kind": "export", "mode": "delta"},
+        {"kind": "export", "mode": "batch"},
+        {"kind": "shrink"},
+    ):
+        resp = client.post(f"/v1/jobs/{job_id}/triggers", json=body)
+        assert resp.status_code == 202, resp.text
+        assert resp.json()["state"] == "pending"
+        made.append(resp.json())
+    for bad in (
+        {"kind": "export"},
+        {"kind": "shrink", "mode": "base"},
+        {"kind": "nuke"},
+        {"kind": "export", "mode": "full"},
+    ):
+        assert client.post(f"/v1/jobs/{job_id}/triggers", json=bad).status_code == 422
+    commands = ch.take_commands(block_ms=1000)
+    assert [(c.type, c.mode, c.trigger_id) for c in commands] == [
+        (t["kind"], t["mode"], t["id"]) for t in made
+    ]
+    assert ch.take_commands(block_ms=100) == []  # acknowledged on read
+    ch.report("trigger_done", trigger_id=made[0]["id"], result={"path": "/m/20190720/1"})
+    ch.report("trigger_failed", trigger_id=made[4]["id"], error="disk full")
+    ch.report("trigger_done", trigger_id="nope", result={})  # bad report: an event, no crash
+    done = wait_for(
+        lambda: (
+            (t := client.get(f"/v1/jobs/{job_id}/triggers/{made[0]['id']}").json())["state"]
+            == "done"
+            and t
+        ),
+        what="trigger done",
+    )
+    assert done["result"] == {"path": "/m/20190720/1"} and done["finished_at"] is not None
+    failed = wait_for(
+        lambda: (
+            (t := client.get(f"/v1/jobs/{job_id}/triggers/{made[4]['id']}").json())["state"]
+            == "failed"
+            and t
+        )
+    )
+    assert failed["error"] == "disk full"
+    listing = client.get(f"/v1/jobs/{job_id}/triggers").json()
+    assert listing["count"] == 5 and [t["id"] for t in listing["data"]] == [t["id"] for t in made]
+    events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+    assert any(e["type"] == "bad_report" and "nope" in e["message"] for e in events)
+    # stop reaches the trainers as a command; their "stopped" report ends the stop
+    client.post(f"/v1/jobs/{job_id}/stop")
+    assert [c.type for c in ch.take_commands(block_ms=1000)] == ["stop"]
+    assert client.get(f"/v1/jobs/{job_id}").json()["state"] == "stopping"
+    ch.report("stopped")
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["state"] == "stopped")
+    # a stop meant for an earlier run does not stop the next one
+    client.post(f"/v1/jobs/{job_id}/start")
+    assert ch.take_commands(block_ms=200) == []
+    ch.close()
+
+
+def test_api_restart_mid_job_loses_nothing(redis_server, roots, tmp_path):
+    """SIGKILL the API mid-job: reports sent meanwhile are applied by the next API."""
+    redis_server.client().flushall()
+    api = make_api(redis_server.url, roots)
+    api.start()
+    try:
+        with api.http() as c:
+            job_id = start_job(c, roots, "restart")
+        for s in SPLITS[:2]:
+            land_split(roots["data"] / "restart", "20190720", s)
+        ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+        ch.heartbeat()
+        item = ch.take_pass(block_ms=5000)
+        assert item.spec.pass_id == 1
+        api.stop(signal.SIGKILL)
+        # while no API runs: the trainers finish pass 1, checkpoint, and data keeps landing
+        finish(ch, item, auc=0.71)
+        ch.report("checkpoint", day="20190720", pass_id=1, path="/m/1")
+        for s in SPLITS[2:]:
+            land_split(roots["data"] / "restart", "20190720", s)
+        api.start()
+        with api.http() as c:
+            got = []
+            for _ in range(3):
+                item = ch.take_pass(block_ms=10000)
+                assert item is not None
+                got.append(item.spec.pass_id)
+                finish(ch, item)
+            assert got == [2, 3, 4]
+            job = wait_for(
+                lambda: (j := c.get(f"/v1/jobs/{job_id}").json())["state"] == "succeeded" and j,
+                what="succeeded",
+            )
+            assert job["passes_done"] == 4 and job["last_checkpoint"] == "20190720/1"
+            p1 = c.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()
+            assert p1["state"] == "done" and p1["train_auc"] == pytest.approx(0.71)
+        ch.close()
+    finally:
+        api.stop()
+
+
+def test_redis_down_gives_503_not_a_hang(tmp_path, roots):
+    from api_helpers import RedisServer, free_port
+
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    api = make_api(server.url, roots, env={"STREAMREC_API_REDIS_TIMEOUT_S": "0.5"})
+    api.start()
+    try:
+        with api.http() as c:
+            assert c.get("/readyz").status_code == 200
+            server.stop()
+            resp = c.get("/readyz")
+            assert resp.status_code == 503 and resp.json()["redis"] is False
+            resp = c.get("/v1/jobs")
+            assert resp.status_code == 503 and "unavailable" in resp.json()["detail"]
+            resp = c.post("/v1/jobs", json=job_body(roots, "x"))
+            assert resp.status_code == 503
+            assert c.get("/healthz").status_code == 200
+            server.start()
+            wait_for(lambda: c.get("/readyz").status_code == 200, timeout=10)
+            assert c.get("/v1/jobs").json()["count"] == 0
+    finally:
+        api.stop()
+        server.stop()
+
+
+def test_redis_restart_with_appendonly_loses_nothing(tmp_path, roots):
+    """Redis (append-only file) restarted mid-job: jobs, passes, groups and pending work
+    survive, and the job carries on."""
+    from api_helpers import RedisServer, free_port
+
+    server = RedisServer(free_port(), tmp_path)
+    server.start(appendonly=True)
+    api = make_api(server.url, roots, env={"STREAMREC_API_REDIS_TIMEOUT_S": "0.5"})
+    api.start()
+    try:
+        with api.http() as c:
+            job_id = start_job(c, roots, "aof")
+            for s in SPLITS:
+                land_split(roots["data"] / "aof", "20190720", s)
+            ch = TrainerChannel(server.url, job_id, "g1", heartbeat_ttl_s=60)
+            ch.heartbeat()
+            first = ch.take_pass(block_ms=5000)
+            finish(ch, first)
+            item = ch.take_pass(block_ms=5000)
+            assert item.spec.pass_id == 2
+            wait_for(lambda: c.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 1)
+            ch.close()
+            server.stop()  # SIGTERM: the AOF is flushed
+            assert c.get("/readyz").status_code == 503
+            server.start(appendonly=True)
+            wait_for(lambda: c.get("/readyz").status_code == 200, timeout=15)
+            job = c.get(f"/v1/jobs/{job_id}").json()
+            assert (job["state"], job["passes_done"], job["in_flight"]) == (
+                "running",
+                1,
+                "20190720/2",
+            )
+            ch = TrainerChannel(server.url, job_id, "g1", heartbeat_ttl_s=60)
+            ch.heartbeat()
+            finish(ch, item)  # the pass taken before the restart is still pending: ack works
+            for pid in (3, 4):
+                nxt = ch.take_pass(block_ms=10000)
+                assert nxt is not None and nxt.spec.pass_id == pid
+                finish(ch, nxt)
+            wait_for(lambda: c.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded", timeout=15)
+            ch.close()
+    finally:
+        api.stop()
+        server.stop()

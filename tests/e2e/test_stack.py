@@ -1,0 +1,208 @@
+"""`streamrec up` end to end (a short run): every service as a real process, a trainer group
+killed mid-run and restarted, the REST API used live, then `streamrec down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from streamrec.api.stack import descendants, pid_alive
+
+pytestmark = pytest.mark.slow
+DEBUG = os.environ.get("E2E_DEBUG") == "1"
+
+
+def alive(pid: int) -> bool:
+    return pid_alive(pid)
+
+
+class Output:
+    """Collects a child's stdout lines in a thread, so the test can wait for one."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self.times: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self.times.append(time.strftime("%T"))
+
+    def wait_for(self, needle: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            time.sleep(0.1)
+        raise AssertionError(f"no {needle!r} in output:\n" + "\n".join(self.lines[-60:]))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@pytest.mark.timeout(420)
+def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    streamrec = str(Path(sys.executable).parent / "streamrec")
+    up = subprocess.Popen(
+        [
+            streamrec,
+            "up",
+            "--run-dir",
+            str(run),
+            "--days",
+            "1",
+            "--split-interval",
+            "240",
+            "--samples-per-split",
+            "1500",
+            "--slots",
+            "4",
+            "--trainers",
+            "2",
+            "--store-shards",
+            "2",
+            "--rate",
+            "0.3",
+            "--timeout-s",
+            "240",
+            "--keep-running",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out = Output(up)
+    try:
+        out.wait_for("trainers         2 rank(s)", timeout=120)
+        state = json.loads((run / "stack.json").read_text())
+        pids = {name: info["pid"] for name, info in state["children"].items()}
+        assert set(pids) >= {"redis", "store-0", "store-1", "sampler", "api", "datagen", "trainers"}
+        # the first pass is done: kill the trainer launcher outright (its ranks, in sessions
+        # of their own, notice they are orphaned and exit; the group is dead)
+        out.wait_for("[1/6]", timeout=120)
+        ranks = [p for p in descendants(pids["trainers"])]
+        assert len(ranks) >= 2
+        os.killpg(pids["trainers"], signal.SIGKILL)
+        out.wait_for("! trainers exited with code", timeout=30)
+        out.wait_for("restarted trainers (restart 1)", timeout=30)
+        out.wait_for("job ", timeout=240)
+        out.wait_for("services stay up", timeout=60)
+        text = out.text
+        assert "succeeded" in text, text
+        rows = [line for line in text.splitlines() if line.startswith("20190720 ")]
+        summary = text.split("summary:")[1]
+        assert len([r for r in summary.splitlines() if r.startswith("20190720 ")]) == 6
+        assert "mean predict AUC" in summary and "of the best possible" in summary
+        assert len(rows) == 12  # six live rows, six summary rows
+        # the API is live while kept running: the README's REST calls work
+        token = (run / "api-token").read_text().strip()
+        api = state["api_url"]
+        headers = {"Authorization": f"Bearer {token}"}
+        job = httpx.get(f"{api}/v1/jobs/{state['job_id']}", timeout=10).json()
+        assert job["state"] == "succeeded" and job["passes_done"] == 6
+        passes = httpx.get(f"{api}/v1/jobs/{state['job_id']}/passes", timeout=10).json()
+        assert all(p["state"] == "done" for p in passes["data"]) and passes["count"] == 6
+        auc = [p["predict_auc"] for p in passes["data"]]
+        assert auc[-1] > auc[0] and all(0 < p["best_auc"] <= 1 for p in passes["data"])
+        events = httpx.get(
+            f"{api}/v1/jobs/{state['job_id']}/events", params={"limit": 1000}, timeout=10
+        ).json()["data"]
+        assert len([e for e in events if e["type"] == "trainer"]) == 2  # the restart
+        resp = httpx.post(f"{api}/v1/jobs/{state['job_id']}/start", headers=headers, timeout=10)
+        assert resp.status_code == 409 and resp.json()["state"] == "succeeded"
+        assert httpx.post(f"{api}/v1/jobs/{state['job_id']}/stop", timeout=10).status_code == 401
+        # models on disk: checkpoints, then base and batch after the day's last pass
+        assert (run / "models" / "20190720" / "6" / "MANIFEST.json").is_file()
+        assert (run / "models" / "20190720" / "base" / "MANIFEST.json").is_file()
+        # redis persisted with an append-only file
+        assert any((run / "redis").rglob("*.aof")) or (run / "redis" / "appendonlydir").is_dir()
+        # streamrec down stops everything
+        down = subprocess.run(
+            [streamrec, "down", "--run-dir", str(run)], capture_output=True, text=True, timeout=120
+        )
+        assert down.returncode == 0 and "is down" in down.stdout, down.stdout + down.stderr
+        assert up.wait(timeout=60) == 0
+        state_now = [p for p in pids.values() if alive(p)]
+        deadline = time.monotonic() + 20
+        while state_now and time.monotonic() < deadline:
+            time.sleep(0.2)
+            state_now = [p for p in pids.values() if alive(p)]
+        assert state_now == [], state_now
+        assert not [p for p in ranks if alive(p)]  # the orphaned ranks of the first group
+        assert not (run / "stack.json").exists()
+        if DEBUG:
+            print(
+                "\n".join(f"{t} {line}" for t, line in zip(out.times, out.lines, strict=False)),
+                time.strftime("%T"),
+            )
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+
+
+@pytest.mark.timeout(240)
+def test_stack_ends_when_a_store_shard_dies(tmp_path: Path) -> None:
+    """A store shard holds parameters that would be lost: its death ends the run cleanly."""
+    run = tmp_path / "run"
+    streamrec = str(Path(sys.executable).parent / "streamrec")
+    up = subprocess.Popen(
+        [
+            streamrec,
+            "up",
+            "--run-dir",
+            str(run),
+            "--days",
+            "1",
+            "--split-interval",
+            "240",
+            "--samples-per-split",
+            "500",
+            "--slots",
+            "4",
+            "--trainers",
+            "1",
+            "--rate",
+            "0.3",
+            "--timeout-s",
+            "120",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    out = Output(up)
+    try:
+        out.wait_for("trainers         1 rank(s)", timeout=120)
+        pids = {
+            n: i["pid"] for n, i in json.loads((run / "stack.json").read_text())["children"].items()
+        }
+        os.kill(pids["store-1"], signal.SIGKILL)
+        assert up.wait(timeout=120) == 1
+        time.sleep(0.5)
+        out.wait_for("! store-1 exited with code -9", timeout=5)
+        out.wait_for("store-1 died (code -9) and is not safe to restart", timeout=5)
+        deadline = time.monotonic() + 20
+        while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [n for n, p in pids.items() if alive(p)]
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            up.wait(timeout=60)

@@ -1,0 +1,186 @@
+"""EmbeddingStoreClient: threads sharing one client, StoreEmbeddingBags over the remote store.
+
+The shards run as separate processes (``LocalShards``) on 127.0.0.1 free ports.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from streamrec.embedding_store import EmbeddingStore, StoreEmbeddingBags, TableOptions
+from streamrec.embedding_store.client import EmbeddingStoreClient, _sum_numeric
+from streamrec.embedding_store.server import LocalShards
+from streamrec.errors import BadRequest
+from streamrec.ragged import RaggedTensor
+
+TABLES = [
+    {
+        "name": "a",
+        "embedx_dim": 7,
+        "embedx_threshold": 0,
+        "embed_sgd_param": {"name": "adagrad", "learning_rate": 0.1, "initial_range": 0.05},
+        "embedx_sgd_param": {"name": "adagrad", "learning_rate": 0.1, "initial_range": 0.05},
+    },
+    {
+        "name": "b",
+        "embedx_dim": 3,
+        "embedx_threshold": 0,
+        "initializer": {"type": "normal", "mean": 0.0, "std": 0.1},
+        "embed_sgd_param": {"name": "naive", "learning_rate": 0.2},
+        "embedx_sgd_param": {"name": "naive", "learning_rate": 0.2},
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tables") / "tables.json"
+    path.write_text(json.dumps(TABLES))
+    with LocalShards(path, 2) as s:
+        yield s
+
+
+def _fresh_keys(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(-(2**62), 2**62, n, dtype=np.int64)
+
+
+def test_prefetch_thread_pulls_while_main_thread_pushes(shards):
+    """One client, two threads: pulls of table a and pushes of table b are in flight at once;
+    every reply reaches the thread that asked for it."""
+    client = EmbeddingStoreClient(shards.endpoints, timeout_s=30)
+    ref = EmbeddingStore([TableOptions.parse(t) for t in TABLES])
+    rng = np.random.default_rng(11)
+    a_keys = [_fresh_keys(rng, 800) for _ in range(25)]
+    b_keys = _fresh_keys(rng, 500)
+    b_grads = [
+        torch.from_numpy(rng.standard_normal((500, 4)).astype(np.float32)) for _ in range(25)
+    ]
+    pulled: list[torch.Tensor] = []
+    errors: list[BaseException] = []
+
+    def prefetch():
+        try:
+            for k in a_keys:
+                pulled.append(client.pull("a", k))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    th = threading.Thread(target=prefetch)
+    th.start()
+    for g in b_grads:
+        client.push("b", b_keys, g)
+    th.join(120)
+    assert not th.is_alive() and not errors, errors
+    for k, got in zip(a_keys, pulled, strict=True):
+        torch.testing.assert_close(got, ref.pull("a", k))
+    for g in b_grads:
+        ref.push("b", b_keys, g)
+    torch.testing.assert_close(
+        client.pull("b", b_keys, create=False), ref.pull("b", b_keys, create=False)
+    )
+    client.close()
+    ref.close()
+
+
+def test_store_embedding_bags_works_the_same_remote_and_in_process(shards):
+    remote = EmbeddingStoreClient(shards.endpoints, timeout_s=30)
+    local = EmbeddingStore([TableOptions.parse(t) for t in TABLES])
+    rng = np.random.default_rng(5)
+    vocab = {"a": _fresh_keys(rng, 300), "b": _fresh_keys(rng, 200)}
+    sizes_before = {t: remote.size(t) for t in vocab}
+    bags = {
+        name: StoreEmbeddingBags(store, ["a", "b"], pooling="mean")
+        for name, store in (("remote", remote), ("local", local))
+    }
+    for _step in range(5):
+        batch = 64
+        features = []
+        for t in ("a", "b"):
+            lengths = rng.integers(0, 4, batch)
+            values = rng.choice(vocab[t], int(lengths.sum()))  # repeats within and across rows
+            features.append(
+                RaggedTensor.from_lengths(torch.from_numpy(values), torch.from_numpy(lengths))
+            )
+        labels = torch.from_numpy((rng.random(batch) < 0.4).astype(np.float32))
+        outs = {}
+        for name, emb in bags.items():
+            pulled = emb.pull(features)
+            pooled = emb(pulled)
+            assert [tuple(p.shape) for p in pooled] == [(batch, 8), (batch, 4)]
+            loss = sum((p * torch.arange(1, p.shape[1] + 1)).sum() for p in pooled)
+            loss.backward()
+            emb.push(pulled, labels)
+            outs[name] = [p.detach() for p in pooled]
+        for got, want in zip(outs["remote"], outs["local"], strict=True):
+            torch.testing.assert_close(got, want)
+    for t in ("a", "b"):
+        torch.testing.assert_close(
+            remote.pull(t, vocab[t], create=False), local.pull(t, vocab[t], create=False)
+        )
+        assert remote.size(t) - sizes_before[t] == local.size(t)
+    remote.close()
+    local.close()
+
+
+def test_pull_empty_and_all_duplicates(shards):
+    client = EmbeddingStoreClient(shards.endpoints, timeout_s=30)
+    assert tuple(client.pull("a", np.zeros(0, np.int64)).shape) == (0, 8)
+    client.push("a", np.zeros(0, np.int64), torch.zeros(0, 8))
+    same = np.full(100, 987654321, np.int64)
+    rows = client.pull("b", same)
+    assert rows.shape == (100, 4) and bool((rows == rows[0]).all())
+    feasigns = np.array([2**64 - 1, 2**63, 12345], dtype=np.uint64)  # PaddleRec uint64 ids
+    torch.testing.assert_close(
+        client.pull("b", feasigns), client.pull("b", feasigns.view(np.int64))
+    )
+    assert set(client.tables) == {"a", "b"} and client.tables["a"].dim == 8
+    stats = client.stats()
+    assert stats["num_shards"] == 2 and len(stats["shards"]) == 2
+    client.close()
+
+
+def test_sum_numeric_adds_counts_and_drops_rates():
+    shards = [
+        {"tables": {"a": {"rows": 3, "cache_hit_rate": 0.5, "tier": "host"}}},
+        {"tables": {"a": {"rows": 4, "cache_hit_rate": 0.9, "tier": "host"}}},
+    ]
+    assert _sum_numeric(shards) == {"tables": {"a": {"rows": 7, "tier": "host"}}}
+
+
+def test_sockets_of_ended_threads_are_closed(shards):
+    import gc
+
+    client = EmbeddingStoreClient(shards.endpoints, timeout_s=30)
+    mine = len(client._all_clients)  # this thread's, one per shard
+    assert mine == 2
+    for _ in range(4):
+        th = threading.Thread(target=lambda: client.pull("a", np.arange(10, dtype=np.int64)))
+        th.start()
+        th.join()
+    gc.collect()
+    assert len(client._all_clients) == mine
+    client.close()
+    with pytest.raises(BadRequest, match="closed"):
+        client.pull("a", np.arange(3, dtype=np.int64))
+
+
+def test_start_up_checks(shards):
+    from streamrec.errors import RpcTimeout
+
+    good = [TableOptions.parse(t) for t in TABLES]
+    client = EmbeddingStoreClient(shards.endpoints, tables=good, timeout_s=30)
+    assert client.tables["b"] == good[1]
+    client.close()
+    wrong = [TableOptions.parse({**TABLES[0], "embedx_dim": 3}), good[1]]
+    with pytest.raises(BadRequest, match="differ from the shards'"):
+        EmbeddingStoreClient(shards.endpoints, tables=wrong, timeout_s=30)
+    with pytest.raises(BadRequest, match="shard order"):
+        EmbeddingStoreClient(shards.endpoints[:1], timeout_s=30)  # shard 0 of 2, not of 1
+    with pytest.raises(RpcTimeout, match="no reply"):
+        EmbeddingStoreClient([*shards.endpoints, "tcp://127.0.0.1:1"], timeout_s=0.5)
+    with pytest.raises(BadRequest, match="at least one"):
+        EmbeddingStoreClient([])

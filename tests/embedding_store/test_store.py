@@ -1,0 +1,310 @@
+"""The in-process store against the plain-numpy reference: pull/push, rules, bad input."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from es_reference import RefTable
+from streamrec.embedding_store import EmbeddingStore, SgdRuleParam, TableOptions
+from streamrec.embedding_store.errors import (
+    CapacityExceeded,
+    InvalidInput,
+    NonFiniteGradient,
+    TierUnavailable,
+    UnknownTable,
+)
+from streamrec.errors import BadRequest, NotFound
+
+RULES = ["naive", "adagrad", "std_adagrad", "adam"]
+
+
+def make(tables: list[TableOptions], **kw) -> tuple[EmbeddingStore, dict[str, RefTable]]:
+    store = EmbeddingStore(tables, **kw)
+    refs = {
+        t.name: RefTable(t, lambda k, e, n=t.name: store.initial_values(n, k, e).numpy())
+        for t in tables
+    }
+    return store, refs
+
+
+def test_pull_creates_deterministic_rows_and_read_only_pull_creates_nothing() -> None:
+    t = TableOptions(
+        name="item",
+        dim=8,
+        embedx_threshold=0,
+        embed_sgd_param=SgdRuleParam(initial_range=0.5),
+        embedx_sgd_param=SgdRuleParam(initial_range=0.25),
+    )
+    store = EmbeddingStore([t], seed=7)
+    keys = torch.tensor([5, -3, 2**62, 5], dtype=torch.int64)
+    assert store.pull("item", keys, create=False).abs().sum() == 0
+    assert store.size("item") == 0
+    w = store.pull("item", keys)
+    assert w.shape == (4, 8) and w.dtype == torch.float32
+    assert store.size("item") == 3
+    assert torch.equal(w[0], w[3])
+    assert torch.equal(store.pull("item", keys, create=False), w)
+    assert w[:, 0].abs().max() <= 0.5 and w[:, 1:].abs().max() <= 0.25
+    assert w[:, 1:].abs().min() > 0  # embedx drawn at creation with threshold 0
+    again = EmbeddingStore([t], seed=7).pull("item", keys)
+    assert torch.equal(again, w)
+    other = EmbeddingStore([t], seed=8).pull("item", keys)
+    assert not torch.equal(other, w)
+    assert store.size("item") == 3
+
+
+def test_initializers_have_the_asked_distribution() -> None:
+    keys = torch.arange(20000, dtype=torch.int64)
+    u = EmbeddingStore(
+        [
+            TableOptions(
+                name="u",
+                dim=4,
+                embedx_threshold=0,
+                initializer={"type": "uniform", "low": 1.0, "high": 3.0},
+            )
+        ]
+    )
+    w = u.pull("u", keys)
+    assert float(w.min()) >= 1.0 and float(w.max()) < 3.0
+    assert abs(float(w.mean()) - 2.0) < 0.02
+    assert abs(float(w.var()) - 4 / 12) < 0.02
+    nrm = EmbeddingStore(
+        [
+            TableOptions(
+                name="n",
+                dim=4,
+                embedx_threshold=0,
+                initializer={"type": "normal", "mean": 1.0, "std": 2.0},
+            )
+        ]
+    )
+    w = nrm.pull("n", keys)
+    assert abs(float(w.mean()) - 1.0) < 0.05 and abs(float(w.std()) - 2.0) < 0.05
+    z = EmbeddingStore(
+        [TableOptions(name="z", dim=4, embedx_threshold=0, initializer={"type": "zeros"})]
+    )
+    assert z.pull("z", keys).abs().sum() == 0
+
+
+@pytest.mark.parametrize("embed_rule", RULES)
+@pytest.mark.parametrize("embedx_rule", RULES)
+def test_rules_match_numpy_reference(embed_rule: str, embedx_rule: str) -> None:
+    t = TableOptions(
+        name="t",
+        dim=5,
+        embedx_threshold=0,
+        embed_sgd_param=SgdRuleParam(
+            name=embed_rule, learning_rate=0.1, initial_range=0.3, weight_bounds=(-0.4, 0.4)
+        ),
+        embedx_sgd_param=SgdRuleParam(
+            name=embedx_rule,
+            learning_rate=0.05,
+            initial_g2sum=2.0,
+            initial_range=0.3,
+            beta1=0.8,
+            beta2=0.95,
+        ),
+    )
+    store, refs = make([t])
+    ref = refs["t"]
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        keys = rng.integers(0, 12, 20)  # duplicates in every push
+        grads = rng.normal(0, 1, (20, 5)).astype(np.float32)
+        np.testing.assert_allclose(
+            store.pull("t", keys).numpy(), ref.pull(keys), rtol=1e-5, atol=1e-6
+        )
+        store.push("t", keys, grads)
+        ref.push(keys, grads.astype(np.float64))
+    all_keys = np.arange(12)
+    np.testing.assert_allclose(
+        store.pull("t", all_keys, create=False).numpy(),
+        ref.pull(all_keys, create=False),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    got = store.pull("t", all_keys, create=False)[:, 0]
+    assert float(got.abs().max()) <= 0.4 + 1e-7  # weight_bounds of the embed rule
+
+
+def test_duplicate_keys_are_summed_before_the_step() -> None:
+    t = TableOptions(
+        name="t",
+        dim=3,
+        embedx_threshold=0,
+        embed_sgd_param={"name": "adagrad", "learning_rate": 1.0},
+        embedx_sgd_param={"name": "adagrad", "learning_rate": 1.0},
+    )
+    a, b = EmbeddingStore([t]), EmbeddingStore([t])
+    g = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])
+    a.push("t", torch.tensor([9, 9]), g, torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.0]))
+    b.push("t", torch.tensor([9]), g.sum(0, keepdim=True), torch.tensor([2.0]), torch.tensor([1.0]))
+    assert torch.equal(a.pull("t", torch.tensor([9])), b.pull("t", torch.tensor([9])))
+    st = a.inspect("t", torch.tensor([9, 10]))
+    assert st["show"].tolist() == [2.0, 0.0] and st["click"].tolist() == [1.0, 0.0]
+    assert st["present"].tolist() == [True, False]
+
+
+def test_push_creates_absent_keys_and_uint64_keys_keep_their_bits() -> None:
+    store, refs = make(
+        [
+            TableOptions(
+                name="t",
+                dim=2,
+                embedx_threshold=0,
+                embed_sgd_param={"name": "naive"},
+                embedx_sgd_param={"name": "naive"},
+            )
+        ]
+    )
+    big = np.array([2**64 - 1, 2**63], dtype=np.uint64)
+    store.push("t", big, np.ones((2, 2), np.float32))
+    refs["t"].push(big.view(np.int64), np.ones((2, 2)))
+    assert store.size("t") == 2
+    np.testing.assert_allclose(
+        store.pull("t", big.view(np.int64), create=False).numpy(),
+        refs["t"].pull(big.view(np.int64)),
+        rtol=1e-6,
+    )
+
+
+def test_bad_inputs_are_refused_and_nothing_is_written() -> None:
+    store = EmbeddingStore([TableOptions(name="t", dim=4, embedx_threshold=0)])
+    keys = torch.tensor([1, 2])
+    before = store.pull("t", keys).clone()
+    with pytest.raises(UnknownTable, match="'nope'") as e:
+        store.pull("nope", keys)
+    assert isinstance(e.value, NotFound)
+    with pytest.raises(InvalidInput, match="grads must have shape \\(2, 4\\)"):
+        store.push("t", keys, torch.zeros(2, 3))
+    with pytest.raises(InvalidInput, match="float32, got torch.float64"):
+        store.push("t", keys, torch.zeros(2, 4, dtype=torch.float64))
+    with pytest.raises(InvalidInput, match="keys must be int64, got torch.float32"):
+        store.pull("t", torch.tensor([1.5]))
+    with pytest.raises(InvalidInput, match="1-D"):
+        store.pull("t", torch.zeros(2, 2, dtype=torch.int64))
+    with pytest.raises(InvalidInput, match="shows and clicks must be finite"):
+        store.push("t", keys, torch.zeros(2, 4), shows=torch.tensor([1.0, -1.0]))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        g = torch.ones(2, 4)
+        g[1, 2] = bad
+        with pytest.raises(NonFiniteGradient, match="first key 2") as e:
+            store.push("t", keys, g)
+        assert isinstance(e.value, BadRequest)
+    with pytest.raises(NonFiniteGradient):
+        store.push("t", torch.tensor([77]), torch.full((1, 4), float("nan")))
+    assert torch.equal(store.pull("t", keys, create=False), before)
+    assert store.size("t") == 2  # the refused push created nothing
+    assert store.inspect("t", keys)["show"].sum() == 0
+
+
+def test_bad_options_name_field_and_value() -> None:
+    with pytest.raises(BadRequest, match="dim must be 1 \\+ embedx_dim"):
+        TableOptions.parse({"name": "t", "dim": 4, "embedx_dim": 5})
+    with pytest.raises(BadRequest, match="embed_sgd_param.name.*'rmsprop'"):
+        TableOptions.parse({"name": "t", "dim": 4, "embed_sgd_param": {"name": "rmsprop"}})
+    with pytest.raises(BadRequest, match="weight_bounds"):
+        TableOptions.parse({"name": "t", "dim": 4, "embedx_sgd_param": {"weight_bounds": [1, -1]}})
+    with pytest.raises(BadRequest, match="name"):
+        TableOptions.parse({"name": "../etc", "dim": 4})
+    with pytest.raises(InvalidInput, match="duplicate"):
+        EmbeddingStore([TableOptions(name="a", dim=2), TableOptions(name="a", dim=2)])
+    with pytest.raises(BadRequest, match="ssd.*persistent_path"):
+        EmbeddingStore([TableOptions(name="a", dim=2)], tier="ssd")
+    with pytest.raises(BadRequest, match="tier"):
+        EmbeddingStore([TableOptions(name="a", dim=2)], tier="gpu")
+    t = TableOptions(
+        name="a",
+        embedx_dim=3,
+        embed_sgd_param={"name": "adam"},
+        initializer={"type": "normal", "std": 0.1},
+    )
+    assert TableOptions.parse(t.model_dump(mode="json")) == t
+    assert t.dim == 4 and t.embed_sgd_param.name == "SparseAdamSGDRule"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is absent")
+def test_device_tier_without_cuda_names_the_cuda_extension() -> None:
+    with pytest.raises(TierUnavailable, match="CUDA extension"):
+        EmbeddingStore([TableOptions(name="a", dim=2)], tier="device")
+
+
+def test_concurrent_pull_push_from_threads_equals_sequential() -> None:
+    t = TableOptions(
+        name="t",
+        dim=4,
+        embedx_threshold=0,
+        initializer={"type": "zeros"},
+        embed_sgd_param={"name": "naive", "learning_rate": 0.05},
+        embedx_sgd_param={"name": "naive", "learning_rate": 0.05},
+    )
+    store = EmbeddingStore([t, t.model_copy(update={"name": "u"})])
+    rng = np.random.default_rng(3)
+    work = [(rng.integers(0, 500, 300), rng.choice([0.0, 1.0], (300, 4))) for _ in range(40)]
+    errors: list[BaseException] = []
+
+    def worker(part: list) -> None:
+        try:
+            for keys, g in part:
+                for table in ("t", "u"):
+                    store.pull(table, keys)
+                    store.push(table, keys, g.astype(np.float32))
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(work[i::4],)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors
+    expect = np.zeros((500, 4))
+    for keys, g in work:
+        np.add.at(expect, keys, -0.05 * g)  # naive SGD from zeros: order does not matter
+    for table in ("t", "u"):
+        got = store.pull(table, np.arange(500), create=False).numpy()
+        np.testing.assert_allclose(got, expect, atol=1e-4)
+    assert store.stats()["tables"]["t"]["rows"] == store.size("t")
+
+
+def test_lookup_by_table_columns_and_table_ids_and_bag_pooling() -> None:
+    tables = [TableOptions(name=n, dim=3, embedx_threshold=0) for n in ("a", "b", "c")]
+    store = EmbeddingStore(tables)
+    ids = torch.tensor([[488, 333, 220], [18, 568, 508]])
+    out = store.lookup(ids)
+    assert out.shape == (2, 3, 3)
+    assert torch.equal(out[:, 1], store.pull("b", ids[:, 1]))
+    flat = torch.tensor([488, 333, 220, 18, 568, 508])
+    tids = torch.tensor([0, 1, 2, 0, 1, 2])
+    assert torch.equal(store.lookup(flat, tids), out.reshape(6, 3))
+    keys = torch.tensor([1, 2, 2, 5])
+    offsets = torch.tensor([0, 3, 3, 4])
+    w = store.pull("a", keys)
+    pooled = store.pull_bags("a", keys, offsets, "sum")
+    torch.testing.assert_close(pooled, torch.stack([w[:3].sum(0), torch.zeros(3), w[3]]))
+    mean = store.pull_bags("a", keys, offsets, "mean")
+    torch.testing.assert_close(mean[0], w[:3].mean(0))
+    with pytest.raises(InvalidInput, match="offsets"):
+        store.pull_bags("a", keys, torch.tensor([0, 5]))
+    with pytest.raises(InvalidInput, match="table_ids"):
+        store.lookup(flat, torch.tensor([0, 1, 2, 0, 1, 3]))
+
+
+def test_host_capacity_refuses_growth_and_stats_are_json() -> None:
+    store = EmbeddingStore([TableOptions(name="t", dim=2, embedx_threshold=0)], capacity=100)
+    store.pull("t", torch.arange(90))
+    with pytest.raises(CapacityExceeded, match="capacity 100"):
+        store.pull("t", torch.arange(80, 120))
+    with pytest.raises(CapacityExceeded):
+        store.push("t", torch.arange(95, 120), torch.zeros(25, 2))
+    assert store.size("t") == 90
+    stats = json.loads(json.dumps(store.stats()))
+    t = stats["tables"]["t"]
+    assert t["rows"] == 90 and t["rows_created"] == 90 and stats["rows"] == 90
+    assert t["pull_keys"] == 90 + 40 and t["bytes"]["host"] > 90 * 4 * 2
+    assert stats["tier"] == "host" and stats["bytes"]["host"] == t["bytes"]["host"]

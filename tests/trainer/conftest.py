@@ -1,0 +1,14 @@
+"""Fixtures of the trainer tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trainer_helpers import write_stream
+
+
+@pytest.fixture(scope="session")
+def stream(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two days of the planted stream, 2 splits a day, 2 files a split (read-only)."""
+    return write_stream(tmp_path_factory.mktemp("stream"))

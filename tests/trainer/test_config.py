@@ -1,0 +1,86 @@
+"""The job config: PaddleRec shape, DLRM names, unknown keys named, CLI flags."""
+
+import argparse
+
+import pytest
+import yaml
+from streamrec.errors import BadRequest
+from streamrec.trainer.__main__ import _train_parser, load_config
+from streamrec.trainer.config import TrainerConfig
+
+JOB = """
+runner:
+  train_data_dir: data
+  reader_type: criteo
+  split_interval: 5
+  split_per_pass: 2
+  start_day: 20190720
+  end_day: "20190721"
+  data_donefile: to.hadoop.done
+  data_sleep_second: 1
+  checkpoint_per_pass: 2
+  save_delta_frequency: 6
+  model_save_path: output_model
+  train_batch_size: 128
+hyper_parameters:
+  arch_sparse_feature_size: 16
+  arch_mlp_bot: 13-512-256-64-16
+  arch_mlp_top: 512-256-1
+  arch_interaction_op: dot
+  loss_function: wbce
+  loss_weights: 1.0-3.0
+  learning_rate: 0.1
+  optimizer: adagrad
+  lr_num_warmup_steps: 10
+  lr_decay_start_step: 20
+  lr_num_decay_steps: 30
+table_parameters:
+  embedx_threshold: 0
+"""
+
+
+def test_yaml_in_paddlerec_shape(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB)
+    c = TrainerConfig.from_yaml(path)
+    assert c.runner.data_format == "criteo" and c.runner.start_day == "20190720"
+    assert c.hyper_parameters.arch_mlp_bot == [13, 512, 256, 64, 16]
+    assert c.hyper_parameters.loss_weights == [1.0, 3.0]
+    assert c.table_names[:2] == ["slot_0", "slot_1"] and len(c.table_names) == 26
+
+
+@pytest.mark.parametrize("patch,match", [
+    ({"runner": {"bogus_knob": 1}}, r"runner\.bogus_knob: Extra inputs"),
+    ({"hyper_parameters": {"arch_mlp_top": "a-b"}}, r"arch_mlp_top.*'a-b'"),
+    ({"runner": {"split_interval": 7}}, r"split_interval.*divide 1440"),
+    ({"runner": {"start_day": "20190799"}}, r"start_day.*YYYYMMDD"),
+    ({"runner": {"reader_type": "criteo", "data_format": "generated"}}, r"contradicts"),
+    ({"hyper_parameters": {"optimizer": "lbfgs"}}, r"optimizer"),
+    ({"hyper_parameters": {"mini_batch_size": 64}, "runner": {"train_batch_size": 32}},
+     r"mini_batch_size 64 contradicts"),
+    ({"nonsense": {}}, r"nonsense: Extra inputs"),
+])
+def test_bad_values_name_field_and_value(patch, match):
+    with pytest.raises(BadRequest, match=match):
+        TrainerConfig.parse(patch)
+
+
+def test_mini_batch_size_is_an_alias():
+    c = TrainerConfig.parse({"hyper_parameters": {"mini_batch_size": 64}})
+    assert c.runner.train_batch_size == 64
+
+
+def test_flags_override_the_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB)
+    args = _train_parser("t").parse_args(["--config", str(path), "--learning-rate", "0.5",
+                                          "--arch-mlp-bot", "13-64-16", "--end-day", "20190725",
+                                          "--data-donefile", ""])
+    c = load_config(args)
+    assert c.hyper_parameters.learning_rate == 0.5
+    assert c.hyper_parameters.arch_mlp_bot == [13, 64, 16]
+    assert c.runner.end_day == "20190725" and c.runner.data_donefile is None
+    assert c.runner.train_batch_size == 128  # from the file
+    with pytest.raises(BadRequest, match="learning_rate"):
+        load_config(argparse.Namespace(config=None, **{"hyper_parameters.learning_rate": "-1"}))
+    assert yaml.safe_load(JOB)["runner"]["split_per_pass"] == 2

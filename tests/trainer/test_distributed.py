@@ -1,0 +1,88 @@
+"""Two trainer ranks (torchrun, gloo on 127.0.0.1) sharing an embedding-store shard process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from streamrec.embedding_store.server import LocalShards
+from streamrec.trainer.datagen import StreamParams, generate
+from streamrec.trainer.runner import OnlineTrainer, build_table_options
+from trainer_helpers import SLOTS, small_config
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tables_file(config, path: Path) -> Path:
+    path.write_text(json.dumps(
+        {"tables": [t.model_dump(mode="json") for t in build_table_options(config)]}))
+    return path
+
+
+def test_two_ranks_same_dense_parameters(tmp_path):
+    data = tmp_path / "data"
+    # 3 files a split: rank 0 reads 2, rank 1 reads 1, so their batch counts differ
+    generate(data, "20190720", 1, 720, 900, files_per_split=3,
+             params=StreamParams(slots=SLOTS, vocab=300, seed=5))
+    config = small_config(data, tmp_path / "model", end_day="20190720")
+    with LocalShards(tables_file(config, tmp_path / "tables.json"), 1) as shards:
+        job = config.model_dump(mode="json")
+        job["store"]["addresses"] = shards.endpoints
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+             "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+             "--master-port", str(free_port()), str(HERE / "two_rank_worker.py"),
+             str(tmp_path / "job.yaml"), str(tmp_path)],
+            env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    fresh = small_config(data, tmp_path / "unused")
+    with OnlineTrainer(fresh) as t:
+        init = t.dense.state_dict()
+    assert r0.keys() == r1.keys()
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), k
+        assert not torch.equal(r0[k], init[k]), k  # and they did train
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [i["world"] for i in infos] == [2, 2]
+    assert infos[0]["step"] == infos[1]["step"] > 0
+    recs = [json.loads(x) for x in (tmp_path / "model" / "passes.jsonl").read_text().splitlines()]
+    assert [(r["pass_id"], r["samples"], r["world_size"], r["files"]) for r in recs] == [
+        (1, 900, 2, 3), (2, 900, 2, 3)]  # rank 0 alone writes, with every rank's samples
+    ckpt = tmp_path / "model" / "20190720" / "2"
+    assert (ckpt / "MANIFEST.json").is_file() and (ckpt / "sparse").is_dir()
+
+
+@pytest.mark.parametrize("shards", [2])
+def test_one_rank_through_the_store_service(tmp_path, stream, shards):
+    config = small_config(stream, tmp_path / "model", end_day="20190720",
+                          checkpoint_per_pass=1)
+    with LocalShards(tables_file(config, tmp_path / "tables.json"), shards) as local:
+        remote = config.model_copy(update={"store": config.store.model_copy(
+            update={"addresses": local.endpoints})})
+        with OnlineTrainer(remote) as t:
+            t.run()
+            rows = t.store.stats()["total"]["rows"]
+            sizes = sum(t.store.size(n) for n in config.table_names)
+        with OnlineTrainer(remote) as t:
+            assert t.warm_start() == ("20190720", 2)
+    recs = [json.loads(x) for x in (tmp_path / "model" / "passes.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in recs] == [1500, 1500]
+    assert recs[1]["predict_auc"] > 0.5
+    assert rows == sizes > 100

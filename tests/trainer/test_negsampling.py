@@ -1,0 +1,65 @@
+"""Negative sampling through a real node-local sampler process (seed 000's flow)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from streamrec.sampler.client import stop_server
+from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.runner import OnlineTrainer
+from trainer_helpers import small_config
+
+
+@pytest.fixture
+def short_dir():
+    path = tempfile.mkdtemp(prefix="trn-", dir="/tmp")  # ipc socket paths are short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_positives_expanded_with_negatives(stream, tmp_path, short_dir):
+    spec_files = sorted((stream / "20190720" / "0000").glob("part-*"))
+    batches = list(iter_batches(spec_files, "generated", 4, 10**6, ParseStats()))
+    items = torch.unique(torch.cat([b.keys[:, 0] for b in batches])).numpy()
+    pq.write_table(pa.table({
+        "slot_0": pa.array(items, pa.int64()),
+        "category": pa.array(np.ones(len(items), np.int64)),
+        "weight": pa.array(np.ones(len(items), np.float32)),
+        "skey": pa.array([""] * len(items)),
+    }), tmp_path / "items.parquet")
+    cfg = small_config(stream, tmp_path / "m", end_day="20190720", checkpoint_per_pass=0,
+                       save_base_at_day_end=False)
+    job = cfg.model_dump(mode="json")
+    job["negative_sampling"] = {"enabled": True, "table_path": str(tmp_path / "items.parquet"),
+                                "item_slot": 0, "sample_size": 3,
+                                "endpoint": f"ipc://{short_dir}/sampler.sock"}
+    cfg = type(cfg).parse(job)
+    t = OnlineTrainer(cfg)
+    pid = t.negatives.sampler.server_pid
+    try:
+        positives = batches[0].slice(0, 200)
+        out = t.negatives(positives)
+        npos = int(positives.labels.sum())
+        assert len(out) == 3 * npos
+        assert out.labels.tolist() == [1.0, 0.0, 0.0] * npos
+        k = out.keys.view(npos, 3, 4)
+        assert torch.equal(k[:, 1:, 1:], k[:, :1, 1:].expand(-1, 2, -1))  # user side repeated
+        assert bool((k[:, 1:, 0] != k[:, :1, 0]).all())  # never the positive's own item
+        assert set(k[:, 1:, 0].reshape(-1).tolist()) <= set(items.tolist())
+        assert torch.equal(out.dense.view(npos, 3, -1)[:, 2], out.dense.view(npos, 3, -1)[:, 0])
+        rec = t.run_pass(t.passes_todo()[0])
+    finally:
+        t.close()
+        if pid:
+            stop_server(pid)
+    clicks = int(sum(int(b.labels.sum()) for b in batches))
+    assert rec["samples"] == 3 * clicks and rec["actual_ctr"] == pytest.approx(1 / 3)
+    line = json.loads((tmp_path / "m" / "passes.jsonl").read_text().splitlines()[0])
+    assert line["train_auc"] is not None
