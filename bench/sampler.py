@@ -7,7 +7,9 @@ carry most of each category's weight), plus a float and a ragged feature column.
 
 * service: ``--clients`` client processes at once against one server process
   (``--workers`` threads), ``sample_ids`` end to end (encode, ipc socket, decode);
-* in-process: the same sampling core (``NegativeTable.sample``) called directly, one thread;
+* in-process: the same sampling core (``NegativeTable.sample``) called directly from one
+  thread (its compiled kernel may use up to ``torch.get_num_threads()`` OpenMP threads,
+  fewer on a loaded machine);
 * numpy baseline: what a user would write, ``rng.choice(items, cnt, p=probs)`` per positive
   with each category's items and probabilities precomputed (and no own-id avoidance);
   also the stronger per-category variant (one ``rng.choice`` per category of the batch).
@@ -157,7 +159,8 @@ def main() -> int:
     print(
         f"sampler benchmark: {args.items:,} items, {args.categories:,} categories, batches of "
         f"{args.batch:,} x {args.negatives} negatives, {args.clients} client processes, "
-        f"server workers {args.workers}, cpus {os.cpu_count()}"
+        f"server workers {args.workers}, cpus {os.cpu_count()}, "
+        f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}"
     )
     table = make_table(args.items, args.categories)
     batches = [

@@ -30,6 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: Group keys below this (or below 4x the number of groups) get a dense key -> group array.
+DENSE_KEYS = 1 << 16
+
 
 @dataclass(frozen=True)
 class AliasTable:
@@ -45,6 +48,8 @@ class AliasTable:
         total: (g,) float64 sum of weights per group.
         group_of_row: (n,) int64 group index of every table row, -1 for weight 0.
         slot_of_row: (n,) int64 slot of every table row, -1 for weight 0.
+        dense_group: (keys[-1] + 1,) int64 group index of every key value, -1 for none, when
+            the keys are small non-negative integers (category ids usually are); else None.
     """
 
     keys: np.ndarray
@@ -57,6 +62,7 @@ class AliasTable:
     total: np.ndarray
     group_of_row: np.ndarray
     slot_of_row: np.ndarray
+    dense_group: np.ndarray | None = None
 
     @property
     def num_groups(self) -> int:
@@ -136,6 +142,10 @@ class AliasTable:
         group_of_row[row] = gi
         slot_of_row = np.full(n, -1, np.int64)
         slot_of_row[row] = slot
+        dense_group = None
+        if g and keys[0] >= 0 and keys[-1] < max(DENSE_KEYS, 4 * g):
+            dense_group = np.full(int(keys[-1]) + 1, -1, np.int64)
+            dense_group[keys] = np.arange(g)
         return cls(
             keys=keys.astype(np.int64),
             start=start,
@@ -147,12 +157,17 @@ class AliasTable:
             total=total,
             group_of_row=group_of_row,
             slot_of_row=slot_of_row,
+            dense_group=dense_group,
         )
 
     def group_of(self, keys: np.ndarray) -> np.ndarray:
         """Group index of each key ((k,) int64), -1 where the table has no such group."""
         if not self.num_groups:
             return np.full(len(keys), -1, np.int64)
+        if self.dense_group is not None:  # one gather instead of a binary search per key
+            size = len(self.dense_group)
+            inside = (keys >= 0) & (keys < size)
+            return np.where(inside, self.dense_group.take(np.where(inside, keys, 0)), -1)
         pos = np.searchsorted(self.keys, keys)
         pos = np.minimum(pos, self.num_groups - 1)
         return np.where(self.keys.take(pos) == keys, pos, -1)
@@ -236,3 +251,26 @@ def _first_at_or_after(
     okidx = np.flatnonzero(ok)[same]
     result[okidx] = t_slot[tidx[same]]
     return result
+
+
+def pack_slots(at: AliasTable, slot_ids: np.ndarray) -> np.ndarray:
+    """One 32-byte record per slot for the compiled draw (``AliasSlot`` in csrc/ops.h).
+
+    A draw then reads one cache line instead of three arrays: keep threshold, alias slot,
+    and the ids of both, so slots are mapped to ids in the same pass. The threshold
+    ``ceil(prob * 2**53)`` lets the kernel compare :meth:`AliasTable.draw`'s 53-bit
+    fraction as an integer: ``f < ceil(prob * 2**53)`` exactly when ``f * 2**-53 < prob``.
+
+    Args:
+        at: the alias tables (``m`` slots).
+        slot_ids: (m,) int64 dedup id of each slot's own item.
+
+    Returns:
+        (m, 4) int64: ``ceil(prob * 2**53)``, ``alias``, ``slot_ids``, ``slot_ids[alias]``.
+    """
+    out = np.empty((len(at.row), 4), np.int64)
+    out[:, 0] = np.ceil(np.ldexp(at.prob, 53))  # exact: prob in [0, 1] scaled by a power of 2
+    out[:, 1] = at.alias
+    out[:, 2] = slot_ids
+    out[:, 3] = slot_ids.take(at.alias)
+    return out

@@ -6,10 +6,15 @@ the server swaps one reference, so a request sees the old table or the new one, 
 Sampling (:meth:`NegativeTable.sample`), for positive ``i`` with ``cnts[i]`` negatives:
 
 1. Draw from the alias table of the positive's category (or of the whole table when no
-   categories are given), O(1) per draw, all draws of the batch at once.
-2. Conflicts are found vectorised: the positive's own id (``avoid_conflict``), any dedup id
-   of the batch (``avoid_all``), and with ``put_back=False`` an item already drawn for the
-   same positive. Conflicting draws are drawn again, in at most ``max_rounds`` rounds.
+   categories are given), O(1) per draw.
+2. Conflicts: the positive's own id (``avoid_conflict``), any dedup id of the batch
+   (``avoid_all``), and with ``put_back=False`` an item already drawn for the same positive.
+   Conflicting draws are drawn again, at most ``max_rounds`` times.
+   With ``put_back=True`` steps 1-2 are one compiled kernel (``_C.sample_put_back``,
+   csrc/sample_put_back.cpp: threads over positives, counter-based SplitMix64 numbers from
+   one seed drawn from the caller's Generator, so a seed gives the same ids on any thread
+   count; each try reads one packed 32-byte slot record that also holds the ids). With
+   ``put_back=False`` they run vectorised in numpy, all draws of a round at once.
    Redrawing a rejected draw is rejection sampling, so the result is exactly a weighted
    draw among the allowed items (for ``put_back=False``: successive sampling without
    replacement, the first ``cnts[i]`` distinct items of an endless weighted stream, which is
@@ -32,7 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from streamrec.sampler.alias import AliasTable
+import torch
+from streamrec.sampler import _C
+from streamrec.sampler.alias import AliasTable, pack_slots
 from streamrec.sampler.columns import Column, ragged_arange, ragged_gather
 from streamrec.sampler.errors import BadTable
 
@@ -58,6 +65,26 @@ class Tags:
             "weight_tag": self.weight_tag,
             "skey_name": self.skey_name,
         }
+
+
+@dataclass(frozen=True)
+class _DrawTables:
+    """What the compiled draw reads of one :class:`AliasTable` (torch views, built once).
+
+    slots: (m, 4) int64 packed records (:func:`pack_slots`); start, count: (g,) int64.
+    """
+
+    slots: torch.Tensor
+    start: torch.Tensor
+    count: torch.Tensor
+
+    @classmethod
+    def of(cls, at: AliasTable, slot_ids: np.ndarray) -> _DrawTables:
+        return cls(
+            slots=torch.from_numpy(pack_slots(at, slot_ids)),
+            start=torch.from_numpy(np.ascontiguousarray(at.start, np.int64)),
+            count=torch.from_numpy(np.ascontiguousarray(at.count, np.int64)),
+        )
 
 
 @dataclass
@@ -126,6 +153,10 @@ class NegativeTable:
         self._slot_ids = {
             id(self.by_category): self.ids.take(self.by_category.row),
             id(self.overall): self.ids.take(self.overall.row),
+        }
+        self._draw_tables = {
+            id(at): _DrawTables.of(at, self._slot_ids[id(at)])
+            for at in (self.by_category, self.overall)
         }
 
     # ---- lookups ----------------------------------------------------------------------------
@@ -214,56 +245,34 @@ class NegativeTable:
             group = at.group_of(pos_categories)
         else:
             group = np.full(b, 0 if at.num_groups else -1, np.int64)
+        offsets = np.zeros(b + 1, np.int64)
+        np.cumsum(cnts, out=offsets[1:])
+        if put_back:
+            return self._sample_put_back(
+                at, pos_ids, group, offsets, avoid_conflict, avoid_all, max_rounds, missing_id, rng
+            )
         own_slot = np.full(b, -1, np.int64)
         own_rows = self.rows_of(pos_ids) if (avoid_conflict or avoid_all) else None
         if avoid_conflict and own_rows is not None:
             found = own_rows >= 0
             own_slot[found] = at.slot_of_row.take(own_rows[found])
         banned: np.ndarray | None = None
+        allowed = _group_sizes(at, group)  # allowed items of each positive's category
         if avoid_all and own_rows is not None:
-            banned = np.zeros(len(at.row), bool)
-            slots = at.slot_of_row.take(own_rows[own_rows >= 0])
-            banned[slots[slots >= 0]] = True
-            # own ids are in the batch's dedup ids, so the mask covers avoid_conflict too
-        offsets = np.zeros(b + 1, np.int64)
-        np.cumsum(cnts, out=offsets[1:])
-
-        # How many allowed items each positive's category has (for put_back=False / empty).
-        safe_group = np.maximum(group, 0)
-        allowed = (
-            np.where(group >= 0, at.count.take(safe_group), 0)
-            if at.num_groups
-            else np.zeros(b, np.int64)
-        )
-        if banned is not None:
-            banned_groups = at.group_of_row.take(at.row.take(np.flatnonzero(banned)))
-            per_group = np.bincount(banned_groups, minlength=at.num_groups)
-            allowed -= np.where(group >= 0, per_group.take(safe_group), 0)
+            banned, per_group = _banned_slots(at, own_rows)
+            allowed -= np.where(group >= 0, per_group.take(np.maximum(group, 0)), 0)
         elif avoid_conflict and own_rows is not None:
             own_group = np.where(own_rows >= 0, at.group_of_row.take(np.maximum(own_rows, 0)), -1)
             allowed -= (own_slot >= 0) & (group >= 0) & (own_group == group)
-        exact = allowed <= 0 if put_back else (2 * cnts >= allowed)
-        exact &= cnts > 0
+        exact = (2 * cnts >= allowed) & (cnts > 0)
         sampled_rows = ~exact & (group >= 0) & (cnts > 0)
 
-        held = None if put_back else _HeldItems(len(at.row))
+        held = _HeldItems(len(at.row))
         rounds = 0
-        fast = bool(np.all(sampled_rows | (cnts == 0)))
-        if fast and put_back:
-            # Common case: every slot drawn at once, no index indirection, and the positive
-            # of each slot is only needed if a conflict is left for a second round.
-            result_slots = at.draw(np.repeat(group, cnts), rng)
-            own = np.repeat(own_slot, cnts) if avoid_conflict and banned is None else own_slot
-            bad = self._conflicts(result_slots, None, own, banned, None, avoid_conflict)
-            todo = np.flatnonzero(bad)
-            result_slots[todo] = -1
-            rounds = 1
-            slot_owner = _owners_of(todo, offsets) if len(todo) else todo
-        else:
-            result_slots = np.full(int(offsets[-1]), -1, np.int64)  # slot drawn, -1: none yet
-            slot_owner = np.repeat(np.arange(b, dtype=np.int64), cnts)
-            todo = np.flatnonzero(np.repeat(sampled_rows, cnts))
-            slot_owner = slot_owner.take(todo)
+        result_slots = np.full(int(offsets[-1]), -1, np.int64)  # slot drawn, -1: none yet
+        slot_owner = np.repeat(np.arange(b, dtype=np.int64), cnts)
+        todo = np.flatnonzero(np.repeat(sampled_rows, cnts))
+        slot_owner = slot_owner.take(todo)
         # slot_owner[k] is the positive of slot todo[k] from here on.
         while len(todo) and rounds < max_rounds:
             drawn = at.draw(group.take(slot_owner), rng)
@@ -300,6 +309,85 @@ class NegativeTable:
         return SampleResult(
             ids=ids, unfilled=n_unfilled, rounds=rounds, fallback_positives=len(fallback_rows)
         )
+
+    def _sample_put_back(
+        self,
+        at: AliasTable,
+        pos_ids: np.ndarray,
+        group: np.ndarray,
+        offsets: np.ndarray,
+        avoid_conflict: bool,
+        avoid_all: bool,
+        max_rounds: int,
+        missing_id: int,
+        rng: np.random.Generator,
+    ) -> SampleResult:
+        """Draws with replacement in the compiled kernel, then fills what it left exactly.
+
+        Own-id conflicts are found by comparing ids (dedup ids are unique), so this path
+        needs no id -> row lookup unless ``avoid_all`` or a positive reaches the fallback.
+
+        Args:
+            pos_ids: (b,) int64 dedup ids of the positives.
+            group: (b,) int64 alias group of each positive, -1 if unknown.
+            offsets: (b + 1,) int64 output range of each positive.
+        """
+        banned: np.ndarray | None = None
+        kernel_group = group
+        if avoid_all:
+            banned, per_group = _banned_slots(at, self.rows_of(pos_ids))
+            # A category whose items are all batch ids goes straight to the fallback.
+            allowed = _group_sizes(at, group)
+            allowed -= np.where(group >= 0, per_group.take(np.maximum(group, 0)), 0)
+            kernel_group = np.where(allowed > 0, group, -1)
+        own_ids = None
+        if avoid_conflict and banned is None:
+            own_ids = torch.from_numpy(np.require(pos_ids, np.int64, "CW"))
+        tables = self._draw_tables[id(at)]
+        seed = int(rng.integers(-(1 << 63), (1 << 63) - 1, dtype=np.int64, endpoint=True))
+        ids_t, left_t, rounds = _C.sample_put_back(
+            tables.slots,
+            tables.start,
+            tables.count,
+            torch.from_numpy(kernel_group),
+            torch.from_numpy(offsets),
+            own_ids,
+            None if banned is None else torch.from_numpy(banned),
+            seed,
+            max_rounds,
+            missing_id,
+        )
+        ids, left = ids_t.numpy(), left_t.numpy()
+        # Positives with slots left: unknown category, no allowed item, or tries ran out.
+        # Their left slots are the tail of their range and hold missing_id.
+        rows = np.flatnonzero(left)
+        unfilled = 0
+        if len(rows):
+            need = left.take(rows)
+            own_slot = np.full(len(rows), -1, np.int64)
+            if own_ids is not None:
+                own_rows = self.rows_of(pos_ids.take(rows))
+                found = own_rows >= 0
+                own_slot[found] = at.slot_of_row.take(own_rows[found])
+            sub_offsets = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum(need, out=sub_offsets[1:])
+            sub_slots = np.full(int(sub_offsets[-1]), -1, np.int64)
+            self._exact_fill(
+                at,
+                np.arange(len(rows)),
+                group.take(rows),
+                own_slot,
+                banned,
+                sub_offsets,
+                sub_slots,
+                True,
+                rng,
+            )
+            tails = ragged_arange(offsets.take(rows + 1) - need, need)
+            got = sub_slots >= 0
+            ids[tails[got]] = self._slot_ids[id(at)].take(sub_slots[got])
+            unfilled = int(np.count_nonzero(~got))
+        return SampleResult(ids=ids, unfilled=unfilled, rounds=rounds, fallback_positives=len(rows))
 
     @staticmethod
     def _conflicts(
@@ -461,9 +549,28 @@ class _HeldItems:
         return repeated
 
 
-def _owners_of(slots: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """The positive of each output slot ((k,) int64), given the (b + 1,) slot offsets."""
-    return np.searchsorted(offsets, slots, side="right") - 1
+def _group_sizes(at: AliasTable, group: np.ndarray) -> np.ndarray:
+    """(b,) int64 number of drawable items of each group in ``group`` ((b,) int64, -1: 0)."""
+    if not at.num_groups:
+        return np.zeros(len(group), np.int64)
+    return np.where(group >= 0, at.count.take(np.maximum(group, 0)), 0)
+
+
+def _banned_slots(at: AliasTable, own_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The slots of the batch's dedup ids (``avoid_all``).
+
+    Args:
+        own_rows: (b,) int64 table rows of the batch's ids, -1 where not in the table.
+
+    Returns:
+        ``banned`` (m,) bool, and (g,) int64 how many banned slots each group has. The own
+        ids are among the batch's ids, so the mask covers ``avoid_conflict`` too.
+    """
+    banned = np.zeros(len(at.row), bool)
+    slots = at.slot_of_row.take(own_rows[own_rows >= 0])
+    banned[slots[slots >= 0]] = True
+    banned_groups = at.group_of_row.take(at.row.take(np.flatnonzero(banned)))
+    return banned, np.bincount(banned_groups, minlength=at.num_groups)
 
 
 def _single_values(col: Column, name: str, integer: bool) -> np.ndarray:

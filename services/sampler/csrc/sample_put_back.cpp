@@ -1,0 +1,205 @@
+// Weighted negative draws with replacement from flat alias tables, conflicts redrawn
+// (see ops.h). The hot loop per try: one counter-based random number, one 32-byte record,
+// one compare (or one mask byte), no unpredictable branch.
+#include <ATen/Parallel.h>
+#include <omp.h>
+
+#include <algorithm>
+
+#include "ops.h"
+
+namespace streamrec::sampler {
+namespace {
+
+// Draws whose first tries are computed (and their records prefetched) before any is read.
+constexpr int64_t kBlock = 32;
+
+// Draws per parallel task at least: below this a thread costs more than it saves.
+constexpr int64_t kGrainDraws = 32768;
+
+// What a draw must not be.
+enum class Avoid { kNothing, kOwnId, kBanned };
+
+void check_1d(const torch::Tensor& t, const char* name, at::ScalarType dtype, int64_t n) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == dtype && t.is_contiguous(),
+              name, " must be a contiguous (", n, ",) ", c10::toString(dtype), " tensor, got ",
+              t.scalar_type(), " of shape ", t.sizes());
+}
+
+struct Params {
+  const AliasSlot* table;
+  const int64_t* start;
+  const int64_t* count;
+  const int64_t* group;
+  const int64_t* offsets;
+  const int64_t* own_ids;  // nullptr unless Avoid::kOwnId
+  const bool* banned;      // nullptr unless Avoid::kBanned
+  uint64_t seed;
+  int64_t max_rounds;
+  int64_t missing_id;
+  int64_t* ids;
+  int64_t* left;
+};
+
+// Positives [lo, hi): fills their output ranges and left counts; returns the most tries used.
+// Everything the loop reads is copied to locals first (so stores to `ids` cannot force
+// reloads) and the slot-or-alias choice is made with masks: it is a coin flip, so a branch
+// on it would be mispredicted about half the time (measured: 2x slower).
+template <Avoid kAvoid>
+int64_t draw_range(const Params& p, int64_t lo, int64_t hi) {
+  const AliasSlot* __restrict table = p.table;
+  const int64_t* __restrict offsets = p.offsets;
+  const int64_t* __restrict group = p.group;
+  const bool* __restrict banned = p.banned;
+  int64_t* __restrict ids = p.ids;
+  const uint64_t seed = p.seed;
+  const uint64_t rounds = static_cast<uint64_t>(p.max_rounds);
+  uint64_t most = 0;
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t first = offsets[i];
+    const int64_t n = offsets[i + 1] - first;
+    if (n == 0) continue;
+    int64_t* __restrict out = ids + first;
+    int64_t filled = 0;
+    const int64_t g = group[i];
+    if (g >= 0) {
+      const int64_t gstart = p.start[g];
+      const AliasSlot* __restrict base = table + gstart;
+      const uint64_t cnt = static_cast<uint64_t>(p.count[g]);
+      const int64_t own = kAvoid == Avoid::kOwnId ? p.own_ids[i] : 0;
+      // Try t (0-based) of output slot first + k uses counter (first + k) * rounds + t + 1.
+      // High word of r * cnt: a uniform slot of the group; low word: the uniform fraction
+      // that keeps the slot or takes its alias (the same split as alias.py's draw).
+      // The fraction is kept as its top 53 bits, compared with the slot's integer threshold.
+      auto slot_and_frac = [&](uint64_t counter, int64_t& s, int64_t& frac) {
+        const uint64_t r = mix64(seed + counter * kGolden);
+        const unsigned __int128 x = static_cast<unsigned __int128>(r) * cnt;
+        s = static_cast<int64_t>(x >> 64);
+        frac = static_cast<int64_t>(static_cast<uint64_t>(x) >> 11);
+      };
+      int64_t block_slot[kBlock];
+      int64_t block_frac[kBlock];
+      for (int64_t k0 = 0; k0 < n; k0 += kBlock) {
+        const int64_t kn = std::min(kBlock, n - k0);
+        // First tries of the whole block, records prefetched: their misses overlap.
+        for (int64_t j = 0; j < kn; ++j) {
+          slot_and_frac(static_cast<uint64_t>(first + k0 + j) * rounds + 1, block_slot[j],
+                        block_frac[j]);
+          __builtin_prefetch(base + block_slot[j]);
+        }
+        for (int64_t j = 0; j < kn; ++j) {
+          int64_t s = block_slot[j];
+          int64_t frac = block_frac[j];
+          uint64_t t = 0;
+          while (true) {
+            const AliasSlot& a = base[s];
+            const int64_t keep = -static_cast<int64_t>(frac < a.keep_below);  // ones: keep s
+            const int64_t id = (a.id & keep) | (a.alias_id & ~keep);
+            bool bad = false;
+            if constexpr (kAvoid == Avoid::kOwnId) {
+              bad = id == own;  // dedup ids are unique: same id, same item
+            } else if constexpr (kAvoid == Avoid::kBanned) {
+              bad = banned[((gstart + s) & keep) | (a.alias & ~keep)];
+            }
+            if (!bad) {
+              out[filled++] = id;
+              break;
+            }
+            if (++t == rounds) break;
+            slot_and_frac(static_cast<uint64_t>(first + k0 + j) * rounds + t + 1, s, frac);
+          }
+          most = std::max(most, t < rounds ? t + 1 : rounds);
+        }
+      }
+    }
+    for (int64_t j = filled; j < n; ++j) out[j] = p.missing_id;
+    p.left[i] = n - filled;
+  }
+  return static_cast<int64_t>(most);
+}
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back(
+    const torch::Tensor& slots, const torch::Tensor& start, const torch::Tensor& count,
+    const torch::Tensor& group, const torch::Tensor& offsets,
+    const std::optional<torch::Tensor>& own_ids, const std::optional<torch::Tensor>& banned,
+    int64_t seed, int64_t max_rounds, int64_t missing_id, int64_t threads) {
+  TORCH_CHECK(slots.dim() == 2 && slots.size(1) == 4 && slots.scalar_type() == at::kLong &&
+                  slots.is_contiguous(),
+              "slots must be a contiguous (m, 4) int64 tensor, got ", slots.scalar_type(),
+              " of shape ", slots.sizes());
+  TORCH_CHECK(max_rounds >= 1, "max_rounds must be >= 1, got ", max_rounds);
+  TORCH_CHECK(!(own_ids.has_value() && banned.has_value()),
+              "give own_ids or banned, not both (the mask covers the own ids)");
+  const int64_t m = slots.size(0);
+  const int64_t g = start.numel();
+  const int64_t b = group.numel();
+  check_1d(start, "start", at::kLong, g);
+  check_1d(count, "count", at::kLong, g);
+  check_1d(group, "group", at::kLong, b);
+  check_1d(offsets, "offsets", at::kLong, b + 1);
+  if (own_ids.has_value()) check_1d(*own_ids, "own_ids", at::kLong, b);
+  if (banned.has_value()) check_1d(*banned, "banned", at::kBool, m);
+
+  Params p{};
+  p.table = reinterpret_cast<const AliasSlot*>(slots.data_ptr<int64_t>());
+  p.start = start.data_ptr<int64_t>();
+  p.count = count.data_ptr<int64_t>();
+  p.group = group.data_ptr<int64_t>();
+  p.offsets = offsets.data_ptr<int64_t>();
+  p.own_ids = own_ids.has_value() ? own_ids->data_ptr<int64_t>() : nullptr;
+  p.banned = banned.has_value() ? banned->data_ptr<bool>() : nullptr;
+  p.seed = static_cast<uint64_t>(seed);
+  p.max_rounds = max_rounds;
+  p.missing_id = missing_id;
+
+  // The inputs come from the Python caller, not from the wire, but a bad index here would
+  // read out of bounds, so each is checked once (O(b), before the parallel part).
+  TORCH_CHECK(p.offsets[0] == 0, "offsets[0] must be 0, got ", p.offsets[0]);
+  for (int64_t i = 0; i < b; ++i) {
+    TORCH_CHECK(p.offsets[i + 1] >= p.offsets[i], "offsets must not decrease; offsets[", i + 1,
+                "] = ", p.offsets[i + 1], " < offsets[", i, "] = ", p.offsets[i]);
+    const int64_t gi = p.group[i];
+    if (gi < 0 || p.offsets[i + 1] == p.offsets[i]) continue;
+    TORCH_CHECK(gi < g, "group[", i, "] = ", gi, " but there are ", g, " groups");
+    TORCH_CHECK(p.count[gi] >= 1 && p.start[gi] >= 0 && p.start[gi] + p.count[gi] <= m,
+                "group ", gi, " spans slots [", p.start[gi], ", ", p.start[gi] + p.count[gi],
+                ") outside the table's ", m);
+  }
+  const int64_t total = p.offsets[b];
+  auto ids = torch::empty({total}, torch::kLong);
+  auto left = torch::zeros({b}, torch::kLong);
+  p.ids = ids.data_ptr<int64_t>();
+  p.left = left.data_ptr<int64_t>();
+
+  // Chunks of about kGrainDraws draws, not of positives, so a few large counts do not idle
+  // the other threads: chunk c takes the positives whose first output slot lies in
+  // [c * kGrainDraws, (c + 1) * kGrainDraws). Random numbers depend on (seed, output slot,
+  // try) only, so neither the split nor the thread count changes the result.
+  //
+  // Threads (threads <= 0): at most torch's intra-op count, with OpenMP's dynamic adjustment
+  // on (restored after), which gives up threads the machine's load average says are busy.
+  // On a shared node a team member that is not scheduled holds up the join for a whole time
+  // slice: measured on 2 busy cores, the median call took 5x longer with 2 threads than 1.
+  const int64_t chunks = (total + kGrainDraws - 1) / kGrainDraws;
+  const int64_t wanted = threads > 0 ? threads : at::get_num_threads();
+  const int team = static_cast<int>(std::max<int64_t>(1, std::min(wanted, chunks)));
+  int64_t rounds = 0;
+  const int was_dynamic = omp_get_dynamic();
+  omp_set_dynamic(threads <= 0);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) reduction(max : rounds)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t* off_end = p.offsets + b;
+    const int64_t i_lo = std::lower_bound(p.offsets, off_end, c * kGrainDraws) - p.offsets;
+    const int64_t i_hi = std::lower_bound(p.offsets, off_end, (c + 1) * kGrainDraws) - p.offsets;
+    const int64_t most = p.banned    ? draw_range<Avoid::kBanned>(p, i_lo, i_hi)
+                         : p.own_ids ? draw_range<Avoid::kOwnId>(p, i_lo, i_hi)
+                                     : draw_range<Avoid::kNothing>(p, i_lo, i_hi);
+    rounds = std::max(rounds, most);
+  }
+  omp_set_dynamic(was_dynamic);
+  return {ids, left, rounds};
+}
+
+}  // namespace streamrec::sampler
