@@ -109,9 +109,11 @@ def id_batches(dist: str, steps: int, n: int, seed: int) -> list[np.ndarray]:
 
 
 def timed(step: Callable[[int], None], steps: int) -> float:
-    """Seconds per step: one warm-up step, then the median of ``steps`` timed steps (the
-    machine may be shared; the median keeps a stray stall from deciding a figure)."""
-    step(0)
+    """Seconds per step: one warm-up step on batch ``steps`` (not one of the timed batches,
+    so no timed step finds its ids already created by the warm-up), then the median of
+    ``steps`` timed steps on batches 0 .. steps-1 (the machine may be shared; the median
+    keeps a stray stall from deciding a figure). Callers hold steps + 1 batches."""
+    step(steps)
     times = []
     for i in range(steps):
         t = time.perf_counter()
@@ -140,7 +142,7 @@ def baseline(rule: str, dim: int, batches: list[np.ndarray]) -> float:
         opt.step()
         opt.zero_grad()
 
-    return idx[0].numel() / timed(step, len(batches))
+    return idx[0].numel() / timed(step, len(batches) - 1)
 
 
 def table(name: str, dim: int, rule: str) -> TableOptions:
@@ -180,7 +182,7 @@ def bytes_moved(batches: list[np.ndarray], dim: int, row_bytes: float) -> float:
 def bench_speed(args: argparse.Namespace, bandwidth: float, tmp: Path) -> None:
     n, steps = args.ids, args.steps
     dists = ("uniform", "zipf")
-    batches = {d: id_batches(d, steps, n, seed=1) for d in dists}
+    batches = {d: id_batches(d, steps + 1, n, seed=1) for d in dists}  # + warm-up
     service_tables = [table(f"ada{dim}_{d}", dim, "adagrad") for dim in args.dims for d in dists]
     tables_file = tmp / "tables.json"
     tables_file.write_text(json.dumps([t.model_dump(mode="json") for t in service_tables]))
@@ -274,7 +276,7 @@ def bench_ssd(args: argparse.Namespace, tmp: Path) -> None:
     rows = int(4 * budget_mb * (1 << 20) / row_bytes)
     keys = mix64(np.arange(rows, dtype=np.uint64)).view(np.int64)
     rng = np.random.default_rng(2)
-    batches = [keys[rng.integers(0, rows, n)] for _ in range(steps)]
+    batches = [keys[rng.integers(0, rows, n)] for _ in range(steps + 1)]  # + warm-up
     grads = torch.full((n, dim), 1e-3)
     results = {}
     for tier in ("host", "ssd"):
@@ -316,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown", action="store_true", help="end with a table of the figures (BENCHMARKS.md)"
     )
     args = p.parse_args(argv)
+    if args.threads:  # for the baselines too, so both sides run on the same threads
+        torch.set_num_threads(args.threads)
     q = args.quick
     args.ids = args.ids or (20_000 if q else 100_000)
     args.steps = args.steps or (3 if q else 20)

@@ -51,6 +51,9 @@ class RWLock:
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
+        #: writers admitted so far; a reader that sees the same value under write() knows
+        #: nothing was written in between (only its own write() counted)
+        self.epoch = 0
 
     @contextmanager
     def read(self) -> Iterator[None]:
@@ -74,6 +77,7 @@ class RWLock:
                 self._cond.wait()
             self._writers_waiting -= 1
             self._writer = True
+            self.epoch += 1
         try:
             yield
         finally:
@@ -176,6 +180,7 @@ class EmbeddingStore:
         self._locks: dict[str, RWLock] = {t.name: RWLock() for t in opts}
         self._counts = {n: {"pull_keys": 0, "push_keys": 0} for n in names}
         self._count_lock = threading.Lock()
+        self._constants: dict[float, torch.Tensor] = {}  # push defaults, see _constant
         self._day = 0
         self._closed = False
         self._admin = threading.Lock()  # serialises save/load/shrink/advance_day
@@ -232,16 +237,18 @@ class EmbeddingStore:
         lock = self._locks[table]
         with self._count_lock:
             self._counts[table]["pull_keys"] += keys.numel()
-        hint = None
+        hint, epoch = None, -1
         if tier.concurrent_reads:  # present keys (or a read-only pull) under a shared lock
             with lock.read():
+                epoch = lock.epoch
                 out, hint = tier.read(keys)
                 if out is None and not create:
                     out = tier.pull(keys, False, hint)
             if out is not None:
                 return out
         with lock.write():
-            return tier.pull(keys, create, hint)
+            # the hint holds what the shared read found; valid only if nothing was written
+            return tier.pull(keys, create, hint if lock.epoch == epoch + 1 else None)
 
     def push(
         self,
@@ -267,10 +274,12 @@ class EmbeddingStore:
         n, dim = keys.numel(), tier.dim
         grads = _as_float(grads, f"table {table!r}: grads", (n, dim))
         shows = (
-            torch.ones(n) if shows is None else _as_float(shows, f"table {table!r}: shows", (n,))
+            self._constant(1.0, n)
+            if shows is None
+            else _as_float(shows, f"table {table!r}: shows", (n,))
         )
         clicks = (
-            torch.zeros(n)
+            self._constant(0.0, n)
             if clicks is None
             else _as_float(clicks, f"table {table!r}: clicks", (n,))
         )
@@ -302,6 +311,15 @@ class EmbeddingStore:
             clicks = torch.zeros(m).index_add_(0, inverse, clicks)
             if not tier.push(uniq, grads, shows, clicks):
                 raise AssertionError("push of distinct keys reported duplicates")
+
+    def _constant(self, value: float, n: int) -> torch.Tensor:
+        """(n,) float32 of ``value``, a read-only view of a kept buffer (the push defaults;
+        filling fresh ones each push costs a parallel pass)."""
+        buf = self._constants.get(value)
+        if buf is None or buf.numel() < n:
+            buf = torch.full((max(n, 1024),), value)
+            self._constants[value] = buf
+        return buf[:n]
 
     def initial_values(self, table: str, keys: Any, expanded: bool = False) -> torch.Tensor:
         """The deterministic initial weights a row of each key gets, (n, dim) float32; the

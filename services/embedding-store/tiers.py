@@ -21,6 +21,7 @@ import hashlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,11 @@ from streamrec.embedding_store.options import TableOptions
 SELECT_ALL, SELECT_BASE, SELECT_DELTA = 0, 1, 2
 _MAX_LOAD = 0.75
 _MIN_ROWS = 1024
+#: rows mapped ahead of creation at least (see HostTable._prefault_ahead)
+_PREFAULT_ROWS = 1 << 16
+#: one background thread maps fresh row memory ahead of creation for every host table:
+#: first writes to fresh pages cost ~2 s/GiB here, so row creation should not take them
+_PREFAULTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="emb-prefault")
 
 
 def table_params(options: TableOptions, seed: int = 0) -> _C.TableParams:
@@ -216,6 +222,7 @@ class HostTable(TableTier):
         self._slots = _C.index_build(_pow2_at_least(_MIN_ROWS * 2), self._row_keys[:0])
         self._marks = torch.zeros(_MIN_ROWS, dtype=torch.int32)  # update's repeat finding
         self._generation = 0  # bumped whenever rows are renumbered (compaction, reset)
+        self._mapped = 0  # rows of the current buffers already asked to be prefaulted
         self._rng = torch.Generator().manual_seed(seed ^ (int(self.params.seed) >> 1))
 
     # -- growth -------------------------------------------------------------------------
@@ -231,12 +238,25 @@ class HostTable(TableTier):
             keys[: self._size] = self._row_keys[: self._size]
             self._data, self._row_keys = data, keys
             self._marks = torch.zeros(rows, dtype=torch.int32)
+            self._mapped = self._size  # the copy above mapped those
             if self._stamp is not None:
                 stamp = torch.zeros(rows, dtype=torch.int64)
                 stamp[: self._size] = self._stamp[: self._size]
                 self._stamp = stamp
         if need > _MAX_LOAD * self._slots.shape[0]:
             self._rebuild_index(need)
+
+    def _prefault_ahead(self, created: int) -> None:
+        """Asks the background thread to map the row memory that the next creations will
+        write (twice the last creation, at least _PREFAULT_ROWS rows, within the buffers),
+        so that creation does not wait on page faults. Contents are not changed, so it may
+        run while rows are written; the task holds the buffers it maps."""
+        want = min(self._size + max(2 * created, _PREFAULT_ROWS), self._data.shape[0])
+        if want <= self._mapped:
+            return
+        lo, self._mapped = self._mapped, want
+        for t in (self._data, self._row_keys, self._marks):
+            _PREFAULTER.submit(_C.prefault, t, lo, want)
 
     def _rebuild_index(self, rows: int) -> None:
         cap = _pow2_at_least(int(rows / 0.5) + 1)
@@ -245,6 +265,11 @@ class HostTable(TableTier):
     def find(self, keys: torch.Tensor) -> torch.Tensor:
         """Row per key, -1 where absent. keys: (n,) int64 -> (n,) int64."""
         return _C.find(self._slots, keys)
+
+    def _admit_all(self) -> bool:
+        """Whether every absent key is admitted (no admission rule)."""
+        o = self.options
+        return o.admission_score is None and o.admission_probability >= 1.0
 
     def _admit(
         self, n: int, shows: torch.Tensor | None, clicks: torch.Tensor | None
@@ -269,9 +294,41 @@ class HostTable(TableTier):
         rows: torch.Tensor,
         shows: torch.Tensor | None = None,
         clicks: torch.Tensor | None = None,
+        misses: int | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Creates the absent keys (rows == -1) that admission lets in; returns updated rows.
-        shows, clicks: (n,) of a push (admission by score), None for a pull."""
+        shows, clicks: (n,) of a push (admission by score), None for a pull. misses: the
+        count of rows == -1 if known. out: (n, dim) float32 weights of a pull, whose rows
+        of created keys are filled when every key is admitted (else the caller gathers)."""
+        if self._admit_all():
+            # fused: only the misses are visited; insert, initialise and copy out at once
+            if misses is None:
+                misses = int((rows < 0).sum())
+            if misses == 0:
+                return rows
+            if self.capacity is not None and self._size + misses > self.capacity:
+                distinct = int(_C.unique(keys[rows < 0])[0].numel())
+                if self._size + distinct > self.capacity:
+                    raise CapacityExceeded(
+                        f"table {self.options.name!r}: {distinct} new rows would exceed "
+                        f"capacity {self.capacity} (holds {self._size})"
+                    )
+            self._reserve(misses)
+            m = _C.insert_init(
+                self._slots,
+                self._data,
+                self._row_keys,
+                keys,
+                rows,
+                torch.empty(0) if out is None else out,
+                self._size,
+                self.params,
+            )
+            self._size += m
+            self.counters["rows_created"] += m
+            self._prefault_ahead(m)
+            return rows
         missing = rows < 0
         if not bool(missing.any()):
             return rows
@@ -311,24 +368,31 @@ class HostTable(TableTier):
 
     # -- the tier interface ---------------------------------------------------------------
     def read(self, keys: torch.Tensor) -> tuple[torch.Tensor | None, object]:
-        rows = self.find(keys)
-        if bool((rows < 0).any()):
-            return None, (self._generation, rows)
-        return _C.gather(self._data, rows, self.params), None
+        out, rows, misses = _C.find_gather(self._slots, keys, self._data, self.params)
+        if misses:
+            return None, (self._generation, rows, out, misses)
+        return out, None
 
     def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
+        """hint: what :meth:`read` returned, passed only when nothing was written since."""
         if isinstance(hint, tuple) and hint[0] == self._generation:
-            rows = hint[1]  # keys found then are still there; _create re-finds the others
+            _gen, rows, out, misses = hint
         else:
-            rows = self.find(keys)
-        if create:
-            rows = self._create(keys, rows)
+            out, rows, misses = _C.find_gather(self._slots, keys, self._data, self.params)
+        if not create or misses == 0:
+            return out  # absent keys read as zeros
+        if self._admit_all():
+            self._create(keys, rows, misses=misses, out=out)
+            return out
+        rows = self._create(keys, rows, misses=misses)
         return _C.gather(self._data, rows, self.params)
 
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> bool:
-        rows = self._create(keys, self.find(keys), shows, clicks)
+        rows, misses = _C.find_count(self._slots, keys)
+        if misses:
+            rows = self._create(keys, rows, shows, clicks, misses=misses)
         self.counters["rows_expanded"] += _C.update(
             self._data, self._row_keys, rows, grads, shows, clicks, self.params, self._marks
         )

@@ -5,6 +5,8 @@
 // iterations ahead, which hides most of the memory latency of a large table.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -60,6 +62,72 @@ torch::Tensor find(const torch::Tensor& slots, const torch::Tensor& keys) {
   return out;
 }
 
+std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
+                                              const torch::Tensor& keys) {
+  check_index(slots);
+  check_keys(keys);
+  const int64_t n = keys.numel();
+  auto out = torch::empty({n}, keys.options());
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  std::atomic<int64_t> misses{0};
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    int64_t miss = 0;
+    for (int64_t i = b; i < e; ++i) {
+      if (i + kAhead < e) __builtin_prefetch(s + 2 * home(k[i + kAhead], mask));
+      o[i] = s[2 * probe(s, mask, k[i]) + 1];
+      miss += o[i] < 0;
+    }
+    misses += miss;
+  });
+  return {out, misses.load()};
+}
+
+std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tensor& slots,
+                                                              const torch::Tensor& keys,
+                                                              const torch::Tensor& data,
+                                                              const TableParams& p) {
+  check_index(slots);
+  check_keys(keys);
+  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2 &&
+                  data.size(1) == p.width, "data must be contiguous (R, width) float32");
+  const int64_t n = keys.numel(), dim = p.dim, width = p.width;
+  auto rows = torch::empty({n}, keys.options());
+  auto out = torch::empty({n, dim}, data.options());
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const float* d = data.data_ptr<float>();
+  int64_t* r = rows.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  std::atomic<int64_t> misses{0};
+  // Stage 1 prefetches the slot of key i + 2 * kAhead; stage 2 finds key i + kAhead (its
+  // slot is in cache by then) and prefetches its row; key i then costs no memory wait.
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    int64_t miss = 0;
+    for (int64_t i = b; i < std::min(b + kAhead, e); ++i) r[i] = s[2 * probe(s, mask, k[i]) + 1];
+    for (int64_t i = b; i < e; ++i) {
+      if (i + 2 * kAhead < e) __builtin_prefetch(s + 2 * home(k[i + 2 * kAhead], mask));
+      if (i + kAhead < e) {
+        const int64_t ra = s[2 * probe(s, mask, k[i + kAhead]) + 1];
+        r[i + kAhead] = ra;
+        if (ra >= 0) __builtin_prefetch(d + ra * width + kEmbedW);
+      }
+      const int64_t ri = r[i];
+      if (ri < 0) {
+        std::memset(o + i * dim, 0, sizeof(float) * dim);
+        ++miss;
+      } else {
+        std::memcpy(o + i * dim, d + ri * width + kEmbedW, sizeof(float) * dim);
+      }
+    }
+    misses += miss;
+  });
+  return {out, rows, misses.load()};
+}
+
 std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
                                                         const torch::Tensor& keys,
                                                         int64_t next_row) {
@@ -85,6 +153,68 @@ std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
   if (!fresh.empty())
     std::memcpy(new_keys.data_ptr<int64_t>(), fresh.data(), fresh.size() * sizeof(int64_t));
   return {rows, new_keys};
+}
+
+int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_keys,
+                    const torch::Tensor& keys, torch::Tensor rows, torch::Tensor out,
+                    int64_t start, const TableParams& p) {
+  check_index(slots);
+  check_keys(keys);
+  check_keys(rows);
+  check_keys(row_keys);
+  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2 &&
+                  data.size(1) == p.width, "data must be contiguous (R, width) float32");
+  const int64_t n = keys.numel(), dim = p.dim, width = p.width;
+  TORCH_CHECK(rows.numel() == n, "rows and keys differ in length");
+  const bool with_out = out.defined() && out.numel() > 0;
+  if (with_out)
+    TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.dim() == 2 &&
+                    out.size(0) == n && out.size(1) == dim, "out must be (n, dim) float32");
+  int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* r = rows.data_ptr<int64_t>();
+  float* d = data.data_ptr<float>();
+  int64_t* rk = row_keys.data_ptr<int64_t>();
+  float* o = with_out ? out.data_ptr<float>() : nullptr;
+  const int64_t R = std::min(data.size(0), row_keys.numel());
+  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
+  std::vector<int64_t> miss;
+  for (int64_t i = 0; i < n; ++i)
+    if (r[i] < 0) miss.push_back(i);
+  const int64_t m = static_cast<int64_t>(miss.size());
+  // Room for every miss (an upper bound of the rows created) is checked before writing.
+  TORCH_CHECK(start >= 0 && start + m <= R, "no room for ", m, " new rows at ", start,
+              " (rows ", R, ")");
+  // Phase 1, serial over the misses only: claim index slots and row ids (first occurrence
+  // order, so row numbering is deterministic). Phase 2, parallel: initialise the new rows,
+  // then copy their weights out.
+  int64_t next = start;
+  for (int64_t j = 0; j < m; ++j) {
+    if (j + kAhead < m) __builtin_prefetch(s + 2 * home(k[miss[j + kAhead]], mask), 1);
+    const int64_t i = miss[j];
+    const uint64_t at = probe(s, mask, k[i]);
+    int64_t row = s[2 * at + 1];
+    if (row == -1) {
+      row = next++;
+      s[2 * at] = k[i];
+      s[2 * at + 1] = row;
+      rk[row] = k[i];
+    }
+    r[i] = row;
+  }
+  at::parallel_for(start, next, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) init_row(d + row * width, rk[row], p, expand);
+  });
+  if (with_out) {
+    at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        const int64_t i = miss[j];
+        std::memcpy(o + i * dim, d + r[i] * width + kEmbedW, sizeof(float) * dim);
+      }
+    });
+  }
+  return next - start;
 }
 
 void insert_or_assign(torch::Tensor slots, const torch::Tensor& keys, const torch::Tensor& vals) {

@@ -34,6 +34,15 @@ std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys);
 // A fresh index of `capacity` slots holding keys[i] -> i (built in parallel).
 // keys: (n,) int64, distinct (the caller's row keys).
 torch::Tensor index_build(int64_t capacity, const torch::Tensor& keys);
+// Row id per key and the number of absent keys, in one pass.
+// keys: (n,) int64 -> (rows (n,) int64, -1 where absent; misses).
+std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots, const torch::Tensor& keys);
+// Fused find + gather (one pass, two-stage prefetch of slot then row): weights of each key,
+// zeros where absent. keys: (n,) int64 -> (out (n, dim) float32, rows (n,) int64, misses).
+std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tensor& slots,
+                                                              const torch::Tensor& keys,
+                                                              const torch::Tensor& data,
+                                                              const TableParams& p);
 
 // --- rows (rows.cpp) ---
 // Initialises rows [start, start + count): stats zero, weights from the initializers
@@ -46,6 +55,25 @@ torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const
 // Per-key deterministic initial weights as init_rows and the expansion draw them; embedx as
 // zeros unless with_embedx. keys: (n,) int64 -> (n, dim) float32.
 torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx);
+
+// Fused creation: for every i with rows[i] == -1, inserts keys[i] (duplicates share one
+// row) with ids start, start + 1, ... in order of first occurrence, sets row_keys, initialises
+// the row as init_rows does, sets rows[i] and, when out is defined, copies the row's weights
+// to out[i]. Only the misses are visited (serially, with prefetch); the caller reserves room
+// for every miss in data, row_keys and the index. rows: (n,) int64 (updated in place);
+// out: (n, dim) float32 or undefined. Returns the number of rows created.
+int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_keys,
+                    const torch::Tensor& keys, torch::Tensor rows, torch::Tensor out,
+                    int64_t start, const TableParams& p);
+
+// Initialises one row (pointer to its first column) as init_rows does; expand: embedx drawn
+// at once (embedx_threshold <= 0).
+void init_row(float* row, int64_t key, const TableParams& p, bool expand);
+
+// Maps the memory of rows [start, end) of a contiguous tensor (madvise MADV_POPULATE_WRITE,
+// contents unchanged), so that first writes there take no page faults; the store calls it
+// from a background thread ahead of row creation. False where the kernel lacks it.
+bool prefault(const torch::Tensor& t, int64_t start, int64_t end);
 
 // Fills the embedx weights of one row (pointer to its first column) from its initializer.
 void init_embedx(float* row, int64_t key, const TableParams& p);

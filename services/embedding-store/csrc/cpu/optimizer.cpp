@@ -117,8 +117,9 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
   auto valid = [&](int64_t i) { return r[i] >= 0 && r[i] < R; };
 
   // Parallel updates of one row would race. Count the occurrences of each row (atomically,
-  // in parallel); rows seen once are updated in parallel at once, repeated rows are summed
-  // in index order by a serial pass over the repeats only, then updated.
+  // in parallel); rows seen once are updated in parallel at once (clearing their mark),
+  // repeated rows are summed in index order by a serial pass over the repeats only, then
+  // updated (clearing theirs). Two parallel passes when no row repeats.
   at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
       if (valid(i)) __atomic_fetch_add(mk + r[i], 1, __ATOMIC_RELAXED);
@@ -134,8 +135,9 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
         __builtin_prefetch(ahead + p.width - 1, 1);
       }
       if (!valid(i)) continue;
-      if (mk[r[i]] == 1) {
+      if (mk[r[i]] == 1) {  // only this i holds the row: update it and clear its mark
         ex += update_row(d + r[i] * p.width, k[r[i]], g + i * p.dim, sh[i], cl[i], p);
+        mk[r[i]] = 0;
       } else {
         ++rep;
       }
@@ -148,7 +150,7 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
     std::vector<int64_t> ur;
     std::vector<float> ug, us, uc;
     for (int64_t i = 0; i < n; ++i) {
-      if (!valid(i) || mk[r[i]] == 1) continue;
+      if (!valid(i) || mk[r[i]] == 0) continue;  // 0: a single row, done above
       int32_t& m = mk[r[i]];
       if (m > 0) {
         m = -static_cast<int32_t>(ur.size()) - 1;
@@ -166,15 +168,13 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
     const int64_t u = static_cast<int64_t>(ur.size());
     at::parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
       int64_t ex = 0;
-      for (int64_t j = b; j < e; ++j)
+      for (int64_t j = b; j < e; ++j) {
         ex += update_row(d + ur[j] * p.width, k[ur[j]], ug.data() + j * p.dim, us[j], uc[j], p);
+        mk[ur[j]] = 0;
+      }
       expanded += ex;
     });
   }
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      if (valid(i)) mk[r[i]] = 0;
-  });
   return expanded.load();
 }
 

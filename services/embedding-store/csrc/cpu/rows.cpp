@@ -1,6 +1,9 @@
 // Row initialisation and gather.
 #include <ATen/Parallel.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -67,6 +70,17 @@ void init_embedx(float* row, int64_t key, const TableParams& p) {
   for (int64_t c = 1; c < p.dim; ++c) row[kEmbedW + c] = draw(p.embedx_init, st, c);
 }
 
+void init_row(float* row, int64_t key, const TableParams& p, bool expand) {
+  std::memset(row, 0, sizeof(float) * p.width);
+  row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
+  const uint64_t st = row_stream(p.seed, key);
+  row[kEmbedW] = draw(p.embed_init, st, 0);
+  if (expand)
+    for (int64_t c = 1; c < p.dim; ++c) row[kEmbedW + c] = draw(p.embedx_init, st, c);
+  init_state(row + p.embed_state, p.embed_rule, 1);
+  init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
+}
+
 void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start, int64_t count,
                const TableParams& p) {
   TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2 &&
@@ -77,15 +91,7 @@ void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start,
   const int64_t* k = row_keys.data_ptr<int64_t>();
   const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
   at::parallel_for(start, start + count, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      float* row = d + r * p.width;
-      std::memset(row, 0, sizeof(float) * p.width);
-      row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
-      row[kEmbedW] = draw(p.embed_init, row_stream(p.seed, k[r]), 0);
-      if (expand) init_embedx(row, k[r], p);
-      init_state(row + p.embed_state, p.embed_rule, 1);
-      init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
-    }
+    for (int64_t r = b; r < e; ++r) init_row(d + r * p.width, k[r], p, expand);
   });
 }
 
@@ -111,6 +117,24 @@ torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const
     }
   });
   return out;
+}
+
+bool prefault(const torch::Tensor& t, int64_t start, int64_t end) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+  TORCH_CHECK(t.is_contiguous() && t.dim() >= 1, "prefault needs a contiguous tensor");
+  start = std::max<int64_t>(start, 0);
+  end = std::min<int64_t>(end, t.size(0));
+  if (end <= start) return true;
+  const int64_t row_bytes = t.numel() / std::max<int64_t>(t.size(0), 1) * t.element_size();
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  // whole pages inside the range only, so no byte outside [start, end) is involved
+  const uintptr_t lo = (base + start * row_bytes + page - 1) & ~(page - 1);
+  const uintptr_t hi = (base + end * row_bytes) & ~(page - 1);
+  if (hi <= lo) return true;
+  return madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0;
 }
 
 torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx) {
