@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -189,17 +190,25 @@ def throughput(name: str, samples: int, files: int, service_shards: int) -> dict
 
 
 # -- quality ------------------------------------------------------------------------------
-QUALITY_HP = {"optimizer": "adagrad", "learning_rate": 0.05}
-QUALITY_SPARSE_LR = 0.05
-PIPELINE = [True]
-SPARSE_RULE = ["std_adagrad"]
-QUALITY_VOCAB = [300]
-BASELINE_SPARSE_LR = [0.05]
-QUALITY_INIT = [0.005]
+@dataclass
+class QualityKnobs:
+    """The quality run's training settings (CLI flags of the same names)."""
+
+    dense_lr: float = 0.05
+    sparse_lr: float = 0.05
+    sparse_rule: str = "std_adagrad"
+    initial_g2sum: float = 3.0
+    init_range: float = 0.005
+    pipeline: bool = True
+    vocab: int = 300
+    baseline_sparse_lr: float = 0.05
 
 
-def quality(days: int, samples_per_split: int, split_interval: int, slots: int) -> dict:
-    params = StreamParams(slots=slots, vocab=QUALITY_VOCAB[0], drift=0.05)
+def quality(days: int, samples_per_split: int, split_interval: int, slots: int,
+            k: QualityKnobs) -> dict:
+    params = StreamParams(slots=slots, vocab=k.vocab, drift=0.05)
+    rule = {"name": k.sparse_rule, "learning_rate": k.sparse_lr,
+            "initial_g2sum": k.initial_g2sum}
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         root = Path(tmp)
         generate(root / "data", DAY, days, split_interval, samples_per_split, 2, params)
@@ -210,22 +219,21 @@ def quality(days: int, samples_per_split: int, split_interval: int, slots: int) 
                        "model_save_path": str(root / "model"), "split_interval": split_interval,
                        "split_per_pass": 1, "start_day": DAY, "end_day": end,
                        "checkpoint_per_pass": 0, "save_base_at_day_end": False,
-                       "train_batch_size": 512, "sparse_pipeline": PIPELINE[0]},
+                       "train_batch_size": 512, "sparse_pipeline": k.pipeline},
             "hyper_parameters": {"sparse_inputs_slots": slots, "arch_sparse_feature_size": 16,
                                  "arch_mlp_bot": "13-64-16", "arch_mlp_top": "64-1",
-                                 **QUALITY_HP},
+                                 "optimizer": "adagrad", "learning_rate": k.dense_lr},
             "table_parameters": {
-                "initializer": {"type": "uniform", "low": -QUALITY_INIT[0],
-                                "high": QUALITY_INIT[0]},
-                "embed_sgd_param": {"name": SPARSE_RULE[0], "learning_rate": QUALITY_SPARSE_LR},
-                "embedx_sgd_param": {"name": SPARSE_RULE[0], "learning_rate": QUALITY_SPARSE_LR}},
+                "initializer": {"type": "uniform", "low": -k.init_range,
+                                "high": k.init_range},
+                "embed_sgd_param": rule, "embedx_sgd_param": rule},
         })
         recs = []
         with OnlineTrainer(cfg) as t:
             specs = t.passes_todo()
             for spec in specs:
                 recs.append(t.run_pass(spec))
-        base_recs = baseline_online(cfg, specs, rows=1 << 16)
+        base_recs = baseline_online(cfg, specs, 1 << 16, k.baseline_sparse_lr)
     last = [r for r in recs if r["day"] == end]
     last_base = [r for r in base_recs if r["day"] == end]
     w = np.array([r["samples"] for r in last], dtype=float)
@@ -236,9 +244,9 @@ def quality(days: int, samples_per_split: int, split_interval: int, slots: int) 
     }
     print(f"quality: planted stream, {days} days x {1440 // split_interval} passes x "
           f"{samples_per_split} samples, {slots} slots, vocab {params.vocab}, drift "
-          f"{params.drift}/day; dense {QUALITY_HP}, sparse {SPARSE_RULE[0]} lr "
-          f"{QUALITY_SPARSE_LR}, init +-{QUALITY_INIT[0]}; baseline: torch Adagrad, "
-          f"sparse lr {BASELINE_SPARSE_LR[0]}")
+          f"{params.drift}/day; dense adagrad lr {k.dense_lr}, sparse {k.sparse_rule} lr "
+          f"{k.sparse_lr} initial_g2sum {k.initial_g2sum}, init +-{k.init_range}; baseline: "
+          f"torch Adagrad, sparse lr {k.baseline_sparse_lr}")
     for i, (r, b) in enumerate(zip(recs, base_recs, strict=True)):
         if i % max(1, len(recs) // 8) == 0 or i == len(recs) - 1:
             print(f"  {r['day']}/{r['pass_id']:<3d} predict AUC streamrec {r['predict_auc']:.4f}"
@@ -250,13 +258,14 @@ def quality(days: int, samples_per_split: int, split_interval: int, slots: int) 
     return res
 
 
-def baseline_online(cfg: TrainerConfig, specs: list, rows: int) -> list[dict]:
+def baseline_online(cfg: TrainerConfig, specs: list, rows: int, sparse_lr: float
+                    ) -> list[dict]:
     """The reference DLRM (keys hashed into `rows` rows per table), predict then train."""
     hp = cfg.hyper_parameters
     model = DLRM(13, [rows] * hp.sparse_inputs_slots, hp.arch_sparse_feature_size,
                  hp.arch_mlp_bot, hp.arch_mlp_top, seed=hp.numpy_rand_seed)
     dense_opt = torch.optim.Adagrad(model.dense.parameters(), lr=hp.learning_rate)
-    sparse_opt = torch.optim.Adagrad(model.emb_l.parameters(), lr=BASELINE_SPARSE_LR[0])
+    sparse_opt = torch.optim.Adagrad(model.emb_l.parameters(), lr=sparse_lr)
     loss_fn = torch.nn.BCELoss()
     out = []
     for spec in specs:
@@ -300,14 +309,17 @@ def main() -> None:
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--quality-days", type=int, default=None)
     ap.add_argument("--quality-samples", type=int, default=None, help="samples per split")
-    ap.add_argument("--dense-lr", type=float, default=QUALITY_HP["learning_rate"])
-    ap.add_argument("--sparse-lr", type=float, default=QUALITY_SPARSE_LR)
+    knobs = QualityKnobs()
+    ap.add_argument("--dense-lr", type=float, default=knobs.dense_lr)
+    ap.add_argument("--sparse-lr", type=float, default=knobs.sparse_lr)
+    ap.add_argument("--initial-g2sum", type=float, default=knobs.initial_g2sum,
+                    help="the store rule's initial_g2sum (quality)")
     ap.add_argument("--no-pipeline", action="store_true", help="pull after the last push")
-    ap.add_argument("--sparse-rule", default=SPARSE_RULE[0], help="the store's rule (quality)")
-    ap.add_argument("--baseline-sparse-lr", type=float, default=BASELINE_SPARSE_LR[0])
-    ap.add_argument("--init-range", type=float, default=QUALITY_INIT[0],
+    ap.add_argument("--sparse-rule", default=knobs.sparse_rule, help="the store's rule (quality)")
+    ap.add_argument("--baseline-sparse-lr", type=float, default=knobs.baseline_sparse_lr)
+    ap.add_argument("--init-range", type=float, default=knobs.init_range,
                     help="StreamRec rows start uniform in +-this")
-    ap.add_argument("--vocab", type=int, default=QUALITY_VOCAB[0], help="ids per slot and day")
+    ap.add_argument("--vocab", type=int, default=knobs.vocab, help="ids per slot and day")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.measure:
@@ -318,17 +330,14 @@ def main() -> None:
     for name in names:
         samples = args.samples or (SETUPS[name]["batch"] * (400 if args.full else 60))
         throughput(name, samples, 4, args.service_shards)
-    QUALITY_HP["learning_rate"] = args.dense_lr
-    PIPELINE[0] = not args.no_pipeline
-    SPARSE_RULE[0] = args.sparse_rule
-    QUALITY_VOCAB[0] = args.vocab
-    BASELINE_SPARSE_LR[0] = args.baseline_sparse_lr
-    QUALITY_INIT[0] = args.init_range
-    globals()["QUALITY_SPARSE_LR"] = args.sparse_lr
+    knobs = QualityKnobs(dense_lr=args.dense_lr, sparse_lr=args.sparse_lr,
+                         sparse_rule=args.sparse_rule, initial_g2sum=args.initial_g2sum,
+                         init_range=args.init_range, pipeline=not args.no_pipeline,
+                         vocab=args.vocab, baseline_sparse_lr=args.baseline_sparse_lr)
     if args.quality:
         days = args.quality_days or (5 if args.full else 2)
         quality(days, args.quality_samples or (30000 if args.full else 8000), 240,
-                26 if args.full else 8)
+                26 if args.full else 8, knobs)
 
 
 if __name__ == "__main__":

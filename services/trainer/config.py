@@ -92,6 +92,9 @@ class RunnerConfig(StrictConfig):
     #: Pull batch i+1 while batch i computes (its rows are then one push older); False pulls
     #: after the previous push (no staleness, no overlap).
     sparse_pipeline: bool = True
+    #: Threads that run one batch's per-table store pulls/pushes side by side (0: 1 for an
+    #: in-process store, up to 8 for the store service, whose calls wait on round trips).
+    sparse_threads: int = Field(0, ge=0, le=64)
     #: Whether the predict phase runs before training (the honest online AUC).
     predict_before_train: bool = True
     #: Shrink + base + batch model at the last pass of each day.

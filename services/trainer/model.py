@@ -106,26 +106,40 @@ class DLRMDense(nn.Module):
         self.register_buffer("li", torch.tensor(li, dtype=torch.int64), persistent=False)
         self.register_buffer("lj", torch.tensor(lj, dtype=torch.int64), persistent=False)
 
-    def interact(self, x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
-        """x: (B, d), ly: S x (B, d) -> R: (B, num_int) float32."""
-        if self.interaction_op == "cat":
-            return torch.cat([x, *ly], dim=1)
+    def interact(self, x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+        """x: (B, d), ly: S x (B, d) or (B, S, d) -> R: (B, num_int) float32."""
         batch, d = x.shape
-        t = torch.cat([x, *ly], dim=1).view(batch, -1, d)
+        if isinstance(ly, torch.Tensor):
+            t = torch.cat([x.unsqueeze(1), ly], dim=1)
+            if self.interaction_op == "cat":
+                return t.reshape(batch, -1)
+        elif self.interaction_op == "cat":
+            return torch.cat([x, *ly], dim=1)
+        else:
+            t = torch.cat([x, *ly], dim=1).view(batch, -1, d)
         z = torch.bmm(t, t.transpose(1, 2))
         return torch.cat([x, z[:, self.li, self.lj]], dim=1)
 
-    def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
-        """dense_x: (B, D) float32, ly: S x (B, d) float32 -> click probability (B, 1)."""
+    def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor
+                ) -> torch.Tensor:
+        """dense_x: (B, D) float32, ly: S x (B, d) or (B, S, d) float32 -> click probability
+        (B, 1)."""
         if dense_x.dim() != 2 or dense_x.shape[1] != self.dense_dim:
             raise ModelShapeError(f"dense_x must be (batch, {self.dense_dim}), got "
                                   f"{tuple(dense_x.shape)}")
-        if len(ly) != self.num_sparse:
-            raise ModelShapeError(f"expected {self.num_sparse} sparse features, got {len(ly)}")
-        for k, e in enumerate(ly):
-            if e.shape != (dense_x.shape[0], self.sparse_dim):
-                raise ModelShapeError(f"sparse feature {k} must be ({dense_x.shape[0]}, "
-                                      f"{self.sparse_dim}), got {tuple(e.shape)}")
+        if isinstance(ly, torch.Tensor):
+            want = (dense_x.shape[0], self.num_sparse, self.sparse_dim)
+            if tuple(ly.shape) != want:
+                raise ModelShapeError(f"sparse features must be {want} (batch, slots, dim), "
+                                      f"got {tuple(ly.shape)}")
+        else:
+            if len(ly) != self.num_sparse:
+                raise ModelShapeError(
+                    f"expected {self.num_sparse} sparse features, got {len(ly)}")
+            for k, e in enumerate(ly):
+                if e.shape != (dense_x.shape[0], self.sparse_dim):
+                    raise ModelShapeError(f"sparse feature {k} must be ({dense_x.shape[0]}, "
+                                          f"{self.sparse_dim}), got {tuple(e.shape)}")
         x = self.bot_l(dense_x)
         p = self.top_l(self.interact(x, ly))
         if 0.0 < self.loss_threshold < 1.0:

@@ -3,10 +3,12 @@
 One pass (seed 002)::
 
     files of the pass (rank r takes files r::world)
-      -> prefetch thread: read + parse (pyarrow/numpy on whole chunks), cut into batches
-      -> pull worker (one thread, FIFO): features -> store pull (pooled by the module)
-      -> main thread: DLRM forward/backward, dense all-reduce, optimizer step
-      -> pull worker: push sparse gradients + show/click
+      -> prefetch thread: read + parse (pyarrow/numpy on whole chunks), cut into batches,
+         dedup the keys of every slot into one fused row index (:mod:`.sparse`)
+      -> pull worker (one thread, FIFO): one store pull per table -> one (U, dim) leaf
+      -> main thread: one gather of every slot, DLRM forward/backward, dense all-reduce,
+         optimizer step
+      -> pull worker: push sparse gradients + show/click (one store push per table)
 
     predict phase: every batch with the model as it stood before the pass (create=False:
                    nothing is created or trained) -> predict AUC / logloss
@@ -59,6 +61,7 @@ from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.negsampling import NegativeSampler
+from streamrec.trainer.sparse import SparseBatch, SparseTables
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +97,13 @@ def build_table_options(config: TrainerConfig) -> list[Any]:
 
 
 class _Prefetcher:
-    """Parses a pass's files in a daemon thread into a bounded queue of batches."""
+    """Parses a pass's files in a daemon thread into a bounded queue of batches (each
+    passed through ``transform`` there when given)."""
 
     _END = object()
 
     def __init__(self, files: list[Path], config: TrainerConfig, stats: ParseStats,
-                 transform: Callable[[Batch], Batch] | None = None) -> None:
+                 transform: Callable[[Batch], Any] | None = None) -> None:
         r = config.runner
         self._transform = transform
         self._q: queue.Queue[Any] = queue.Queue(maxsize=r.prefetch_batches)
@@ -130,7 +134,7 @@ class _Prefetcher:
         except BaseException as exc:  # handed to the consumer, which re-raises it
             self._put(exc)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Any]:
         while True:
             item = self._q.get()
             if item is self._END:
@@ -159,8 +163,6 @@ class OnlineTrainer:
     """
 
     def __init__(self, config: TrainerConfig, store: Any | None = None) -> None:
-        from streamrec.embedding_store import StoreEmbeddingBags
-
         self.config = config
         hp, r = config.hyper_parameters, config.runner
         self.device = torch.device("cuda" if config.distributed.backend == "nccl"
@@ -179,7 +181,10 @@ class OnlineTrainer:
         if store is None:
             store = self._make_store()
         self.store = store
-        self.emb = StoreEmbeddingBags(store, config.table_names, pooling="sum")
+        threads = r.sparse_threads or (min(len(config.table_names), 8)
+                                       if config.store.addresses else 1)
+        self.sparse = SparseTables(store, config.table_names, hp.arch_sparse_feature_size,
+                                   threads)
         self.dense = DLRMDense(hp.dense_dim, hp.sparse_inputs_slots, hp.arch_sparse_feature_size,
                                hp.arch_mlp_bot, hp.arch_mlp_top, hp.arch_interaction_op,
                                hp.arch_interaction_itself, hp.loss_threshold,
@@ -238,34 +243,37 @@ class OnlineTrainer:
         files = layout.pass_files(self.data_root, spec, self.config.runner.data_donefile)
         return files[self.rank::self.world]
 
-    def _pull(self, batch: Batch, create: bool) -> Any:
-        return self.emb.pull(batch.features(), create=create)
+    def _prepare(self, batch: Batch) -> tuple[Batch, SparseBatch]:
+        """Prefetch thread: negatives (when sampling), then the fused dedup of the keys."""
+        if self.negatives is not None:
+            batch = self.negatives(batch)
+        return batch, self.sparse.prepare(batch)
 
-    def _push(self, pulled: Any, labels: torch.Tensor) -> None:
-        if self.config.runner.scale_sparse_gradient_with_batch_size:
-            for part in pulled.tables:
-                if part.weights.grad is not None:
-                    part.weights.grad.mul_(float(pulled.batch))
-        self.emb.push(pulled, labels)
+    def _pull(self, item: tuple[Batch, SparseBatch], create: bool) -> SparseBatch:
+        return self.sparse.pull(item[1], create)
 
-    def _forward(self, batch: Batch, pulled: Any) -> torch.Tensor:
-        outs = [o.to(self.device, non_blocking=True) for o in self.emb(pulled)]
-        return self.dense(batch.dense.to(self.device, non_blocking=True), outs).view(-1)
+    def _push(self, pulled: SparseBatch, labels: torch.Tensor) -> None:
+        scale = self.config.runner.scale_sparse_gradient_with_batch_size
+        self.sparse.push(pulled, labels, float(pulled.batch) if scale else 1.0)
+
+    def _forward(self, batch: Batch, pulled: SparseBatch) -> torch.Tensor:
+        ly = self.sparse.forward(pulled).to(self.device, non_blocking=True)
+        return self.dense(batch.dense.to(self.device, non_blocking=True), ly).view(-1)
 
     def predict_files(self, files: list[Path], acc: AucAccumulator,
                       best: AucAccumulator | None, stats: ParseStats) -> int:
         """Scores files with the current model (no training, no key created)."""
-        prefetch = _Prefetcher(files, self.config, stats, self.negatives)
+        prefetch = _Prefetcher(files, self.config, stats, self._prepare)
         n = 0
         try:
             it = iter(prefetch)
-            batch = next(it, None)
-            fut = self._pool.submit(self._pull, batch, False) if batch is not None else None
+            item = next(it, None)
+            fut = self._pool.submit(self._pull, item, False) if item is not None else None
             self.dense.eval()
             with torch.no_grad():
-                while batch is not None:
+                while item is not None:
                     assert fut is not None
-                    pulled = fut.result()
+                    batch, pulled = item[0], fut.result()
                     nxt = next(it, None)
                     fut = self._pool.submit(self._pull, nxt, False) if nxt is not None else None
                     p = self._forward(batch, pulled)
@@ -273,7 +281,7 @@ class OnlineTrainer:
                     if best is not None and batch.ptrue is not None:
                         best.add(batch.ptrue, batch.labels)
                     n += len(batch)
-                    batch = nxt
+                    item = nxt
         finally:
             self.dense.train()
             prefetch.close()
@@ -281,35 +289,38 @@ class OnlineTrainer:
 
     def train_files(self, files: list[Path], acc: AucAccumulator, stats: ParseStats) -> int:
         """Trains on files; returns this rank's sample count. All ranks step together."""
-        prefetch = _Prefetcher(files, self.config, stats, self.negatives)
+        prefetch = _Prefetcher(files, self.config, stats, self._prepare)
         pipelined = self.config.runner.sparse_pipeline
         n = 0
         pushes: list[Future] = []
         try:
             it = iter(prefetch)
-            batch = next(it, None)
-            fut = self._pool.submit(self._pull, batch, True) if batch is not None else None
+            item = next(it, None)
+            fut = self._pool.submit(self._pull, item, True) if item is not None else None
             while True:
-                if batch is None and self.world == 1:
+                if item is None and self.world == 1:
                     break
                 pulled = fut.result() if fut is not None else None
-                nxt = next(it, None) if batch is not None else None
+                nxt = next(it, None) if item is not None else None
                 fut = None
                 if nxt is not None and pipelined:
                     fut = self._pool.submit(self._pull, nxt, True)
                 self.optimizer.zero_grad(set_to_none=True)
                 p = None
-                if batch is not None:
+                if item is not None:
+                    assert pulled is not None
+                    batch = item[0]
                     p = self._forward(batch, pulled)
                     labels = batch.labels.to(self.device)
                     loss = self.loss_fn(p.view(-1, 1), labels.view(-1, 1))
                     loss.backward()
-                if self.world > 1 and ddp.sync_gradients(self.params, batch is not None) == 0:
+                if self.world > 1 and ddp.sync_gradients(self.params, item is not None) == 0:
                     break
                 self.optimizer.step()
                 self.scheduler.step()
                 self.step += 1
-                if batch is not None:
+                if item is not None:
+                    assert p is not None and pulled is not None
                     # FIFO after pull(i+1): the next pull never sees this push (see module doc)
                     pushes.append(self._pool.submit(self._push, pulled, batch.labels))
                     acc.add(p.detach().cpu(), batch.labels)
@@ -318,7 +329,7 @@ class OnlineTrainer:
                         pushes.pop(0).result()
                 if nxt is not None and not pipelined:  # after push(i): no stale rows
                     fut = self._pool.submit(self._pull, nxt, True)
-                batch = nxt
+                item = nxt
             for f in pushes:
                 f.result()
         finally:
@@ -528,6 +539,7 @@ class OnlineTrainer:
         """Stops waiting, releases the store (if built here) and the process group."""
         self.stop_event.set()
         self._pool.shutdown(wait=True)
+        self.sparse.close()
         if self.negatives is not None:
             self.negatives.close()
         if self._own_store:

@@ -48,6 +48,12 @@ def test_forward_matches_numpy(op, itself):
     assert got.shape == (5, 1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert ((got > 0) & (got < 1)).all()
+    # the stacked (B, S, d) form the trainer's fused sparse side hands over
+    stacked = torch.from_numpy(np.stack(ly, axis=1))
+    np.testing.assert_allclose(model(torch.from_numpy(dense_x), stacked).detach().numpy(),
+                               want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ModelShapeError, match=r"\(5, 3, 2\) \(batch, slots, dim\)"):
+        model(torch.from_numpy(dense_x), stacked[:, :2])
 
 
 def test_hand_computed_tiny_model():

@@ -1,0 +1,89 @@
+"""SparseTables (the trainer's fused sparse side) against the store's StoreEmbeddingBags."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from streamrec.embedding_store import EmbeddingStore, StoreEmbeddingBags, TableOptions
+from streamrec.trainer.data import Batch
+from streamrec.trainer.errors import ModelShapeError
+from streamrec.trainer.sparse import SparseTables
+
+SLOTS, DIM = 3, 4
+
+
+def make_store() -> EmbeddingStore:
+    opts = {"embedx_threshold": 0, "initializer": {"type": "uniform", "low": -0.1, "high": 0.1},
+            "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05},
+            "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05}}
+    return EmbeddingStore([TableOptions.parse(dict(opts, name=f"t{i}", dim=DIM))
+                           for i in range(SLOTS)], seed=7)
+
+
+def make_batch(ragged: bool, b: int = 64) -> Batch:
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randint(0, 20, (b, SLOTS), generator=g) * 1_000_003 - 5
+    present = torch.rand(b, SLOTS, generator=g) > 0.3 if ragged else None
+    if present is not None:
+        present[:, 2] = False  # an empty table in the batch
+    labels = (torch.rand(b, generator=g) > 0.6).float()
+    return Batch(torch.zeros(b, 13), labels, keys, present)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_matches_store_embedding_bags(ragged, threads):
+    batch = make_batch(ragged)
+    names = [f"t{i}" for i in range(SLOTS)]
+    ref_store, store = make_store(), make_store()
+    ref = StoreEmbeddingBags(ref_store, names)
+    sp = SparseTables(store, names, DIM, threads)
+    w = torch.randn(batch.keys.shape[0], SLOTS, DIM, generator=torch.Generator().manual_seed(1))
+    try:
+        for _ in range(3):  # later rounds read rows the earlier pushes trained
+            pulled = ref.pull(batch.features(), create=True)
+            want = torch.stack(ref(pulled), 1)
+            (want * w).sum().backward()
+            ref.push(pulled, batch.labels)
+            sb = sp.pull(sp.prepare(batch), create=True)
+            got = sp.forward(sb)
+            assert got.shape == (batch.keys.shape[0], SLOTS, DIM)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+            (got * w).sum().backward()
+            sp.push(sb, batch.labels)
+        for t, name in enumerate(names):
+            keys = torch.unique(batch.keys[:, t])
+            torch.testing.assert_close(store.pull(name, keys, create=False),
+                                       ref_store.pull(name, keys, create=False))
+            a, b = store.inspect(name, keys), ref_store.inspect(name, keys)
+            assert torch.equal(a["present"], b["present"])
+            torch.testing.assert_close(a["show"], b["show"])
+            torch.testing.assert_close(a["click"], b["click"])
+        if ragged:
+            assert store.size("t2") == 0
+    finally:
+        sp.close()
+
+
+def test_grad_scale_and_no_create():
+    batch = make_batch(False)
+    names = [f"t{i}" for i in range(SLOTS)]
+    store = make_store()
+    sp = SparseTables(store, names, DIM)
+    sb = sp.pull(sp.prepare(batch), create=False)
+    assert store.size("t0") == 0 and float(sb.weights.detach().abs().sum()) == 0.0
+    sb = sp.pull(sp.prepare(batch), create=True)
+    before = store.pull("t0", sb.keys[0], create=False)
+    sp.forward(sb).sum().backward()
+    sp.push(sb, batch.labels, grad_scale=0.0)  # a zero gradient leaves the rows as they were
+    torch.testing.assert_close(store.pull("t0", sb.keys[0], create=False), before)
+    assert float(store.inspect("t0", sb.keys[0])["show"].sum()) == batch.keys.shape[0]
+
+
+def test_bad_shapes():
+    store = make_store()
+    sp = SparseTables(store, ["t0", "t1"], DIM)
+    with pytest.raises(ModelShapeError, match="3 sparse slots, expected 2"):
+        sp.prepare(make_batch(False))
+    with pytest.raises(ModelShapeError, match="at least one table"):
+        SparseTables(store, [], DIM)
