@@ -66,6 +66,9 @@ class SamplerServer:
         self._seed_lock = threading.Lock()
         self._local = threading.local()
         self._lock_file: Any = None
+        # Requests run side by side on `workers` threads; each request's kernel takes its
+        # share of the cores, so concurrent clients do not oversubscribe them.
+        self._kernel_threads = max(1, (os.cpu_count() or 1) // max(1, config.workers))
         self.handlers = {
             "ping": self.ping,
             "reload": self.reload,
@@ -215,6 +218,7 @@ class SamplerServer:
             max_rounds=self.config.max_rounds,
             missing_id=missing_id,
             rng=self._rng(),
+            threads=self._kernel_threads,
         )
         metrics.NEGATIVES.inc(total - result.unfilled)
         metrics.UNFILLED.inc(result.unfilled)

@@ -225,8 +225,12 @@ class NegativeTable:
         max_rounds: int = 16,
         missing_id: int = -1,
         rng: np.random.Generator,
+        threads: int = 0,
     ) -> SampleResult:
         """Draws ``cnts[i]`` negatives for every positive (see the module docstring).
+
+        ``threads`` caps the compiled kernel's threads (0: torch's intra-op count, adapted to
+        load); a server running requests side by side passes its share of the cores.
 
         Args:
             pos_ids: (b,) int64 dedup ids of the positives.
@@ -249,7 +253,16 @@ class NegativeTable:
         np.cumsum(cnts, out=offsets[1:])
         if put_back:
             return self._sample_put_back(
-                at, pos_ids, group, offsets, avoid_conflict, avoid_all, max_rounds, missing_id, rng
+                at,
+                pos_ids,
+                group,
+                offsets,
+                avoid_conflict,
+                avoid_all,
+                max_rounds,
+                missing_id,
+                rng,
+                threads,
             )
         own_slot = np.full(b, -1, np.int64)
         own_rows = self.rows_of(pos_ids) if (avoid_conflict or avoid_all) else None
@@ -321,6 +334,7 @@ class NegativeTable:
         max_rounds: int,
         missing_id: int,
         rng: np.random.Generator,
+        threads: int = 0,
     ) -> SampleResult:
         """Draws with replacement in the compiled kernel, then fills what it left exactly.
 
@@ -356,6 +370,7 @@ class NegativeTable:
             seed,
             max_rounds,
             missing_id,
+            threads,
         )
         ids, left = ids_t.numpy(), left_t.numpy()
         # Positives with slots left: unknown category, no allowed item, or tries ran out.
