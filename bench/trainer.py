@@ -42,10 +42,18 @@ from streamrec.trainer.model import DLRM
 from streamrec.trainer.runner import OnlineTrainer, build_table_options
 
 SETUPS = {
-    "a": {"ln_emb": [100] * 12 + [1000] * 3, "bot": [13, 512, 256, 64, 16],
-          "top": [512, 256, 1], "batch": 128},
-    "b": {"ln_emb": [100_000] * 26, "bot": [13, 512, 256, 64, 16], "top": [512, 256, 1],
-          "batch": 2048},
+    "a": {
+        "ln_emb": [100] * 12 + [1000] * 3,
+        "bot": [13, 512, 256, 64, 16],
+        "top": [512, 256, 1],
+        "batch": 128,
+    },
+    "b": {
+        "ln_emb": [100_000] * 26,
+        "bot": [13, 512, 256, 64, 16],
+        "top": [512, 256, 1],
+        "batch": 2048,
+    },
 }
 LR = 0.01
 DAY = "20190720"
@@ -54,8 +62,9 @@ DAY = "20190720"
 def make_data(setup: dict, samples: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Uniform ids (the reference generator with one index per lookup), Criteo-like ints."""
     rng = np.random.default_rng(seed)
-    keys = np.stack([np.round(rng.random(samples) * (n - 1)).astype(np.int64)
-                     for n in setup["ln_emb"]], axis=1)
+    keys = np.stack(
+        [np.round(rng.random(samples) * (n - 1)).astype(np.int64) for n in setup["ln_emb"]], axis=1
+    )
     ints = np.floor(np.expm1(rng.gamma(1.5, 1.2, (samples, 13)))).astype(np.int64)
     return {"keys": keys, "ints": ints, "label": rng.integers(0, 2, samples)}
 
@@ -66,7 +75,8 @@ def write_pass(root: Path, data: dict[str, np.ndarray], files: int) -> None:
     bounds = np.linspace(0, len(data["label"]), files + 1).astype(int)
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         (split / f"part-{i:05d}").write_bytes(
-            to_criteo_text(data["label"][a:b], data["ints"][a:b], data["keys"][a:b]))
+            to_criteo_text(data["label"][a:b], data["ints"][a:b], data["keys"][a:b])
+        )
     (split / "to.hadoop.done").touch()
 
 
@@ -81,8 +91,7 @@ def baseline_step_rate(setup: dict, data: dict[str, np.ndarray], steps: int) -> 
     for i in range(min(steps, len(data["label"]) // bs)):
         sl = slice(i * bs, (i + 1) * bs)
         dense = torch.log1p(torch.from_numpy(data["ints"][sl].astype(np.float32)))
-        idx = [torch.from_numpy(np.ascontiguousarray(data["keys"][sl, j]))
-               for j in range(n_tables)]
+        idx = [torch.from_numpy(np.ascontiguousarray(data["keys"][sl, j])) for j in range(n_tables)]
         offs = [torch.arange(bs, dtype=torch.int64)] * n_tables
         y = torch.from_numpy(data["label"][sl].astype(np.float32)).view(-1, 1)
         batches.append((dense, offs, idx, y))
@@ -101,24 +110,40 @@ def baseline_step_rate(setup: dict, data: dict[str, np.ndarray], steps: int) -> 
     return len(batches) * bs / (time.perf_counter() - started)
 
 
-def streamrec_config(setup: dict, data_root: Path, model_root: Path, addresses: list[str]
-                     ) -> TrainerConfig:
-    return TrainerConfig.parse({
-        "runner": {"train_data_dir": str(data_root), "model_save_path": str(model_root),
-                   "data_format": "criteo", "split_interval": 1440, "split_per_pass": 1,
-                   "start_day": DAY, "end_day": DAY, "checkpoint_per_pass": 0,
-                   "save_base_at_day_end": False, "predict_before_train": False,
-                   "train_batch_size": setup["batch"]},
-        "hyper_parameters": {"sparse_inputs_slots": len(setup["ln_emb"]),
-                             "arch_sparse_feature_size": setup["bot"][-1],
-                             "arch_mlp_bot": setup["bot"], "arch_mlp_top": setup["top"],
-                             "optimizer": "sgd", "learning_rate": LR},
-        "table_parameters": {
-            "initializer": {"type": "uniform", "low": -0.01, "high": 0.01},
-            "embed_sgd_param": {"name": "naive", "learning_rate": LR},
-            "embedx_sgd_param": {"name": "naive", "learning_rate": LR}},
-        "store": {"addresses": addresses},
-    })
+def streamrec_config(
+    setup: dict, data_root: Path, model_root: Path, addresses: list[str]
+) -> TrainerConfig:
+    return TrainerConfig.parse(
+        {
+            "runner": {
+                "train_data_dir": str(data_root),
+                "model_save_path": str(model_root),
+                "data_format": "criteo",
+                "split_interval": 1440,
+                "split_per_pass": 1,
+                "start_day": DAY,
+                "end_day": DAY,
+                "checkpoint_per_pass": 0,
+                "save_base_at_day_end": False,
+                "predict_before_train": False,
+                "train_batch_size": setup["batch"],
+            },
+            "hyper_parameters": {
+                "sparse_inputs_slots": len(setup["ln_emb"]),
+                "arch_sparse_feature_size": setup["bot"][-1],
+                "arch_mlp_bot": setup["bot"],
+                "arch_mlp_top": setup["top"],
+                "optimizer": "sgd",
+                "learning_rate": LR,
+            },
+            "table_parameters": {
+                "initializer": {"type": "uniform", "low": -0.01, "high": 0.01},
+                "embed_sgd_param": {"name": "naive", "learning_rate": LR},
+                "embedx_sgd_param": {"name": "naive", "learning_rate": LR},
+            },
+            "store": {"addresses": addresses},
+        }
+    )
 
 
 def streamrec_rate(config: TrainerConfig) -> tuple[float, float]:
@@ -143,8 +168,9 @@ def measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict
     from streamrec.embedding_store.server import LocalShards
 
     tables = root / "tables.json"
-    tables.write_text(json.dumps(
-        {"tables": [t.model_dump(mode="json") for t in build_table_options(cfg)]}))
+    tables.write_text(
+        json.dumps({"tables": [t.model_dump(mode="json") for t in build_table_options(cfg)]})
+    )
     with LocalShards(tables, shards) as local:
         remote = streamrec_config(setup, root / "data", root / "model-service", local.endpoints)
         first, second = streamrec_rate(remote)
@@ -157,10 +183,26 @@ def run_measure(kind: str, name: str, samples: int, root: Path, shards: int) -> 
     services/common/__init__.py), so the comparison is like for like."""
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    out = subprocess.run([sys.executable, __file__, "--measure", kind, "--setup", name,
-                          "--samples", str(samples), "--root", str(root),
-                          "--service-shards", str(shards)],
-                         env=env, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--measure",
+            kind,
+            "--setup",
+            name,
+            "--samples",
+            str(samples),
+            "--root",
+            str(root),
+            "--service-shards",
+            str(shards),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{kind} measurement failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -176,16 +218,20 @@ def throughput(name: str, samples: int, files: int, service_shards: int) -> dict
         for kind in kinds:
             out[kind] = run_measure(kind, name, samples, root, service_shards)
     b = out["baseline"]["rate"]
-    print(f"setup {name}: {len(setup['ln_emb'])} tables {setup['ln_emb'][0]}.. rows, dim "
-          f"{setup['bot'][-1]}, bottom {'-'.join(map(str, setup['bot']))}, top "
-          f"{'-'.join(map(str, setup['top']))}, batch {setup['batch']}, {samples} samples")
+    print(
+        f"setup {name}: {len(setup['ln_emb'])} tables {setup['ln_emb'][0]}.. rows, dim "
+        f"{setup['bot'][-1]}, bottom {'-'.join(map(str, setup['bot']))}, top "
+        f"{'-'.join(map(str, setup['top']))}, batch {setup['batch']}, {samples} samples"
+    )
     print(f"  baseline step alone          {b:10.0f} samples/s")
     for key, label in (("inproc", "in-process store"), ("service", "store service")):
         if key in out:
             r = out[key]
-            print(f"  StreamRec e2e, {label:16s}{r['rate']:10.0f} samples/s  "
-                  f"ratio {r['rate'] / b:.2f}  (first pass {r['first']:.0f}, "
-                  f"ratio {r['first'] / b:.2f})")
+            print(
+                f"  StreamRec e2e, {label:16s}{r['rate']:10.0f} samples/s  "
+                f"ratio {r['rate'] / b:.2f}  (first pass {r['first']:.0f}, "
+                f"ratio {r['first'] / b:.2f})"
+            )
     return out
 
 
@@ -204,30 +250,46 @@ class QualityKnobs:
     baseline_sparse_lr: float = 0.05
 
 
-def quality(days: int, samples_per_split: int, split_interval: int, slots: int,
-            k: QualityKnobs) -> dict:
+def quality(
+    days: int, samples_per_split: int, split_interval: int, slots: int, k: QualityKnobs
+) -> dict:
     params = StreamParams(slots=slots, vocab=k.vocab, drift=0.05)
-    rule = {"name": k.sparse_rule, "learning_rate": k.sparse_lr,
-            "initial_g2sum": k.initial_g2sum}
+    rule = {"name": k.sparse_rule, "learning_rate": k.sparse_lr, "initial_g2sum": k.initial_g2sum}
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         root = Path(tmp)
         generate(root / "data", DAY, days, split_interval, samples_per_split, 2, params)
-        end = layout.format_day(layout.parse_day(DAY) + __import__("datetime").timedelta(
-            days=days - 1))
-        cfg = TrainerConfig.parse({
-            "runner": {"train_data_dir": str(root / "data"),
-                       "model_save_path": str(root / "model"), "split_interval": split_interval,
-                       "split_per_pass": 1, "start_day": DAY, "end_day": end,
-                       "checkpoint_per_pass": 0, "save_base_at_day_end": False,
-                       "train_batch_size": 512, "sparse_pipeline": k.pipeline},
-            "hyper_parameters": {"sparse_inputs_slots": slots, "arch_sparse_feature_size": 16,
-                                 "arch_mlp_bot": "13-64-16", "arch_mlp_top": "64-1",
-                                 "optimizer": "adagrad", "learning_rate": k.dense_lr},
-            "table_parameters": {
-                "initializer": {"type": "uniform", "low": -k.init_range,
-                                "high": k.init_range},
-                "embed_sgd_param": rule, "embedx_sgd_param": rule},
-        })
+        end = layout.format_day(
+            layout.parse_day(DAY) + __import__("datetime").timedelta(days=days - 1)
+        )
+        cfg = TrainerConfig.parse(
+            {
+                "runner": {
+                    "train_data_dir": str(root / "data"),
+                    "model_save_path": str(root / "model"),
+                    "split_interval": split_interval,
+                    "split_per_pass": 1,
+                    "start_day": DAY,
+                    "end_day": end,
+                    "checkpoint_per_pass": 0,
+                    "save_base_at_day_end": False,
+                    "train_batch_size": 512,
+                    "sparse_pipeline": k.pipeline,
+                },
+                "hyper_parameters": {
+                    "sparse_inputs_slots": slots,
+                    "arch_sparse_feature_size": 16,
+                    "arch_mlp_bot": "13-64-16",
+                    "arch_mlp_top": "64-1",
+                    "optimizer": "adagrad",
+                    "learning_rate": k.dense_lr,
+                },
+                "table_parameters": {
+                    "initializer": {"type": "uniform", "low": -k.init_range, "high": k.init_range},
+                    "embed_sgd_param": rule,
+                    "embedx_sgd_param": rule,
+                },
+            }
+        )
         recs = []
         with OnlineTrainer(cfg) as t:
             specs = t.passes_todo()
@@ -242,36 +304,54 @@ def quality(days: int, samples_per_split: int, split_interval: int, slots: int,
         "baseline": float(np.average([r["predict_auc"] for r in last_base], weights=w)),
         "best": float(np.average([r["best_auc"] for r in last], weights=w)),
     }
-    print(f"quality: planted stream, {days} days x {1440 // split_interval} passes x "
-          f"{samples_per_split} samples, {slots} slots, vocab {params.vocab}, drift "
-          f"{params.drift}/day; dense adagrad lr {k.dense_lr}, sparse {k.sparse_rule} lr "
-          f"{k.sparse_lr} initial_g2sum {k.initial_g2sum}, init +-{k.init_range}; baseline: "
-          f"torch Adagrad, sparse lr {k.baseline_sparse_lr}")
+    print(
+        f"quality: planted stream, {days} days x {1440 // split_interval} passes x "
+        f"{samples_per_split} samples, {slots} slots, vocab {params.vocab}, drift "
+        f"{params.drift}/day; dense adagrad lr {k.dense_lr}, sparse {k.sparse_rule} lr "
+        f"{k.sparse_lr} initial_g2sum {k.initial_g2sum}, init +-{k.init_range}; baseline: "
+        f"torch Adagrad, sparse lr {k.baseline_sparse_lr}"
+    )
     for i, (r, b) in enumerate(zip(recs, base_recs, strict=True)):
         if i % max(1, len(recs) // 8) == 0 or i == len(recs) - 1:
-            print(f"  {r['day']}/{r['pass_id']:<3d} predict AUC streamrec {r['predict_auc']:.4f}"
-                  f"  baseline {b['predict_auc']:.4f}  best {r['best_auc']:.4f}")
-    print(f"  last day predict AUC: streamrec {res['streamrec']:.4f}, baseline "
-          f"{res['baseline']:.4f}, best possible {res['best']:.4f}; gap to best "
-          f"{res['best'] - res['streamrec']:.4f}, streamrec - baseline "
-          f"{res['streamrec'] - res['baseline']:+.4f}")
+            print(
+                f"  {r['day']}/{r['pass_id']:<3d} predict AUC streamrec {r['predict_auc']:.4f}"
+                f"  baseline {b['predict_auc']:.4f}  best {r['best_auc']:.4f}"
+            )
+    print(
+        f"  last day predict AUC: streamrec {res['streamrec']:.4f}, baseline "
+        f"{res['baseline']:.4f}, best possible {res['best']:.4f}; gap to best "
+        f"{res['best'] - res['streamrec']:.4f}, streamrec - baseline "
+        f"{res['streamrec'] - res['baseline']:+.4f}"
+    )
     return res
 
 
-def baseline_online(cfg: TrainerConfig, specs: list, rows: int, sparse_lr: float
-                    ) -> list[dict]:
+def baseline_online(cfg: TrainerConfig, specs: list, rows: int, sparse_lr: float) -> list[dict]:
     """The reference DLRM (keys hashed into `rows` rows per table), predict then train."""
     hp = cfg.hyper_parameters
-    model = DLRM(13, [rows] * hp.sparse_inputs_slots, hp.arch_sparse_feature_size,
-                 hp.arch_mlp_bot, hp.arch_mlp_top, seed=hp.numpy_rand_seed)
+    model = DLRM(
+        13,
+        [rows] * hp.sparse_inputs_slots,
+        hp.arch_sparse_feature_size,
+        hp.arch_mlp_bot,
+        hp.arch_mlp_top,
+        seed=hp.numpy_rand_seed,
+    )
     dense_opt = torch.optim.Adagrad(model.dense.parameters(), lr=hp.learning_rate)
     sparse_opt = torch.optim.Adagrad(model.emb_l.parameters(), lr=sparse_lr)
     loss_fn = torch.nn.BCELoss()
     out = []
     for spec in specs:
         files = layout.pass_files(cfg.runner.train_data_dir, spec, cfg.runner.data_donefile)
-        batches = list(iter_batches(files, "generated", hp.sparse_inputs_slots,
-                                    cfg.runner.train_batch_size, ParseStats()))
+        batches = list(
+            iter_batches(
+                files,
+                "generated",
+                hp.sparse_inputs_slots,
+                cfg.runner.train_batch_size,
+                ParseStats(),
+            )
+        )
         pred, best = AucAccumulator(), AucAccumulator()
         model.eval()
         with torch.no_grad():
@@ -286,8 +366,14 @@ def baseline_online(cfg: TrainerConfig, specs: list, rows: int, sparse_lr: float
             loss.backward()
             dense_opt.step()
             sparse_opt.step()
-        out.append({"day": spec.day, "pass_id": spec.pass_id, "predict_auc": pred.auc(),
-                    "best_auc": best.auc()})
+        out.append(
+            {
+                "day": spec.day,
+                "pass_id": spec.pass_id,
+                "predict_auc": pred.auc(),
+                "best_auc": best.auc(),
+            }
+        )
     return out
 
 
@@ -312,32 +398,56 @@ def main() -> None:
     knobs = QualityKnobs()
     ap.add_argument("--dense-lr", type=float, default=knobs.dense_lr)
     ap.add_argument("--sparse-lr", type=float, default=knobs.sparse_lr)
-    ap.add_argument("--initial-g2sum", type=float, default=knobs.initial_g2sum,
-                    help="the store rule's initial_g2sum (quality)")
+    ap.add_argument(
+        "--initial-g2sum",
+        type=float,
+        default=knobs.initial_g2sum,
+        help="the store rule's initial_g2sum (quality)",
+    )
     ap.add_argument("--no-pipeline", action="store_true", help="pull after the last push")
     ap.add_argument("--sparse-rule", default=knobs.sparse_rule, help="the store's rule (quality)")
     ap.add_argument("--baseline-sparse-lr", type=float, default=knobs.baseline_sparse_lr)
-    ap.add_argument("--init-range", type=float, default=knobs.init_range,
-                    help="StreamRec rows start uniform in +-this")
+    ap.add_argument(
+        "--init-range",
+        type=float,
+        default=knobs.init_range,
+        help="StreamRec rows start uniform in +-this",
+    )
     ap.add_argument("--vocab", type=int, default=knobs.vocab, help="ids per slot and day")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.measure:
-        print(json.dumps(measure(args.measure, args.setup, args.samples, Path(args.root),
-                                 args.service_shards)))
+        print(
+            json.dumps(
+                measure(
+                    args.measure, args.setup, args.samples, Path(args.root), args.service_shards
+                )
+            )
+        )
         return
     names = ["a", "b"] if args.setup == "all" else [] if args.setup == "none" else [args.setup]
     for name in names:
         samples = args.samples or (SETUPS[name]["batch"] * (400 if args.full else 60))
         throughput(name, samples, 4, args.service_shards)
-    knobs = QualityKnobs(dense_lr=args.dense_lr, sparse_lr=args.sparse_lr,
-                         sparse_rule=args.sparse_rule, initial_g2sum=args.initial_g2sum,
-                         init_range=args.init_range, pipeline=not args.no_pipeline,
-                         vocab=args.vocab, baseline_sparse_lr=args.baseline_sparse_lr)
+    knobs = QualityKnobs(
+        dense_lr=args.dense_lr,
+        sparse_lr=args.sparse_lr,
+        sparse_rule=args.sparse_rule,
+        initial_g2sum=args.initial_g2sum,
+        init_range=args.init_range,
+        pipeline=not args.no_pipeline,
+        vocab=args.vocab,
+        baseline_sparse_lr=args.baseline_sparse_lr,
+    )
     if args.quality:
         days = args.quality_days or (5 if args.full else 2)
-        quality(days, args.quality_samples or (30000 if args.full else 8000), 240,
-                26 if args.full else 8, knobs)
+        quality(
+            days,
+            args.quality_samples or (30000 if args.full else 8000),
+            240,
+            26 if args.full else 8,
+            knobs,
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,13 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--config", help="job YAML (PaddleRec config_online.yaml shape)")
     p.add_argument("--log-level", default="INFO")
     for flag, (section, name) in flag_fields().items():
-        p.add_argument("--" + flag, dest=f"{section}.{name}", default=None, metavar="VALUE",
-                       help=f"{section}.{name}")
+        p.add_argument(
+            "--" + flag,
+            dest=f"{section}.{name}",
+            default=None,
+            metavar="VALUE",
+            help=f"{section}.{name}",
+        )
     return p
 
 
@@ -86,16 +91,18 @@ def cmd_export(argv: list[str]) -> int:
 
     with OnlineTrainer(load_config(args)) as trainer:
         if trainer.warm_start() is None:
-            raise ConfigError(f"no complete checkpoint under "
-                              f"{trainer.config.runner.model_save_path} to export")
+            raise ConfigError(
+                f"no complete checkpoint under {trainer.config.runner.model_save_path} to export"
+            )
         out = trainer.export_serving(args.out)
     print(json.dumps({"exported": str(out), "last_pass": trainer.last_pass}))
     return 0
 
 
 def cmd_predict(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="streamrec-trainer predict",
-                                description="score data files with an exported model")
+    p = argparse.ArgumentParser(
+        prog="streamrec-trainer predict", description="score data files with an exported model"
+    )
     p.add_argument("--model", required=True, help="directory written by export")
     p.add_argument("--delta", action="append", default=[], help="delta model dir (repeat)")
     p.add_argument("--data", action="append", required=True, help="data file (repeat)")
@@ -107,9 +114,12 @@ def cmd_predict(argv: list[str]) -> int:
 
     pred = Predictor(args.model, args.delta)
     try:
-        res = pred.score_files([Path(f) for f in args.data],
-                               Path(args.out) if args.out else None, args.data_format,
-                               args.batch_size)
+        res = pred.score_files(
+            [Path(f) for f in args.data],
+            Path(args.out) if args.out else None,
+            args.data_format,
+            args.batch_size,
+        )
     finally:
         pred.close()
     print(json.dumps(res))

@@ -122,8 +122,9 @@ class RunnerConfig(StrictConfig):
         if isinstance(data, dict) and data.get("reader_type") is not None:
             fmt = data.get("data_format")
             if fmt is not None and fmt != data["reader_type"]:
-                raise ValueError(f"reader_type {data['reader_type']!r} contradicts "
-                                 f"data_format {fmt!r}")
+                raise ValueError(
+                    f"reader_type {data['reader_type']!r} contradicts data_format {fmt!r}"
+                )
             data = dict(data, data_format=data["reader_type"])
         return data
 
@@ -180,7 +181,8 @@ class ModelConfig(StrictConfig):
         if self.lr_num_decay_steps > 0 and self.lr_decay_start_step < self.lr_num_warmup_steps:
             raise ValueError(
                 f"lr_decay_start_step {self.lr_decay_start_step} is before the end of warmup "
-                f"(lr_num_warmup_steps {self.lr_num_warmup_steps}): warmup must finish first")
+                f"(lr_num_warmup_steps {self.lr_num_warmup_steps}): warmup must finish first"
+            )
         return self
 
     @property
@@ -228,8 +230,10 @@ class NegativeSamplingConfig(StrictConfig):
     @model_validator(mode="after")
     def _check(self) -> NegativeSamplingConfig:
         if self.enabled and self.reload and not self.table_path:
-            raise ValueError("negative_sampling.enabled needs table_path (or reload: false "
-                             "with a table already loaded in the sampler)")
+            raise ValueError(
+                "negative_sampling.enabled needs table_path (or reload: false "
+                "with a table already loaded in the sampler)"
+            )
         return self
 
 
@@ -255,8 +259,10 @@ class TrainerConfig(StrictConfig):
             return data
         runner = dict(runner) if isinstance(runner, dict) else {}
         if runner.get("train_batch_size", mb) != mb:
-            raise ValueError(f"hyper_parameters.mini_batch_size {mb!r} contradicts "
-                             f"runner.train_batch_size {runner['train_batch_size']!r}")
+            raise ValueError(
+                f"hyper_parameters.mini_batch_size {mb!r} contradicts "
+                f"runner.train_batch_size {runner['train_batch_size']!r}"
+            )
         runner["train_batch_size"] = mb
         return dict(data, runner=runner)
 

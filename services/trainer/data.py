@@ -86,20 +86,33 @@ class Batch:
             return batches[0]
         present = None
         if any(b.present is not None for b in batches):
-            present = torch.cat([b.present if b.present is not None
-                                 else torch.ones_like(b.keys, dtype=torch.bool)
-                                 for b in batches])
+            present = torch.cat(
+                [
+                    b.present
+                    if b.present is not None
+                    else torch.ones_like(b.keys, dtype=torch.bool)
+                    for b in batches
+                ]
+            )
         ptrue = None
         if all(b.ptrue is not None for b in batches):
             ptrue = torch.cat([b.ptrue for b in batches])  # type: ignore[misc]
-        return Batch(torch.cat([b.dense for b in batches]),
-                     torch.cat([b.labels for b in batches]),
-                     torch.cat([b.keys for b in batches]), present, ptrue)
+        return Batch(
+            torch.cat([b.dense for b in batches]),
+            torch.cat([b.labels for b in batches]),
+            torch.cat([b.keys for b in batches]),
+            present,
+            ptrue,
+        )
 
     def slice(self, start: int, stop: int) -> Batch:
-        return Batch(self.dense[start:stop], self.labels[start:stop], self.keys[start:stop],
-                     None if self.present is None else self.present[start:stop],
-                     None if self.ptrue is None else self.ptrue[start:stop])
+        return Batch(
+            self.dense[start:stop],
+            self.labels[start:stop],
+            self.keys[start:stop],
+            None if self.present is None else self.present[start:stop],
+            None if self.ptrue is None else self.ptrue[start:stop],
+        )
 
 
 @dataclass
@@ -126,11 +139,13 @@ class ParseStats:
             raise DataError(
                 f"{what}: {self.malformed} of {self.lines} lines malformed "
                 f"({self.malformed / self.lines:.2%} > max_malformed_ratio "
-                f"{max_malformed_ratio:.2%}); first: {path} line {line}: {reason}")
+                f"{max_malformed_ratio:.2%}); first: {path} line {line}: {reason}"
+            )
 
 
-def _parse_columns(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: str
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _parse_columns(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parses a block of fields, all lines at once.
 
     Args:
@@ -181,8 +196,9 @@ def _parse_columns(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: 
     return values, ok, empty
 
 
-def split_lines(buf: np.ndarray, ncols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                     np.ndarray]:
+def split_lines(
+    buf: np.ndarray, ncols: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Field ranges of every line with exactly ``ncols`` tab-separated fields.
 
     Args:
@@ -236,9 +252,14 @@ def _line_scan(buf: np.ndarray, ncols: int) -> tuple[np.ndarray, np.ndarray]:
     return tabs[nonblank] == ncols - 1, line_index
 
 
-_PARSE_OPTIONS = pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
-                                    escape_char=False, newlines_in_values=False,
-                                    invalid_row_handler=lambda row: "skip")
+_PARSE_OPTIONS = pacsv.ParseOptions(
+    delimiter="\t",
+    quote_char=False,
+    double_quote=False,
+    escape_char=False,
+    newlines_in_values=False,
+    invalid_row_handler=lambda row: "skip",
+)
 
 
 def _arrow_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:
@@ -249,14 +270,16 @@ def _arrow_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:
     if gen:
         types["f1"] = pa.float64()
     else:
-        for n in names[head + NUM_DENSE:]:
+        for n in names[head + NUM_DENSE :]:
             types[n] = pa.binary()
     return pacsv.read_csv(
         pa.py_buffer(data),
         read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 22),
         parse_options=_PARSE_OPTIONS,
-        convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False,
-                                             quoted_strings_can_be_null=False))
+        convert_options=pacsv.ConvertOptions(
+            column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False
+        ),
+    )
 
 
 def _int_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -274,17 +297,21 @@ def _hex_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarra
         z = np.zeros(0, dtype=np.int64)
         return z, z.astype(bool), z.astype(bool)
     _, offs_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offs_buf, dtype=np.int32)[arr.offset:arr.offset + n + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None and (
-        data_buf.size) else np.zeros(1, dtype=np.uint8)
+    offsets = np.frombuffer(offs_buf, dtype=np.int32)[arr.offset : arr.offset + n + 1]
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8)
+        if data_buf is not None and (data_buf.size)
+        else np.zeros(1, dtype=np.uint8)
+    )
     starts = offsets[:-1].astype(np.int64)[:, None]
     ends = offsets[1:].astype(np.int64)[:, None]
     values, ok, empty = _parse_columns(data, starts, ends, "hex")
     return values[:, 0], ok[:, 0], empty[:, 0]
 
 
-def parse_chunk(data: bytes, data_format: str, num_slots: int, source: str = "<bytes>",
-                first_line: int = 1) -> tuple[Batch, ParseStats]:
+def parse_chunk(
+    data: bytes, data_format: str, num_slots: int, source: str = "<bytes>", first_line: int = 1
+) -> tuple[Batch, ParseStats]:
     """Parses whole lines of text into a Batch; malformed lines are counted and skipped.
 
     Blank lines are ignored. A line is malformed when it has the wrong number of fields,
@@ -320,8 +347,11 @@ def parse_chunk(data: bytes, data_format: str, num_slots: int, source: str = "<b
     if table is None:
         stats.malformed = int(bad_fields.size)
         if bad_fields.size:
-            stats.first_bad = (source, first_line + int(bad_fields[0]),
-                               f"expected {ncols} tab-separated fields")
+            stats.first_bad = (
+                source,
+                first_line + int(bad_fields[0]),
+                f"expected {ncols} tab-separated fields",
+            )
         return _empty_batch(num_slots, gen), stats
     label, label_null = _int_column(table.column(0))
     row_ok = ~label_null & ((label == 0) | (label == 1))
@@ -349,8 +379,12 @@ def parse_chunk(data: bytes, data_format: str, num_slots: int, source: str = "<b
     if bad_fields.size:
         firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
     if bad_values.size:
-        firsts.append((int(bad_values[0]), "bad label (not 0/1) or a field that is not a "
-                       "number of its column's kind"))
+        firsts.append(
+            (
+                int(bad_values[0]),
+                "bad label (not 0/1) or a field that is not a number of its column's kind",
+            )
+        )
     if firsts:
         line, reason = min(firsts)
         stats.first_bad = (source, first_line + line, reason)
@@ -358,13 +392,24 @@ def parse_chunk(data: bytes, data_format: str, num_slots: int, source: str = "<b
 
 
 def _empty_batch(num_slots: int, gen: bool) -> Batch:
-    return _make_batch(np.zeros(0, np.int64), np.zeros((0, NUM_DENSE), np.int64),
-                       np.zeros((0, num_slots), np.int64), np.zeros((0, num_slots), bool),
-                       np.zeros(0) if gen else None, np.zeros(0, bool))
+    return _make_batch(
+        np.zeros(0, np.int64),
+        np.zeros((0, NUM_DENSE), np.int64),
+        np.zeros((0, num_slots), np.int64),
+        np.zeros((0, num_slots), bool),
+        np.zeros(0) if gen else None,
+        np.zeros(0, bool),
+    )
 
 
-def _make_batch(label: np.ndarray, ints: np.ndarray, keys: np.ndarray, empty: np.ndarray,
-                ptrue: np.ndarray | None, row_ok: np.ndarray) -> Batch:
+def _make_batch(
+    label: np.ndarray,
+    ints: np.ndarray,
+    keys: np.ndarray,
+    empty: np.ndarray,
+    ptrue: np.ndarray | None,
+    row_ok: np.ndarray,
+) -> Batch:
     if not row_ok.all():
         label, ints, keys, empty = label[row_ok], ints[row_ok], keys[row_ok], empty[row_ok]
         ptrue = None if ptrue is None else ptrue[row_ok]
@@ -379,8 +424,9 @@ def _make_batch(label: np.ndarray, ints: np.ndarray, keys: np.ndarray, empty: np
     )
 
 
-def _parse_chunk_numpy(data: bytes, data_format: str, num_slots: int, source: str = "<bytes>",
-                first_line: int = 1) -> tuple[Batch, ParseStats]:
+def _parse_chunk_numpy(
+    data: bytes, data_format: str, num_slots: int, source: str = "<bytes>", first_line: int = 1
+) -> tuple[Batch, ParseStats]:
     """The exact numpy parser, used when a chunk holds a value pyarrow cannot convert.
 
     Args:
@@ -400,11 +446,12 @@ def _parse_chunk_numpy(data: bytes, data_format: str, num_slots: int, source: st
     starts, ends, good, line_ends = split_lines(buf, ncols)
     label, lab_ok, lab_empty = _parse_columns(buf, starts[:, :1], ends[:, :1], "int")
     row_ok = (lab_ok & ~lab_empty & ((label == 0) | (label == 1)))[:, 0]
-    ints, int_ok, _ = _parse_columns(buf, starts[:, head:head + NUM_DENSE],
-                                     ends[:, head:head + NUM_DENSE], "int")
-    keys, key_ok, key_empty = _parse_columns(buf, starts[:, head + NUM_DENSE:],
-                                             ends[:, head + NUM_DENSE:],
-                                             "int" if gen else "hex")
+    ints, int_ok, _ = _parse_columns(
+        buf, starts[:, head : head + NUM_DENSE], ends[:, head : head + NUM_DENSE], "int"
+    )
+    keys, key_ok, key_empty = _parse_columns(
+        buf, starts[:, head + NUM_DENSE :], ends[:, head + NUM_DENSE :], "int" if gen else "hex"
+    )
     row_ok &= int_ok.all(axis=1) & key_ok.all(axis=1)
     ptrue = None
     if gen:
@@ -421,16 +468,21 @@ def _parse_chunk_numpy(data: bytes, data_format: str, num_slots: int, source: st
     if bad_fields.size:
         firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
     if bad_values.size:
-        firsts.append((int(bad_values[0]), "bad label (not 0/1) or a field that is not a "
-                       "number of its column's kind"))
+        firsts.append(
+            (
+                int(bad_values[0]),
+                "bad label (not 0/1) or a field that is not a number of its column's kind",
+            )
+        )
     if firsts:
         line, reason = min(firsts)
         stats.first_bad = (source, first_line + line, reason)
     return _make_batch(label[:, 0], ints, keys, key_empty, ptrue, row_ok), stats
 
 
-def read_file(path: str | Path, data_format: str, num_slots: int,
-              chunk_bytes: int = 16 << 20) -> Iterator[tuple[Batch, ParseStats]]:
+def read_file(
+    path: str | Path, data_format: str, num_slots: int, chunk_bytes: int = 16 << 20
+) -> Iterator[tuple[Batch, ParseStats]]:
     """Parses a file chunk by chunk (whole lines each); yields (batch, stats) per chunk."""
     path = Path(path)
     line_no = 1
@@ -446,9 +498,10 @@ def read_file(path: str | Path, data_format: str, num_slots: int,
                 if cut < 0:
                     rest = block
                     continue
-                rest = block[cut + 1:]
-                batch, stats = parse_chunk(block[:cut + 1], data_format, num_slots, str(path),
-                                           line_no)
+                rest = block[cut + 1 :]
+                batch, stats = parse_chunk(
+                    block[: cut + 1], data_format, num_slots, str(path), line_no
+                )
                 line_no += stats.lines
                 yield batch, stats
             if rest:
@@ -457,9 +510,15 @@ def read_file(path: str | Path, data_format: str, num_slots: int,
         raise DataError(f"cannot read data file {path}: {exc}") from exc
 
 
-def iter_batches(files: list[Path], data_format: str, num_slots: int, batch_size: int,
-                 stats: ParseStats, max_malformed_ratio: float = 1.0,
-                 chunk_bytes: int = 16 << 20) -> Iterator[Batch]:
+def iter_batches(
+    files: list[Path],
+    data_format: str,
+    num_slots: int,
+    batch_size: int,
+    stats: ParseStats,
+    max_malformed_ratio: float = 1.0,
+    chunk_bytes: int = 16 << 20,
+) -> Iterator[Batch]:
     """Batches of exactly ``batch_size`` (the last may be smaller) over several files.
 
     ``stats`` accumulates line counts; after each file the malformed share so far is

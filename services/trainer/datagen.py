@@ -130,8 +130,11 @@ class PlantedStream:
         self.start = parse_day(start_day)
         rng = np.random.default_rng(params.seed)
         self.dense_w = rng.normal(0, params.dense_scale, 13)
-        pair_slots = rng.choice(params.slots, size=(params.pairs, 2)) if params.slots > 1 else (
-            np.zeros((0, 2), dtype=np.int64))
+        pair_slots = (
+            rng.choice(params.slots, size=(params.pairs, 2))
+            if params.slots > 1
+            else (np.zeros((0, 2), dtype=np.int64))
+        )
         self.pair_slots = [(int(a), int(b)) for a, b in pair_slots if a != b]
         ranks = np.arange(params.vocab, dtype=np.float64)
         pr = 1.0 / (ranks + 1.0) ** params.zipf
@@ -198,25 +201,40 @@ class PlantedStream:
 def to_generated_text(s: dict[str, np.ndarray]) -> bytes:
     """Samples from :meth:`PlantedStream.draw` -> lines in the ``generated`` format."""
     micro = np.round(s["ptrue"] * 1e6).astype(np.int64)
-    cols = [Column(s["label"]), Column(micro // 1_000_000, sep=b"."),
-            Column(micro % 1_000_000, pad=6)]
+    cols = [
+        Column(s["label"]),
+        Column(micro // 1_000_000, sep=b"."),
+        Column(micro % 1_000_000, pad=6),
+    ]
     cols += [Column(s["ints"][:, j]) for j in range(s["ints"].shape[1])]
     nslots = s["keys"].shape[1]
     empty = s.get("empty")
     for j in range(nslots):
-        cols.append(Column(s["keys"][:, j], empty=None if empty is None else empty[:, j],
-                           sep=b"\n" if j == nslots - 1 else b"\t"))
+        cols.append(
+            Column(
+                s["keys"][:, j],
+                empty=None if empty is None else empty[:, j],
+                sep=b"\n" if j == nslots - 1 else b"\t",
+            )
+        )
     return format_lines(cols)
 
 
-def to_criteo_text(label: np.ndarray, ints: np.ndarray, keys: np.ndarray,
-                   empty: np.ndarray | None = None) -> bytes:
+def to_criteo_text(
+    label: np.ndarray, ints: np.ndarray, keys: np.ndarray, empty: np.ndarray | None = None
+) -> bytes:
     """label (n,), ints (n, 13), keys (n, 26) in [0, 2**32) -> Criteo TSV lines (hex)."""
     cols = [Column(label)] + [Column(ints[:, j]) for j in range(ints.shape[1])]
     for j in range(keys.shape[1]):
-        cols.append(Column(keys[:, j], base=16, pad=8,
-                           empty=None if empty is None else empty[:, j],
-                           sep=b"\n" if j == keys.shape[1] - 1 else b"\t"))
+        cols.append(
+            Column(
+                keys[:, j],
+                base=16,
+                pad=8,
+                empty=None if empty is None else empty[:, j],
+                sep=b"\n" if j == keys.shape[1] - 1 else b"\t",
+            )
+        )
     return format_lines(cols)
 
 
@@ -231,18 +249,35 @@ def write_split(split_dir: Path, text_parts: list[bytes], donefile: str | None) 
         (split_dir / donefile).touch()
 
 
-def generate(out: str | Path, start_day: str, days: int, split_interval: int,
-             samples_per_split: int, files_per_split: int = 1,
-             params: StreamParams | None = None, donefile: str | None = "to.hadoop.done",
-             rate: float = 0.0, max_splits: int | None = None) -> dict[str, int]:
+def generate(
+    out: str | Path,
+    start_day: str,
+    days: int,
+    split_interval: int,
+    samples_per_split: int,
+    files_per_split: int = 1,
+    params: StreamParams | None = None,
+    donefile: str | None = "to.hadoop.done",
+    rate: float = 0.0,
+    max_splits: int | None = None,
+) -> dict[str, int]:
     """Writes ``days`` days of the planted stream under ``out``; returns counts."""
     params = params or StreamParams()
     stream = PlantedStream(params, start_day)
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "datagen.json").write_text(json.dumps(
-        {"start_day": start_day, "days": days, "split_interval": split_interval,
-         "samples_per_split": samples_per_split, **asdict(params)}, indent=1))
+    (root / "datagen.json").write_text(
+        json.dumps(
+            {
+                "start_day": start_day,
+                "days": days,
+                "split_interval": split_interval,
+                "samples_per_split": samples_per_split,
+                **asdict(params),
+            },
+            indent=1,
+        )
+    )
     splits = samples = 0
     first = parse_day(start_day)
     for d in range(days):
@@ -254,9 +289,10 @@ def generate(out: str | Path, start_day: str, days: int, split_interval: int,
             rng = np.random.default_rng([params.seed, d, int(split)])
             drawn = stream.draw(day, samples_per_split, rng)
             bounds = np.linspace(0, samples_per_split, files_per_split + 1).astype(int)
-            parts = [to_generated_text({k: (None if v is None else v[a:b])
-                                        for k, v in drawn.items()})
-                     for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            parts = [
+                to_generated_text({k: (None if v is None else v[a:b]) for k, v in drawn.items()})
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
             write_split(root / day / split, parts, donefile)
             splits += 1
             samples += samples_per_split
@@ -283,14 +319,25 @@ def main(argv: list[str] | None = None) -> int:
         parse_day(args.start_day)
         split_names(args.split_interval)
         if args.days < 1 or args.samples_per_split < 1 or args.files_per_split < 1:
-            raise ValueError(f"--days, --samples-per-split and --files-per-split must be >= 1, "
-                             f"got {args.days}, {args.samples_per_split}, "
-                             f"{args.files_per_split}")
+            raise ValueError(
+                f"--days, --samples-per-split and --files-per-split must be >= 1, "
+                f"got {args.days}, {args.samples_per_split}, "
+                f"{args.files_per_split}"
+            )
     except ValueError as exc:
         ap.error(str(exc))
     params = StreamParams(**{k: getattr(args, k) for k in asdict(StreamParams())})
-    counts = generate(args.out, args.start_day, args.days, args.split_interval,
-                      args.samples_per_split, args.files_per_split, params,
-                      args.donefile or None, args.rate, args.max_splits)
+    counts = generate(
+        args.out,
+        args.start_day,
+        args.days,
+        args.split_interval,
+        args.samples_per_split,
+        args.files_per_split,
+        params,
+        args.donefile or None,
+        args.rate,
+        args.max_splits,
+    )
     print(json.dumps(counts))
     return 0

@@ -28,8 +28,9 @@ def env_world() -> tuple[int, int]:
         raise ConfigError(f"RANK / WORLD_SIZE must be integers: {exc}") from exc
 
 
-def init_from_env(backend: str = "auto", timeout_s: float = 600.0,
-                  device: torch.device | None = None) -> tuple[int, int, bool]:
+def init_from_env(
+    backend: str = "auto", timeout_s: float = 600.0, device: torch.device | None = None
+) -> tuple[int, int, bool]:
     """Joins the process group when WORLD_SIZE > 1.
 
     Returns:
@@ -44,10 +45,10 @@ def init_from_env(backend: str = "auto", timeout_s: float = 600.0,
     if backend == "auto":
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
     if backend == "nccl" and (device is None or device.type != "cuda"):
-        raise ConfigError("distributed.backend 'nccl' needs the dense model on a CUDA GPU; "
-                          "use 'gloo' on CPU")
-    dist.init_process_group(backend, init_method="env://",
-                            timeout=dt.timedelta(seconds=timeout_s))
+        raise ConfigError(
+            "distributed.backend 'nccl' needs the dense model on a CUDA GPU; use 'gloo' on CPU"
+        )
+    dist.init_process_group(backend, init_method="env://", timeout=dt.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size(), True
 
 
@@ -76,10 +77,10 @@ def sync_gradients(params: list[torch.nn.Parameter], has_batch: bool) -> int:
     the others so its optimizer takes the same step. Returns 0 when no rank had a batch.
     """
     device = params[0].device
-    grads = [p.grad if (has_batch and p.grad is not None) else torch.zeros_like(p)
-             for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads] +
-                     [torch.tensor([1.0 if has_batch else 0.0], device=device)])
+    grads = [p.grad if (has_batch and p.grad is not None) else torch.zeros_like(p) for p in params]
+    flat = torch.cat(
+        [g.reshape(-1) for g in grads] + [torch.tensor([1.0 if has_batch else 0.0], device=device)]
+    )
     dist.all_reduce(flat)
     count = int(round(float(flat[-1])))
     if count == 0:
@@ -88,7 +89,7 @@ def sync_gradients(params: list[torch.nn.Parameter], has_batch: bool) -> int:
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
     return count
 

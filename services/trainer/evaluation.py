@@ -41,9 +41,14 @@ class AucAccumulator:
         bucket = (p.clamp(0.0, 1.0) * (self.num_buckets - 1)).round().long()
         idx = bucket + (y > 0.5).long() * self.num_buckets
         self.hist.view(-1).index_add_(0, idx, torch.ones_like(p))
-        self.sums += torch.stack([torch.tensor(float(p.numel()), dtype=torch.float64),
-                                  y.sum(), p.sum(),
-                                  torch.tensor(logloss(p, y), dtype=torch.float64)])
+        self.sums += torch.stack(
+            [
+                torch.tensor(float(p.numel()), dtype=torch.float64),
+                y.sum(),
+                p.sum(),
+                torch.tensor(logloss(p, y), dtype=torch.float64),
+            ]
+        )
 
     def state(self) -> torch.Tensor:
         """Everything in one flat float64 tensor (for all-reduce)."""
@@ -71,5 +76,10 @@ class AucAccumulator:
     def result(self) -> dict[str, float | int | None]:
         self._flush()
         n, npos, psum, ll = (float(v) for v in self.sums)
-        return {"auc": self.auc(), "logloss": ll / n if n else None, "samples": int(n),
-                "actual_ctr": npos / n if n else None, "predicted_ctr": psum / n if n else None}
+        return {
+            "auc": self.auc(),
+            "logloss": ll / n if n else None,
+            "samples": int(n),
+            "actual_ctr": npos / n if n else None,
+            "predicted_ctr": psum / n if n else None,
+        }

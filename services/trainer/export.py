@@ -44,10 +44,17 @@ def quantize(model: nn.Module) -> nn.Module:
 
 
 def build_dense(arch: ModelConfig) -> DLRMDense:
-    return DLRMDense(arch.dense_dim, arch.sparse_inputs_slots, arch.arch_sparse_feature_size,
-                     arch.arch_mlp_bot, arch.arch_mlp_top, arch.arch_interaction_op,
-                     arch.arch_interaction_itself, arch.loss_threshold,
-                     seed=arch.numpy_rand_seed)
+    return DLRMDense(
+        arch.dense_dim,
+        arch.sparse_inputs_slots,
+        arch.arch_sparse_feature_size,
+        arch.arch_mlp_bot,
+        arch.arch_mlp_top,
+        arch.arch_interaction_op,
+        arch.arch_interaction_itself,
+        arch.loss_threshold,
+        seed=arch.numpy_rand_seed,
+    )
 
 
 def export_serving(trainer: Any, out_dir: Path) -> Path:
@@ -61,11 +68,16 @@ def export_serving(trainer: Any, out_dir: Path) -> Path:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.save(q.state_dict(), out_dir / DENSE_INT8)
-        (out_dir / MODEL_JSON).write_text(json.dumps({
-            "hyper_parameters": trainer.config.hyper_parameters.model_dump(mode="json"),
-            "tables": [t.model_dump(mode="json") for t in trainer.tables],
-            "data_format": trainer.config.runner.data_format,
-        }, indent=1))
+        (out_dir / MODEL_JSON).write_text(
+            json.dumps(
+                {
+                    "hyper_parameters": trainer.config.hyper_parameters.model_dump(mode="json"),
+                    "tables": [t.model_dump(mode="json") for t in trainer.tables],
+                    "data_format": trainer.config.runner.data_format,
+                },
+                indent=1,
+            )
+        )
         trainer.store.save(str(out_dir / SPARSE_NAME), mode="base")
         write_manifest(out_dir, {"mode": "serving", "last_pass": trainer.last_pass})
     ddp.barrier()
@@ -113,16 +125,20 @@ class Predictor:
             pulled = self.emb.pull(batch.features(), create=False)
             return self.dense(batch.dense, self.emb(pulled)).view(-1)
 
-    def score_files(self, files: list[Path], out: Path | None = None,
-                    data_format: str | None = None, batch_size: int = 4096) -> dict[str, Any]:
+    def score_files(
+        self,
+        files: list[Path],
+        out: Path | None = None,
+        data_format: str | None = None,
+        batch_size: int = 4096,
+    ) -> dict[str, Any]:
         """Scores files; writes one probability per line to ``out``; returns AUC etc."""
         acc = AucAccumulator()
         stats = ParseStats()
         fmt = data_format or self.data_format
         sink = out.open("w") if out is not None else None
         try:
-            for batch in iter_batches(files, fmt, self.arch.sparse_inputs_slots, batch_size,
-                                      stats):
+            for batch in iter_batches(files, fmt, self.arch.sparse_inputs_slots, batch_size, stats):
                 p = self.predict_batch(batch)
                 acc.add(p, batch.labels)
                 if sink is not None:
@@ -131,8 +147,12 @@ class Predictor:
             if sink is not None:
                 sink.close()
         res = acc.result()
-        return {"samples": res["samples"], "auc": res["auc"], "logloss": res["logloss"],
-                "malformed_lines": stats.malformed}
+        return {
+            "samples": res["samples"],
+            "auc": res["auc"],
+            "logloss": res["logloss"],
+            "malformed_lines": stats.malformed,
+        }
 
     def close(self) -> None:
         self.store.close()

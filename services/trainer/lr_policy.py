@@ -22,8 +22,9 @@ from streamrec.trainer.errors import ConfigError
 MIN_LR = 1e-7
 
 
-def lr_at(step: int, base_lr: float, num_warmup_steps: int, decay_start_step: int,
-          num_decay_steps: int) -> float:
+def lr_at(
+    step: int, base_lr: float, num_warmup_steps: int, decay_start_step: int, num_decay_steps: int
+) -> float:
     """The learning rate at scheduler step count ``step`` (see the module docstring)."""
     warm, start, num = num_warmup_steps, decay_start_step, num_decay_steps
     if step < warm:
@@ -52,18 +53,32 @@ class LRPolicyScheduler(torch.optim.lr_scheduler.LRScheduler):
         ConfigError: decay starting before warmup ends (the reference exits there).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, num_warmup_steps: int,
-                 decay_start_step: int, num_decay_steps: int) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        num_warmup_steps: int,
+        decay_start_step: int,
+        num_decay_steps: int,
+    ) -> None:
         if num_decay_steps > 0 and decay_start_step < num_warmup_steps:
             raise ConfigError(
                 f"Learning rate warmup must finish before the decay starts: "
                 f"lr_decay_start_step={decay_start_step} < lr_num_warmup_steps="
-                f"{num_warmup_steps}")
+                f"{num_warmup_steps}"
+            )
         self.num_warmup_steps = num_warmup_steps
         self.decay_start_step = decay_start_step
         self.num_decay_steps = num_decay_steps
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
-        return [lr_at(self._step_count, base, self.num_warmup_steps, self.decay_start_step,
-                      self.num_decay_steps) for base in self.base_lrs]
+        return [
+            lr_at(
+                self._step_count,
+                base,
+                self.num_warmup_steps,
+                self.decay_start_step,
+                self.num_decay_steps,
+            )
+            for base in self.base_lrs
+        ]

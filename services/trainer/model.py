@@ -26,8 +26,11 @@ from torch import nn
 def interaction_size(op: str, num_features: int, dim: int, itself: bool) -> int:
     """Width of the interaction output R for ``num_features`` = S + 1 vectors of size dim."""
     if op == "dot":
-        pairs = num_features * (num_features + 1) // 2 if itself else (
-            num_features * (num_features - 1) // 2)
+        pairs = (
+            num_features * (num_features + 1) // 2
+            if itself
+            else (num_features * (num_features - 1) // 2)
+        )
         return pairs + dim
     if op == "cat":
         return num_features * dim
@@ -72,28 +75,39 @@ class DLRMDense(nn.Module):
         ModelShapeError: on the reference's dimension mismatches.
     """
 
-    def __init__(self, dense_dim: int, num_sparse: int, sparse_dim: int, mlp_bot: list[int],
-                 mlp_top: list[int], interaction_op: str = "dot",
-                 interaction_itself: bool = False, loss_threshold: float = 0.0,
-                 seed: int = 123) -> None:
+    def __init__(
+        self,
+        dense_dim: int,
+        num_sparse: int,
+        sparse_dim: int,
+        mlp_bot: list[int],
+        mlp_top: list[int],
+        interaction_op: str = "dot",
+        interaction_itself: bool = False,
+        loss_threshold: float = 0.0,
+        seed: int = 123,
+    ) -> None:
         super().__init__()
         if dense_dim != mlp_bot[0]:
-            raise ModelShapeError(f"arch-dense-feature-size {dense_dim} does not match first "
-                                  f"dim of bottom mlp {mlp_bot[0]} (arch_mlp_bot={mlp_bot})")
+            raise ModelShapeError(
+                f"arch-dense-feature-size {dense_dim} does not match first "
+                f"dim of bottom mlp {mlp_bot[0]} (arch_mlp_bot={mlp_bot})"
+            )
         if sparse_dim != mlp_bot[-1]:
             raise ModelShapeError(
                 f"arch-sparse-feature-size {sparse_dim} does not match last dim of bottom mlp "
-                f"{mlp_bot[-1]} (arch_mlp_bot={mlp_bot})")
+                f"{mlp_bot[-1]} (arch_mlp_bot={mlp_bot})"
+            )
         if mlp_top[-1] != 1:
-            raise ModelShapeError(f"arch_mlp_top must end in 1 (one click probability), "
-                                  f"got {mlp_top}")
+            raise ModelShapeError(
+                f"arch_mlp_top must end in 1 (one click probability), got {mlp_top}"
+            )
         if num_sparse < 1:
             raise ModelShapeError(f"need at least one sparse feature, got {num_sparse}")
         self.dense_dim, self.num_sparse, self.sparse_dim = dense_dim, num_sparse, sparse_dim
         self.interaction_op, self.interaction_itself = interaction_op, interaction_itself
         self.loss_threshold = loss_threshold
-        num_int = interaction_size(interaction_op, num_sparse + 1, sparse_dim,
-                                   interaction_itself)
+        num_int = interaction_size(interaction_op, num_sparse + 1, sparse_dim, interaction_itself)
         self.ln_bot = list(mlp_bot)
         self.ln_top = [num_int, *mlp_top]
         rng = np.random.RandomState(seed)
@@ -120,26 +134,28 @@ class DLRMDense(nn.Module):
         z = torch.bmm(t, t.transpose(1, 2))
         return torch.cat([x, z[:, self.li, self.lj]], dim=1)
 
-    def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor
-                ) -> torch.Tensor:
+    def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """dense_x: (B, D) float32, ly: S x (B, d) or (B, S, d) float32 -> click probability
         (B, 1)."""
         if dense_x.dim() != 2 or dense_x.shape[1] != self.dense_dim:
-            raise ModelShapeError(f"dense_x must be (batch, {self.dense_dim}), got "
-                                  f"{tuple(dense_x.shape)}")
+            raise ModelShapeError(
+                f"dense_x must be (batch, {self.dense_dim}), got {tuple(dense_x.shape)}"
+            )
         if isinstance(ly, torch.Tensor):
             want = (dense_x.shape[0], self.num_sparse, self.sparse_dim)
             if tuple(ly.shape) != want:
-                raise ModelShapeError(f"sparse features must be {want} (batch, slots, dim), "
-                                      f"got {tuple(ly.shape)}")
+                raise ModelShapeError(
+                    f"sparse features must be {want} (batch, slots, dim), got {tuple(ly.shape)}"
+                )
         else:
             if len(ly) != self.num_sparse:
-                raise ModelShapeError(
-                    f"expected {self.num_sparse} sparse features, got {len(ly)}")
+                raise ModelShapeError(f"expected {self.num_sparse} sparse features, got {len(ly)}")
             for k, e in enumerate(ly):
                 if e.shape != (dense_x.shape[0], self.sparse_dim):
-                    raise ModelShapeError(f"sparse feature {k} must be ({dense_x.shape[0]}, "
-                                          f"{self.sparse_dim}), got {tuple(e.shape)}")
+                    raise ModelShapeError(
+                        f"sparse feature {k} must be ({dense_x.shape[0]}, "
+                        f"{self.sparse_dim}), got {tuple(e.shape)}"
+                    )
         x = self.bot_l(dense_x)
         p = self.top_l(self.interact(x, ly))
         if 0.0 < self.loss_threshold < 1.0:
@@ -155,12 +171,28 @@ class DLRM(nn.Module):
         (the rest as :class:`DLRMDense`)
     """
 
-    def __init__(self, dense_dim: int, ln_emb: list[int], sparse_dim: int,
-                 mlp_bot: list[int], mlp_top: list[int], interaction_op: str = "dot",
-                 interaction_itself: bool = False, seed: int = 123) -> None:
+    def __init__(
+        self,
+        dense_dim: int,
+        ln_emb: list[int],
+        sparse_dim: int,
+        mlp_bot: list[int],
+        mlp_top: list[int],
+        interaction_op: str = "dot",
+        interaction_itself: bool = False,
+        seed: int = 123,
+    ) -> None:
         super().__init__()
-        self.dense = DLRMDense(dense_dim, len(ln_emb), sparse_dim, mlp_bot, mlp_top,
-                               interaction_op, interaction_itself, seed=seed)
+        self.dense = DLRMDense(
+            dense_dim,
+            len(ln_emb),
+            sparse_dim,
+            mlp_bot,
+            mlp_top,
+            interaction_op,
+            interaction_itself,
+            seed=seed,
+        )
         rng = np.random.RandomState(seed + 1)
         self.emb_l = nn.ModuleList()
         for n in ln_emb:
@@ -170,9 +202,9 @@ class DLRM(nn.Module):
                 bag.weight.copy_(torch.from_numpy(w.astype(np.float32)))
             self.emb_l.append(bag)
 
-    def forward(self, dense_x: torch.Tensor, offsets: list[torch.Tensor],
-                indices: list[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, dense_x: torch.Tensor, offsets: list[torch.Tensor], indices: list[torch.Tensor]
+    ) -> torch.Tensor:
         """dense_x: (B, D); offsets/indices: S x (B,) / (nnz,) int64 -> p (B, 1)."""
-        ly = [bag(idx, off) for bag, off, idx in zip(self.emb_l, offsets, indices,
-                                                     strict=True)]
+        ly = [bag(idx, off) for bag, off, idx in zip(self.emb_l, offsets, indices, strict=True)]
         return self.dense(dense_x, ly)

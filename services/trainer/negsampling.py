@@ -40,26 +40,43 @@ class NegativeSampler:
 
         self.cfg = config
         for k in [config.item_slot, *(config.item_slots or [])] + (
-                [config.category_slot] if config.category_slot is not None else []):
+            [config.category_slot] if config.category_slot is not None else []
+        ):
             if not 0 <= k < num_slots:
                 raise ConfigError(f"negative_sampling: slot {k} is not in 0..{num_slots - 1}")
         self.item_col = f"slot_{config.item_slot}"
-        self.cat_col = (f"slot_{config.category_slot}" if config.category_slot is not None
-                        else "category")
-        self.item_slots = sorted({config.item_slot, *(config.item_slots or []),
-                                  *([config.category_slot] if config.category_slot is not None
-                                    else [])})
+        self.cat_col = (
+            f"slot_{config.category_slot}" if config.category_slot is not None else "category"
+        )
+        self.item_slots = sorted(
+            {
+                config.item_slot,
+                *(config.item_slots or []),
+                *([config.category_slot] if config.category_slot is not None else []),
+            }
+        )
         self.sampler = LocalRpcDataSampler(
-            self.cat_col, self.item_col, config.weight_tag, config.skey_name,
-            put_back=config.put_back, endpoint=config.endpoint, auto_start=config.auto_start)
+            self.cat_col,
+            self.item_col,
+            config.weight_tag,
+            config.skey_name,
+            put_back=config.put_back,
+            endpoint=config.endpoint,
+            auto_start=config.auto_start,
+        )
         if config.table_path and config.reload:
             self.sampler.reload(config.table_path)
 
     def __call__(self, batch: Batch) -> Batch:
         if self.cfg.positives_only:
             keep = batch.labels > 0.5
-            batch = Batch(batch.dense[keep], batch.labels[keep], batch.keys[keep],
-                          None if batch.present is None else batch.present[keep], None)
+            batch = Batch(
+                batch.dense[keep],
+                batch.labels[keep],
+                batch.keys[keep],
+                None if batch.present is None else batch.present[keep],
+                None,
+            )
         n, s = batch.keys.shape
         if n == 0:
             return batch
@@ -69,22 +86,19 @@ class NegativeSampler:
             feats["present"] = batch.present
         cnts = torch.full((n,), self.cfg.sample_size - 1, dtype=torch.int64)
         items = batch.keys[:, self.cfg.item_slot]
-        cats = (batch.keys[:, self.cfg.category_slot] if self.cfg.category_slot is not None
-                else None)
+        cats = batch.keys[:, self.cfg.category_slot] if self.cfg.category_slot is not None else None
         neg = self.sampler.sample_ids(items, cnts, cats)
         pos_ids = self.sampler.valid_sample_ids(items, self.cfg.default_value)
         ids = self.sampler.combine_vector_with_sample_counts(pos_ids, cnts, neg)
         table = self.sampler.pack_feature(ids, self.cfg.default_value)
-        item_cols = {f"slot_{k}": _flat(table[f"slot_{k}"], f"slot_{k}")
-                     for k in self.item_slots}
+        item_cols = {f"slot_{k}": _flat(table[f"slot_{k}"], f"slot_{k}") for k in self.item_slots}
         out = self.sampler.combine([feats], item_cols, cnts)[0]
         keys = torch.stack([out[f"slot_{j}"].to(torch.int64) for j in range(s)], dim=1)
         present = out.get("present")
         if present is not None:
             present = present.clone()
             present[:, self.item_slots] = True
-        return Batch(out["dense"], out[self.sampler.label_name], keys.contiguous(), present,
-                     None)
+        return Batch(out["dense"], out[self.sampler.label_name], keys.contiguous(), present, None)
 
     def close(self) -> None:
         self.sampler.close()

@@ -42,10 +42,18 @@ def _dedup_rows(vals: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndar
     return masked[keep], keep.sum(axis=1)
 
 
-def generate_bags(rng: np.random.Generator, n: int, size: int, num_indices_per_lookup: int,
-                  fixed: bool, dist: str = "uniform", data_min: float = 1,
-                  data_max: float = 1, mu: float = -1, sigma: float = 1
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def generate_bags(
+    rng: np.random.Generator,
+    n: int,
+    size: int,
+    num_indices_per_lookup: int,
+    fixed: bool,
+    dist: str = "uniform",
+    data_min: float = 1,
+    data_max: float = 1,
+    mu: float = -1,
+    sigma: float = 1,
+) -> tuple[np.ndarray, np.ndarray]:
     """One table's bags for n samples -> (indices (nnz,) int64, lengths (n,) int64)."""
     k = int(num_indices_per_lookup)
     if fixed:
@@ -58,23 +66,28 @@ def generate_bags(rng: np.random.Generator, n: int, size: int, num_indices_per_l
         vals = np.round(rng.random((n, width)) * (size - 1)).astype(np.int64)
     elif dist == "gaussian":
         center = (data_max + data_min) / 2.0 if mu == -1 else mu
-        vals = np.clip(rng.normal(center, sigma, (n, width)), data_min, data_max).astype(
-            np.int64)
+        vals = np.clip(rng.normal(center, sigma, (n, width)), data_min, data_max).astype(np.int64)
     else:
         raise ValueError(f"rand_data_dist must be 'uniform' or 'gaussian', got {dist!r}")
     return _dedup_rows(vals, lens)
 
 
-def generate_batch(rng: np.random.Generator, m_den: int, ln_emb: list[int], n: int,
-                   num_indices_per_lookup: int = 10, fixed: bool = False,
-                   dist: str = "uniform", round_targets: bool = False, **dist_args: float
-                   ) -> RandomBatch:
+def generate_batch(
+    rng: np.random.Generator,
+    m_den: int,
+    ln_emb: list[int],
+    n: int,
+    num_indices_per_lookup: int = 10,
+    fixed: bool = False,
+    dist: str = "uniform",
+    round_targets: bool = False,
+    **dist_args: float,
+) -> RandomBatch:
     """A batch as the reference's RandomDataset produces it."""
     dense = torch.from_numpy(rng.random((n, m_den)).astype(np.float32))
     offsets, indices = [], []
     for size in ln_emb:
-        idx, lens = generate_bags(rng, n, size, num_indices_per_lookup, fixed, dist,
-                                  **dist_args)
+        idx, lens = generate_bags(rng, n, size, num_indices_per_lookup, fixed, dist, **dist_args)
         off = np.zeros(n, dtype=np.int64)
         np.cumsum(lens[:-1], out=off[1:])
         offsets.append(torch.from_numpy(off))

@@ -73,10 +73,8 @@ PASSES_FILE = "passes.jsonl"
 DEFAULT_TABLE_PARAMETERS: dict[str, Any] = {
     "embedx_threshold": 0,
     "initializer": {"type": "uniform", "low": -0.005, "high": 0.005},
-    "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05,
-                        "initial_g2sum": 3.0},
-    "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05,
-                         "initial_g2sum": 3.0},
+    "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
+    "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
 }
 
 
@@ -90,10 +88,14 @@ def build_table_options(config: TrainerConfig) -> list[Any]:
         if bad in config.table_parameters:
             raise ConfigError(
                 f"table_parameters.{bad} is set by the trainer (one table per slot, dim = "
-                f"arch_sparse_feature_size = {dim}); got {config.table_parameters[bad]!r}")
-    return [TableOptions.parse(dict(params, name=name, dim=dim),
-                               source=f"table_parameters (table {name})")
-            for name in config.table_names]
+                f"arch_sparse_feature_size = {dim}); got {config.table_parameters[bad]!r}"
+            )
+    return [
+        TableOptions.parse(
+            dict(params, name=name, dim=dim), source=f"table_parameters (table {name})"
+        )
+        for name in config.table_names
+    ]
 
 
 class _Prefetcher:
@@ -102,15 +104,26 @@ class _Prefetcher:
 
     _END = object()
 
-    def __init__(self, files: list[Path], config: TrainerConfig, stats: ParseStats,
-                 transform: Callable[[Batch], Any] | None = None) -> None:
+    def __init__(
+        self,
+        files: list[Path],
+        config: TrainerConfig,
+        stats: ParseStats,
+        transform: Callable[[Batch], Any] | None = None,
+    ) -> None:
         r = config.runner
         self._transform = transform
         self._q: queue.Queue[Any] = queue.Queue(maxsize=r.prefetch_batches)
         self._stop = threading.Event()
-        self._args = (files, r.data_format, config.hyper_parameters.sparse_inputs_slots,
-                      r.train_batch_size, stats, r.max_malformed_ratio,
-                      int(r.read_chunk_mb * (1 << 20)))
+        self._args = (
+            files,
+            r.data_format,
+            config.hyper_parameters.sparse_inputs_slots,
+            r.train_batch_size,
+            stats,
+            r.max_malformed_ratio,
+            int(r.read_chunk_mb * (1 << 20)),
+        )
         self._thread = threading.Thread(target=self._run, name="trainer-prefetch", daemon=True)
         self._thread.start()
 
@@ -165,35 +178,46 @@ class OnlineTrainer:
     def __init__(self, config: TrainerConfig, store: Any | None = None) -> None:
         self.config = config
         hp, r = config.hyper_parameters, config.runner
-        self.device = torch.device("cuda" if config.distributed.backend == "nccl"
-                                   and torch.cuda.is_available() else "cpu")
+        self.device = torch.device(
+            "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
+        )
         _, world = ddp.env_world()
         if world > 1 and store is None and not config.store.addresses:
             raise ConfigError(
                 f"WORLD_SIZE={world}: ranks must share their sparse parameters; set "
                 f"store.addresses to the embedding-store shards (an in-process store would "
-                f"give each rank its own)")
+                f"give each rank its own)"
+            )
         self.rank, self.world, self._own_group = ddp.init_from_env(
-            config.distributed.backend, config.distributed.timeout_s, self.device)
+            config.distributed.backend, config.distributed.timeout_s, self.device
+        )
         self.label = str(self.rank)
         self.tables = build_table_options(config)
         self._own_store = store is None
         if store is None:
             store = self._make_store()
         self.store = store
-        threads = r.sparse_threads or (min(len(config.table_names), 8)
-                                       if config.store.addresses else 1)
-        self.sparse = SparseTables(store, config.table_names, hp.arch_sparse_feature_size,
-                                   threads)
-        self.dense = DLRMDense(hp.dense_dim, hp.sparse_inputs_slots, hp.arch_sparse_feature_size,
-                               hp.arch_mlp_bot, hp.arch_mlp_top, hp.arch_interaction_op,
-                               hp.arch_interaction_itself, hp.loss_threshold,
-                               seed=hp.numpy_rand_seed).to(self.device)
+        threads = r.sparse_threads or (
+            min(len(config.table_names), 8) if config.store.addresses else 1
+        )
+        self.sparse = SparseTables(store, config.table_names, hp.arch_sparse_feature_size, threads)
+        self.dense = DLRMDense(
+            hp.dense_dim,
+            hp.sparse_inputs_slots,
+            hp.arch_sparse_feature_size,
+            hp.arch_mlp_bot,
+            hp.arch_mlp_top,
+            hp.arch_interaction_op,
+            hp.arch_interaction_itself,
+            hp.loss_threshold,
+            seed=hp.numpy_rand_seed,
+        ).to(self.device)
         ddp.broadcast_module(self.dense)
         self.params = list(self.dense.parameters())
         self.optimizer = self._make_optimizer()
-        self.scheduler = LRPolicyScheduler(self.optimizer, hp.lr_num_warmup_steps,
-                                           hp.lr_decay_start_step, hp.lr_num_decay_steps)
+        self.scheduler = LRPolicyScheduler(
+            self.optimizer, hp.lr_num_warmup_steps, hp.lr_decay_start_step, hp.lr_num_decay_steps
+        )
         self.loss_fn = make_loss(hp.loss_function, hp.loss_weights)
         self.model_root = Path(r.model_save_path)
         self.data_root = Path(r.train_data_dir)
@@ -215,16 +239,18 @@ class OnlineTrainer:
                 ddp.barrier()
         self.metrics_port: int | None = None
         if r.metrics_port is not None:
-            self.metrics_port = serve_metrics(r.metrics_port + self.rank if r.metrics_port
-                                              else 0, r.metrics_host)
+            self.metrics_port = serve_metrics(
+                r.metrics_port + self.rank if r.metrics_port else 0, r.metrics_host
+            )
 
     # -- construction helpers -------------------------------------------------------------
     def _make_store(self) -> Any:
         if self.config.store.addresses:
             from streamrec.embedding_store.client import EmbeddingStoreClient
 
-            return EmbeddingStoreClient(self.config.store.addresses, self.tables,
-                                        timeout_s=self.config.store.timeout_s)
+            return EmbeddingStoreClient(
+                self.config.store.addresses, self.tables, timeout_s=self.config.store.timeout_s
+            )
         from streamrec.embedding_store import EmbeddingStore
 
         return EmbeddingStore(self.tables, seed=self.config.hyper_parameters.numpy_rand_seed)
@@ -241,7 +267,7 @@ class OnlineTrainer:
     def rank_files(self, spec: layout.PassSpec) -> list[Path]:
         """This rank's share of the pass's files: r::world of the sorted list."""
         files = layout.pass_files(self.data_root, spec, self.config.runner.data_donefile)
-        return files[self.rank::self.world]
+        return files[self.rank :: self.world]
 
     def _prepare(self, batch: Batch) -> tuple[Batch, SparseBatch]:
         """Prefetch thread: negatives (when sampling), then the fused dedup of the keys."""
@@ -260,8 +286,9 @@ class OnlineTrainer:
         ly = self.sparse.forward(pulled).to(self.device, non_blocking=True)
         return self.dense(batch.dense.to(self.device, non_blocking=True), ly).view(-1)
 
-    def predict_files(self, files: list[Path], acc: AucAccumulator,
-                      best: AucAccumulator | None, stats: ParseStats) -> int:
+    def predict_files(
+        self, files: list[Path], acc: AucAccumulator, best: AucAccumulator | None, stats: ParseStats
+    ) -> int:
         """Scores files with the current model (no training, no key created)."""
         prefetch = _Prefetcher(files, self.config, stats, self._prepare)
         n = 0
@@ -355,22 +382,32 @@ class OnlineTrainer:
         ddp.all_reduce_sum(flat)
         size = pred.state().numel()
         pred.load_state(flat[:size])
-        best.load_state(flat[size:2 * size])
-        train.load_state(flat[2 * size:3 * size])
-        lines, malformed, nfiles = (int(v) for v in flat[3 * size:])
+        best.load_state(flat[size : 2 * size])
+        train.load_state(flat[2 * size : 3 * size])
+        lines, malformed, nfiles = (int(v) for v in flat[3 * size :])
         pr, br, tr = pred.result(), best.result(), train.result()
         seconds = time.monotonic() - started
         record: dict[str, Any] = {
-            "day": spec.day, "pass_id": spec.pass_id, "splits": list(spec.splits),
-            "files": nfiles, "lines": lines, "samples": tr["samples"],
+            "day": spec.day,
+            "pass_id": spec.pass_id,
+            "splits": list(spec.splits),
+            "files": nfiles,
+            "lines": lines,
+            "samples": tr["samples"],
             "malformed_lines": malformed,
-            "predict_auc": pr["auc"], "predict_logloss": pr["logloss"],
-            "train_auc": tr["auc"], "logloss": tr["logloss"],
+            "predict_auc": pr["auc"],
+            "predict_logloss": pr["logloss"],
+            "train_auc": tr["auc"],
+            "logloss": tr["logloss"],
             "best_auc": br["auc"] if br["samples"] else None,
-            "actual_ctr": tr["actual_ctr"], "predicted_ctr": tr["predicted_ctr"],
-            "seconds": seconds, "predict_seconds": predict_s, "train_seconds": train_s,
+            "actual_ctr": tr["actual_ctr"],
+            "predicted_ctr": tr["predicted_ctr"],
+            "seconds": seconds,
+            "predict_seconds": predict_s,
+            "train_seconds": train_s,
             "samples_per_second": tr["samples"] / train_s if train_s > 0 else None,
-            "lr": self.optimizer.param_groups[0]["lr"], "step": self.step,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "step": self.step,
             "world_size": self.world,
         }
         self._observe(record, pstats.malformed + tstats.malformed)
@@ -389,8 +426,10 @@ class OnlineTrainer:
             m.SAMPLES.labels(lab, "predict").inc(rec["samples"])
         m.MALFORMED.labels(lab).inc(malformed_local)
         m.PASSES.labels(lab).inc()
-        for phase, auc, ll in (("predict", rec["predict_auc"], rec["predict_logloss"]),
-                               ("train", rec["train_auc"], rec["logloss"])):
+        for phase, auc, ll in (
+            ("predict", rec["predict_auc"], rec["predict_logloss"]),
+            ("train", rec["train_auc"], rec["logloss"]),
+        ):
             if auc is not None:
                 m.PASS_AUC.labels(lab, phase).set(auc)
             if ll is not None:
@@ -406,8 +445,11 @@ class OnlineTrainer:
     def _save_due(self, spec: layout.PassSpec) -> None:
         r = self.config.runner
         last_of_day = spec.is_last_of_day(r.split_interval, r.split_per_pass)
-        if r.save_delta_frequency and spec.pass_id % r.save_delta_frequency == 0 and (
-                not last_of_day):
+        if (
+            r.save_delta_frequency
+            and spec.pass_id % r.save_delta_frequency == 0
+            and (not last_of_day)
+        ):
             self.save_model("delta", spec.day, spec.pass_id)
         if last_of_day and r.save_base_at_day_end:
             self._rank0_store(self.store.advance_day)
@@ -431,9 +473,11 @@ class OnlineTrainer:
             "model": self.dense.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "trainer": {"day": self.last_pass[0] if self.last_pass else "",
-                        "pass_id": self.last_pass[1] if self.last_pass else 0,
-                        "step": self.step},
+            "trainer": {
+                "day": self.last_pass[0] if self.last_pass else "",
+                "pass_id": self.last_pass[1] if self.last_pass else 0,
+                "step": self.step,
+            },
             "arch": json.dumps(self.config.hyper_parameters.model_dump(mode="json")),
         }
 
@@ -445,16 +489,21 @@ class OnlineTrainer:
             fresh_dir(directory)
             save_dense(directory / DENSE_NAME, self.dense_state())
             self.store.save(str(directory / SPARSE_NAME), mode=mode)
-            write_manifest(directory, dict(info, mode=mode, world_size=self.world,
-                                           tables=self.config.table_names))
+            write_manifest(
+                directory,
+                dict(info, mode=mode, world_size=self.world, tables=self.config.table_names),
+            )
         ddp.barrier()
         m.SAVE_SECONDS.labels(self.label, mode).observe(time.monotonic() - started)
         return directory
 
     def save_checkpoint(self, day: str, pass_id: int) -> Path:
         """Full checkpoint after pass ``pass_id`` of ``day`` (dense + store, manifest last)."""
-        return self._write(layout.checkpoint_dir(self.model_root, day, pass_id), "checkpoint",
-                           {"day": day, "pass_id": pass_id, "step": self.step})
+        return self._write(
+            layout.checkpoint_dir(self.model_root, day, pass_id),
+            "checkpoint",
+            {"day": day, "pass_id": pass_id, "step": self.step},
+        )
 
     def save_model(self, mode: str, day: str, pass_id: int | None = None) -> Path:
         """``base`` / ``batch`` (end of day) or ``delta`` (after ``pass_id``) model."""
@@ -488,16 +537,18 @@ class OnlineTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         except (KeyError, RuntimeError, ValueError) as exc:
-            raise CheckpointError(f"{directory}: dense state does not fit this model: {exc}"
-                                  ) from exc
+            raise CheckpointError(
+                f"{directory}: dense state does not fit this model: {exc}"
+            ) from exc
         ddp.barrier()
         if self.rank == 0:
             self.store.load(str(directory / SPARSE_NAME))
         ddp.barrier()
         self.step = int(state["trainer"]["step"])
         self.last_pass = (day, pass_id)
-        log.info("warm start from %s (step %d, manifest %s)", directory, self.step,
-                 manifest.get("mode"))
+        log.info(
+            "warm start from %s (step %d, manifest %s)", directory, self.step, manifest.get("mode")
+        )
         return self.last_pass
 
     def export_serving(self, out_dir: str | Path) -> Path:
@@ -510,8 +561,7 @@ class OnlineTrainer:
     def passes_todo(self) -> list[layout.PassSpec]:
         """Every pass of start_day..end_day after the last one done (warm start)."""
         r = self.config.runner
-        specs = list(layout.iter_passes(r.start_day, r.end_day, r.split_interval,
-                                        r.split_per_pass))
+        specs = list(layout.iter_passes(r.start_day, r.end_day, r.split_interval, r.split_per_pass))
         if self.last_pass is None:
             return specs
         return [s for s in specs if (s.day, s.pass_id) > self.last_pass]
@@ -522,9 +572,14 @@ class OnlineTrainer:
         self.warm_start()
         for spec in self.passes_todo():
             waited = time.monotonic()
-            ready = layout.wait_for_pass(self.data_root, spec, r.data_donefile,
-                                         r.data_sleep_second, r.data_wait_timeout_second,
-                                         self.stop_event)
+            ready = layout.wait_for_pass(
+                self.data_root,
+                spec,
+                r.data_donefile,
+                r.data_sleep_second,
+                r.data_wait_timeout_second,
+                self.stop_event,
+            )
             m.WAIT_SECONDS.labels(self.label).inc(time.monotonic() - waited)
             if self.stop_event.is_set():
                 return
@@ -532,7 +587,8 @@ class OnlineTrainer:
                 raise TrainerError(
                     f"pass {spec.day}/{spec.pass_id} (splits {', '.join(spec.splits)}) not "
                     f"ready after data_wait_timeout_second={r.data_wait_timeout_second}: "
-                    f"no {r.data_donefile!r} in every split under {self.data_root}")
+                    f"no {r.data_donefile!r} in every split under {self.data_root}"
+                )
             self.run_pass(spec)
 
     def close(self) -> None:

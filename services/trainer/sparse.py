@@ -104,8 +104,11 @@ class SparseTables:
         self.tables = list(tables)
         self.dim = int(dim)
         self._unique = unique_keys
-        self._pool = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="trainer-table")
-                      if threads > 1 else None)
+        self._pool = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="trainer-table")
+            if threads > 1
+            else None
+        )
 
     def close(self) -> None:
         if self._pool is not None:
@@ -124,8 +127,10 @@ class SparseTables:
         """
         b, s = batch.keys.shape
         if s != len(self.tables):
-            raise ModelShapeError(f"batch has {s} sparse slots, expected {len(self.tables)} "
-                                  f"(one per table {self.tables})")
+            raise ModelShapeError(
+                f"batch has {s} sparse slots, expected {len(self.tables)} "
+                f"(one per table {self.tables})"
+            )
         cols = batch.keys.t().contiguous()
         mask = None if batch.present is None else batch.present.t().contiguous()
         keys, inverses, bounds = [], [], [0]
@@ -148,9 +153,12 @@ class SparseTables:
 
         create: create absent keys (training), or read them as zeros (prediction).
         """
-        parts = self._map(lambda name, k: self.store.pull(name, k, create=create) if k.numel()
-                          else torch.zeros(0, self.dim), list(zip(self.tables, sb.keys,
-                                                                  strict=True)))
+        parts = self._map(
+            lambda name, k: (
+                self.store.pull(name, k, create=create) if k.numel() else torch.zeros(0, self.dim)
+            ),
+            list(zip(self.tables, sb.keys, strict=True)),
+        )
         sb.weights = torch.cat(parts).detach().requires_grad_(True)
         return sb
 
@@ -160,8 +168,9 @@ class SparseTables:
         if sb.offsets is None:
             return _Gather.apply(sb.weights, sb.index.t())
         s = len(sb.keys)
-        pooled = F.embedding_bag(sb.index, sb.weights, sb.offsets, mode="sum",
-                                 include_last_offset=True)
+        pooled = F.embedding_bag(
+            sb.index, sb.weights, sb.offsets, mode="sum", include_last_offset=True
+        )
         return pooled.view(s, sb.batch, self.dim).transpose(0, 1)
 
     def push(self, sb: SparseBatch, labels: torch.Tensor, grad_scale: float = 1.0) -> None:
@@ -190,8 +199,7 @@ class SparseTables:
             value_labels = labels[sb.value_rows]
         shows = torch.bincount(index, minlength=u).to(torch.float32)
         clicks = torch.zeros(u).index_add_(0, index, value_labels)
-        items = [(name, t) for t, name in enumerate(self.tables)
-                 if sb.bounds[t + 1] > sb.bounds[t]]
+        items = [(name, t) for t, name in enumerate(self.tables) if sb.bounds[t + 1] > sb.bounds[t]]
 
         def one(name: str, t: int) -> None:
             a, z = sb.bounds[t], sb.bounds[t + 1]

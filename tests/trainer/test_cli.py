@@ -13,8 +13,12 @@ from trainer_helpers import small_config
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "streamrec.trainer", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "streamrec.trainer", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_job_export_predict(stream, tmp_path):
@@ -23,8 +27,9 @@ def test_job_export_predict(stream, tmp_path):
     path.write_text(yaml.safe_dump(job))
     run = cli("--config", str(path), "--learning-rate", "0.04")
     assert run.returncode == 0, run.stderr[-2000:]
-    recs = [json.loads(x) for x in (tmp_path / "model" / "passes.jsonl").read_text().split("\n")
-            if x]
+    recs = [
+        json.loads(x) for x in (tmp_path / "model" / "passes.jsonl").read_text().split("\n") if x
+    ]
     assert [(r["day"], r["pass_id"]) for r in recs] == [("20190720", 1), ("20190720", 2)]
     assert recs[0]["lr"] == 0.04
     again = cli("--config", str(path))  # warm start: every pass is done, nothing retrained
@@ -35,8 +40,17 @@ def test_job_export_predict(stream, tmp_path):
     assert exp.returncode == 0, exp.stderr[-2000:]
     assert json.loads(exp.stdout)["last_pass"] == ["20190720", 2]
     data = sorted((stream / "20190721" / "0000").glob("part-*"))
-    pred = cli("predict", "--model", str(tmp_path / "serving"), "--data", str(data[0]),
-               "--data", str(data[1]), "--out", str(tmp_path / "scores.txt"))
+    pred = cli(
+        "predict",
+        "--model",
+        str(tmp_path / "serving"),
+        "--data",
+        str(data[0]),
+        "--data",
+        str(data[1]),
+        "--out",
+        str(tmp_path / "scores.txt"),
+    )
     assert pred.returncode == 0, pred.stderr[-2000:]
     res = json.loads(pred.stdout)
     assert res["samples"] == 1500 and 0.55 < res["auc"] < 1.0

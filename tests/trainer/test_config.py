@@ -49,17 +49,22 @@ def test_yaml_in_paddlerec_shape(tmp_path):
     assert c.table_names[:2] == ["slot_0", "slot_1"] and len(c.table_names) == 26
 
 
-@pytest.mark.parametrize("patch,match", [
-    ({"runner": {"bogus_knob": 1}}, r"runner\.bogus_knob: Extra inputs"),
-    ({"hyper_parameters": {"arch_mlp_top": "a-b"}}, r"arch_mlp_top.*'a-b'"),
-    ({"runner": {"split_interval": 7}}, r"split_interval.*divide 1440"),
-    ({"runner": {"start_day": "20190799"}}, r"start_day.*YYYYMMDD"),
-    ({"runner": {"reader_type": "criteo", "data_format": "generated"}}, r"contradicts"),
-    ({"hyper_parameters": {"optimizer": "lbfgs"}}, r"optimizer"),
-    ({"hyper_parameters": {"mini_batch_size": 64}, "runner": {"train_batch_size": 32}},
-     r"mini_batch_size 64 contradicts"),
-    ({"nonsense": {}}, r"nonsense: Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "patch,match",
+    [
+        ({"runner": {"bogus_knob": 1}}, r"runner\.bogus_knob: Extra inputs"),
+        ({"hyper_parameters": {"arch_mlp_top": "a-b"}}, r"arch_mlp_top.*'a-b'"),
+        ({"runner": {"split_interval": 7}}, r"split_interval.*divide 1440"),
+        ({"runner": {"start_day": "20190799"}}, r"start_day.*YYYYMMDD"),
+        ({"runner": {"reader_type": "criteo", "data_format": "generated"}}, r"contradicts"),
+        ({"hyper_parameters": {"optimizer": "lbfgs"}}, r"optimizer"),
+        (
+            {"hyper_parameters": {"mini_batch_size": 64}, "runner": {"train_batch_size": 32}},
+            r"mini_batch_size 64 contradicts",
+        ),
+        ({"nonsense": {}}, r"nonsense: Extra inputs"),
+    ],
+)
 def test_bad_values_name_field_and_value(patch, match):
     with pytest.raises(BadRequest, match=match):
         TrainerConfig.parse(patch)
@@ -73,9 +78,20 @@ def test_mini_batch_size_is_an_alias():
 def test_flags_override_the_file(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(JOB)
-    args = _train_parser("t").parse_args(["--config", str(path), "--learning-rate", "0.5",
-                                          "--arch-mlp-bot", "13-64-16", "--end-day", "20190725",
-                                          "--data-donefile", ""])
+    args = _train_parser("t").parse_args(
+        [
+            "--config",
+            str(path),
+            "--learning-rate",
+            "0.5",
+            "--arch-mlp-bot",
+            "13-64-16",
+            "--end-day",
+            "20190725",
+            "--data-donefile",
+            "",
+        ]
+    )
     c = load_config(args)
     assert c.hyper_parameters.learning_rate == 0.5
     assert c.hyper_parameters.arch_mlp_bot == [13, 64, 16]

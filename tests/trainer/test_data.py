@@ -47,8 +47,17 @@ def test_criteo_real_format_lines():
 
 def test_malformed_lines_are_counted_and_named():
     good = CRITEO.splitlines()
-    text = "\n".join([good[0], "1\tnot enough fields", good[1], "", good[0].replace("0", "2", 1),
-                      good[1].replace("38a947a1", "38a9zz"), good[0]]).encode()
+    text = "\n".join(
+        [
+            good[0],
+            "1\tnot enough fields",
+            good[1],
+            "",
+            good[0].replace("0", "2", 1),
+            good[1].replace("38a947a1", "38a9zz"),
+            good[0],
+        ]
+    ).encode()
     for parse in (parse_chunk, _parse_chunk_numpy):
         batch, stats = parse(text, "criteo", 26, "part-7", 100)
         assert len(batch) == 3
@@ -70,8 +79,12 @@ def test_generated_round_trip_and_fallback_agree():
     present = ~s["empty"]
     assert np.array_equal(fast.present.numpy(), present)
     assert np.array_equal(fast.keys.numpy()[present], s["keys"][present])
-    for a, b in ((fast.dense, slow.dense), (fast.labels, slow.labels), (fast.ptrue, slow.ptrue),
-                 (fast.present, slow.present)):
+    for a, b in (
+        (fast.dense, slow.dense),
+        (fast.labels, slow.labels),
+        (fast.ptrue, slow.ptrue),
+        (fast.present, slow.present),
+    ):
         torch.testing.assert_close(a, b)
     assert torch.equal(fast.keys[fast.present], slow.keys[slow.present])
 
@@ -84,8 +97,9 @@ def test_criteo_writer_round_trip_with_negatives():
     text = to_criteo_text(rng.integers(0, 2, 500), ints, keys, empty)
     batch, stats = parse_chunk(text, "criteo", 26)
     assert stats.malformed == 0
-    torch.testing.assert_close(batch.dense, torch.log1p(torch.from_numpy(
-        np.maximum(ints, 0).astype(np.float32))))
+    torch.testing.assert_close(
+        batch.dense, torch.log1p(torch.from_numpy(np.maximum(ints, 0).astype(np.float32)))
+    )
     assert np.array_equal(batch.keys.numpy()[~empty], keys[~empty])
 
 

@@ -12,9 +12,27 @@ from streamrec.trainer.randgen import generate_bags, generate_batch
 
 
 def test_cli_writes_the_streaming_layout_with_donefiles(tmp_path, capsys):
-    assert main(["--out", str(tmp_path), "--start-day", "20190720", "--days", "2",
-                 "--split-interval", "720", "--samples-per-split", "300",
-                 "--files-per-split", "2", "--slots", "4"]) == 0
+    assert (
+        main(
+            [
+                "--out",
+                str(tmp_path),
+                "--start-day",
+                "20190720",
+                "--days",
+                "2",
+                "--split-interval",
+                "720",
+                "--samples-per-split",
+                "300",
+                "--files-per-split",
+                "2",
+                "--slots",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == {"splits": 4, "samples": 1200}
     specs = list(layout.iter_passes("20190720", "20190721", 720, 1))
     assert all(layout.pass_ready(tmp_path, s, "to.hadoop.done") for s in specs)
@@ -48,14 +66,16 @@ def test_reference_random_generator():
     assert idx.min() >= 0 and idx.max() <= 99
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
     for s, n in zip(starts[:50], lens[:50], strict=True):  # each bag sorted and unique (np.unique)
-        bag = idx[s:s + n]
+        bag = idx[s : s + n]
         assert np.array_equal(bag, np.unique(bag))
     idx, lens = generate_bags(rng, 500, 1000, 1, fixed=True)
     assert (lens == 1).all()
-    idx, lens = generate_bags(rng, 500, 1000, 3, fixed=True, dist="gaussian", data_min=10,
-                              data_max=20, sigma=2)
+    idx, lens = generate_bags(
+        rng, 500, 1000, 3, fixed=True, dist="gaussian", data_min=10, data_max=20, sigma=2
+    )
     assert idx.min() >= 10 and idx.max() <= 20 and lens.max() <= 3
-    b = generate_batch(rng, 13, [100] * 3, 64, num_indices_per_lookup=2, fixed=True,
-                       round_targets=True)
+    b = generate_batch(
+        rng, 13, [100] * 3, 64, num_indices_per_lookup=2, fixed=True, round_targets=True
+    )
     assert b.dense.shape == (64, 13) and len(b.offsets) == 3 and b.offsets[0][0] == 0
     assert set(b.targets.view(-1).tolist()) <= {0.0, 1.0}

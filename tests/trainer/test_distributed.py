@@ -27,16 +27,24 @@ def free_port() -> int:
 
 
 def tables_file(config, path: Path) -> Path:
-    path.write_text(json.dumps(
-        {"tables": [t.model_dump(mode="json") for t in build_table_options(config)]}))
+    path.write_text(
+        json.dumps({"tables": [t.model_dump(mode="json") for t in build_table_options(config)]})
+    )
     return path
 
 
 def test_two_ranks_same_dense_parameters(tmp_path):
     data = tmp_path / "data"
     # 3 files a split: rank 0 reads 2, rank 1 reads 1, so their batch counts differ
-    generate(data, "20190720", 1, 720, 900, files_per_split=3,
-             params=StreamParams(slots=SLOTS, vocab=300, seed=5))
+    generate(
+        data,
+        "20190720",
+        1,
+        720,
+        900,
+        files_per_split=3,
+        params=StreamParams(slots=SLOTS, vocab=300, seed=5),
+    )
     config = small_config(data, tmp_path / "model", end_day="20190720")
     with LocalShards(tables_file(config, tmp_path / "tables.json"), 1) as shards:
         job = config.model_dump(mode="json")
@@ -44,11 +52,27 @@ def test_two_ranks_same_dense_parameters(tmp_path):
         (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         proc = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-             "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-             "--master-port", str(free_port()), str(HERE / "two_rank_worker.py"),
-             str(tmp_path / "job.yaml"), str(tmp_path)],
-            env=env, capture_output=True, text=True, timeout=240)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port()),
+                str(HERE / "two_rank_worker.py"),
+                str(tmp_path / "job.yaml"),
+                str(tmp_path),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
@@ -64,18 +88,20 @@ def test_two_ranks_same_dense_parameters(tmp_path):
     assert infos[0]["step"] == infos[1]["step"] > 0
     recs = [json.loads(x) for x in (tmp_path / "model" / "passes.jsonl").read_text().splitlines()]
     assert [(r["pass_id"], r["samples"], r["world_size"], r["files"]) for r in recs] == [
-        (1, 900, 2, 3), (2, 900, 2, 3)]  # rank 0 alone writes, with every rank's samples
+        (1, 900, 2, 3),
+        (2, 900, 2, 3),
+    ]  # rank 0 alone writes, with every rank's samples
     ckpt = tmp_path / "model" / "20190720" / "2"
     assert (ckpt / "MANIFEST.json").is_file() and (ckpt / "sparse").is_dir()
 
 
 @pytest.mark.parametrize("shards", [2])
 def test_one_rank_through_the_store_service(tmp_path, stream, shards):
-    config = small_config(stream, tmp_path / "model", end_day="20190720",
-                          checkpoint_per_pass=1)
+    config = small_config(stream, tmp_path / "model", end_day="20190720", checkpoint_per_pass=1)
     with LocalShards(tables_file(config, tmp_path / "tables.json"), shards) as local:
-        remote = config.model_copy(update={"store": config.store.model_copy(
-            update={"addresses": local.endpoints})})
+        remote = config.model_copy(
+            update={"store": config.store.model_copy(update={"addresses": local.endpoints})}
+        )
         with OnlineTrainer(remote) as t:
             t.run()
             rows = t.store.stats()["total"]["rows"]

@@ -37,8 +37,9 @@ class ReferenceScheduler:
         return lr
 
 
-@pytest.mark.parametrize("warm,start,num", [(0, 0, 0), (4, 4, 0), (3, 5, 4), (5, 5, 10),
-                                            (2, 10, 3), (10, 10, 1000)])
+@pytest.mark.parametrize(
+    "warm,start,num", [(0, 0, 0), (4, 4, 0), (3, 5, 4), (5, 5, 10), (2, 10, 3), (10, 10, 1000)]
+)
 def test_matches_reference(warm, start, num):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.3)

@@ -10,6 +10,7 @@ from streamrec.trainer.model import DLRM, DLRMDense, interaction_size
 
 def numpy_forward(model: DLRMDense, dense_x: np.ndarray, ly: list[np.ndarray]) -> np.ndarray:
     """Written from the reference's description, sharing nothing with the module."""
+
     def mlp(seq, x, sigmoid_last):
         linears = [m for m in seq if isinstance(m, torch.nn.Linear)]
         for i, lin in enumerate(linears):
@@ -34,8 +35,16 @@ def numpy_forward(model: DLRMDense, dense_x: np.ndarray, ly: list[np.ndarray]) -
 @pytest.mark.parametrize("op,itself", [("dot", False), ("dot", True), ("cat", False)])
 def test_forward_matches_numpy(op, itself):
     torch.manual_seed(0)
-    model = DLRMDense(dense_dim=4, num_sparse=3, sparse_dim=2, mlp_bot=[4, 3, 2],
-                      mlp_top=[4, 2, 1], interaction_op=op, interaction_itself=itself, seed=5)
+    model = DLRMDense(
+        dense_dim=4,
+        num_sparse=3,
+        sparse_dim=2,
+        mlp_bot=[4, 3, 2],
+        mlp_top=[4, 2, 1],
+        interaction_op=op,
+        interaction_itself=itself,
+        seed=5,
+    )
     # the seed's example: 4 dense features, 3 sparse features of dim 2, top 8-4-2-1 for dot
     assert model.ln_top[0] == interaction_size(op, 4, 2, itself)
     if op == "dot" and not itself:
@@ -50,8 +59,9 @@ def test_forward_matches_numpy(op, itself):
     assert ((got > 0) & (got < 1)).all()
     # the stacked (B, S, d) form the trainer's fused sparse side hands over
     stacked = torch.from_numpy(np.stack(ly, axis=1))
-    np.testing.assert_allclose(model(torch.from_numpy(dense_x), stacked).detach().numpy(),
-                               want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        model(torch.from_numpy(dense_x), stacked).detach().numpy(), want, rtol=1e-5, atol=1e-6
+    )
     with pytest.raises(ModelShapeError, match=r"\(5, 3, 2\) \(batch, slots, dim\)"):
         model(torch.from_numpy(dense_x), stacked[:, :2])
 
@@ -78,12 +88,15 @@ def test_reference_init_scales():
     assert all(torch.equal(a, b) for a, b in pairs)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"dense_dim": 5}, "arch-dense-feature-size 5 does not match first dim of bottom mlp 4"),
-    ({"sparse_dim": 3}, "arch-sparse-feature-size 3 does not match last dim of bottom mlp 2"),
-    ({"mlp_top": [4, 2]}, "must end in 1"),
-    ({"interaction_op": "sum"}, "'dot' or 'cat'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"dense_dim": 5}, "arch-dense-feature-size 5 does not match first dim of bottom mlp 4"),
+        ({"sparse_dim": 3}, "arch-sparse-feature-size 3 does not match last dim of bottom mlp 2"),
+        ({"mlp_top": [4, 2]}, "must end in 1"),
+        ({"interaction_op": "sum"}, "'dot' or 'cat'"),
+    ],
+)
 def test_dimension_checks_raise_clear_errors(kwargs, match):
     args = dict(dense_dim=4, num_sparse=3, sparse_dim=2, mlp_bot=[4, 3, 2], mlp_top=[4, 1])
     with pytest.raises(ModelShapeError, match=match):
@@ -107,9 +120,11 @@ def test_reference_module_pools_bags_by_sum():
     indices = [torch.tensor([1, 2, 0, 1, 3]), torch.tensor([1, 0]), torch.tensor([0, 1, 1])]
     offsets = [torch.tensor([0, 2]), torch.tensor([0, 1]), torch.tensor([0, 2])]
     w = [bag.weight.detach() for bag in ref.emb_l]
-    ly = [torch.stack([w[0][[1, 2]].sum(0), w[0][[0, 1, 3]].sum(0)]),
-          torch.stack([w[1][1], w[1][0]]),
-          torch.stack([w[2][[0, 1]].sum(0), w[2][1]])]
+    ly = [
+        torch.stack([w[0][[1, 2]].sum(0), w[0][[0, 1, 3]].sum(0)]),
+        torch.stack([w[1][1], w[1][0]]),
+        torch.stack([w[2][[0, 1]].sum(0), w[2][1]]),
+    ]
     torch.testing.assert_close(ref(x, offsets, indices), ref.dense(x, ly))
     n = 4
     assert float(w[0].abs().max()) <= np.sqrt(1 / n)

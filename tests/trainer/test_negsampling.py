@@ -28,18 +28,32 @@ def test_positives_expanded_with_negatives(stream, tmp_path, short_dir):
     spec_files = sorted((stream / "20190720" / "0000").glob("part-*"))
     batches = list(iter_batches(spec_files, "generated", 4, 10**6, ParseStats()))
     items = torch.unique(torch.cat([b.keys[:, 0] for b in batches])).numpy()
-    pq.write_table(pa.table({
-        "slot_0": pa.array(items, pa.int64()),
-        "category": pa.array(np.ones(len(items), np.int64)),
-        "weight": pa.array(np.ones(len(items), np.float32)),
-        "skey": pa.array([""] * len(items)),
-    }), tmp_path / "items.parquet")
-    cfg = small_config(stream, tmp_path / "m", end_day="20190720", checkpoint_per_pass=0,
-                       save_base_at_day_end=False)
+    pq.write_table(
+        pa.table(
+            {
+                "slot_0": pa.array(items, pa.int64()),
+                "category": pa.array(np.ones(len(items), np.int64)),
+                "weight": pa.array(np.ones(len(items), np.float32)),
+                "skey": pa.array([""] * len(items)),
+            }
+        ),
+        tmp_path / "items.parquet",
+    )
+    cfg = small_config(
+        stream,
+        tmp_path / "m",
+        end_day="20190720",
+        checkpoint_per_pass=0,
+        save_base_at_day_end=False,
+    )
     job = cfg.model_dump(mode="json")
-    job["negative_sampling"] = {"enabled": True, "table_path": str(tmp_path / "items.parquet"),
-                                "item_slot": 0, "sample_size": 3,
-                                "endpoint": f"ipc://{short_dir}/sampler.sock"}
+    job["negative_sampling"] = {
+        "enabled": True,
+        "table_path": str(tmp_path / "items.parquet"),
+        "item_slot": 0,
+        "sample_size": 3,
+        "endpoint": f"ipc://{short_dir}/sampler.sock",
+    }
     cfg = type(cfg).parse(job)
     t = OnlineTrainer(cfg)
     pid = t.negatives.sampler.server_pid

@@ -33,12 +33,18 @@ def test_pass_records_and_metrics(stream, tmp_path):
     with OnlineTrainer(cfg) as t:
         specs = t.passes_todo()
         assert [(s.day, s.pass_id, s.splits) for s in specs] == [
-            ("20190720", 1, ("0000",)), ("20190720", 2, ("1200",)),
-            ("20190721", 1, ("0000",)), ("20190721", 2, ("1200",))]
+            ("20190720", 1, ("0000",)),
+            ("20190720", 2, ("1200",)),
+            ("20190721", 1, ("0000",)),
+            ("20190721", 2, ("1200",)),
+        ]
         for s in specs:
             t.run_pass(s)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{t.metrics_port}/metrics",
-                                      timeout=5).read().decode()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{t.metrics_port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
     recs = records(tmp_path / "m")
     assert [(r["day"], r["pass_id"]) for r in recs] == [(s.day, s.pass_id) for s in specs]
     for r in recs:
@@ -71,8 +77,7 @@ def test_predict_uses_the_model_before_training_on_the_pass(stream, tmp_path):
 def test_waits_for_donefiles(tmp_path):
     data, model = tmp_path / "data", tmp_path / "m"
     cfg = small_config(data, model, end_day="20190720", **NO_SAVES)
-    generate(data, "20190720", 1, 720, 400, params=StreamParams(slots=SLOTS, seed=5),
-             max_splits=1)
+    generate(data, "20190720", 1, 720, 400, params=StreamParams(slots=SLOTS, seed=5), max_splits=1)
     with OnlineTrainer(cfg) as t:
         runner = threading.Thread(target=t.run)
         runner.start()
@@ -84,8 +89,7 @@ def test_waits_for_donefiles(tmp_path):
         assert runner.is_alive()
         split = data / "20190720" / "1200"
         split.mkdir(parents=True)
-        (split / "part-00000").write_bytes((data / "20190720" / "0000" / "part-00000")
-                                           .read_bytes())
+        (split / "part-00000").write_bytes((data / "20190720" / "0000" / "part-00000").read_bytes())
         time.sleep(0.3)
         assert len(records(model)) == 1  # data without its donefile is not read
         (split / "to.hadoop.done").touch()
@@ -95,8 +99,7 @@ def test_waits_for_donefiles(tmp_path):
 
 
 def test_data_wait_timeout_and_stop(tmp_path):
-    cfg = small_config(tmp_path / "none", tmp_path / "m", data_wait_timeout_second=0.2,
-                       **NO_SAVES)
+    cfg = small_config(tmp_path / "none", tmp_path / "m", data_wait_timeout_second=0.2, **NO_SAVES)
     with OnlineTrainer(cfg) as t, pytest.raises(Exception, match="not ready after"):
         t.run()
 
@@ -107,13 +110,15 @@ def test_malformed_share_fails_naming_file_and_line(tmp_path):
     lines = bad.read_bytes().splitlines(keepends=True)
     lines[4] = b"1\tnot\ta\tsample\n"
     bad.write_bytes(b"".join(lines))
-    with OnlineTrainer(small_config(data, tmp_path / "m", max_malformed_ratio=0.0,
-                                    **NO_SAVES)) as t:
+    with OnlineTrainer(
+        small_config(data, tmp_path / "m", max_malformed_ratio=0.0, **NO_SAVES)
+    ) as t:
         spec = t.passes_todo()[0]
         with pytest.raises(DataError, match=rf"{bad} line 5: expected"):
             t.run_pass(spec)
-    with OnlineTrainer(small_config(data, tmp_path / "m2", max_malformed_ratio=0.01,
-                                    **NO_SAVES)) as t:
+    with OnlineTrainer(
+        small_config(data, tmp_path / "m2", max_malformed_ratio=0.01, **NO_SAVES)
+    ) as t:
         rec = t.run_pass(t.passes_todo()[0])
     assert rec["malformed_lines"] == 1 and rec["samples"] == 399
 
@@ -129,12 +134,13 @@ def sparse_rows(t: OnlineTrainer, stream: Path) -> list[torch.Tensor]:
     spec = next(layout.iter_passes("20190720", "20190720", 720, 1))
     batches = list(iter_batches(t.rank_files(spec), "generated", SLOTS, 4096, ParseStats()))
     keys = torch.cat([b.keys for b in batches])
-    return [t.store.pull(name, torch.unique(keys[:, j]), create=False)
-            for j, name in enumerate(t.config.table_names)]
+    return [
+        t.store.pull(name, torch.unique(keys[:, j]), create=False)
+        for j, name in enumerate(t.config.table_names)
+    ]
 
 
-def test_checkpoint_restart_continues_at_the_next_pass_with_identical_parameters(stream,
-                                                                                  tmp_path):
+def test_checkpoint_restart_continues_at_the_next_pass_with_identical_parameters(stream, tmp_path):
     straight = small_config(stream, tmp_path / "a", save_delta_frequency=1)
     with OnlineTrainer(straight) as t:
         t.run()
@@ -151,8 +157,7 @@ def test_checkpoint_restart_continues_at_the_next_pass_with_identical_parameters
     (half / "dense.pt").write_bytes(b"garbage")
     with OnlineTrainer(small_config(stream, tmp_path / "b", save_delta_frequency=1)) as t:
         assert t.warm_start() == ("20190720", 2)
-        assert [(s.day, s.pass_id) for s in t.passes_todo()] == [("20190721", 1),
-                                                                  ("20190721", 2)]
+        assert [(s.day, s.pass_id) for s in t.passes_todo()] == [("20190721", 1), ("20190721", 2)]
         t.last_pass = None
         t.run()  # warm-starts again itself, then trains day 2 only
         got_dense = t.dense.state_dict()
@@ -165,7 +170,11 @@ def test_checkpoint_restart_continues_at_the_next_pass_with_identical_parameters
     assert got_lr == want_lr
     recs = records(tmp_path / "b")
     assert [(r["day"], r["pass_id"]) for r in recs] == [
-        ("20190720", 1), ("20190720", 2), ("20190721", 1), ("20190721", 2)]
+        ("20190720", 1),
+        ("20190720", 2),
+        ("20190721", 1),
+        ("20190721", 2),
+    ]
     model = tmp_path / "b" / "20190721"
     assert {p.name for p in model.iterdir()} >= {"1", "2", "base", "batch", "delta_1"}
 

@@ -13,11 +13,15 @@ SLOTS, DIM = 3, 4
 
 
 def make_store() -> EmbeddingStore:
-    opts = {"embedx_threshold": 0, "initializer": {"type": "uniform", "low": -0.1, "high": 0.1},
-            "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05},
-            "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05}}
-    return EmbeddingStore([TableOptions.parse(dict(opts, name=f"t{i}", dim=DIM))
-                           for i in range(SLOTS)], seed=7)
+    opts = {
+        "embedx_threshold": 0,
+        "initializer": {"type": "uniform", "low": -0.1, "high": 0.1},
+        "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05},
+        "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05},
+    }
+    return EmbeddingStore(
+        [TableOptions.parse(dict(opts, name=f"t{i}", dim=DIM)) for i in range(SLOTS)], seed=7
+    )
 
 
 def make_batch(ragged: bool, b: int = 64) -> Batch:
@@ -53,8 +57,9 @@ def test_matches_store_embedding_bags(ragged, threads):
             sp.push(sb, batch.labels)
         for t, name in enumerate(names):
             keys = torch.unique(batch.keys[:, t])
-            torch.testing.assert_close(store.pull(name, keys, create=False),
-                                       ref_store.pull(name, keys, create=False))
+            torch.testing.assert_close(
+                store.pull(name, keys, create=False), ref_store.pull(name, keys, create=False)
+            )
             a, b = store.inspect(name, keys), ref_store.inspect(name, keys)
             assert torch.equal(a["present"], b["present"])
             torch.testing.assert_close(a["show"], b["show"])

@@ -13,5 +13,6 @@ config, out = TrainerConfig.from_yaml(sys.argv[1]), Path(sys.argv[2])
 with OnlineTrainer(config) as t:
     t.run()
     torch.save(t.dense.state_dict(), out / f"rank{t.rank}.pt")
-    (out / f"rank{t.rank}.json").write_text(json.dumps(
-        {"rank": t.rank, "world": t.world, "step": t.step, "last_pass": t.last_pass}))
+    (out / f"rank{t.rank}.json").write_text(
+        json.dumps({"rank": t.rank, "world": t.world, "step": t.step, "last_pass": t.last_pass})
+    )
