@@ -152,10 +152,12 @@ def main() -> int:
     parser.add_argument("--categories", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--negatives", type=int, default=100)
-    parser.add_argument("--batches", type=int, default=20, help="batches per client process")
+    parser.add_argument(
+        "--batches", type=int, default=100, help="batches per client process (and in-process)"
+    )
     parser.add_argument("--baseline-batches", type=int, default=3)
     parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="server request threads")
     args = parser.parse_args()
 
     print(

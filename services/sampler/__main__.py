@@ -1,7 +1,7 @@
 """``streamrec-sampler``: run the node-local sampler server, or ping one.
 
 streamrec-sampler serve [--endpoint ipc:///run/x.sock | tcp://0.0.0.0:5560]
-                        [--metrics-port 9102] [--workers 2] [--seed 7] ...
+                        [--metrics-port 9102] [--workers 1] [--seed 7] ...
 streamrec-sampler ping  [--endpoint ...]
 """
 

@@ -71,7 +71,10 @@ class ServerConfig(StrictConfig):
         endpoint: where to bind (ipc://PATH or tcp://HOST:PORT).
         metrics_port: serve Prometheus /metrics on this port (0 picks one), ``None``: off.
         metrics_host: address of the metrics listener.
-        workers: request threads (numpy releases the GIL, so they use several cores).
+        workers: request threads. The default, 1, serves one request at a time with every
+            core in its sampling kernel; on 2 cores with 2 clients that gave 106-121 M
+            negatives/s against 60-107 M with 2 workers sharing the cores (bench/sampler.py).
+            Raise it when requests are small and many.
         max_message_bytes: cap on one request (a 1M-row table is ~40 MB).
         max_rounds: rejection rounds for conflicting draws before the exact fallback.
         max_negatives: cap on ``sum(sample_cnts)`` of one request.
@@ -81,7 +84,7 @@ class ServerConfig(StrictConfig):
     endpoint: str = Field(default_factory=default_endpoint)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
-    workers: int = Field(default=2, ge=1, le=64)
+    workers: int = Field(default=1, ge=1, le=64)
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=4096)
     max_rounds: int = Field(default=16, ge=1, le=1000)
     max_negatives: int = Field(default=50_000_000, ge=1)

@@ -67,8 +67,8 @@ class SamplerServer:
         self._local = threading.local()
         self._lock_file: Any = None
         # Requests run side by side on `workers` threads; each request's kernel takes its
-        # share of the cores, so concurrent clients do not oversubscribe them.
-        self._kernel_threads = max(1, (os.cpu_count() or 1) // max(1, config.workers))
+        # share of the cores, so concurrent requests do not oversubscribe them.
+        self._kernel_threads = max(1, (os.cpu_count() or 1) // config.workers)
         self.handlers = {
             "ping": self.ping,
             "reload": self.reload,
@@ -208,13 +208,16 @@ class SamplerServer:
         missing_id = meta.get("missing_id", -1)
         if not isinstance(missing_id, int) or isinstance(missing_id, bool):
             raise BadRequest(f"meta field 'missing_id' must be an int, got {missing_id!r}")
+        avoid_conflict = _flag(meta, "avoid_conflict", True)
+        avoid_all = _flag(meta, "avoid_conflict_with_all_dedup_tags", False)
+        put_back = _flag(meta, "put_back", True)
         result = table.sample(
             dedup,
             categories,
             cnts,
-            avoid_conflict=_flag(meta, "avoid_conflict", True),
-            avoid_all=_flag(meta, "avoid_conflict_with_all_dedup_tags", False),
-            put_back=_flag(meta, "put_back", True),
+            avoid_conflict=avoid_conflict,
+            avoid_all=avoid_all,
+            put_back=put_back,
             max_rounds=self.config.max_rounds,
             missing_id=missing_id,
             rng=self._rng(),
