@@ -374,20 +374,7 @@ def parse_chunk(
         ptrue = pc.fill_null(p, 0.0).to_numpy(zero_copy_only=False)
         row_ok &= ~pnull & (ptrue >= 0) & (ptrue <= 1)
     bad_values = line_index[field_ok][~row_ok]
-    stats.malformed = int(bad_fields.size + bad_values.size)
-    firsts = []
-    if bad_fields.size:
-        firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
-    if bad_values.size:
-        firsts.append(
-            (
-                int(bad_values[0]),
-                "bad label (not 0/1) or a field that is not a number of its column's kind",
-            )
-        )
-    if firsts:
-        line, reason = min(firsts)
-        stats.first_bad = (source, first_line + line, reason)
+    _record_malformed(stats, bad_fields, bad_values, ncols, source, first_line)
     return _make_batch(label, ints, keys, empty, ptrue, row_ok), stats
 
 
@@ -463,20 +450,7 @@ def _parse_chunk_numpy(
     stats = ParseStats(lines=int(field_ok.size))
     bad_fields = line_index[~field_ok]
     bad_values = line_index[field_ok][~row_ok]
-    stats.malformed = int(bad_fields.size + bad_values.size)
-    firsts = []
-    if bad_fields.size:
-        firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
-    if bad_values.size:
-        firsts.append(
-            (
-                int(bad_values[0]),
-                "bad label (not 0/1) or a field that is not a number of its column's kind",
-            )
-        )
-    if firsts:
-        line, reason = min(firsts)
-        stats.first_bad = (source, first_line + line, reason)
+    _record_malformed(stats, bad_fields, bad_values, ncols, source, first_line)
     return _make_batch(label[:, 0], ints, keys, key_empty, ptrue, row_ok), stats
 
 
@@ -544,3 +518,33 @@ def iter_batches(
         stats.check(max_malformed_ratio, f"pass data up to {path}")
     if npending:
         yield Batch.concat(pending)
+
+
+def _record_malformed(
+    stats: ParseStats,
+    bad_fields: np.ndarray,
+    bad_values: np.ndarray,
+    ncols: int,
+    source: str,
+    first_line: int,
+) -> None:
+    """Counts malformed lines and names the first one (file, line, reason) in ``stats``.
+
+    Args:
+        bad_fields: (k,) int64 line indices with the wrong number of fields.
+        bad_values: (m,) int64 line indices whose fields do not parse as their column's kind.
+    """
+    stats.malformed = int(bad_fields.size + bad_values.size)
+    firsts = []
+    if bad_fields.size:
+        firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
+    if bad_values.size:
+        firsts.append(
+            (
+                int(bad_values[0]),
+                "bad label (not 0/1) or a field that is not a number of its column's kind",
+            )
+        )
+    if firsts:
+        line, reason = min(firsts)
+        stats.first_bad = (source, first_line + line, reason)
