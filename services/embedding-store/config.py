@@ -24,7 +24,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_validator
 from streamrec.config import StrictConfig
-from streamrec.embedding_store.options import TableOptions
+from streamrec.embedding_store.options import TableOptions, check_tier_options
 from streamrec.errors import BadRequest
 
 
@@ -68,14 +68,7 @@ class ShardConfig(StrictConfig):
                 f"shard_id must be < num_shards, got shard_id={self.shard_id} "
                 f"num_shards={self.num_shards}"
             )
-        if self.tier == "ssd":
-            missing = [
-                f
-                for f in ("persistent_path", "cache_budget_mb", "capacity")
-                if getattr(self, f) is None
-            ]
-            if missing:
-                raise ValueError(f"tier 'ssd' needs {', '.join(missing)}")
+        check_tier_options(self)
         names = [t.name for t in self.tables]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -188,6 +188,18 @@ class TableOptions(StrictConfig):
         return self.nonclk_coeff * (show - click) + self.click_coeff * click
 
 
+def check_tier_options(options: object) -> None:
+    """Raises ValueError naming what the ``ssd`` tier lacks (``options`` has the tier fields)."""
+    if getattr(options, "tier", None) == "ssd":
+        missing = [
+            f
+            for f in ("persistent_path", "cache_budget_mb", "capacity")
+            if getattr(options, f) is None
+        ]
+        if missing:
+            raise ValueError(f"tier 'ssd' needs {', '.join(missing)}")
+
+
 class StoreOptions(StrictConfig):
     """Where and how a store keeps its rows (OneEmbedding's store options).
 
@@ -206,12 +218,5 @@ class StoreOptions(StrictConfig):
 
     @model_validator(mode="after")
     def _ssd_needs_path(self) -> StoreOptions:
-        if self.tier == "ssd":
-            missing = [
-                f
-                for f in ("persistent_path", "cache_budget_mb", "capacity")
-                if getattr(self, f) is None
-            ]
-            if missing:
-                raise ValueError(f"tier 'ssd' needs {', '.join(missing)}")
+        check_tier_options(self)
         return self
