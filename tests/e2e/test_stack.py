@@ -52,37 +52,45 @@ class Output:
         return "\n".join(self.lines)
 
 
-@pytest.mark.timeout(420)
-def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    streamrec = str(Path(sys.executable).parent / "streamrec")
-    up = subprocess.Popen(
-        [
-            streamrec,
-            "up",
-            "--run-dir",
-            str(run),
-            "--days",
-            "1",
-            "--split-interval",
-            "240",
-            "--samples-per-split",
-            "1500",
-            "--slots",
-            "4",
-            "--trainers",
-            "2",
-            "--store-shards",
-            "2",
-            "--rate",
-            "0.3",
-            "--timeout-s",
-            "240",
-            "--keep-running",
-        ],
+STREAMREC = str(Path(sys.executable).parent / "streamrec")
+
+
+def start_stack(run: Path, *flags: str) -> subprocess.Popen:
+    """`streamrec up` on one day of small planted data in ``run``, with ``flags`` added."""
+    common = [
+        "--run-dir",
+        str(run),
+        "--days",
+        "1",
+        "--split-interval",
+        "240",
+        "--slots",
+        "4",
+        "--rate",
+        "0.3",
+    ]
+    return subprocess.Popen(
+        [STREAMREC, "up", *common, *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+    )
+
+
+@pytest.mark.timeout(420)
+def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    up = start_stack(
+        run,
+        "--samples-per-split",
+        "1500",
+        "--trainers",
+        "2",
+        "--store-shards",
+        "2",
+        "--timeout-s",
+        "240",
+        "--keep-running",
     )
     out = Output(up)
     try:
@@ -131,7 +139,7 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
         assert any((run / "redis").rglob("*.aof")) or (run / "redis" / "appendonlydir").is_dir()
         # streamrec down stops everything
         down = subprocess.run(
-            [streamrec, "down", "--run-dir", str(run)], capture_output=True, text=True, timeout=120
+            [STREAMREC, "down", "--run-dir", str(run)], capture_output=True, text=True, timeout=120
         )
         assert down.returncode == 0 and "is down" in down.stdout, down.stdout + down.stderr
         assert up.wait(timeout=60) == 0
@@ -161,32 +169,7 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
 def test_stack_ends_when_a_store_shard_dies(tmp_path: Path) -> None:
     """A store shard holds parameters that would be lost: its death ends the run cleanly."""
     run = tmp_path / "run"
-    streamrec = str(Path(sys.executable).parent / "streamrec")
-    up = subprocess.Popen(
-        [
-            streamrec,
-            "up",
-            "--run-dir",
-            str(run),
-            "--days",
-            "1",
-            "--split-interval",
-            "240",
-            "--samples-per-split",
-            "500",
-            "--slots",
-            "4",
-            "--trainers",
-            "1",
-            "--rate",
-            "0.3",
-            "--timeout-s",
-            "120",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_stack(run, "--samples-per-split", "500", "--trainers", "1", "--timeout-s", "120")
     out = Output(up)
     try:
         out.wait_for("trainers         1 rank(s)", timeout=120)
