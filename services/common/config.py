@@ -31,14 +31,19 @@ class StrictConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls: type[C], path: str | Path) -> C:
-        text = Path(path).read_text()
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise BadRequest(f"{path}: not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise BadRequest(f"{path}: top level must be a mapping, got {type(data).__name__}")
-        return cls.parse(data, source=str(path))
+        return cls.parse(read_yaml_mapping(path), source=str(path))
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The mapping at the top of a YAML file; :class:`BadRequest` naming the file otherwise."""
+    text = Path(path).read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise BadRequest(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from streamrec.errors import StreamRecError
+from streamrec.config import read_yaml_mapping
+from streamrec.errors import BadRequest, StreamRecError
 from streamrec.trainer.config import TrainerConfig, flag_fields
 from streamrec.trainer.errors import ConfigError
 
@@ -51,13 +52,10 @@ def load_config(args: argparse.Namespace) -> TrainerConfig:
     """The YAML file (if any) with every given flag applied on top, validated."""
     data: dict[str, Any] = {}
     if args.config:
-        text = Path(args.config).read_text()
         try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{args.config}: not valid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"{args.config}: top level must be a mapping")
+            data = read_yaml_mapping(args.config)
+        except BadRequest as exc:
+            raise ConfigError(str(exc)) from exc
     for key, raw in vars(args).items():
         if "." not in key or raw is None:
             continue
