@@ -9,12 +9,28 @@ arrays -> reply meta and arrays)::
     pull         {table, create} keys (n,) int64     -> values (n, dim) float32
     push         {table} keys (n,) int64, grads (n, dim) float32,
                  [shows (n,) float32, clicks (n,) float32]          -> {}
+    pull_many    {tables: [T names], create} keys (n,) int64, counts (T,) int64
+                                                     -> values (sum n_t * dim_t,) float32
+    push_many    {tables: [T names]} keys (n,) int64, counts (T,) int64,
+                 grads (sum n_t * dim_t,) float32, [shows (n,) float32, clicks (n,) float32]
+                                                     -> {}
     size         {table}                             -> {size}
     shrink       {}                                  -> {deleted: {table: rows}}
     advance_day  {}                                  -> {}
     save         {path, mode, [converter]}           -> {dir, manifest}
     load         {path, [converter, verify_only]}    -> {dir}
     stats        {}                                  -> {shard_id, num_shards, stats}
+
+``pull_many``/``push_many`` carry several tables in one request (the trainer's one request
+per shard and batch): table t owns ``counts[t]`` keys of the concatenated ``keys`` (and of
+``shows``/``clicks``) and ``counts[t] * dim_t`` values of the flattened ``grads``/``values``::
+
+    tables  ["user", "item"]      dims 9, 4
+    counts  [2, 1]                keys [u0, u1, i0]
+    grads   [9 of u0, 9 of u1, 4 of i0]          (22,) float32
+
+A ``push_many`` is validated whole (every table's part, NaN/Inf included) before any table is
+written.
 
 ``save``/``load`` use ``path/shard-K-of-N/`` (each shard its own manifest); ``load`` refuses a
 checkpoint saved by another number of shards. ``converter: "redis"`` sends base/delta rows to
@@ -42,7 +58,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest
@@ -59,9 +75,25 @@ from streamrec.errors import BadRequest, NotFound
 from streamrec.keyhash import shard_of
 from streamrec.wire import Arrays, Meta, RpcClient, RpcServer
 
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store import TableHook
+
 log = logging.getLogger(__name__)
 
-OPS = ("ping", "tables", "pull", "push", "size", "shrink", "advance_day", "save", "load", "stats")
+OPS = (
+    "ping",
+    "tables",
+    "pull",
+    "push",
+    "pull_many",
+    "push_many",
+    "size",
+    "shrink",
+    "advance_day",
+    "save",
+    "load",
+    "stats",
+)
 SAVE_MODES = ("checkpoint", "base", "delta", "batch")
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 
@@ -71,6 +103,11 @@ def _jsonable(value: Any) -> Any:
     return json.loads(
         json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o))
     )
+
+
+def _split(arr: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """``arr`` cut into consecutive parts of ``sizes`` (T,) elements (views; [] when T = 0)."""
+    return np.split(arr, np.cumsum(sizes)[:-1]) if sizes.size else []
 
 
 class StoreService:
@@ -160,6 +197,75 @@ class StoreService:
         # frames are read-only buffers; the store gets its own copy of the (small) keys
         return np.array(keys)
 
+    def _tables(self, meta: Meta) -> tuple[list[str], np.ndarray]:
+        """The ``tables`` field of a multi-table op: names and dims (T,) int64."""
+        names = meta.get("tables")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest(f"field 'tables' must be a list of table names, got {names!r:.200}")
+        tables = self.store.tables
+        for i, name in enumerate(names):
+            if name not in tables:
+                raise UnknownTable(
+                    f"field 'tables'[{i}]: unknown table {name!r}; tables: {sorted(tables)}"
+                )
+        return names, np.array([tables[n].dim for n in names], dtype=np.int64)
+
+    def _counts(self, arrays: Arrays, names: list[str], n: int) -> np.ndarray:
+        """The ``counts`` array: (T,) int64, >= 0, summing to the n keys sent."""
+        counts = self._array(arrays, "counts", np.int64, (len(names),))
+        assert counts is not None
+        negative = np.flatnonzero(counts < 0)
+        if negative.size:
+            i = int(negative[0])
+            raise InvalidInput(
+                f"array 'counts': must be >= 0, got {int(counts[i])} for table {names[i]!r} "
+                f"(index {i})"
+            )
+        big = np.flatnonzero(counts > n)
+        if big.size:
+            i = int(big[0])
+            raise InvalidInput(
+                f"array 'counts': {int(counts[i])} for table {names[i]!r} (index {i}) exceeds "
+                f"the {n} keys sent"
+            )
+        total = int(counts.sum())  # each count <= n here: the sum cannot overflow
+        if total != n:
+            raise InvalidInput(f"array 'counts': sums to {total}, but array 'keys' holds {n} keys")
+        return counts
+
+    @staticmethod
+    def _create(meta: Meta) -> bool:
+        create = meta.get("create", True)
+        if not isinstance(create, bool):
+            raise BadRequest(f"field 'create' must be a bool, got {create!r}")
+        return create
+
+    @staticmethod
+    def _check_finite(**arrays: np.ndarray | None) -> None:
+        for name, arr in arrays.items():
+            if arr is not None and not np.isfinite(arr).all():
+                raise NonFiniteGradient(f"array {name!r}: holds NaN or Inf; nothing was written")
+
+    def _on_table(self, kind: str) -> TableHook | None:
+        """Records a table's part of a pull or push (``kind``) in the per-table metrics:
+        (table, keys, seconds); also the store's hook of pull_many/push_many."""
+        m = self.metrics
+        if m is None:
+            return None
+
+        def record(table: str, n: int, seconds: float) -> None:
+            if n == 0:  # a table with no keys on this shard did nothing here
+                return
+            if kind == "pull":
+                m.pull_seconds.labels(table).observe(seconds)
+                m.pull_keys.labels(table).inc(n)
+            else:
+                m.push_seconds.labels(table).observe(seconds)
+                m.push_keys.labels(table).inc(n)
+                m.optimizer_steps.labels(table).inc()
+
+        return record
+
     # -- ops ------------------------------------------------------------------------
 
     def op_ping(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
@@ -175,15 +281,13 @@ class StoreService:
 
     def op_pull(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
         table, _dim = self._table(meta)
-        create = meta.get("create", True)
-        if not isinstance(create, bool):
-            raise BadRequest(f"field 'create' must be a bool, got {create!r}")
+        create = self._create(meta)
         keys = self._keys(arrays)
         started = time.perf_counter()
         values = self.store.pull(table, keys, create=create)
-        if self.metrics is not None:
-            self.metrics.pull_seconds.labels(table).observe(time.perf_counter() - started)
-            self.metrics.pull_keys.labels(table).inc(keys.size)
+        record = self._on_table("pull")
+        if record is not None:
+            record(table, keys.size, time.perf_counter() - started)
         return {}, {"values": values.numpy() if hasattr(values, "numpy") else values}
 
     def op_push(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
@@ -193,17 +297,50 @@ class StoreService:
         grads = self._array(arrays, "grads", np.float32, (n, dim))
         shows = self._array(arrays, "shows", np.float32, (n,), required=False)
         clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
-        for name, arr in (("shows", shows), ("clicks", clicks)):
-            if arr is not None and not np.isfinite(arr).all():
-                raise NonFiniteGradient(f"array {name!r}: holds NaN or Inf; nothing was written")
+        self._check_finite(shows=shows, clicks=clicks)
         # frames are read-only buffers and the store makes no promise not to write its inputs
         grads, shows, clicks = (None if a is None else np.array(a) for a in (grads, shows, clicks))
         started = time.perf_counter()
         self.store.push(table, keys, grads, shows=shows, clicks=clicks)
-        if self.metrics is not None:
-            self.metrics.push_seconds.labels(table).observe(time.perf_counter() - started)
-            self.metrics.push_keys.labels(table).inc(n)
-            self.metrics.optimizer_steps.labels(table).inc()
+        record = self._on_table("push")
+        if record is not None:
+            record(table, n, time.perf_counter() - started)
+        return {}, {}
+
+    def op_pull_many(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        names, _dims = self._tables(meta)
+        create = self._create(meta)
+        keys = self._keys(arrays)
+        counts = self._counts(arrays, names, keys.size)
+        parts = _split(keys, counts)
+        values = self.store.pull_many(names, parts, create=create, on_table=self._on_table("pull"))
+        flat = [v.reshape(-1).numpy() for v in values]
+        return {}, {"values": np.concatenate(flat) if flat else np.zeros(0, np.float32)}
+
+    def op_push_many(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        names, dims = self._tables(meta)
+        keys = self._keys(arrays)
+        n = keys.size
+        counts = self._counts(arrays, names, n)
+        sizes = counts * dims
+        grads = self._array(arrays, "grads", np.float32, (int(sizes.sum()),))
+        shows = self._array(arrays, "shows", np.float32, (n,), required=False)
+        clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
+        self._check_finite(shows=shows, clicks=clicks)
+        # frames are read-only buffers and the store makes no promise not to write its inputs
+        grads, shows, clicks = (None if a is None else np.array(a) for a in (grads, shows, clicks))
+        assert grads is not None
+        grad_parts = [
+            g.reshape(c, d) for g, c, d in zip(_split(grads, sizes), counts, dims, strict=True)
+        ]
+        self.store.push_many(
+            names,
+            _split(keys, counts),
+            grad_parts,
+            shows=None if shows is None else _split(shows, counts),
+            clicks=None if clicks is None else _split(clicks, counts),
+            on_table=self._on_table("push"),
+        )
         return {}, {}
 
     def op_size(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:

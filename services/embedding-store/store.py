@@ -24,9 +24,10 @@ creation, shrink, save and load hold it alone. The C++ ops release the GIL.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -128,6 +129,40 @@ def _as_float(x: Any, field: str, shape: tuple[int, ...]) -> torch.Tensor:
     if tuple(x.shape) != shape:
         raise InvalidInput(f"{field} must have shape {shape}, got {tuple(x.shape)}")
     return x.detach().to("cpu").contiguous()
+
+
+#: called after each table of pull_many/push_many with (table, keys, seconds)
+TableHook = Callable[[str, int, float], None]
+
+
+class _Push(NamedTuple):
+    """One table's push, validated and converted (see ``EmbeddingStore._checked_push``)."""
+
+    table: str
+    tier: TableTier
+    keys: torch.Tensor  # (n,) int64
+    grads: torch.Tensor  # (n, dim) float32
+    shows: torch.Tensor  # (n,) float32
+    clicks: torch.Tensor  # (n,) float32
+
+
+def check_aligned(tables: Any, **lists: Any) -> int:
+    """Checks that ``tables`` is a list of names and every given list (None allowed)
+    has one entry per table; returns the table count."""
+    if not isinstance(tables, list | tuple) or not all(isinstance(t, str) for t in tables):
+        raise InvalidInput(f"tables must be a list of table names, got {tables!r:.200}")
+    for name, value in lists.items():
+        if value is None:
+            continue
+        if not isinstance(value, list | tuple):
+            raise InvalidInput(
+                f"{name} must be a list with one entry per table, got {type(value).__name__}"
+            )
+        if len(value) != len(tables):
+            raise InvalidInput(
+                f"{name} has {len(value)} entries for {len(tables)} tables {list(tables)[:8]}"
+            )
+    return len(tables)
 
 
 class EmbeddingStore:
@@ -269,8 +304,15 @@ class EmbeddingStore:
 
         Absent keys are created first (PaddleRec's behaviour), subject to admission.
         """
+        self._write_push(self._checked_push(table, keys, grads, shows, clicks))
+
+    def _checked_push(
+        self, table: str, keys: Any, grads: Any, shows: Any | None, clicks: Any | None
+    ) -> _Push:
+        """Validates one table's push (table, dtypes, shapes, NaN/Inf, shows/clicks >= 0)
+        and converts it to tensors; writes nothing."""
         tier = self._tier(table)
-        keys = as_keys(keys)
+        keys = as_keys(keys, f"table {table!r}: keys")
         n, dim = keys.numel(), tier.dim
         grads = _as_float(grads, f"table {table!r}: grads", (n, dim))
         shows = (
@@ -296,21 +338,93 @@ class EmbeddingStore:
                 f"table {table!r}: shows and clicks must be finite and >= 0 "
                 f"({bad_counts} of {n} keys are not)"
             )
+        return _Push(table, tier, keys, grads, shows, clicks)
+
+    def _write_push(self, p: _Push) -> None:
+        """Applies a push checked by :meth:`_checked_push`."""
+        n, dim = p.keys.numel(), p.tier.dim
         if n == 0:
             return
         with self._count_lock:
-            self._counts[table]["push_keys"] += n
-        with self._locks[table].write():
-            if tier.push(keys, grads, shows, clicks):
+            self._counts[p.table]["push_keys"] += n
+        with self._locks[p.table].write():
+            if p.tier.push(p.keys, p.grads, p.shows, p.clicks):
                 return
             # duplicate keys: sum them, then push once per key
-            uniq, inverse = unique_keys(keys)
+            uniq, inverse = unique_keys(p.keys)
             m = uniq.numel()
-            grads = torch.zeros(m, dim).index_add_(0, inverse, grads)
-            shows = torch.zeros(m).index_add_(0, inverse, shows)
-            clicks = torch.zeros(m).index_add_(0, inverse, clicks)
-            if not tier.push(uniq, grads, shows, clicks):
+            grads = torch.zeros(m, dim).index_add_(0, inverse, p.grads)
+            shows = torch.zeros(m).index_add_(0, inverse, p.shows)
+            clicks = torch.zeros(m).index_add_(0, inverse, p.clicks)
+            if not p.tier.push(uniq, grads, shows, clicks):
                 raise AssertionError("push of distinct keys reported duplicates")
+
+    # -- several tables in one call (the service's one request per shard and batch) ----
+    def pull_many(
+        self,
+        tables: Sequence[str],
+        keys: Sequence[Any],
+        create: bool = True,
+        on_table: TableHook | None = None,
+    ) -> list[torch.Tensor]:
+        """:meth:`pull` of each table in order; every table and key array is checked first,
+        so a bad one refuses the call before any row is created.
+
+        Args:
+            tables: T table names (a name may repeat).
+            keys: T arrays, ``keys[t]`` (n_t,) int64 for ``tables[t]``.
+            create: as in :meth:`pull`.
+            on_table: called after each table with (table, n_t, seconds) (the service's
+                per-table metrics).
+
+        Returns:
+            T tensors, ``out[t]`` (n_t, dim_t) float32.
+        """
+        check_aligned(tables, keys=keys)
+        for t in tables:
+            self._tier(t)
+        keys = [as_keys(k, f"table {t!r}: keys") for t, k in zip(tables, keys, strict=True)]
+        out = []
+        for table, k in zip(tables, keys, strict=True):
+            started = time.perf_counter()
+            out.append(self.pull(table, k, create))
+            if on_table is not None:
+                on_table(table, k.numel(), time.perf_counter() - started)
+        return out
+
+    def push_many(
+        self,
+        tables: Sequence[str],
+        keys: Sequence[Any],
+        grads: Sequence[Any],
+        shows: Sequence[Any | None] | None = None,
+        clicks: Sequence[Any | None] | None = None,
+        on_table: TableHook | None = None,
+    ) -> None:
+        """:meth:`push` of each table in order. Every table's part is validated (table,
+        dtypes, shapes, NaN/Inf) before any is written: a bad one refuses the whole call and
+        nothing is written to any table.
+
+        Args:
+            tables: T table names.
+            keys: T arrays (n_t,) int64.
+            grads: T arrays (n_t, dim_t) float32.
+            shows: None, or T arrays (n_t,) float32 (or None: 1 per occurrence).
+            clicks: None, or T arrays (n_t,) float32 (or None: 0).
+            on_table: called after each table with (table, n_t, seconds).
+        """
+        t_count = check_aligned(tables, keys=keys, grads=grads, shows=shows, clicks=clicks)
+        shows = [None] * t_count if shows is None else shows
+        clicks = [None] * t_count if clicks is None else clicks
+        checked = [
+            self._checked_push(*part)
+            for part in zip(tables, keys, grads, shows, clicks, strict=True)
+        ]
+        for p in checked:
+            started = time.perf_counter()
+            self._write_push(p)
+            if on_table is not None:
+                on_table(p.table, p.keys.numel(), time.perf_counter() - started)
 
     def _constant(self, value: float, n: int) -> torch.Tensor:
         """(n,) float32 of ``value``, a read-only view of a kept buffer (the push defaults;

@@ -1,16 +1,18 @@
 """``SparseTables``: every slot's embedding rows for a batch as one tensor, one op per step.
 
-The store is per table (one ``pull``/``push`` per table and batch); everything around those
-calls is fused over the tables, so a batch costs a fixed number of torch ops whatever the
-number of slots. For ``S`` slots of a batch of ``B`` samples::
+The store is called once per batch for every table (``pull_many``/``push_many``, one
+request per shard with the service; stores without them: one ``pull``/``push`` per table);
+everything around those calls is fused over the tables, so a batch costs a fixed number of
+torch ops whatever the number of slots. For ``S`` slots of a batch of ``B`` samples::
 
     prepare (prefetch thread, pure):  per slot the unique keys u_t and the inverse, all
         inverses shifted into one row space: index (nnz,) over U = sum(u_t) rows
-    pull (sparse worker):  S store pulls -> weights (U, dim), one leaf with requires_grad
+    pull (sparse worker):  one pull_many of S tables -> weights (U, dim), one leaf with
+        requires_grad
     forward (main thread):  one gather (one id per bag) or one embedding_bag (ragged)
         -> (B, S, dim)
-    push (sparse worker):  shows/clicks of all slots with one bincount/index_add, then S
-        store pushes of row slices (contiguous views, no copies)
+    push (sparse worker):  shows/clicks of all slots with one bincount/index_add, then one
+        push_many of the S tables' row slices (contiguous views, no copies)
 
     slot 0 keys [7, 3, 7]    u_0 = 2  rows 0..1     index [0, 1, 0,
     slot 1 keys [5, 5, 9]    u_1 = 2  rows 2..3            2, 2, 3]   (table-major)
@@ -81,12 +83,13 @@ class SparseTables:
 
     Args:
         store: anything with ``pull(table, keys, create)`` and ``push(table, keys, grads,
-            shows, clicks)`` (the in-process store or the service client).
+            shows, clicks)`` (the in-process store or the service client); when it also has
+            ``pull_many``/``push_many`` those carry every table of a batch in one call.
         tables: table names, one per slot, in slot order.
         dim: the rows' width.
         threads: > 1 runs the tables' pulls and pushes on that many threads (worth it when
-            each call waits on a network round trip, as with the service); 1 runs them in
-            the calling thread.
+            each call waits on a network round trip); 1 runs them in the calling thread. Not
+            used with a store that has ``pull_many``/``push_many``.
 
     Example:
         >>> sp = SparseTables(store, ["t0", "t1"], dim=16)
@@ -104,9 +107,11 @@ class SparseTables:
         self.tables = list(tables)
         self.dim = int(dim)
         self._unique = unique_keys
+        # one call per batch for every table (one request per shard with the service)
+        self._many = hasattr(store, "pull_many") and hasattr(store, "push_many")
         self._pool = (
             ThreadPoolExecutor(max_workers=threads, thread_name_prefix="trainer-table")
-            if threads > 1
+            if threads > 1 and not self._many
             else None
         )
 
@@ -153,12 +158,17 @@ class SparseTables:
 
         create: create absent keys (training), or read them as zeros (prediction).
         """
-        parts = self._map(
-            lambda name, k: (
-                self.store.pull(name, k, create=create) if k.numel() else torch.zeros(0, self.dim)
-            ),
-            list(zip(self.tables, sb.keys, strict=True)),
-        )
+        if self._many:
+            parts = self.store.pull_many(self.tables, sb.keys, create=create)
+        else:
+            parts = self._map(
+                lambda name, k: (
+                    self.store.pull(name, k, create=create)
+                    if k.numel()
+                    else torch.zeros(0, self.dim)
+                ),
+                list(zip(self.tables, sb.keys, strict=True)),
+            )
         sb.weights = torch.cat(parts).detach().requires_grad_(True)
         return sb
 
@@ -199,11 +209,21 @@ class SparseTables:
             value_labels = labels[sb.value_rows]
         shows = torch.bincount(index, minlength=u).to(torch.float32)
         clicks = torch.zeros(u).index_add_(0, index, value_labels)
-        items = [(name, t) for t, name in enumerate(self.tables) if sb.bounds[t + 1] > sb.bounds[t]]
-
-        def one(name: str, t: int) -> None:
-            a, z = sb.bounds[t], sb.bounds[t + 1]
-            self.store.push(name, sb.keys[t], grad[a:z], shows[a:z], clicks[a:z])
-
-        self._map(one, items)
+        used = [t for t in range(len(self.tables)) if sb.bounds[t + 1] > sb.bounds[t]]
+        rows = [slice(sb.bounds[t], sb.bounds[t + 1]) for t in used]
+        if self._many:
+            self.store.push_many(
+                [self.tables[t] for t in used],
+                [sb.keys[t] for t in used],
+                [grad[r] for r in rows],
+                [shows[r] for r in rows],
+                [clicks[r] for r in rows],
+            )
+        else:
+            self._map(
+                lambda t, r: self.store.push(
+                    self.tables[t], sb.keys[t], grad[r], shows[r], clicks[r]
+                ),
+                list(zip(used, rows, strict=True)),
+            )
         sb.weights.grad = None

@@ -34,14 +34,44 @@ def make_batch(ragged: bool, b: int = 64) -> Batch:
     return Batch(torch.zeros(b, 13), labels, keys, present)
 
 
+class PerTableStore:
+    """A store with only the per-table pull/push (no pull_many/push_many)."""
+
+    def __init__(self, store: EmbeddingStore) -> None:
+        self.store = store
+        self.calls = 0
+
+    def pull(self, table, keys, create=True):
+        self.calls += 1
+        return self.store.pull(table, keys, create)
+
+    def push(self, table, keys, grads, shows=None, clicks=None):
+        self.calls += 1
+        self.store.push(table, keys, grads, shows, clicks)
+
+
+class ManyStore(PerTableStore):
+    """A store with pull_many/push_many too, counting calls."""
+
+    def pull_many(self, tables, keys, create=True):
+        self.calls += 1
+        return self.store.pull_many(tables, keys, create)
+
+    def push_many(self, tables, keys, grads, shows=None, clicks=None):
+        self.calls += 1
+        self.store.push_many(tables, keys, grads, shows, clicks)
+
+
 @pytest.mark.parametrize("ragged", [False, True])
-@pytest.mark.parametrize("threads", [1, 3])
-def test_matches_store_embedding_bags(ragged, threads):
+@pytest.mark.parametrize(("threads", "many"), [(1, True), (1, False), (3, False)])
+def test_matches_store_embedding_bags(ragged, threads, many):
+    """Over pull_many/push_many (one call per batch) or per-table calls, the same rows."""
     batch = make_batch(ragged)
     names = [f"t{i}" for i in range(SLOTS)]
     ref_store, store = make_store(), make_store()
     ref = StoreEmbeddingBags(ref_store, names)
-    sp = SparseTables(store, names, DIM, threads)
+    counting = ManyStore(store) if many else PerTableStore(store)
+    sp = SparseTables(counting, names, DIM, threads)
     w = torch.randn(batch.keys.shape[0], SLOTS, DIM, generator=torch.Generator().manual_seed(1))
     try:
         for _ in range(3):  # later rounds read rows the earlier pushes trained
@@ -66,6 +96,9 @@ def test_matches_store_embedding_bags(ragged, threads):
             torch.testing.assert_close(a["click"], b["click"])
         if ragged:
             assert store.size("t2") == 0
+        # 3 rounds: one pull_many and one push_many each, or a pull and a push per
+        # non-empty table
+        assert counting.calls == 3 * 2 * (1 if many else SLOTS - 1 if ragged else SLOTS)
     finally:
         sp.close()
 

@@ -1,0 +1,358 @@
+"""pull_many/push_many: several tables in one call (in-process) and one request per shard.
+
+The service tests start two shards as separate processes (``LocalShards``) on 127.0.0.1 free
+ports and compare them with per-table pull/push on an in-process store.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from streamrec import wire
+from streamrec.embedding_store import EmbeddingStore, TableOptions
+from streamrec.embedding_store.client import EmbeddingStoreClient
+from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, UnknownTable
+from streamrec.embedding_store.server import LocalShards
+from streamrec.errors import RemoteError
+from streamrec.keyhash import shard_of
+
+#: three tables of different dims and rules
+TABLES = [
+    {
+        "name": "user",
+        "embedx_dim": 8,
+        "embedx_threshold": 0,
+        "initializer": {"type": "uniform", "low": -0.1, "high": 0.1},
+        "embed_sgd_param": {"name": "naive", "learning_rate": 0.1},
+        "embedx_sgd_param": {"name": "naive", "learning_rate": 0.1},
+    },
+    {
+        "name": "item",
+        "embedx_dim": 3,
+        "embedx_threshold": 0,
+        "embed_sgd_param": {"name": "adagrad", "learning_rate": 0.05, "initial_range": 0.01},
+        "embedx_sgd_param": {"name": "adagrad", "learning_rate": 0.05, "initial_range": 0.01},
+    },
+    {
+        "name": "ctx",
+        "embedx_dim": 4,
+        "embedx_threshold": 2.0,  # expands after a few shows: the embedx rule kicks in later
+        "embed_sgd_param": {"name": "adam", "learning_rate": 0.01},
+        "embedx_sgd_param": {"name": "adam", "learning_rate": 0.01},
+    },
+]
+NAMES = [t["name"] for t in TABLES]
+DIMS = {"user": 9, "item": 4, "ctx": 5}
+
+
+def make_store() -> EmbeddingStore:
+    return EmbeddingStore([TableOptions.parse(t) for t in TABLES])  # the shards' seed (0)
+
+
+def random_batch(rng: np.random.Generator, step: int, empty: str | None = None):
+    """Keys (duplicates, shared across steps), grads, shows, clicks per table; ``empty``
+    names a table with no keys."""
+    keys, grads, shows, clicks = [], [], [], []
+    for i, name in enumerate(NAMES):
+        n = 0 if name == empty else int(rng.integers(50, 400))
+        k = rng.integers(0, 300, n).astype(np.int64) * 7_919 + i - 2**40
+        keys.append(torch.from_numpy(k))
+        grads.append(torch.from_numpy(rng.standard_normal((n, DIMS[name])).astype(np.float32)))
+        # shows/clicks on some tables only: the rest take the defaults
+        if (i + step) % 2:
+            shows.append(torch.from_numpy(rng.integers(1, 3, n).astype(np.float32)))
+            clicks.append(torch.from_numpy((rng.random(n) < 0.3).astype(np.float32)))
+        else:
+            shows.append(None)
+            clicks.append(None)
+    return keys, grads, shows, clicks
+
+
+def assert_same_rows(a, b, keys_by_table) -> None:
+    for name, keys in zip(NAMES, keys_by_table, strict=True):
+        torch.testing.assert_close(
+            a.pull(name, keys, create=False), b.pull(name, keys, create=False)
+        )
+
+
+# -- the in-process store ---------------------------------------------------------------
+
+
+def test_in_process_many_equals_per_table_calls():
+    many, ref = make_store(), make_store()
+    rng = np.random.default_rng(1)
+    seen = []
+    for step in range(4):
+        keys, grads, shows, clicks = random_batch(rng, step, empty="item" if step == 2 else None)
+        seen.append(keys)
+        got = many.pull_many(NAMES, keys, create=True)
+        want = [ref.pull(n, k, create=True) for n, k in zip(NAMES, keys, strict=True)]
+        assert [tuple(g.shape) for g in got] == [
+            (k.numel(), DIMS[n]) for n, k in zip(NAMES, keys, strict=True)
+        ]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+        many.push_many(NAMES, keys, grads, shows, clicks)
+        for args in zip(NAMES, keys, grads, shows, clicks, strict=True):
+            ref.push(*args)
+    for t, name in enumerate(NAMES):
+        keys = torch.unique(torch.cat([s[t] for s in seen]))
+        torch.testing.assert_close(
+            many.pull(name, keys, create=False), ref.pull(name, keys, create=False)
+        )
+        a, b = many.inspect(name, keys), ref.inspect(name, keys)
+        for field in ("show", "click", "expanded"):
+            assert torch.equal(a[field], b[field]), (name, field)
+        assert many.size(name) == ref.size(name) > 0
+    assert bool(many.inspect("ctx", keys)["expanded"].any())  # the embedx rule was exercised
+    # a table may appear twice: the calls apply in order, as separate pushes would
+    k = torch.tensor([5, 6], dtype=torch.int64)
+    g = torch.ones(2, 9)
+    many.push_many(["user", "user"], [k, k], [g, g])
+    ref.push("user", k, g)
+    ref.push("user", k, g)
+    torch.testing.assert_close(
+        many.pull("user", k, create=False), ref.pull("user", k, create=False)
+    )
+    # pull_many(create=False) creates nothing
+    fresh = torch.arange(10**12, 10**12 + 50)
+    out = many.pull_many(["item", "ctx"], [fresh, fresh], create=False)
+    assert all(float(o.abs().sum()) == 0 for o in out)
+    assert not bool(many.inspect("item", fresh)["present"].any())
+    many.close()
+    ref.close()
+
+
+def test_in_process_bad_push_many_writes_nothing():
+    store = make_store()
+    rng = np.random.default_rng(2)
+    keys, grads, _, _ = random_batch(rng, 0)
+    store.push_many(NAMES, keys, grads)
+    sizes = {n: store.size(n) for n in NAMES}
+    before = [store.pull(n, k, create=False) for n, k in zip(NAMES, keys, strict=True)]
+    fresh = [k + 10**9 for k in keys]  # absent keys: a written push would create them
+
+    def nothing_written():
+        assert {n: store.size(n) for n in NAMES} == sizes
+        for name, k, b in zip(NAMES, keys, before, strict=True):
+            torch.testing.assert_close(store.pull(name, k, create=False), b)
+
+    nan = [g.clone() for g in grads]
+    nan[2][7, 1] = float("nan")  # the last table's grads: the first two must not be written
+    wrong_dim = [grads[0], grads[1][:, :3], grads[2]]
+    cases = [
+        ((NAMES, fresh, nan), NonFiniteGradient, "table 'ctx': grads hold NaN"),
+        ((NAMES, fresh, wrong_dim), InvalidInput, "table 'item': grads must have shape"),
+        ((["user", "nope", "ctx"], fresh, grads), UnknownTable, "'nope'"),
+        ((NAMES, fresh[:2], grads), InvalidInput, "keys has 2 entries for 3 tables"),
+        (("user", fresh, grads), InvalidInput, "tables must be a list"),
+        ((NAMES, fresh, [g.double() for g in grads]), InvalidInput, "float32, got torch.float64"),
+    ]
+    for args, exc, text in cases:
+        with pytest.raises(exc, match=text):
+            store.push_many(*args)
+        nothing_written()
+    bad_shows = [None, torch.full((keys[1].numel(),), -1.0), None]
+    with pytest.raises(InvalidInput, match="table 'item': shows and clicks must be finite"):
+        store.push_many(NAMES, fresh, grads, shows=bad_shows)
+    nothing_written()
+    with pytest.raises(UnknownTable, match="'nope'"):
+        store.pull_many(["user", "nope"], fresh[:2], create=True)  # user's rows not created
+    nothing_written()
+    store.close()
+
+
+# -- the service: two shard processes -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_shards(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tables") / "tables.json"
+    path.write_text(json.dumps({"tables": TABLES}))
+    with LocalShards(path, 2, metrics=True) as shards:
+        yield shards
+
+
+@pytest.fixture
+def client(two_shards):
+    c = EmbeddingStoreClient(two_shards.endpoints, timeout_s=20)
+    yield c
+    c.close()
+
+
+def _scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _requests(scrape: dict[str, float], op: str) -> float:
+    return sum(
+        v
+        for name, v in scrape.items()
+        if name.startswith("streamrec_embedding_store_request_seconds_count")
+        and f'op="{op}"' in name
+    )
+
+
+def test_service_many_equals_per_table_calls_in_one_request_per_shard(two_shards, client):
+    ref = make_store()
+    rng = np.random.default_rng(3)
+    before = [_scrape(p) for p in two_shards.metrics_ports]
+    seen = []
+    steps = 4
+    for step in range(steps):
+        keys, grads, shows, clicks = random_batch(rng, step, empty="item" if step == 2 else None)
+        keys = [k + 10**13 for k in keys]  # keys no other test of this module uses
+        seen.append(keys)
+        got = client.pull_many(NAMES, keys, create=True)
+        for name, k, g in zip(NAMES, keys, got, strict=True):
+            torch.testing.assert_close(g, ref.pull(name, k, create=True))
+        client.push_many(NAMES, keys, grads, shows, clicks)
+        for args in zip(NAMES, keys, grads, shows, clicks, strict=True):
+            ref.push(*args)
+    scraped = [_scrape(p) for p in two_shards.metrics_ports]
+    all_keys = [torch.unique(torch.cat([s[t] for s in seen])) for t in range(len(NAMES))]
+    assert_same_rows(client, ref, all_keys)
+    # many tables, one pull_many and one push_many request per shard and step
+    for k, after in enumerate(scraped):
+        for op in ("pull_many", "push_many"):
+            assert _requests(after, op) - _requests(before[k], op) == steps, (k, op)
+        for op in ("pull", "push"):
+            assert _requests(after, op) == _requests(before[k], op), (k, op)
+        # the per-table metrics are counted for each table of the requests
+        for t, name in enumerate(NAMES):
+            # the client sends each distinct key of a step once, to its shard
+            mine = sum(int((shard_of(np.unique(s[t].numpy()), 2) == k).sum()) for s in seen)
+            metric = f'streamrec_embedding_store_pull_keys_total{{table="{name}"}}'
+            assert after[metric] - before[k].get(metric, 0.0) == mine, (k, name)
+    ref.close()
+
+
+def test_service_bad_many_requests_are_refused_and_nothing_is_written(two_shards, client):
+    ep0 = two_shards.endpoints[0]
+    keys = np.arange(2**41, 2**41 + 400, dtype=np.int64)
+    mine = keys[shard_of(keys, 2) == 0][:40]
+    theirs = keys[shard_of(keys, 2) == 1][:5]
+    client.push_many(["user", "item"], [mine, mine], [torch.ones(40, 9), torch.ones(40, 4)])
+    kept = client.pull_many(NAMES, [mine, mine, mine], create=False)
+    sizes = {n: client.sizes(n) for n in NAMES}
+
+    def nothing_written():
+        assert two_shards.alive(0) and two_shards.alive(1)
+        assert {n: client.sizes(n) for n in NAMES} == sizes
+        for got, want in zip(client.pull_many(NAMES, [mine] * 3, create=False), kept, strict=True):
+            torch.testing.assert_close(got, want)
+
+    fresh = mine + 1_000_003 * 2  # other keys
+    fresh = fresh[shard_of(fresh, 2) == 0]
+    m = fresh.size
+    counts = np.array([m, m], np.int64)
+    two = np.concatenate([fresh, fresh])
+    g = np.zeros(m * 9 + m * 4, np.float32)
+    nan = g.copy()
+    nan[m * 9 + 3] = np.nan  # in the second table's part
+    ok = {"tables": ["user", "item"]}
+    cases = [
+        ("push_many", ok, {"keys": two, "counts": np.array([m, m + 1]), "grads": g}, "sums to"),
+        ("push_many", ok, {"keys": two, "counts": np.array([m * 2 + 1, -1]), "grads": g}, "-1"),
+        ("push_many", ok, {"keys": two, "counts": np.array([2**62, 2**62]), "grads": g}, "exceeds"),
+        ("push_many", ok, {"keys": two, "counts": counts.astype(np.int32), "grads": g}, "int32"),
+        ("push_many", ok, {"keys": two, "counts": counts[:1], "grads": g}, "'counts': shape"),
+        ("push_many", ok, {"keys": two, "grads": g}, "'counts' is missing"),
+        ("push_many", ok, {"keys": two, "counts": counts, "grads": g[:-1]}, f"({m * 13})"),
+        ("push_many", ok, {"keys": two, "counts": counts, "grads": nan}, "NaN"),
+        (
+            "push_many",
+            {"tables": ["user", "nope"]},
+            {"keys": two, "counts": counts, "grads": g},
+            "'tables'[1]: unknown table 'nope'",
+        ),
+        ("push_many", {"tables": "user"}, {"keys": two, "counts": counts}, "'tables' must be"),
+        (
+            "push_many",
+            ok,
+            {
+                "keys": two,
+                "counts": counts,
+                "grads": g,
+                "shows": np.full(2 * m, np.inf, np.float32),
+            },
+            "'shows'",
+        ),
+        (
+            "push_many",
+            ok,
+            {"keys": np.concatenate([two, theirs]), "counts": counts + [0, 5], "grads": g},
+            "5 of",
+        ),
+        ("pull_many", {**ok, "create": 1}, {"keys": two, "counts": counts}, "'create'"),
+        ("pull_many", ok, {"keys": two, "counts": np.array([m, m - 1])}, "sums to"),
+        ("pull_many", {"tables": ["user", 3]}, {"keys": two, "counts": counts}, "'tables'"),
+        ("pull_many", {"tables": ["user", "nope"]}, {"keys": two, "counts": counts}, "'nope'"),
+    ]
+    for op, meta, arrays, text in cases:
+        with pytest.raises(RemoteError) as info, wire.RpcClient(ep0, timeout_s=10) as c:
+            c.call(op, meta, arrays)
+        assert text in str(info.value), (op, meta, str(info.value))
+        nothing_written()
+    # the client refuses bad input before sending anything
+    grads = [torch.zeros(m, 9), torch.zeros(m, 4)]
+    nan_grads = [grads[0], grads[1].clone()]
+    nan_grads[1][0, 0] = float("inf")
+    for call, exc, text in [
+        (
+            lambda: client.push_many(["user", "item"], [fresh, fresh], nan_grads),
+            NonFiniteGradient,
+            "'item'",
+        ),
+        (lambda: client.push_many(["user", "nope"], [fresh, fresh], grads), UnknownTable, "nope"),
+        (lambda: client.push_many(["user", "item"], [fresh], grads), InvalidInput, "1 entries"),
+        (
+            lambda: client.push_many(["user", "item"], [fresh, fresh], [grads[0], grads[0]]),
+            InvalidInput,
+            "grads of table 'item'",
+        ),
+        (lambda: client.pull_many(["user", "nope"], [fresh, fresh]), UnknownTable, "nope"),
+    ]:
+        with pytest.raises(exc, match=text):
+            call()
+        nothing_written()
+    assert float(client.pull("user", fresh, create=False).abs().sum()) == 0
+
+
+def test_service_many_edge_cases(two_shards, client):
+    """Empty lists, an empty table, a table twice, keys on one shard only."""
+    assert client.pull_many([], []) == []
+    client.push_many([], [], [])
+    nothing = np.zeros(0, np.int64)
+    with wire.RpcClient(two_shards.endpoints[0], timeout_s=10) as c:  # no table at all
+        _, reply = c.call("pull_many", {"tables": []}, {"keys": nothing, "counts": nothing})
+        assert reply["values"].shape == (0,) and reply["values"].dtype == np.float32
+        grads = np.zeros(0, np.float32)
+        c.call("push_many", {"tables": []}, {"keys": nothing, "counts": nothing, "grads": grads})
+    empty = torch.zeros(0, dtype=torch.int64)
+    out = client.pull_many(["user", "item"], [empty, empty])
+    assert [tuple(o.shape) for o in out] == [(0, 9), (0, 4)]
+    keys = np.arange(2**42, 2**42 + 300, dtype=np.int64)
+    one_shard = torch.from_numpy(keys[shard_of(keys, 2) == 1][:20])
+    ref = make_store()
+    g = torch.full((20, 9), 0.5)
+    client.push_many(
+        ["user", "item", "user"], [one_shard, empty, one_shard], [g, torch.zeros(0, 4), g]
+    )
+    ref.push("user", one_shard, g)
+    ref.push("user", one_shard, g)
+    torch.testing.assert_close(
+        client.pull_many(["user"], [one_shard], create=False)[0],
+        ref.pull("user", one_shard, create=False),
+    )
+    ref.close()
