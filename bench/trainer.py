@@ -248,6 +248,9 @@ class QualityKnobs:
     pipeline: bool = True
     vocab: int = 300
     baseline_sparse_lr: float = 0.05
+    #: None keeps the table defaults (PaddleRec's: embedx_threshold 10, delete_threshold 0.8)
+    embedx_threshold: float | None = None
+    delete_threshold: float | None = None
 
 
 def quality(
@@ -287,6 +290,14 @@ def quality(
                     "initializer": {"type": "uniform", "low": -k.init_range, "high": k.init_range},
                     "embed_sgd_param": rule,
                     "embedx_sgd_param": rule,
+                    **{
+                        name: value
+                        for name, value in (
+                            ("embedx_threshold", k.embedx_threshold),
+                            ("delete_threshold", k.delete_threshold),
+                        )
+                        if value is not None
+                    },
                 },
             }
         )
@@ -414,6 +425,8 @@ def main() -> None:
         help="StreamRec rows start uniform in +-this",
     )
     ap.add_argument("--vocab", type=int, default=knobs.vocab, help="ids per slot and day")
+    ap.add_argument("--embedx-threshold", type=float, default=None, help="table default if unset")
+    ap.add_argument("--delete-threshold", type=float, default=None, help="table default if unset")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.measure:
@@ -438,6 +451,8 @@ def main() -> None:
         pipeline=not args.no_pipeline,
         vocab=args.vocab,
         baseline_sparse_lr=args.baseline_sparse_lr,
+        embedx_threshold=args.embedx_threshold,
+        delete_threshold=args.delete_threshold,
     )
     if args.quality:
         days = args.quality_days or (5 if args.full else 2)

@@ -223,6 +223,9 @@ class HostTable(TableTier):
         self._marks = torch.zeros(_MIN_ROWS, dtype=torch.int32)  # update's repeat finding
         self._generation = 0  # bumped whenever rows are renumbered (compaction, reset)
         self._mapped = 0  # rows of the current buffers already asked to be prefaulted
+        # (generation, keys, rows) of the last pull that found or created every key: the
+        # push of a training step sends the keys it pulled, and finds their rows here
+        self._recent: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._rng = torch.Generator().manual_seed(seed ^ (int(self.params.seed) >> 1))
 
     # -- growth -------------------------------------------------------------------------
@@ -233,11 +236,13 @@ class HostTable(TableTier):
             if self.capacity is not None:
                 rows = max(min(rows, self.capacity), need)
             data = torch.empty((rows, self.width), dtype=torch.float32)
-            data[: self._size] = self._data[: self._size]
             keys = torch.empty(rows, dtype=torch.int64)
+            marks = torch.empty(rows, dtype=torch.int32)
+            for t in (data, keys, marks):  # before the first touch (the copies below)
+                _C.advise_huge(t)
+            data[: self._size] = self._data[: self._size]
             keys[: self._size] = self._row_keys[: self._size]
-            self._data, self._row_keys = data, keys
-            self._marks = torch.zeros(rows, dtype=torch.int32)
+            self._data, self._row_keys, self._marks = data, keys, marks.zero_()
             self._mapped = self._size  # the copy above mapped those
             if self._stamp is not None:
                 stamp = torch.zeros(rows, dtype=torch.int64)
@@ -314,6 +319,7 @@ class HostTable(TableTier):
                         f"table {self.options.name!r}: {distinct} new rows would exceed "
                         f"capacity {self.capacity} (holds {self._size})"
                     )
+            slots = self._slots
             self._reserve(misses)
             m = _C.insert_init(
                 self._slots,
@@ -324,6 +330,7 @@ class HostTable(TableTier):
                 torch.empty(0) if out is None else out,
                 self._size,
                 self.params,
+                hinted=self._slots is slots,  # rows < -1 hold slots of this same index
             )
             self._size += m
             self.counters["rows_created"] += m
@@ -367,10 +374,26 @@ class HostTable(TableTier):
         return rows
 
     # -- the tier interface ---------------------------------------------------------------
+    def _remember(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keeps the rows of a pull that found or created every key, for the push after it
+        (a copy of the keys: the caller may reuse its tensor)."""
+        self._recent = (self._generation, keys.clone(), rows)
+
+    def _recent_rows(self, keys: torch.Tensor) -> torch.Tensor | None:
+        """Rows of keys if they are the keys of the last complete pull (same generation)."""
+        recent = self._recent
+        if recent is None or recent[0] != self._generation:
+            return None
+        _gen, pulled, rows = recent
+        if keys.shape == pulled.shape and torch.equal(keys, pulled):
+            return rows
+        return None
+
     def read(self, keys: torch.Tensor) -> tuple[torch.Tensor | None, object]:
         out, rows, misses = _C.find_gather(self._slots, keys, self._data, self.params)
         if misses:
             return None, (self._generation, rows, out, misses)
+        self._remember(keys, rows)
         return out, None
 
     def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
@@ -379,10 +402,13 @@ class HostTable(TableTier):
             _gen, rows, out, misses = hint
         else:
             out, rows, misses = _C.find_gather(self._slots, keys, self._data, self.params)
+        if misses == 0:
+            self._remember(keys, rows)
         if not create or misses == 0:
             return out  # absent keys read as zeros
         if self._admit_all():
             self._create(keys, rows, misses=misses, out=out)
+            self._remember(keys, rows)  # insert_init filled every row
             return out
         rows = self._create(keys, rows, misses=misses)
         return _C.gather(self._data, rows, self.params)
@@ -390,9 +416,11 @@ class HostTable(TableTier):
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> bool:
-        rows, misses = _C.find_count(self._slots, keys)
-        if misses:
-            rows = self._create(keys, rows, shows, clicks, misses=misses)
+        rows = self._recent_rows(keys)
+        if rows is None:
+            rows, misses = _C.find_count(self._slots, keys)
+            if misses:
+                rows = self._create(keys, rows, shows, clicks, misses=misses)
         self.counters["rows_expanded"] += _C.update(
             self._data, self._row_keys, rows, grads, shows, clicks, self.params, self._marks
         )

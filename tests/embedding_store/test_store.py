@@ -132,6 +132,40 @@ def test_rules_match_numpy_reference(embed_rule: str, embedx_rule: str) -> None:
     assert float(got.abs().max()) <= 0.4 + 1e-7  # weight_bounds of the embed rule
 
 
+def test_large_pushes_with_hot_repeated_keys_match_reference() -> None:
+    """Batches big enough for the parallel update (every thread owns some rows), Zipf-like
+    repeats, and a pull/push pair whose key tensor the caller refills in place in between:
+    the push must not reuse the pulled rows of the old keys."""
+    t = TableOptions(
+        name="t",
+        dim=4,
+        embedx_threshold=0,
+        embed_sgd_param=SgdRuleParam(name="adagrad", learning_rate=0.1, initial_range=0.2),
+        embedx_sgd_param=SgdRuleParam(name="std_adagrad", learning_rate=0.05, initial_range=0.2),
+    )
+    store, refs = make([t])
+    twin = EmbeddingStore([t])
+    ref = refs["t"]
+    rng = np.random.default_rng(3)
+    keys = torch.empty(20_000, dtype=torch.int64)
+    for step in range(4):
+        keys.copy_(torch.from_numpy(rng.zipf(1.3, keys.numel()) % 5_000))
+        np.testing.assert_allclose(
+            store.pull("t", keys).numpy(), ref.pull(keys.numpy()), rtol=1e-5, atol=1e-6
+        )
+        twin.pull("t", keys)
+        if step % 2:  # the caller reuses its buffer for other keys before pushing
+            keys.copy_(torch.from_numpy(rng.integers(0, 6_000, keys.numel())))
+        grads = rng.normal(0, 1, (keys.numel(), 4)).astype(np.float32)
+        store.push("t", keys, grads)
+        twin.push("t", keys, grads)
+        ref.push(keys.numpy(), grads.astype(np.float64))
+    every = np.arange(6_000)
+    got = store.pull("t", every, create=False)
+    np.testing.assert_allclose(got.numpy(), ref.pull(every, create=False), rtol=1e-4, atol=1e-5)
+    assert torch.equal(got, twin.pull("t", every, create=False))  # sums in a fixed order
+
+
 def test_duplicate_keys_are_summed_before_the_step() -> None:
     t = TableOptions(
         name="t",

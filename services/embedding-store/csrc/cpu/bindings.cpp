@@ -62,13 +62,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         nogil);
   m.def("find_or_insert", &find_or_insert, "row id per key, inserting absent keys",
         py::arg("slots"), py::arg("keys"), py::arg("next_row"), nogil);
-  m.def("find_count", &find_count, "(row id per key, -1 if absent; number absent)",
+  m.def("find_count", &find_count, "(row id per key, < 0 if absent; number absent)",
         py::arg("slots"), py::arg("keys"), nogil);
   m.def("find_gather", &find_gather, "(weights, rows, misses) in one pass", py::arg("slots"),
         py::arg("keys"), py::arg("data"), py::arg("params"), nogil);
-  m.def("insert_init", &insert_init, "creates rows of the keys with rows == -1; returns count",
+  m.def("insert_init", &insert_init, "creates rows of the keys with rows < 0; returns count",
         py::arg("slots"), py::arg("data"), py::arg("row_keys"), py::arg("keys"),
-        py::arg("rows"), py::arg("out"), py::arg("start"), py::arg("params"), nogil);
+        py::arg("rows"), py::arg("out"), py::arg("start"), py::arg("params"),
+        py::arg("hinted") = false, nogil);
+  m.def("advise_huge", &advise_huge, "asks for transparent huge pages over a tensor",
+        py::arg("tensor"), nogil);
   m.def("prefault", &prefault, "maps rows [start, end) of a tensor's memory (no change)",
         py::arg("tensor"), py::arg("start"), py::arg("end"), nogil);
   m.def("insert_or_assign", &insert_or_assign, "sets key -> val", py::arg("slots"),

@@ -35,11 +35,21 @@ inline uint64_t home(int64_t key, uint64_t mask) {
   return mix64(static_cast<uint64_t>(key)) & mask;
 }
 
-// Slot holding `key`, or the empty slot where it would go. s: (cap, 2) [key, row].
-inline uint64_t probe(const int64_t* s, uint64_t mask, int64_t key) {
-  uint64_t i = home(key, mask);
+// Slot holding `key`, or the empty slot where it would go, probing from slot i (its home,
+// or a slot an earlier probe of the same key reached). s: (cap, 2) [key, row].
+inline uint64_t probe_from(const int64_t* s, uint64_t mask, int64_t key, uint64_t i) {
   while (s[2 * i + 1] != -1 && s[2 * i] != key) i = (i + 1) & mask;
   return i;
+}
+
+inline uint64_t probe(const int64_t* s, uint64_t mask, int64_t key) {
+  return probe_from(s, mask, key, home(key, mask));
+}
+
+// Row of the slot a probe ended at: the row, or -2 - slot when the slot is empty.
+inline int64_t row_or_slot(const int64_t* s, uint64_t j) {
+  const int64_t row = s[2 * j + 1];
+  return row == -1 ? -2 - static_cast<int64_t>(j) : row;
 }
 
 }  // namespace
@@ -77,7 +87,7 @@ std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
     int64_t miss = 0;
     for (int64_t i = b; i < e; ++i) {
       if (i + kAhead < e) __builtin_prefetch(s + 2 * home(k[i + kAhead], mask));
-      o[i] = s[2 * probe(s, mask, k[i]) + 1];
+      o[i] = row_or_slot(s, probe(s, mask, k[i]));
       miss += o[i] < 0;
     }
     misses += miss;
@@ -107,11 +117,12 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tenso
   // slot is in cache by then) and prefetches its row; key i then costs no memory wait.
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     int64_t miss = 0;
-    for (int64_t i = b; i < std::min(b + kAhead, e); ++i) r[i] = s[2 * probe(s, mask, k[i]) + 1];
+    for (int64_t i = b; i < std::min(b + kAhead, e); ++i)
+      r[i] = row_or_slot(s, probe(s, mask, k[i]));
     for (int64_t i = b; i < e; ++i) {
       if (i + 2 * kAhead < e) __builtin_prefetch(s + 2 * home(k[i + 2 * kAhead], mask));
       if (i + kAhead < e) {
-        const int64_t ra = s[2 * probe(s, mask, k[i + kAhead]) + 1];
+        const int64_t ra = row_or_slot(s, probe(s, mask, k[i + kAhead]));
         r[i + kAhead] = ra;
         if (ra >= 0) __builtin_prefetch(d + ra * width + kEmbedW);
       }
@@ -157,7 +168,7 @@ std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
 
 int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_keys,
                     const torch::Tensor& keys, torch::Tensor rows, torch::Tensor out,
-                    int64_t start, const TableParams& p) {
+                    int64_t start, const TableParams& p, bool hinted) {
   check_index(slots);
   check_keys(keys);
   check_keys(rows);
@@ -189,11 +200,17 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   // Phase 1, serial over the misses only: claim index slots and row ids (first occurrence
   // order, so row numbering is deterministic). Phase 2, parallel: initialise the new rows,
   // then copy their weights out.
+  const uint64_t cap = mask + 1;
+  auto first_slot = [&](int64_t i) {
+    const int64_t hint = -2 - r[i];
+    return hinted && hint >= 0 && static_cast<uint64_t>(hint) < cap ? static_cast<uint64_t>(hint)
+                                                                      : home(k[i], mask);
+  };
   int64_t next = start;
   for (int64_t j = 0; j < m; ++j) {
-    if (j + kAhead < m) __builtin_prefetch(s + 2 * home(k[miss[j + kAhead]], mask), 1);
+    if (j + 2 * kAhead < m) __builtin_prefetch(s + 2 * first_slot(miss[j + 2 * kAhead]), 1);
     const int64_t i = miss[j];
-    const uint64_t at = probe(s, mask, k[i]);
+    const uint64_t at = probe_from(s, mask, k[i], first_slot(i));
     int64_t row = s[2 * at + 1];
     if (row == -1) {
       row = next++;
@@ -265,8 +282,10 @@ torch::Tensor index_build(int64_t capacity, const torch::Tensor& keys) {
   check_keys(keys);
   TORCH_CHECK(capacity > keys.numel(), "index capacity ", capacity, " too small for ",
               keys.numel(), " keys");
-  auto slots = torch::full({capacity, 2}, -1, keys.options());
+  auto slots = torch::empty({capacity, 2}, keys.options());
   check_index(slots);
+  advise_huge(slots);  // before the first touch, so the fill below maps huge pages
+  slots.fill_(-1);
   // Keys are distinct, so inserters never look at each other's keys: claiming an empty
   // slot's row with a compare-and-swap is enough to insert in parallel.
   int64_t* s = slots.data_ptr<int64_t>();

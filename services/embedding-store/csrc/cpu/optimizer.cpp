@@ -116,65 +116,66 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
   int32_t* mk = marks.data_ptr<int32_t>();
   auto valid = [&](int64_t i) { return r[i] >= 0 && r[i] < R; };
 
-  // Parallel updates of one row would race. Count the occurrences of each row (atomically,
-  // in parallel); rows seen once are updated in parallel at once (clearing their mark),
-  // repeated rows are summed in index order by a serial pass over the repeats only, then
-  // updated (clearing theirs). Two parallel passes when no row repeats.
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      if (valid(i)) __atomic_fetch_add(mk + r[i], 1, __ATOMIC_RELAXED);
-  });
+  // Parallel updates of one row would race, so each thread owns the rows that hash to it:
+  // it scans every position, counts its rows' occurrences in mk (no atomics, no shared
+  // cache lines between threads on hot rows), updates the rows seen once at once, and sums
+  // the repeated rows' gradients in index order (deterministic) before updating them.
+  const int64_t threads = n < 4096 ? 1 : std::max<int64_t>(at::get_num_threads(), 1);
+  auto owner = [&](int64_t row) {  // Lemire's multiply-shift range reduction of a row hash
+    const uint32_t h = static_cast<uint32_t>(static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ULL >> 32);
+    return static_cast<int64_t>((static_cast<uint64_t>(h) * static_cast<uint64_t>(threads)) >> 32);
+  };
   std::atomic<int64_t> expanded{0};
-  std::atomic<int64_t> repeats{0};
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    int64_t ex = 0, rep = 0;
-    for (int64_t i = b; i < e; ++i) {
-      if (i + 8 < e && valid(i + 8)) {
-        const float* ahead = d + r[i + 8] * p.width;
-        __builtin_prefetch(ahead, 1);
-        __builtin_prefetch(ahead + p.width - 1, 1);
-      }
-      if (!valid(i)) continue;
-      if (mk[r[i]] == 1) {  // only this i holds the row: update it and clear its mark
-        ex += update_row(d + r[i] * p.width, k[r[i]], g + i * p.dim, sh[i], cl[i], p);
-        mk[r[i]] = 0;
-      } else {
-        ++rep;
-      }
-    }
-    expanded += ex;
-    repeats += rep;
-  });
-  if (repeats.load() > 0) {
-    // mk[row] > 1 marks a repeated row; the serial pass turns it into -(position + 1).
-    std::vector<int64_t> ur;
-    std::vector<float> ug, us, uc;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!valid(i) || mk[r[i]] == 0) continue;  // 0: a single row, done above
-      int32_t& m = mk[r[i]];
-      if (m > 0) {
-        m = -static_cast<int32_t>(ur.size()) - 1;
-        ur.push_back(r[i]);
-        ug.insert(ug.end(), g + i * p.dim, g + (i + 1) * p.dim);
-        us.push_back(sh[i]);
-        uc.push_back(cl[i]);
-      } else {
-        const int64_t pos = -static_cast<int64_t>(m) - 1;
-        for (int64_t j = 0; j < p.dim; ++j) ug[pos * p.dim + j] += g[i * p.dim + j];
-        us[pos] += sh[i];
-        uc[pos] += cl[i];
-      }
-    }
-    const int64_t u = static_cast<int64_t>(ur.size());
-    at::parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, threads, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      auto mine = [&](int64_t i) { return valid(i) && owner(r[i]) == t; };
+      for (int64_t i = 0; i < n; ++i)
+        if (mine(i)) ++mk[r[i]];
       int64_t ex = 0;
-      for (int64_t j = b; j < e; ++j) {
-        ex += update_row(d + ur[j] * p.width, k[ur[j]], ug.data() + j * p.dim, us[j], uc[j], p);
-        mk[ur[j]] = 0;
+      std::vector<int64_t> rep;  // positions of repeated rows, in index order
+      for (int64_t i = 0; i < n; ++i) {
+        if (i + 8 < n && mine(i + 8)) {
+          const float* ahead = d + r[i + 8] * p.width;
+          __builtin_prefetch(ahead, 1);
+          __builtin_prefetch(ahead + p.width - 1, 1);
+        }
+        if (!mine(i)) continue;
+        if (mk[r[i]] == 1) {
+          ex += update_row(d + r[i] * p.width, k[r[i]], g + i * p.dim, sh[i], cl[i], p);
+          mk[r[i]] = 0;
+        } else {
+          rep.push_back(i);
+        }
+      }
+      // Repeated rows: numbered in order of first occurrence (mk, the count, becomes
+      // -(group + 1)), their positions laid out group by group (a counting sort), summed.
+      std::vector<int64_t> group_row, group_start{0}, fill, order(rep.size());
+      for (const int64_t i : rep) {
+        int32_t& m = mk[r[i]];
+        if (m > 0) {
+          group_row.push_back(r[i]);
+          fill.push_back(group_start.back());
+          group_start.push_back(group_start.back() + m);
+          m = -static_cast<int32_t>(group_row.size());
+        }
+      }
+      for (const int64_t i : rep) order[fill[-mk[r[i]] - 1]++] = i;
+      std::vector<float> sum(static_cast<size_t>(p.dim));
+      for (size_t j = 0; j < group_row.size(); ++j) {
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        float show = 0.0f, click = 0.0f;
+        for (int64_t q = group_start[j]; q < group_start[j + 1]; ++q) {
+          const int64_t i = order[q];
+          for (int64_t c = 0; c < p.dim; ++c) sum[c] += g[i * p.dim + c];
+          show += sh[i];
+          click += cl[i];
+        }
+        ex += update_row(d + group_row[j] * p.width, k[group_row[j]], sum.data(), show, click, p);
+        mk[group_row[j]] = 0;
       }
       expanded += ex;
-    });
-  }
+    }
+  });
   return expanded.load();
 }
 

@@ -23,23 +23,38 @@ inline uint64_t row_stream(uint64_t seed, int64_t key) {
   return mix64(seed ^ mix64(static_cast<uint64_t>(key)));
 }
 
-// Uniform in [0, 1) for column `col`, draw `k` (0 or 1) of the row stream.
-inline double unit(uint64_t stream, int64_t col, uint64_t k) {
-  const uint64_t h = mix64(stream + (2 * static_cast<uint64_t>(col) + k + 1) *
-                                        0x9E3779B97F4A7C15ULL);
-  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
+// One 64-bit hash per column pair (uniform: each column takes 32 of its bits) or per column
+// (normal: its two halves are the Box-Muller pair); half the hashing of one per column.
+inline uint64_t col_hash(uint64_t stream, uint64_t j) {
+  return mix64(stream + (j + 1) * 0x9E3779B97F4A7C15ULL);
 }
 
-inline float draw(const InitParams& ip, uint64_t stream, int64_t col) {
+// Uniform in [0, 1) from the top 24 bits of 32.
+inline float unit24(uint32_t h) { return static_cast<float>(h >> 8) * (1.0f / 16777216.0f); }
+
+// out[c] for columns c in [c0, c1) of a row stream, drawn from ip.
+void draw_columns(const InitParams& ip, uint64_t stream, int64_t c0, int64_t c1, float* out) {
+  const float a = static_cast<float>(ip.a), b = static_cast<float>(ip.b);
   switch (ip.kind) {
-    case kUniform: return static_cast<float>(ip.a + (ip.b - ip.a) * unit(stream, col, 0));
-    case kNormal: {  // Box-Muller
-      const double u1 = 1.0 - unit(stream, col, 0);  // (0, 1]
-      const double u2 = unit(stream, col, 1);
-      return static_cast<float>(ip.a + ip.b * std::sqrt(-2.0 * std::log(u1)) *
-                                            std::cos(6.283185307179586 * u2));
+    case kUniform: {
+      uint64_t h = col_hash(stream, static_cast<uint64_t>(c0) >> 1);
+      for (int64_t c = c0; c < c1; ++c) {
+        if (c != c0 && (c & 1) == 0) h = col_hash(stream, static_cast<uint64_t>(c) >> 1);
+        const uint32_t half = (c & 1) ? static_cast<uint32_t>(h) : static_cast<uint32_t>(h >> 32);
+        out[c] = a + (b - a) * unit24(half);
+      }
+      break;
     }
-    default: return 0.0f;
+    case kNormal:
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint64_t h = col_hash(stream, static_cast<uint64_t>(c));
+        const float u1 = 1.0f - unit24(static_cast<uint32_t>(h >> 32));  // (0, 1]
+        const float u2 = unit24(static_cast<uint32_t>(h));
+        out[c] = a + b * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+      }
+      break;
+    default:
+      for (int64_t c = c0; c < c1; ++c) out[c] = 0.0f;
   }
 }
 
@@ -66,17 +81,15 @@ void TableParams::finalize() {
 
 // Fills the embedx weights of one row from its initializer.
 void init_embedx(float* row, int64_t key, const TableParams& p) {
-  const uint64_t st = row_stream(p.seed, key);
-  for (int64_t c = 1; c < p.dim; ++c) row[kEmbedW + c] = draw(p.embedx_init, st, c);
+  draw_columns(p.embedx_init, row_stream(p.seed, key), 1, p.dim, row + kEmbedW);
 }
 
 void init_row(float* row, int64_t key, const TableParams& p, bool expand) {
   std::memset(row, 0, sizeof(float) * p.width);
   row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
   const uint64_t st = row_stream(p.seed, key);
-  row[kEmbedW] = draw(p.embed_init, st, 0);
-  if (expand)
-    for (int64_t c = 1; c < p.dim; ++c) row[kEmbedW + c] = draw(p.embedx_init, st, c);
+  draw_columns(p.embed_init, st, 0, 1, row + kEmbedW);
+  if (expand) draw_columns(p.embedx_init, st, 1, p.dim, row + kEmbedW);
   init_state(row + p.embed_state, p.embed_rule, 1);
   init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
 }
@@ -137,6 +150,16 @@ bool prefault(const torch::Tensor& t, int64_t start, int64_t end) {
   return madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0;
 }
 
+bool advise_huge(const torch::Tensor& t) {
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  TORCH_CHECK(t.is_contiguous(), "advise_huge needs a contiguous tensor");
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t lo = (base + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t hi = (base + t.numel() * t.element_size()) & ~(kHuge - 1);
+  if (hi <= lo) return false;
+  return madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) == 0;
+}
+
 torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx) {
   TORCH_CHECK(keys.dtype() == torch::kInt64 && keys.is_contiguous(), "keys must be int64");
   const int64_t n = keys.numel();
@@ -147,9 +170,8 @@ torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, b
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const uint64_t st = row_stream(p.seed, k[i]);
-      o[i * p.dim] = draw(p.embed_init, st, 0);
-      if (expand)
-        for (int64_t c = 1; c < p.dim; ++c) o[i * p.dim + c] = draw(p.embedx_init, st, c);
+      draw_columns(p.embed_init, st, 0, 1, o + i * p.dim);
+      if (expand) draw_columns(p.embedx_init, st, 1, p.dim, o + i * p.dim);
     }
   });
   return out;
