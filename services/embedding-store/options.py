@@ -158,6 +158,11 @@ class TableOptions(StrictConfig):
     #: with probability min(1, score / admission_score), the score of the show/click it
     #: carries (so clicked keys get in first); refused keys read as zeros. None: off.
     admission_score: float | None = Field(None, gt=0.0)
+    #: Rows allocated and mapped when the table is made (HierarchicalKV's init_capacity):
+    #: a table expected to hold about this many rows then never copies itself to grow nor
+    #: faults fresh pages while creating rows (first writes to fresh memory cost ~2 s/GiB on
+    #: small VMs). It still grows past it. 0: start small and double as needed.
+    init_capacity: int = Field(0, ge=0, le=2**40)
 
     @field_validator("name")
     @classmethod

@@ -215,14 +215,26 @@ class HostTable(TableTier):
         super().__init__(options, seed)
         self.capacity = capacity
         self._size = 0
+        # rows allocated up front: options.init_capacity (within capacity), at least _MIN_ROWS
+        rows = max(_MIN_ROWS, options.init_capacity)
+        if capacity is not None:
+            rows = max(_MIN_ROWS, min(rows, capacity))
+        self._init_rows = rows
         # last-use tick per row, kept only when this table is another tier's cache
-        self._stamp = torch.zeros(_MIN_ROWS, dtype=torch.int64) if track_use else None
-        self._data = torch.empty((_MIN_ROWS, self.width), dtype=torch.float32)
-        self._row_keys = torch.empty(_MIN_ROWS, dtype=torch.int64)
-        self._slots = _C.index_build(_pow2_at_least(_MIN_ROWS * 2), self._row_keys[:0])
-        self._marks = torch.zeros(_MIN_ROWS, dtype=torch.int32)  # update's repeat finding
+        self._stamp = torch.zeros(rows, dtype=torch.int64) if track_use else None
+        self._data = torch.empty((rows, self.width), dtype=torch.float32)
+        self._row_keys = torch.empty(rows, dtype=torch.int64)
+        self._marks = torch.empty(rows, dtype=torch.int32)  # update's repeat finding
+        for t in (self._data, self._row_keys, self._marks):
+            _C.advise_huge(t)  # before the first touch
+        self._marks.zero_()
+        self._slots = _C.index_build(_pow2_at_least(int(rows / 0.5) + 1), self._row_keys[:0])
         self._generation = 0  # bumped whenever rows are renumbered (compaction, reset)
         self._mapped = 0  # rows of the current buffers already asked to be prefaulted
+        if rows > _MIN_ROWS:  # an asked-for capacity is mapped now, not while creating rows
+            _C.prefault(self._data, 0, rows)
+            _C.prefault(self._row_keys, 0, rows)
+            self._mapped = rows
         # (generation, keys, rows) of the last pull that found or created every key: the
         # push of a training step sends the keys it pulled, and finds their rows here
         self._recent: tuple[int, torch.Tensor, torch.Tensor] | None = None
@@ -453,7 +465,7 @@ class HostTable(TableTier):
             self._stamp[:m] = self._stamp.index_select(0, idx)
         self._size = m
         self._generation += 1
-        self._rebuild_index(max(m, _MIN_ROWS))
+        self._rebuild_index(max(m, self._init_rows))
 
     def erase(self, keys: torch.Tensor) -> int:
         """Removes keys (absent ones ignored); returns the rows removed."""
@@ -529,7 +541,7 @@ class HostTable(TableTier):
     def reset(self) -> None:
         self._size = 0
         self._generation += 1
-        self._rebuild_index(_MIN_ROWS)
+        self._rebuild_index(self._init_rows)
 
     def bytes_used(self) -> dict[str, int]:
         n = self._data.numel() * 4 + self._row_keys.numel() * 8 + self._slots.numel() * 8

@@ -342,3 +342,25 @@ def test_host_capacity_refuses_growth_and_stats_are_json() -> None:
     assert t["rows"] == 90 and t["rows_created"] == 90 and stats["rows"] == 90
     assert t["pull_keys"] == 90 + 40 and t["bytes"]["host"] > 90 * 4 * 2
     assert stats["tier"] == "host" and stats["bytes"]["host"] == t["bytes"]["host"]
+
+
+def test_init_capacity_allocates_up_front_and_the_table_still_grows_past_it() -> None:
+    t = TableOptions(
+        name="t", dim=4, embedx_threshold=0, embed_sgd_param={"name": "naive"}, init_capacity=5_000
+    )
+    small = TableOptions(**{**t.model_dump(), "init_capacity": 0})
+    presized, grown = EmbeddingStore([t]), EmbeddingStore([small])
+    before = presized.stats()["tables"]["t"]["bytes"]["host"]
+    assert before > 5_000 * 4 * (4 + 4) > grown.stats()["tables"]["t"]["bytes"]["host"]
+    rng = np.random.default_rng(5)
+    for _ in range(3):  # 3 x 4,000 keys: past the 5,000 rows allocated
+        keys = torch.from_numpy(rng.integers(0, 50_000, 4_000))
+        grads = torch.from_numpy(rng.normal(0, 1, (4_000, 4)).astype(np.float32))
+        assert torch.equal(presized.pull("t", keys), grown.pull("t", keys))
+        presized.push("t", keys, grads)
+        grown.push("t", keys, grads)
+    assert presized.size("t") == grown.size("t") > 5_000
+    every = torch.arange(50_000)
+    assert torch.equal(presized.pull("t", every, False), grown.pull("t", every, False))
+    with pytest.raises(BadRequest, match="init_capacity"):
+        TableOptions.parse({"name": "t", "dim": 4, "init_capacity": -1})
