@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -228,22 +229,66 @@ def bench_speed(args: argparse.Namespace, bandwidth: float, tmp: Path) -> None:
                         floor=2.0,
                         **extra,
                     )
-    for shards in args.shards:
-        with LocalShards(tables_file, shards, extra_args=["--workers", "2"]) as svc:
-            client = EmbeddingStoreClient(svc.endpoints, timeout_s=120)
-            for dim in args.dims:
-                grads = torch.full((n, dim), 1e-3)
-                for d in dists:
-                    sec = timed(store_step(client, f"ada{dim}_{d}", batches[d], grads), steps)
-                    figure(
-                        f"service {shards} shard(s) presized pull+adagrad push dim{dim} {d}",
-                        n / sec / 1e3,
-                        "k lookups/s",
-                        base[(dim, d, "adagrad")] / 1e3,
-                        "EmbeddingBag+adagrad",
-                        floor=1.0,
-                    )
-            client.close()
+    for transport in ("tcp", "ipc"):
+        # tcp on 127.0.0.1 (a shard on another machine goes over tcp), and ipc (a Unix
+        # socket: a shard on the trainer's node); moving 25 MB of rows each way per dim-64
+        # step costs about 33 ms over loopback tcp here and 13 ms over ipc
+        for shards in args.shards:
+            endpoint = (
+                "tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{tmp}/shard-{{shard}}.ipc"
+            )
+            with LocalShards(
+                tables_file, shards, extra_args=["--workers", "2"], endpoint=endpoint
+            ) as svc:
+                client = EmbeddingStoreClient(svc.endpoints, timeout_s=120)
+                for dim in args.dims:
+                    grads = torch.full((n, dim), 1e-3)
+                    for d in dists:
+                        step = store_step(client, f"ada{dim}_{d}", batches[d], grads)
+                        sec = timed(step, steps)
+                        figure(
+                            f"service {transport} {shards} shard(s) presized pull+adagrad "
+                            f"push dim{dim} {d}",
+                            n / sec / 1e3,
+                            "k lookups/s",
+                            base[(dim, d, "adagrad")] / 1e3,
+                            "EmbeddingBag+adagrad",
+                            floor=1.0,
+                        )
+                client.close()
+
+
+def transport_round_trip(tmp: Path, mb: float = 25.6) -> None:
+    """Milliseconds to send ``mb`` MB over ZeroMQ and get it back (a dim-64 step's pull reply
+    and push request), over loopback tcp and over ipc, between two threads."""
+    import zmq
+
+    ctx = zmq.Context()
+    payload = np.ones(int(mb * 1e6) // 4, dtype=np.float32)
+    for transport, address in (("tcp", "tcp://127.0.0.1:*"), ("ipc", f"ipc://{tmp}/rt.ipc")):
+        server, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+        server.bind(address)
+        client.connect(server.getsockopt(zmq.LAST_ENDPOINT).decode())
+
+        def echo(count: int, server=server) -> None:
+            for _ in range(count):
+                frames = server.recv_multipart(copy=False)
+                server.send_multipart([frames[0], frames[-1]], copy=False)
+
+        rounds = 6
+        th = threading.Thread(target=echo, args=(rounds,))
+        th.start()
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            client.send(payload, copy=False)
+            client.recv(copy=False)
+            times.append(time.perf_counter() - t)
+        th.join()
+        server.close()
+        client.close()
+        figure(f"zmq round trip {mb} MB each way, {transport}", 1e3 * np.median(times[1:]), "ms")
+    ctx.term()
 
 
 def rss_bytes() -> int:
@@ -353,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     with tempfile.TemporaryDirectory(prefix="bench-emb-") as tmp:
         for section, run in (
+            ("transport", lambda: transport_round_trip(Path(tmp))),
             ("speed", lambda: bench_speed(args, bandwidth, Path(tmp))),
             ("bytes per row", lambda: bench_bytes_per_row(rows_for_bytes)),
             ("ssd tier", lambda: bench_ssd(args, Path(tmp))),

@@ -10,7 +10,9 @@ sent to every shard at once and reassembled in the caller's order::
     out      rows of [7, 3, 7, 9]    one gather: grouped_rows[rank[inverse]]
 
 ``push`` sums the gradients, shows and clicks of duplicate keys before sending, and checks
-them for NaN/Inf first, so a bad push writes nothing on any shard.
+them for NaN/Inf first, so a bad push writes nothing on any shard. The push of a training
+step sends the keys its pull sent: the client keeps its recent routes (dedup + split; up to
+:data:`ROUTE_CACHE_KEYS` keys, checked equal before reuse) so the push does not route again.
 
 ``pull_many``/``push_many`` do the same for every table of a batch and send ONE request per
 shard holding each table's part for that shard (``counts`` per table, arrays concatenated and
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +101,11 @@ def _sum_numeric(dicts: list[Any]) -> Any:
     return first if all(v == first for v in dicts) else None
 
 
+#: keys held by the recent routes a push may reuse (pull_many of batch i + 1 is routed before
+#: the push_many of batch i, so two batches of every table fit)
+ROUTE_CACHE_KEYS = 1 << 22
+
+
 @dataclass
 class _Route:
     """One table's keys routed to the shards.
@@ -157,6 +165,10 @@ class EmbeddingStoreClient:
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
         self._local = threading.local()
+        # (caller's keys copied, route) of recent pulls and pushes, newest last
+        self._routes: deque[tuple[torch.Tensor, _Route]] = deque()
+        self._routes_keys = 0
+        self._routes_lock = threading.Lock()
         # weak: the sockets of a thread that ended go with its threading.local storage
         self._all_clients: weakref.WeakSet[RpcClient] = weakref.WeakSet()
         self._clients_lock = threading.Lock()
@@ -285,14 +297,29 @@ class EmbeddingStoreClient:
         ]
 
     def _route(self, keys: torch.Tensor) -> _Route:
-        """Distinct ``keys`` (n,) int64 grouped by shard (see the module doc)."""
+        """Distinct ``keys`` (n,) int64 grouped by shard (see the module doc); a recent
+        route of equal keys is reused."""
+        with self._routes_lock:
+            for seen, route in reversed(self._routes):
+                if seen.shape == keys.shape and torch.equal(seen, keys):
+                    return route
         unique, inverse = unique_keys(keys)
         order, bounds = self._split(unique)
         if order is None:
-            return _Route(unique, inverse, bounds, unique.numel() == keys.numel())
-        rank = torch.empty_like(order)  # where each unique key sits among the grouped keys
-        rank[order] = torch.arange(order.numel())
-        return _Route(unique.index_select(0, order), rank.index_select(0, inverse), bounds, False)
+            route = _Route(unique, inverse, bounds, unique.numel() == keys.numel())
+        else:
+            rank = torch.empty_like(order)  # where each unique key sits among the grouped keys
+            rank[order] = torch.arange(order.numel())
+            route = _Route(
+                unique.index_select(0, order), rank.index_select(0, inverse), bounds, False
+            )
+        if keys.numel() <= ROUTE_CACHE_KEYS // 2:
+            with self._routes_lock:  # a copy: the caller may refill its tensor
+                self._routes.append((keys.clone(), route))
+                self._routes_keys += keys.numel()
+                while self._routes_keys > ROUTE_CACHE_KEYS:
+                    self._routes_keys -= self._routes.popleft()[0].numel()
+        return route
 
     def _assemble(self, table: str, r: _Route, parts: list[tuple[int, np.ndarray]]) -> torch.Tensor:
         """The caller's rows (n, dim) float32 from each shard's reply part (shard, values)."""
@@ -476,16 +503,17 @@ class EmbeddingStoreClient:
         if n == 0:
             return None
         r = self._route(keys_t)
-        if r.keys.numel() < n and "shows" not in extra:
-            extra["shows"] = torch.ones(n, dtype=torch.float32)  # the store's 1 per occurrence
+        u = r.keys.numel()
         columns = {"grads": g, **extra}
         if not r.identity:  # sum duplicates into, and order by, the routed rows
             columns = {
-                name: torch.zeros((r.keys.numel(), *v.shape[1:]), dtype=torch.float32).index_add_(
+                name: torch.zeros((u, *v.shape[1:]), dtype=torch.float32).index_add_(
                     0, r.inverse, v
                 )
                 for name, v in columns.items()
             }
+        if u < n and "shows" not in columns:  # the store's 1 show per occurrence
+            columns["shows"] = torch.bincount(r.inverse, minlength=u).to(torch.float32)
         for name, v in columns.items():
             # one reduction instead of an (n, dim) mask: a finite sum means every value is
             # finite (NaN and Inf propagate); only an overflowing sum needs the full check
@@ -578,6 +606,9 @@ class EmbeddingStoreClient:
     def close(self) -> None:
         """Closes the sockets of every thread; the client is unusable afterwards."""
         self._closed = True
+        with self._routes_lock:
+            self._routes.clear()
+            self._routes_keys = 0
         with self._clients_lock:
             for c in list(self._all_clients):
                 c.close()

@@ -57,6 +57,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,11 @@ from streamrec.embedding_store.metrics import StoreMetrics
 from streamrec.errors import BadRequest, NotFound
 from streamrec.keyhash import shard_of
 from streamrec.wire import Arrays, Meta, RpcClient, RpcServer
+
+# A push's arrays reach the store as zero-copy views of the received frames, which are
+# read-only; the store never writes a push's inputs (see EmbeddingStore.push), so torch's
+# warning about wrapping a read-only array is noise here (a copy of 25 MB per push is not).
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store import TableHook
@@ -298,8 +304,6 @@ class StoreService:
         shows = self._array(arrays, "shows", np.float32, (n,), required=False)
         clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
         self._check_finite(shows=shows, clicks=clicks)
-        # frames are read-only buffers and the store makes no promise not to write its inputs
-        grads, shows, clicks = (None if a is None else np.array(a) for a in (grads, shows, clicks))
         started = time.perf_counter()
         self.store.push(table, keys, grads, shows=shows, clicks=clicks)
         record = self._on_table("push")
@@ -327,8 +331,6 @@ class StoreService:
         shows = self._array(arrays, "shows", np.float32, (n,), required=False)
         clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
         self._check_finite(shows=shows, clicks=clicks)
-        # frames are read-only buffers and the store makes no promise not to write its inputs
-        grads, shows, clicks = (None if a is None else np.array(a) for a in (grads, shows, clicks))
         assert grads is not None
         grad_parts = [
             g.reshape(c, d) for g, c, d in zip(_split(grads, sizes), counts, dims, strict=True)
@@ -523,17 +525,19 @@ def _die_with_parent() -> None:
 class LocalShards:
     """Starts ``num_shards`` shard processes on this machine and stops them after.
 
-    Each shard binds ``tcp://127.0.0.1:*`` (a free port chosen by the OS) and reports its
-    endpoint on stdout (``READY <endpoint> metrics=<port>``). Used by the tests, the benchmark
-    and the local stack. The shards get SIGTERM when the thread that started them ends (Linux
-    PR_SET_PDEATHSIG), so a killed test run leaves none behind: start them from a thread that
-    outlives them (the main thread).
+    Each shard binds ``endpoint`` (default ``tcp://127.0.0.1:*``, a free port chosen by the
+    OS; ``{shard}`` in it is replaced by the shard id, e.g. ``ipc:///tmp/x/shard-{shard}``
+    for node-local clients) and reports its endpoint on stdout (``READY <endpoint>
+    metrics=<port>``). Used by the tests, the benchmark and the local stack. The shards get
+    SIGTERM when the thread that started them ends (Linux PR_SET_PDEATHSIG), so a killed test
+    run leaves none behind: start them from a thread that outlives them (the main thread).
 
     Args:
         tables: the tables file (YAML/JSON) every shard reads.
         num_shards: N.
         extra_args: more ``serve`` flags for every shard (``--tier ssd ...``).
         start_timeout_s: how long to wait for every shard to be ready.
+        endpoint: the address template every shard binds.
 
     Example:
         >>> with LocalShards("tables.yaml", 2) as shards:
@@ -547,8 +551,10 @@ class LocalShards:
         extra_args: list[str] | None = None,
         start_timeout_s: float = 60.0,
         metrics: bool = False,
+        endpoint: str = "tcp://127.0.0.1:*",
     ) -> None:
         self.tables = str(tables)
+        self.endpoint = endpoint
         self.num_shards = num_shards
         self.extra_args = list(extra_args or [])
         self.start_timeout_s = start_timeout_s
@@ -569,7 +575,7 @@ class LocalShards:
             "--num-shards",
             str(self.num_shards),
             "--endpoint",
-            "tcp://127.0.0.1:*",
+            self.endpoint.replace("{shard}", str(shard_id)),
             "--tables",
             self.tables,
             *self.extra_args,

@@ -302,7 +302,8 @@ class EmbeddingStore:
             shows: (n,) float32 >= 0, or None for 1 per key occurrence.
             clicks: (n,) float32 >= 0, or None for 0.
 
-        Absent keys are created first (PaddleRec's behaviour), subject to admission.
+        Absent keys are created first (PaddleRec's behaviour), subject to admission. The
+        inputs are only read (the service passes read-only views of its frames).
         """
         self._write_push(self._checked_push(table, keys, grads, shows, clicks))
 

@@ -143,6 +143,26 @@ def test_pull_empty_and_all_duplicates(shards):
     client.close()
 
 
+def test_push_after_pull_reuses_the_route_only_for_equal_keys(shards):
+    """The push of a step reuses its pull's route (dedup + split); a key tensor refilled in
+    place between them must be routed again."""
+    client = EmbeddingStoreClient(shards.endpoints, timeout_s=30)
+    ref = EmbeddingStore([TableOptions.parse(t) for t in TABLES])
+    rng = np.random.default_rng(12)
+    keys = torch.empty(3_000, dtype=torch.int64)
+    for step in range(4):
+        keys.copy_(torch.from_numpy(rng.integers(0, 2_000, keys.numel())))  # duplicates
+        torch.testing.assert_close(client.pull("a", keys), ref.pull("a", keys))
+        if step % 2:
+            keys.copy_(torch.from_numpy(rng.integers(1_000, 4_000, keys.numel())))
+        grads = torch.from_numpy(rng.standard_normal((keys.numel(), 8)).astype(np.float32))
+        client.push("a", keys, grads)
+        ref.push("a", keys, grads)
+    every = torch.arange(4_000)
+    torch.testing.assert_close(client.pull("a", every, False), ref.pull("a", every, False))
+    client.close()
+
+
 def test_sum_numeric_adds_counts_and_drops_rates():
     shards = [
         {"tables": {"a": {"rows": 3, "cache_hit_rate": 0.5, "tier": "host"}}},
@@ -184,3 +204,19 @@ def test_start_up_checks(shards):
         EmbeddingStoreClient([*shards.endpoints, "tcp://127.0.0.1:1"], timeout_s=0.5)
     with pytest.raises(BadRequest, match="at least one"):
         EmbeddingStoreClient([])
+
+
+def test_shards_on_ipc_sockets_serve_a_node_local_client(tmp_path):
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps(TABLES))
+    with LocalShards(path, 2, endpoint=f"ipc://{tmp_path}/shard-{{shard}}.ipc") as s:
+        assert s.endpoints == [f"ipc://{tmp_path}/shard-{k}.ipc" for k in range(2)]
+        client = EmbeddingStoreClient(s.endpoints, timeout_s=30)
+        ref = EmbeddingStore([TableOptions.parse(t) for t in TABLES])
+        keys = torch.arange(-500, 500)
+        grads = torch.full((1_000, 4), 0.5)
+        client.push("b", keys, grads)
+        ref.push("b", keys, grads)
+        torch.testing.assert_close(client.pull("b", keys), ref.pull("b", keys))
+        assert sum(client.sizes("b")) == 1_000 and min(client.sizes("b")) > 0
+        client.close()
