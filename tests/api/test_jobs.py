@@ -79,6 +79,8 @@ def test_every_transition(client, roots, r, state):
     for action in ACTIONS:
         job = create(client, roots, f"{state}-{action}")
         drive_to(client, r, job["id"], state)
+        if action == "stop":  # a live group keeps a stopping job stopping while we look
+            r.set(keys.heartbeat(job["id"]), json.dumps({"consumer": "t"}), px=60_000)
         method = client.delete if action == "delete" else client.post
         path = f"/v1/jobs/{job['id']}" + ("" if action == "delete" else f"/{action}")
         resp = method(path)
