@@ -19,24 +19,11 @@ from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, Un
 from streamrec.embedding_store.server import LocalShards
 from streamrec.errors import RemoteError
 from streamrec.keyhash import shard_of
+from test_service import TABLES as SERVICE_TABLES
 
-#: three tables of different dims and rules
+#: three tables of different dims and rules: the service tests' two and one with Adam
 TABLES = [
-    {
-        "name": "user",
-        "embedx_dim": 8,
-        "embedx_threshold": 0,
-        "initializer": {"type": "uniform", "low": -0.1, "high": 0.1},
-        "embed_sgd_param": {"name": "naive", "learning_rate": 0.1},
-        "embedx_sgd_param": {"name": "naive", "learning_rate": 0.1},
-    },
-    {
-        "name": "item",
-        "embedx_dim": 3,
-        "embedx_threshold": 0,
-        "embed_sgd_param": {"name": "adagrad", "learning_rate": 0.05, "initial_range": 0.01},
-        "embedx_sgd_param": {"name": "adagrad", "learning_rate": 0.05, "initial_range": 0.01},
-    },
+    *SERVICE_TABLES,
     {
         "name": "ctx",
         "embedx_dim": 4,

@@ -190,7 +190,9 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   const int64_t R = std::min(data.size(0), row_keys.numel());
   const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
   const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
-  std::vector<int64_t> miss;
+  thread_local std::vector<int64_t> miss_keep;  // kept between calls (kept_scratch, ops.h)
+  auto& miss = miss_keep;  // a reference: the parallel lambdas below reach this thread's
+  miss.clear();
   for (int64_t i = 0; i < n; ++i)
     if (r[i] < 0) miss.push_back(i);
   const int64_t m = static_cast<int64_t>(miss.size());
@@ -255,12 +257,14 @@ std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys) {
   const int64_t n = keys.numel();
   int64_t cap = 16;
   while (cap < 2 * n) cap <<= 1;
-  std::vector<int64_t> s(2 * cap, -1);
+  thread_local std::vector<int64_t> s;  // kept between calls (kept_scratch in ops.h)
+  s.assign(2 * cap, -1);
   const uint64_t mask = static_cast<uint64_t>(cap - 1);
   auto inverse = torch::empty({n}, keys.options());
   const int64_t* k = keys.data_ptr<int64_t>();
   int64_t* inv = inverse.data_ptr<int64_t>();
-  std::vector<int64_t> uniq;
+  thread_local std::vector<int64_t> uniq;
+  uniq.clear();
   uniq.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) __builtin_prefetch(s.data() + 2 * home(k[i + kAhead], mask));

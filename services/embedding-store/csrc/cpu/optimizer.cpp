@@ -132,7 +132,8 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
       for (int64_t i = 0; i < n; ++i)
         if (mine(i)) ++mk[r[i]];
       int64_t ex = 0;
-      std::vector<int64_t> rep;  // positions of repeated rows, in index order
+      thread_local std::vector<int64_t> rep;  // positions of repeated rows, in index order
+      rep.clear();
       for (int64_t i = 0; i < n; ++i) {
         if (i + 8 < n && mine(i + 8)) {
           const float* ahead = d + r[i + 8] * p.width;
