@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -101,9 +100,10 @@ def _sum_numeric(dicts: list[Any]) -> Any:
     return first if all(v == first for v in dicts) else None
 
 
-#: keys held by the recent routes a push may reuse (pull_many of batch i + 1 is routed before
-#: the push_many of batch i, so two batches of every table fit)
+#: keys and routes held by the recent routes a push may reuse (pull_many of batch i + 1 is
+#: routed before the push_many of batch i, so two batches of every table fit)
 ROUTE_CACHE_KEYS = 1 << 22
+ROUTE_CACHE_SIZE = 256
 
 
 @dataclass
@@ -165,8 +165,8 @@ class EmbeddingStoreClient:
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
         self._local = threading.local()
-        # (caller's keys copied, route) of recent pulls and pushes, newest last
-        self._routes: deque[tuple[torch.Tensor, _Route]] = deque()
+        # fingerprint -> (caller's keys copied, route) of recent pulls and pushes, oldest first
+        self._routes: dict[tuple[int, ...], tuple[torch.Tensor, _Route]] = {}
         self._routes_keys = 0
         self._routes_lock = threading.Lock()
         # weak: the sockets of a thread that ended go with its threading.local storage
@@ -298,27 +298,33 @@ class EmbeddingStoreClient:
 
     def _route(self, keys: torch.Tensor) -> _Route:
         """Distinct ``keys`` (n,) int64 grouped by shard (see the module doc); a recent
-        route of equal keys is reused."""
+        route of equal keys is reused (found by a fingerprint, then checked equal)."""
+        n = keys.numel()
+        tag = (n, int(keys[0]), int(keys[n // 2]), int(keys[-1])) if n else (0,)
         with self._routes_lock:
-            for seen, route in reversed(self._routes):
-                if seen.shape == keys.shape and torch.equal(seen, keys):
-                    return route
+            seen = self._routes.get(tag)
+        if seen is not None and seen[0].shape == keys.shape and torch.equal(seen[0], keys):
+            return seen[1]
         unique, inverse = unique_keys(keys)
         order, bounds = self._split(unique)
         if order is None:
-            route = _Route(unique, inverse, bounds, unique.numel() == keys.numel())
+            route = _Route(unique, inverse, bounds, unique.numel() == n)
         else:
             rank = torch.empty_like(order)  # where each unique key sits among the grouped keys
             rank[order] = torch.arange(order.numel())
             route = _Route(
                 unique.index_select(0, order), rank.index_select(0, inverse), bounds, False
             )
-        if keys.numel() <= ROUTE_CACHE_KEYS // 2:
+        if n <= ROUTE_CACHE_KEYS // 2:
             with self._routes_lock:  # a copy: the caller may refill its tensor
-                self._routes.append((keys.clone(), route))
-                self._routes_keys += keys.numel()
-                while self._routes_keys > ROUTE_CACHE_KEYS:
-                    self._routes_keys -= self._routes.popleft()[0].numel()
+                old = self._routes.pop(tag, None)
+                if old is not None:
+                    self._routes_keys -= old[0].numel()
+                self._routes[tag] = (keys.clone(), route)
+                self._routes_keys += n
+                while self._routes_keys > ROUTE_CACHE_KEYS or len(self._routes) > ROUTE_CACHE_SIZE:
+                    oldest = next(iter(self._routes))
+                    self._routes_keys -= self._routes.pop(oldest)[0].numel()
         return route
 
     def _assemble(self, table: str, r: _Route, parts: list[tuple[int, np.ndarray]]) -> torch.Tensor:
