@@ -7,7 +7,6 @@ ports and compare them with per-table pull/push on an in-process store.
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from streamrec.embedding_store.server import LocalShards
 from streamrec.errors import RemoteError
 from streamrec.keyhash import shard_of
 from test_service import TABLES as SERVICE_TABLES
+from test_service import _scrape
 
 #: three tables of different dims and rules: the service tests' two and one with Adam
 TABLES = [
@@ -169,16 +169,6 @@ def client(two_shards):
     c = EmbeddingStoreClient(two_shards.endpoints, timeout_s=20)
     yield c
     c.close()
-
-
-def _scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def _requests(scrape: dict[str, float], op: str) -> float:
