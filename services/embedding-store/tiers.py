@@ -331,6 +331,10 @@ class HostTable(TableTier):
                         f"table {self.options.name!r}: {distinct} new rows would exceed "
                         f"capacity {self.capacity} (holds {self._size})"
                     )
+            if self._size + misses > self._data.shape[0]:
+                # growing copies the whole table: grow by the distinct new keys, not by the
+                # count of misses (duplicates included), which may overshoot a presized table
+                misses = int(_C.unique(keys[rows < 0])[0].numel())
             slots = self._slots
             self._reserve(misses)
             m = _C.insert_init(

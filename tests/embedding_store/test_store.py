@@ -364,3 +364,19 @@ def test_init_capacity_allocates_up_front_and_the_table_still_grows_past_it() ->
     assert torch.equal(presized.pull("t", every, False), grown.pull("t", every, False))
     with pytest.raises(BadRequest, match="init_capacity"):
         TableOptions.parse({"name": "t", "dim": 4, "init_capacity": -1})
+
+
+def test_a_presized_table_does_not_grow_for_repeated_new_keys() -> None:
+    """Misses counted with their repeats exceed the rows allocated; the distinct ones fit."""
+    t = TableOptions(name="t", dim=2, embedx_threshold=0, init_capacity=2_000)
+    store = EmbeddingStore([t])
+    allocated = store.stats()["tables"]["t"]["bytes"]["host"]
+    store.pull("t", torch.arange(1_900))
+    keys = torch.arange(1_900, 2_000).repeat(30)  # 100 new keys, 3,000 misses
+    w = store.pull("t", keys)
+    assert store.size("t") == 2_000
+    assert store.stats()["tables"]["t"]["bytes"]["host"] == allocated
+    assert torch.equal(w[:100], w[100:200])
+    store.push("t", torch.arange(2_000, 2_005).repeat(3), torch.zeros(15, 2))
+    assert store.size("t") == 2_005  # past the allocation: the table grows
+    assert store.stats()["tables"]["t"]["bytes"]["host"] > allocated

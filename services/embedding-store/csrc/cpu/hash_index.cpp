@@ -196,8 +196,16 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   for (int64_t i = 0; i < n; ++i)
     if (r[i] < 0) miss.push_back(i);
   const int64_t m = static_cast<int64_t>(miss.size());
-  // Room for every miss (an upper bound of the rows created) is checked before writing.
-  TORCH_CHECK(start >= 0 && start + m <= R, "no room for ", m, " new rows at ", start,
+  // Room for the rows created is checked before writing: every miss fits (an upper bound),
+  // or else the distinct missing keys do (the caller grows a table by the distinct count).
+  int64_t need = m;
+  if (start + m > R) {
+    auto missing = torch::empty({m}, keys.options());
+    int64_t* mk = missing.data_ptr<int64_t>();
+    for (int64_t j = 0; j < m; ++j) mk[j] = k[miss[j]];
+    need = std::get<0>(unique(missing)).numel();
+  }
+  TORCH_CHECK(start >= 0 && start + need <= R, "no room for ", need, " new rows at ", start,
               " (rows ", R, ")");
   // Phase 1, serial over the misses only: claim index slots and row ids (first occurrence
   // order, so row numbering is deterministic). Phase 2, parallel: initialise the new rows,
