@@ -121,9 +121,10 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
   // cache lines between threads on hot rows), updates the rows seen once at once, and sums
   // the repeated rows' gradients in index order (deterministic) before updating them.
   const int64_t threads = n < 4096 ? 1 : std::max<int64_t>(at::get_num_threads(), 1);
+  const uint64_t parts = static_cast<uint64_t>(threads);
   auto owner = [&](int64_t row) {  // Lemire's multiply-shift range reduction of a row hash
-    const uint32_t h = static_cast<uint32_t>(static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ULL >> 32);
-    return static_cast<int64_t>((static_cast<uint64_t>(h) * static_cast<uint64_t>(threads)) >> 32);
+    const uint64_t h = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ULL) >> 32;
+    return static_cast<int64_t>((h * parts) >> 32);
   };
   std::atomic<int64_t> expanded{0};
   at::parallel_for(0, threads, 1, [&](int64_t tb, int64_t te) {
