@@ -1,10 +1,9 @@
-"""Test helpers: a real redis-server and a real API process (uvicorn over HTTP) on free ports."""
+"""Test helpers: a real API process (uvicorn over HTTP) on a free port (redis: servers.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,64 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
+from servers import free_port
 
 TOKEN = "test-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class RedisServer:
-    port: int
-    dir: Path
-    proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, appendonly: bool = False) -> None:
-        args = [
-            "/usr/bin/redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--dir",
-            str(self.dir),
-            "--daemonize",
-            "no",
-            "--appendonly",
-            "yes" if appendonly else "no",
-        ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
 
 
 @dataclass

@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from api_helpers import TOKEN, ApiServer, RedisServer, free_port, make_api
+from api_helpers import TOKEN, ApiServer, make_api
+from servers import RedisServer, free_port
 
 __all__ = ["TOKEN"]
 

@@ -356,7 +356,7 @@ def test_api_restart_mid_job_loses_nothing(redis_server, roots, tmp_path):
 
 
 def test_redis_down_gives_503_not_a_hang(tmp_path, roots):
-    from api_helpers import RedisServer, free_port
+    from servers import RedisServer, free_port
 
     server = RedisServer(free_port(), tmp_path)
     server.start()
@@ -384,7 +384,7 @@ def test_redis_down_gives_503_not_a_hang(tmp_path, roots):
 def test_redis_restart_with_appendonly_loses_nothing(tmp_path, roots):
     """Redis (append-only file) restarted mid-job: jobs, passes, groups and pending work
     survive, and the job carries on."""
-    from api_helpers import RedisServer, free_port
+    from servers import RedisServer, free_port
 
     server = RedisServer(free_port(), tmp_path)
     server.start(appendonly=True)

@@ -2,63 +2,22 @@
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import threading
-import time
 
 import numpy as np
 import pytest
 import redis
+from servers import RedisServer, free_port
 from streamrec.embedding_store.redis_converter import RedisConverter
 from streamrec.errors import BadRequest, NotFound
-
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    port = _free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            REDIS_SERVER,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    client.close()
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture

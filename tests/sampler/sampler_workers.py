@@ -3,13 +3,13 @@ client processes (multiprocessing 'spawn'). A uniquely named module, importable 
 child processes and from the tests alike."""
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
+from servers import free_port
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.wire import RpcClient
 
@@ -59,12 +59,6 @@ def construct_client(endpoint: str, barrier) -> int:
     pid = s.server_pid
     s.close()
     return pid
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from servers import free_port
 from streamrec.embedding_store.server import LocalShards
 from streamrec.trainer.datagen import StreamParams, generate
 from streamrec.trainer.runner import OnlineTrainer, build_table_options
 from trainer_helpers import SLOTS, small_config
 
 HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tables_file(config, path: Path) -> Path:
