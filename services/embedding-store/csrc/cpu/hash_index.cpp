@@ -54,26 +54,12 @@ inline int64_t row_or_slot(const int64_t* s, uint64_t j) {
 
 }  // namespace
 
-torch::Tensor find(const torch::Tensor& slots, const torch::Tensor& keys) {
-  check_index(slots);
-  check_keys(keys);
-  const int64_t n = keys.numel();
-  auto out = torch::empty({n}, keys.options());
-  const int64_t* s = slots.data_ptr<int64_t>();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  int64_t* o = out.data_ptr<int64_t>();
-  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (i + kAhead < e) __builtin_prefetch(s + 2 * home(k[i + kAhead], mask));
-      o[i] = s[2 * probe(s, mask, k[i]) + 1];
-    }
-  });
-  return out;
-}
+namespace {
 
-std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
-                                              const torch::Tensor& keys) {
+// Row per key and the number of absent keys; an absent key reads -1, or -2 - slot (the empty
+// slot its probe reached) when `slot_hints`.
+std::tuple<torch::Tensor, int64_t> lookup(const torch::Tensor& slots, const torch::Tensor& keys,
+                                          bool slot_hints) {
   check_index(slots);
   check_keys(keys);
   const int64_t n = keys.numel();
@@ -87,12 +73,24 @@ std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
     int64_t miss = 0;
     for (int64_t i = b; i < e; ++i) {
       if (i + kAhead < e) __builtin_prefetch(s + 2 * home(k[i + kAhead], mask));
-      o[i] = row_or_slot(s, probe(s, mask, k[i]));
+      const uint64_t at = probe(s, mask, k[i]);
+      o[i] = slot_hints ? row_or_slot(s, at) : s[2 * at + 1];
       miss += o[i] < 0;
     }
     misses += miss;
   });
   return {out, misses.load()};
+}
+
+}  // namespace
+
+torch::Tensor find(const torch::Tensor& slots, const torch::Tensor& keys) {
+  return std::get<0>(lookup(slots, keys, false));
+}
+
+std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
+                                              const torch::Tensor& keys) {
+  return lookup(slots, keys, true);
 }
 
 std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tensor& slots,
