@@ -309,6 +309,20 @@ def _hex_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return values[:, 0], ok[:, 0], empty[:, 0]
 
 
+def _frame(
+    data: bytes, data_format: str, num_slots: int
+) -> tuple[bytes, np.ndarray, bool, int, int]:
+    """Checks the format and ends the text with a newline: (data, its bytes as uint8, whether
+    it is the generated format, the leading columns before the dense ones, columns per line)."""
+    if data_format not in ("criteo", "generated"):
+        raise ValueError(f"data_format must be 'criteo' or 'generated', got {data_format!r}")
+    if data and not data.endswith(b"\n"):
+        data = data + b"\n"
+    gen = data_format == "generated"
+    head = 2 if gen else 1
+    return data, np.frombuffer(data, dtype=np.uint8), gen, head, head + NUM_DENSE + num_slots
+
+
 def parse_chunk(
     data: bytes, data_format: str, num_slots: int, source: str = "<bytes>", first_line: int = 1
 ) -> tuple[Batch, ParseStats]:
@@ -323,27 +337,18 @@ def parse_chunk(
         num_slots: S, categorical fields per line (26 for Criteo).
         source, first_line: file name and line number of ``data``'s first line, for errors.
     """
-    if data_format not in ("criteo", "generated"):
-        raise ValueError(f"data_format must be 'criteo' or 'generated', got {data_format!r}")
-    if data and not data.endswith(b"\n"):
-        data = data + b"\n"
-    gen = data_format == "generated"
-    head = 2 if gen else 1
-    ncols = head + NUM_DENSE + num_slots
-    buf = np.frombuffer(data, dtype=np.uint8)
+    data, buf, gen, head, ncols = _frame(data, data_format, num_slots)
     field_ok, line_index = _line_scan(buf, ncols)
     stats = ParseStats(lines=int(field_ok.size))
     bad_fields = line_index[~field_ok]
-    try:
-        table = _arrow_table(data, gen, num_slots) if field_ok.any() else None
-    except pa.ArrowInvalid:
-        table = None  # a value that is not a number: the slower exact parser finds it
-        if field_ok.any():
+    table = None
+    if field_ok.any():
+        try:
+            table = _arrow_table(data, gen, num_slots)
+        except pa.ArrowInvalid:
+            table = None  # a value that is not a number: the slower exact parser finds it
+        if table is None or table.num_rows != int(field_ok.sum()):
             return _parse_chunk_numpy(data, data_format, num_slots, source, first_line)
-    if table is None or table.num_rows != int(field_ok.sum()):
-        if field_ok.any():
-            return _parse_chunk_numpy(data, data_format, num_slots, source, first_line)
-        table = None
     if table is None:
         stats.malformed = int(bad_fields.size)
         if bad_fields.size:
@@ -422,14 +427,7 @@ def _parse_chunk_numpy(
         num_slots: S, categorical fields per line (26 for Criteo).
         source, first_line: file name and line number of ``data``'s first line, for errors.
     """
-    if data_format not in ("criteo", "generated"):
-        raise ValueError(f"data_format must be 'criteo' or 'generated', got {data_format!r}")
-    if data and not data.endswith(b"\n"):
-        data = data + b"\n"
-    buf = np.frombuffer(data, dtype=np.uint8)
-    gen = data_format == "generated"
-    head = 2 if gen else 1
-    ncols = head + NUM_DENSE + num_slots
+    data, buf, gen, head, ncols = _frame(data, data_format, num_slots)
     starts, ends, good, line_ends = split_lines(buf, ncols)
     label, lab_ok, lab_empty = _parse_columns(buf, starts[:, :1], ends[:, :1], "int")
     row_ok = (lab_ok & ~lab_empty & ((label == 0) | (label == 1)))[:, 0]
