@@ -220,11 +220,17 @@ class HostTable(TableTier):
         if capacity is not None:
             rows = max(_MIN_ROWS, min(rows, capacity))
         self._init_rows = rows
-        # last-use tick per row, kept only when this table is another tier's cache
-        self._stamp = torch.zeros(rows, dtype=torch.int64) if track_use else None
-        self._data = torch.empty((rows, self.width), dtype=torch.float32)
-        self._row_keys = torch.empty(rows, dtype=torch.int64)
-        self._marks = torch.empty(rows, dtype=torch.int32)  # update's repeat finding
+        try:
+            # last-use tick per row, kept only when this table is another tier's cache
+            self._stamp = torch.zeros(rows, dtype=torch.int64) if track_use else None
+            self._data = torch.empty((rows, self.width), dtype=torch.float32)
+            self._row_keys = torch.empty(rows, dtype=torch.int64)
+            self._marks = torch.empty(rows, dtype=torch.int32)  # update's repeat finding
+        except RuntimeError as exc:  # the allocator's "can't allocate memory"
+            raise InvalidInput(
+                f"table {options.name!r}: init_capacity={options.init_capacity} needs "
+                f"{rows * (4 * self.width + 12) / 2**30:.1f} GiB, more than can be allocated"
+            ) from exc
         for t in (self._data, self._row_keys, self._marks):
             _C.advise_huge(t)  # before the first touch
         self._marks.zero_()

@@ -364,6 +364,8 @@ def test_init_capacity_allocates_up_front_and_the_table_still_grows_past_it() ->
     assert torch.equal(presized.pull("t", every, False), grown.pull("t", every, False))
     with pytest.raises(BadRequest, match="init_capacity"):
         TableOptions.parse({"name": "t", "dim": 4, "init_capacity": -1})
+    with pytest.raises(InvalidInput, match="init_capacity=1099511627776 needs"):
+        EmbeddingStore([TableOptions(name="huge", dim=4, init_capacity=2**40)])
 
 
 def test_a_presized_table_does_not_grow_for_repeated_new_keys() -> None:
