@@ -351,12 +351,14 @@ class EmbeddingStore:
         with self._locks[p.table].write():
             if p.tier.push(p.keys, p.grads, p.shows, p.clicks):
                 return
-            # duplicate keys: sum them, then push once per key
+            # duplicate keys: sum them (in float64, in key order, as the host tier's update
+            # does), then push once per key
             uniq, inverse = unique_keys(p.keys)
-            m = uniq.numel()
-            grads = torch.zeros(m, dim).index_add_(0, inverse, p.grads)
-            shows = torch.zeros(m).index_add_(0, inverse, p.shows)
-            clicks = torch.zeros(m).index_add_(0, inverse, p.clicks)
+            m, f64 = uniq.numel(), torch.float64
+            grads = torch.zeros(m, dim, dtype=f64).index_add_(0, inverse, p.grads.to(f64))
+            shows = torch.zeros(m, dtype=f64).index_add_(0, inverse, p.shows.to(f64))
+            clicks = torch.zeros(m, dtype=f64).index_add_(0, inverse, p.clicks.to(f64))
+            grads, shows, clicks = grads.float(), shows.float(), clicks.float()
             if not p.tier.push(uniq, grads, shows, clicks):
                 raise AssertionError("push of distinct keys reported duplicates")
 

@@ -225,15 +225,13 @@ class HostTable(TableTier):
             self._stamp = torch.zeros(rows, dtype=torch.int64) if track_use else None
             self._data = torch.empty((rows, self.width), dtype=torch.float32)
             self._row_keys = torch.empty(rows, dtype=torch.int64)
-            self._marks = torch.empty(rows, dtype=torch.int32)  # update's repeat finding
         except RuntimeError as exc:  # the allocator's "can't allocate memory"
             raise InvalidInput(
                 f"table {options.name!r}: init_capacity={options.init_capacity} needs "
-                f"{rows * (4 * self.width + 12) / 2**30:.1f} GiB, more than can be allocated"
+                f"{rows * (4 * self.width + 8) / 2**30:.1f} GiB, more than can be allocated"
             ) from exc
-        for t in (self._data, self._row_keys, self._marks):
+        for t in (self._data, self._row_keys):
             _C.advise_huge(t)  # before the first touch
-        self._marks.zero_()
         self._slots = _C.index_build(_pow2_at_least(int(rows / 0.5) + 1), self._row_keys[:0])
         self._generation = 0  # bumped whenever rows are renumbered (compaction, reset)
         self._mapped = 0  # rows of the current buffers already asked to be prefaulted
@@ -255,12 +253,11 @@ class HostTable(TableTier):
                 rows = max(min(rows, self.capacity), need)
             data = torch.empty((rows, self.width), dtype=torch.float32)
             keys = torch.empty(rows, dtype=torch.int64)
-            marks = torch.empty(rows, dtype=torch.int32)
-            for t in (data, keys, marks):  # before the first touch (the copies below)
+            for t in (data, keys):  # before the first touch (the copies below)
                 _C.advise_huge(t)
             data[: self._size] = self._data[: self._size]
             keys[: self._size] = self._row_keys[: self._size]
-            self._data, self._row_keys, self._marks = data, keys, marks.zero_()
+            self._data, self._row_keys = data, keys
             self._mapped = self._size  # the copy above mapped those
             if self._stamp is not None:
                 stamp = torch.zeros(rows, dtype=torch.int64)
@@ -278,7 +275,7 @@ class HostTable(TableTier):
         if want <= self._mapped:
             return
         lo, self._mapped = self._mapped, want
-        for t in (self._data, self._row_keys, self._marks):
+        for t in (self._data, self._row_keys):
             _PREFAULTER.submit(_C.prefault, t, lo, want)
 
     def _rebuild_index(self, rows: int) -> None:
@@ -444,7 +441,7 @@ class HostTable(TableTier):
             if misses:
                 rows = self._create(keys, rows, shows, clicks, misses=misses)
         self.counters["rows_expanded"] += _C.update(
-            self._data, self._row_keys, rows, grads, shows, clicks, self.params, self._marks
+            self._data, self._row_keys, rows, grads, shows, clicks, self.params
         )
         return True
 
@@ -798,7 +795,6 @@ class SsdTable(TableTier):
                 shows[sl].contiguous(),
                 clicks[sl].contiguous(),
                 self.params,
-                self.cache._marks,
             )
         return True
 

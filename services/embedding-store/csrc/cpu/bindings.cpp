@@ -90,7 +90,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("keys"), py::arg("params"), py::arg("with_embedx"), nogil);
   m.def("update", &update, "fused push update (repeated rows summed); returns rows expanded", py::arg("data"),
         py::arg("row_keys"), py::arg("rows"), py::arg("grads"), py::arg("shows"),
-        py::arg("clicks"), py::arg("params"), py::arg("marks"), nogil);
+        py::arg("clicks"), py::arg("params"), nogil);
   m.def("advance_day", &advance_day, "unseen_days += 1", py::arg("data"), py::arg("size"), nogil);
   m.def("shrink", &shrink, "decay show/click, keep mask", py::arg("data"), py::arg("size"),
         py::arg("params"), nogil);

@@ -31,6 +31,12 @@ void check_keys(const torch::Tensor& keys) {
               "keys must be a contiguous (n,) int64 tensor");
 }
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 inline uint64_t home(int64_t key, uint64_t mask) {
   return mix64(static_cast<uint64_t>(key)) & mask;
 }
@@ -190,10 +196,12 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
   thread_local std::vector<int64_t> miss_keep;  // kept between calls (kept_scratch, ops.h)
   auto& miss = miss_keep;  // a reference: the parallel lambdas below reach this thread's
-  miss.clear();
-  for (int64_t i = 0; i < n; ++i)
-    if (r[i] < 0) miss.push_back(i);
-  const int64_t m = static_cast<int64_t>(miss.size());
+  miss.resize(n);
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {  // branch-free: most keys miss in a fresh table, or few
+    miss[m] = i;
+    m += r[i] < 0;
+  }
   // Room for the rows created is checked before writing: every miss fits (an upper bound),
   // or else the distinct missing keys do (the caller grows a table by the distinct count).
   int64_t need = m;
@@ -205,41 +213,109 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   }
   TORCH_CHECK(start >= 0 && start + need <= R, "no room for ", need, " new rows at ", start,
               " (rows ", R, ")");
-  // Phase 1, serial over the misses only: claim index slots and row ids (first occurrence
-  // order, so row numbering is deterministic). Phase 2, parallel: initialise the new rows,
-  // then copy their weights out.
+  // Phase 1 claims an index slot per distinct missing key, in parallel: a compare-and-swap
+  // takes an empty slot (through kBusy while its key is written) and marks it with a claim,
+  // -3 - j for miss j; a later miss of the same key keeps the smallest j there, so the
+  // winner of a slot is the key's first occurrence whatever the threads' timing. Phase 2
+  // numbers the winners in miss order (counts per chunk, then a prefix sum): row ids are
+  // deterministic, first occurrence first, as a serial insert gives. Phase 3 writes each
+  // chunk's rows (contiguous, sequential writes), phase 4 publishes the row ids in the index
+  // (random writes, in a loop of their own so they do not hold up the row writes), phase 5
+  // gives the repeats of a new key its row and copies the rows out (a vector load of a row
+  // just written by scalar stores would wait for them).
   const uint64_t cap = mask + 1;
   auto first_slot = [&](int64_t i) {
     const int64_t hint = -2 - r[i];
     return hinted && hint >= 0 && static_cast<uint64_t>(hint) < cap ? static_cast<uint64_t>(hint)
                                                                       : home(k[i], mask);
   };
-  int64_t next = start;
-  for (int64_t j = 0; j < m; ++j) {
-    if (j + 2 * kAhead < m) __builtin_prefetch(s + 2 * first_slot(miss[j + 2 * kAhead]), 1);
-    const int64_t i = miss[j];
-    const uint64_t at = probe_from(s, mask, k[i], first_slot(i));
-    int64_t row = s[2 * at + 1];
-    if (row == -1) {
-      row = next++;
-      s[2 * at] = k[i];
-      s[2 * at + 1] = row;
-      rk[row] = k[i];
-    }
-    r[i] = row;
-  }
-  at::parallel_for(start, next, 1024, [&](int64_t b, int64_t e) {
-    for (int64_t row = b; row < e; ++row) init_row(d + row * width, rk[row], p, expand);
-  });
-  if (with_out) {
-    at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t j = b; j < e; ++j) {
-        const int64_t i = miss[j];
-        std::memcpy(o + i * dim, d + r[i] * width + kEmbedW, sizeof(float) * dim);
+  constexpr int64_t kBusy = -2;
+  auto claim = [](int64_t j) { return -3 - j; };
+  thread_local std::vector<uint64_t> slot_keep;  // the slot of each miss
+  thread_local std::vector<uint8_t> won_keep;  // whether miss j holds its slot's claim
+  auto& slot_of = slot_keep;
+  auto& won = won_keep;
+  slot_of.resize(m);
+  won.assign(m, 0);
+  at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      if (j + 2 * kAhead < e) __builtin_prefetch(s + 2 * first_slot(miss[j + 2 * kAhead]), 1);
+      const int64_t key = k[miss[j]];
+      uint64_t q = first_slot(miss[j]);
+      for (;; q = (q + 1) & mask) {
+        int64_t* row = s + 2 * q + 1;
+        int64_t v = __atomic_load_n(row, __ATOMIC_ACQUIRE);
+        if (v == -1) {
+          if (__atomic_compare_exchange_n(row, &v, kBusy, false, __ATOMIC_ACQUIRE,
+                                          __ATOMIC_ACQUIRE)) {
+            s[2 * q] = key;
+            won[j] = 1;  // before the claim is published: whoever replaces it clears this
+            __atomic_store_n(row, claim(j), __ATOMIC_RELEASE);
+            break;
+          }
+        }
+        while (v == kBusy) {  // another thread is writing this slot's key
+          cpu_relax();
+          v = __atomic_load_n(row, __ATOMIC_ACQUIRE);
+        }
+        if (s[2 * q] != key) continue;
+        // the key's slot: claimed by another miss of it (keep the first), or already a row
+        // (won[j] is set before the claim is published and cleared only by the one miss
+        // that replaces it, which saw it published: no two threads write one flag at once)
+        while (v < kBusy && -3 - v > j) {
+          const int64_t other = -3 - v;
+          won[j] = 1;
+          if (__atomic_compare_exchange_n(row, &v, claim(j), false, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE)) {
+            won[other] = 0;
+            break;
+          }
+          won[j] = 0;  // not published, so nobody else saw it
+        }
+        break;
       }
-    });
-  }
-  return next - start;
+      slot_of[j] = q;
+    }
+  });
+  const int64_t chunk = std::max<int64_t>(kGrain, m / (8 * std::max(at::get_num_threads(), 1)));
+  const int64_t chunks = (m + chunk - 1) / chunk;
+  std::vector<int64_t> first_row(chunks + 1, 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      int64_t wins = 0;
+      for (int64_t j = c * chunk; j < std::min(m, (c + 1) * chunk); ++j) wins += won[j];
+      first_row[c + 1] = wins;
+    }
+  });
+  for (int64_t c = 0; c < chunks; ++c) first_row[c + 1] += first_row[c];
+  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      int64_t row = start + first_row[c];
+      const int64_t end = std::min(m, (c + 1) * chunk);
+      for (int64_t j = c * chunk; j < end; ++j) {
+        if (!won[j]) continue;
+        const int64_t i = miss[j];
+        float* w = d + row * width;
+        rk[row] = k[i];
+        init_row(w, k[i], p, expand);
+        r[i] = row++;
+      }
+    }
+  });
+  at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      if (j + kAhead < e) __builtin_prefetch(s + 2 * slot_of[j + kAhead], 1);
+      if (won[j]) s[2 * slot_of[j] + 1] = r[miss[j]];
+    }
+  });
+  at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      const int64_t i = miss[j];
+      if (!won[j]) r[i] = s[2 * slot_of[j] + 1];
+      if (with_out) std::memcpy(o + i * dim, d + r[i] * width + kEmbedW, sizeof(float) * dim);
+    }
+  });
+  return first_row[chunks];
 }
 
 void insert_or_assign(torch::Tensor slots, const torch::Tensor& keys, const torch::Tensor& vals) {

@@ -100,11 +100,11 @@ void init_embedx(float* row, int64_t key, const TableParams& p);
 // rows, then expansion of rows whose score reached embedx_threshold. Repeated rows are summed
 // first (grads, shows, clicks); rows of -1 are skipped.
 // rows: (n,) int64; grads: (n, dim) float32; shows, clicks: (n,) float32; row_keys: (R,)
-// int64 (the expansion initialises embedx from the row's key); marks: (R,) int32 zeros,
-// scratch for finding repeats (left zero). Returns the number of rows expanded.
+// int64 (the expansion initialises embedx from the row's key). Returns the number of rows
+// expanded.
 int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::Tensor& rows,
                const torch::Tensor& grads, const torch::Tensor& shows,
-               const torch::Tensor& clicks, const TableParams& p, torch::Tensor marks);
+               const torch::Tensor& clicks, const TableParams& p);
 
 // Counts of bad inputs of a push, before anything is written:
 // (rows of grads with NaN/Inf, shows or clicks that are NaN/Inf or negative).

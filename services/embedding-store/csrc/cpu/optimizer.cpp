@@ -13,6 +13,7 @@ namespace streamrec {
 namespace {
 
 constexpr int64_t kGrain = 512;
+constexpr int64_t kAhead = 16;  // prefetch distance, in positions
 
 inline float clip(float w, const RuleParams& rp) {
   return std::min(std::max(w, static_cast<float>(rp.lower_bound)),
@@ -70,30 +71,61 @@ inline void apply_rule(float* w, float* st, const float* g, int64_t d, const Rul
 
 }  // namespace
 
-// One row's step: statistics, the embed rule, the embedx rule or the expansion.
+// One row's step: statistics, the embed rule, the embedx rule or the expansion. The row's key
+// (row_keys[row]) is read only when the row expands: a random load per row otherwise.
 // Returns 1 when the row expanded.
-inline int64_t update_row(float* row, int64_t key, const float* g, float show, float click,
-                          const TableParams& p) {
-  row[kShow] += show;
-  row[kClick] += click;
-  row[kUnseen] = 0.0f;
-  int flags = static_cast<int>(row[kFlags]) | kFlagDirty;
+inline int64_t update_row(float* d, const int64_t* row_keys, int64_t row, const float* g,
+                          float show, float click, const TableParams& p) {
+  float* w = d + row * p.width;
+  w[kShow] += show;
+  w[kClick] += click;
+  w[kUnseen] = 0.0f;
+  int flags = static_cast<int>(w[kFlags]) | kFlagDirty;
   int64_t expanded = 0;
-  apply_rule(row + kEmbedW, row + p.embed_state, g, 1, p.embed_rule);
+  apply_rule(w + kEmbedW, w + p.embed_state, g, 1, p.embed_rule);
   if (flags & kFlagExpanded) {
-    apply_rule(row + kEmbedW + 1, row + p.embedx_state, g + 1, p.dim - 1, p.embedx_rule);
-  } else if (p.score(row[kShow], row[kClick]) >= p.embedx_threshold) {
-    init_embedx(row, key, p);
+    apply_rule(w + kEmbedW + 1, w + p.embedx_state, g + 1, p.dim - 1, p.embedx_rule);
+  } else if (p.score(w[kShow], w[kClick]) >= p.embedx_threshold) {
+    init_embedx(w, row_keys[row], p);
     flags |= kFlagExpanded;
     expanded = 1;
   }
-  row[kFlags] = static_cast<float>(flags);
+  w[kFlags] = static_cast<float>(flags);
   return expanded;
 }
 
+namespace {
+
+// The distinct rows of one thread's positions, counted: an open-addressing table of 1.5 slots
+// per position, small enough to stay in the core's L2 cache (a per-row marks array as large
+// as the table would cost a cache miss per position, twice).
+struct RowCounts {
+  struct Slot {
+    int64_t row;    // -1: empty
+    int32_t count;  // occurrences; then -(group + 1) once the row's repeats are grouped
+    int32_t fill;   // next free place of the group in the grouped order
+  };
+  std::vector<Slot> slots;
+
+  void reset(int64_t positions) { slots.assign(16 + positions + positions / 2, Slot{-1, 0, 0}); }
+  // The slot of `row`, added with count 0 when absent.
+  uint32_t add(int64_t row) {
+    const uint64_t cap = slots.size();
+    // not the owner's multiplier: its top bits are the same for every row of one thread
+    const uint64_t h = static_cast<uint64_t>(row) * 0xBF58476D1CE4E5B9ULL;
+    uint64_t j = static_cast<uint64_t>((static_cast<unsigned __int128>(h) * cap) >> 64);
+    while (slots[j].row != -1 && slots[j].row != row)
+      if (++j == cap) j = 0;
+    slots[j].row = row;
+    return static_cast<uint32_t>(j);
+  }
+};
+
+}  // namespace
+
 int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::Tensor& rows,
                const torch::Tensor& grads, const torch::Tensor& shows,
-               const torch::Tensor& clicks, const TableParams& p, torch::Tensor marks) {
+               const torch::Tensor& clicks, const TableParams& p) {
   TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() &&
                   data.size(1) == p.width, "data must be contiguous (R, width) float32");
   const int64_t n = rows.numel();
@@ -104,22 +136,20 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
   TORCH_CHECK(shows.dtype() == torch::kFloat32 && shows.numel() == n && shows.is_contiguous() &&
                   clicks.dtype() == torch::kFloat32 && clicks.numel() == n &&
                   clicks.is_contiguous(), "shows and clicks must be contiguous (n,) float32");
+  TORCH_CHECK(row_keys.dtype() == torch::kInt64 && row_keys.is_contiguous() &&
+                  row_keys.numel() >= data.size(0), "row_keys must be (R,) int64");
   const int64_t R = data.size(0);
-  TORCH_CHECK(marks.dtype() == torch::kInt32 && marks.is_contiguous() && marks.numel() >= R,
-              "marks must be a contiguous (R,) int32 tensor of zeros");
   float* d = data.data_ptr<float>();
   const int64_t* k = row_keys.data_ptr<int64_t>();
   const int64_t* r = rows.data_ptr<int64_t>();
   const float* g = grads.data_ptr<float>();
   const float* sh = shows.data_ptr<float>();
   const float* cl = clicks.data_ptr<float>();
-  int32_t* mk = marks.data_ptr<int32_t>();
-  auto valid = [&](int64_t i) { return r[i] >= 0 && r[i] < R; };
 
-  // Parallel updates of one row would race, so each thread owns the rows that hash to it:
-  // it scans every position, counts its rows' occurrences in mk (no atomics, no shared
-  // cache lines between threads on hot rows), updates the rows seen once at once, and sums
-  // the repeated rows' gradients in index order (deterministic) before updating them.
+  // Parallel updates of one row would race, so each thread owns the rows that hash to it
+  // (no atomics, no shared cache lines between threads on hot rows): it lists its positions,
+  // counts its rows in a RowCounts, updates the rows seen once at once, and sums the
+  // repeated rows' gradients in index order (deterministic) before updating them.
   const int64_t threads = n < 4096 ? 1 : std::max<int64_t>(at::get_num_threads(), 1);
   const uint64_t parts = static_cast<uint64_t>(threads);
   auto owner = [&](int64_t row) {  // Lemire's multiply-shift range reduction of a row hash
@@ -128,52 +158,70 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
   };
   std::atomic<int64_t> expanded{0};
   at::parallel_for(0, threads, 1, [&](int64_t tb, int64_t te) {
+    // kept between calls (kept_scratch in ops.h); references, as the loops below need them
+    thread_local std::vector<int64_t> pos_keep, rep_keep, order_keep;
+    thread_local std::vector<uint32_t> where_keep;
+    thread_local RowCounts counts_keep;
+    auto& pos = pos_keep;
+    auto& rep = rep_keep;
+    auto& order = order_keep;
+    auto& where = where_keep;
+    auto& counts = counts_keep;
     for (int64_t t = tb; t < te; ++t) {
-      auto mine = [&](int64_t i) { return valid(i) && owner(r[i]) == t; };
+      pos.clear();
       for (int64_t i = 0; i < n; ++i)
-        if (mine(i)) ++mk[r[i]];
+        if (r[i] >= 0 && r[i] < R && owner(r[i]) == t) pos.push_back(i);
+      const int64_t m = static_cast<int64_t>(pos.size());
+      counts.reset(m);
+      where.resize(m);
+      for (int64_t j = 0; j < m; ++j) {
+        const uint32_t at = counts.add(r[pos[j]]);
+        ++counts.slots[at].count;
+        where[j] = at;
+      }
       int64_t ex = 0;
-      thread_local std::vector<int64_t> rep;  // positions of repeated rows, in index order
-      rep.clear();
-      for (int64_t i = 0; i < n; ++i) {
-        if (i + 8 < n && mine(i + 8)) {
-          const float* ahead = d + r[i + 8] * p.width;
+      rep.clear();  // indexes into pos of repeated rows, in index order
+      for (int64_t j = 0; j < m; ++j) {
+        if (j + kAhead < m) {
+          const float* ahead = d + r[pos[j + kAhead]] * p.width;
           __builtin_prefetch(ahead, 1);
           __builtin_prefetch(ahead + p.width - 1, 1);
         }
-        if (!mine(i)) continue;
-        if (mk[r[i]] == 1) {
-          ex += update_row(d + r[i] * p.width, k[r[i]], g + i * p.dim, sh[i], cl[i], p);
-          mk[r[i]] = 0;
-        } else {
-          rep.push_back(i);
+        const int64_t i = pos[j];
+        if (counts.slots[where[j]].count == 1)
+          ex += update_row(d, k, r[i], g + i * p.dim, sh[i], cl[i], p);
+        else
+          rep.push_back(j);
+      }
+      // Repeated rows: numbered in order of first occurrence (count becomes -(group + 1)),
+      // their positions laid out group by group (a counting sort), summed, updated once.
+      std::vector<int64_t> group_slot, group_start{0};
+      for (const int64_t j : rep) {
+        auto& slot = counts.slots[where[j]];
+        if (slot.count > 0) {
+          group_slot.push_back(where[j]);
+          slot.fill = static_cast<int32_t>(group_start.back());
+          group_start.push_back(group_start.back() + slot.count);
+          slot.count = -static_cast<int32_t>(group_slot.size());
         }
       }
-      // Repeated rows: numbered in order of first occurrence (mk, the count, becomes
-      // -(group + 1)), their positions laid out group by group (a counting sort), summed.
-      std::vector<int64_t> group_row, group_start{0}, fill, order(rep.size());
-      for (const int64_t i : rep) {
-        int32_t& m = mk[r[i]];
-        if (m > 0) {
-          group_row.push_back(r[i]);
-          fill.push_back(group_start.back());
-          group_start.push_back(group_start.back() + m);
-          m = -static_cast<int32_t>(group_row.size());
-        }
-      }
-      for (const int64_t i : rep) order[fill[-mk[r[i]] - 1]++] = i;
-      std::vector<float> sum(static_cast<size_t>(p.dim));
-      for (size_t j = 0; j < group_row.size(); ++j) {
-        std::fill(sum.begin(), sum.end(), 0.0f);
-        float show = 0.0f, click = 0.0f;
-        for (int64_t q = group_start[j]; q < group_start[j + 1]; ++q) {
-          const int64_t i = order[q];
+      order.resize(rep.size());
+      for (const int64_t j : rep) order[counts.slots[where[j]].fill++] = pos[j];
+      // summed in double: a hot row repeats thousands of times in a batch
+      std::vector<double> sum(static_cast<size_t>(p.dim));
+      std::vector<float> sum_f(static_cast<size_t>(p.dim));
+      for (size_t q = 0; q < group_slot.size(); ++q) {
+        std::fill(sum.begin(), sum.end(), 0.0);
+        double show = 0.0, click = 0.0;
+        for (int64_t o = group_start[q]; o < group_start[q + 1]; ++o) {
+          const int64_t i = order[o];
           for (int64_t c = 0; c < p.dim; ++c) sum[c] += g[i * p.dim + c];
           show += sh[i];
           click += cl[i];
         }
-        ex += update_row(d + group_row[j] * p.width, k[group_row[j]], sum.data(), show, click, p);
-        mk[group_row[j]] = 0;
+        std::copy(sum.begin(), sum.end(), sum_f.begin());
+        ex += update_row(d, k, counts.slots[group_slot[q]].row, sum_f.data(),
+                         static_cast<float>(show), static_cast<float>(click), p);
       }
       expanded += ex;
     }
