@@ -40,12 +40,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from streamrec.embedding_store import _C
 from streamrec.embedding_store.config import shard_dir_name
 from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, UnknownTable
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.store import check_aligned, unique_keys
 from streamrec.errors import BadRequest, RemoteError
 from streamrec.keyhash import shard_of
+from streamrec.malloc import keep_freed_memory
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta, RpcClient
 
 SAVE_MODES = ("checkpoint", "base", "delta", "batch")
@@ -160,6 +162,7 @@ class EmbeddingStoreClient:
     ) -> None:
         if not endpoints:
             raise BadRequest("endpoints: at least one shard endpoint is needed, got []")
+        keep_freed_memory()  # 25 MB replies and sums reuse the heap's pages (streamrec.malloc)
         self.endpoints = list(endpoints)
         self.num_shards = len(self.endpoints)
         self.timeout_s = timeout_s
@@ -344,7 +347,7 @@ class EmbeddingStoreClient:
         if not rows:
             return torch.zeros((r.inverse.numel(), dim), dtype=torch.float32)
         grouped = rows[0] if len(rows) == 1 else torch.cat(rows)
-        return grouped.index_select(0, r.inverse)
+        return _C.take_rows(grouped, r.inverse)
 
     def _many_requests(
         self,
@@ -511,19 +514,17 @@ class EmbeddingStoreClient:
         r = self._route(keys_t)
         u = r.keys.numel()
         columns = {"grads": g, **extra}
-        if not r.identity:  # sum duplicates into, and order by, the routed rows
-            columns = {
-                name: torch.zeros((u, *v.shape[1:]), dtype=torch.float32).index_add_(
-                    0, r.inverse, v
-                )
-                for name, v in columns.items()
-            }
+        finite = {}
+        for name, v in columns.items():
+            if r.identity:
+                finite[name] = _C.all_finite(v)
+            else:  # sum duplicates into, and order by, the routed rows (C++, every core)
+                summed, finite[name] = _C.sum_rows(v.view(n, -1), r.inverse, u)
+                columns[name] = summed.view((u, *v.shape[1:]))
         if u < n and "shows" not in columns:  # the store's 1 show per occurrence
             columns["shows"] = torch.bincount(r.inverse, minlength=u).to(torch.float32)
         for name, v in columns.items():
-            # one reduction instead of an (n, dim) mask: a finite sum means every value is
-            # finite (NaN and Inf propagate); only an overflowing sum needs the full check
-            if not bool(torch.isfinite(v.sum())) and not bool(torch.isfinite(v).all()):
+            if not finite.get(name, True):
                 raise NonFiniteGradient(
                     f"{name}: holds NaN or Inf (after summing duplicate keys); "
                     f"nothing was pushed to table {table!r}"

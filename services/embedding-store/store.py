@@ -42,6 +42,7 @@ from streamrec.embedding_store.errors import (
 )
 from streamrec.embedding_store.options import StoreOptions, TableOptions
 from streamrec.embedding_store.tiers import HostTable, TableTier
+from streamrec.malloc import keep_freed_memory
 
 
 class RWLock:
@@ -208,6 +209,7 @@ class EmbeddingStore:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise InvalidInput(f"tables: duplicate table names {dup}")
+        keep_freed_memory()  # per-step buffers reuse the heap's pages (streamrec.malloc)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self._tables: dict[str, TableOptions] = {t.name: t for t in opts}
@@ -276,7 +278,7 @@ class EmbeddingStore:
         if tier.concurrent_reads:  # present keys (or a read-only pull) under a shared lock
             with lock.read():
                 epoch = lock.epoch
-                out, hint = tier.read(keys)
+                out, hint = tier.read(keys, create)
                 if out is None and not create:
                     out = tier.pull(keys, False, hint)
             if out is not None:

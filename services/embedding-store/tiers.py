@@ -110,10 +110,11 @@ class TableTier(ABC):
             "cache_misses": 0,
         }
 
-    def read(self, keys: torch.Tensor) -> tuple[torch.Tensor | None, object]:
+    def read(self, keys: torch.Tensor, create: bool = False) -> tuple[torch.Tensor | None, object]:
         """(weights (n, dim), None) if answerable without writing anything (all keys present
         in RAM), else (None, hint): the caller retries with ``pull(keys, create, hint)`` under
-        an exclusive lock, and the hint saves that call the work already done."""
+        an exclusive lock, and the hint saves that call the work already done. create: what
+        that retry will pass."""
         return None, None
 
     @abstractmethod
@@ -408,29 +409,32 @@ class HostTable(TableTier):
             return rows
         return None
 
-    def read(self, keys: torch.Tensor) -> tuple[torch.Tensor | None, object]:
-        out, rows, misses = _C.find_gather(self._slots, keys, self._data, self.params)
+    def read(self, keys: torch.Tensor, create: bool = False) -> tuple[torch.Tensor | None, object]:
+        # a pull that creates fills the rows of absent keys itself: no zeros written first
+        out, rows, misses = _C.find_gather(self._slots, keys, self._data, self.params, not create)
         if misses:
-            return None, (self._generation, rows, out, misses)
+            return None, (self._generation, rows, out, misses, not create)
         self._remember(keys, rows)
         return out, None
 
     def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
         """hint: what :meth:`read` returned, passed only when nothing was written since."""
-        if isinstance(hint, tuple) and hint[0] == self._generation:
-            _gen, rows, out, misses = hint
+        if isinstance(hint, tuple) and hint[0] == self._generation and (create or hint[4]):
+            _gen, rows, out, misses, _zeroed = hint
         else:
-            out, rows, misses = _C.find_gather(self._slots, keys, self._data, self.params)
+            out, rows, misses = _C.find_gather(
+                self._slots, keys, self._data, self.params, not create
+            )
         if misses == 0:
             self._remember(keys, rows)
         if not create or misses == 0:
             return out  # absent keys read as zeros
-        if self._admit_all():
+        if self._admit_all():  # out's rows of absent keys are filled here
             self._create(keys, rows, misses=misses, out=out)
             self._remember(keys, rows)  # insert_init filled every row
             return out
         rows = self._create(keys, rows, misses=misses)
-        return _C.gather(self._data, rows, self.params)
+        return _C.gather(self._data, rows, self.params)  # refused keys read as zeros
 
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor

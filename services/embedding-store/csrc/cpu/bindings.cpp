@@ -65,7 +65,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("find_count", &find_count, "(row id per key, < 0 if absent; number absent)",
         py::arg("slots"), py::arg("keys"), nogil);
   m.def("find_gather", &find_gather, "(weights, rows, misses) in one pass", py::arg("slots"),
-        py::arg("keys"), py::arg("data"), py::arg("params"), nogil);
+        py::arg("keys"), py::arg("data"), py::arg("params"), py::arg("zero_misses") = true,
+        nogil);
   m.def("insert_init", &insert_init, "creates rows of the keys with rows < 0; returns count",
         py::arg("slots"), py::arg("data"), py::arg("row_keys"), py::arg("keys"),
         py::arg("rows"), py::arg("out"), py::arg("start"), py::arg("params"),
@@ -91,6 +92,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("update", &update, "fused push update (repeated rows summed); returns rows expanded", py::arg("data"),
         py::arg("row_keys"), py::arg("rows"), py::arg("grads"), py::arg("shows"),
         py::arg("clicks"), py::arg("params"), nogil);
+  m.def("take_rows", &take_rows, "src[idx] over every core", py::arg("src"), py::arg("idx"),
+        nogil);
+  m.def("sum_rows", &sum_rows, "rows summed by a dedup's inverse; (sums, all finite)",
+        py::arg("src"), py::arg("inverse"), py::arg("u"), nogil);
+  m.def("all_finite", py::overload_cast<const torch::Tensor&>(&all_finite),
+        "no NaN or Inf in a float32 tensor", py::arg("t"), nogil);
   m.def("advance_day", &advance_day, "unseen_days += 1", py::arg("data"), py::arg("size"), nogil);
   m.def("shrink", &shrink, "decay show/click, keep mask", py::arg("data"), py::arg("size"),
         py::arg("params"), nogil);

@@ -102,7 +102,8 @@ std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
 std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tensor& slots,
                                                               const torch::Tensor& keys,
                                                               const torch::Tensor& data,
-                                                              const TableParams& p) {
+                                                              const TableParams& p,
+                                                              bool zero_misses) {
   check_index(slots);
   check_keys(keys);
   TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2 &&
@@ -128,11 +129,11 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tenso
       if (i + kAhead < e) {
         const int64_t ra = row_or_slot(s, probe(s, mask, k[i + kAhead]));
         r[i + kAhead] = ra;
-        if (ra >= 0) __builtin_prefetch(d + ra * width + kEmbedW);
+        if (ra >= 0) prefetch_lines(d + ra * width + kEmbedW, 4 * dim);
       }
       const int64_t ri = r[i];
       if (ri < 0) {
-        std::memset(o + i * dim, 0, sizeof(float) * dim);
+        if (zero_misses) std::memset(o + i * dim, 0, sizeof(float) * dim);
         ++miss;
       } else {
         std::memcpy(o + i * dim, d + ri * width + kEmbedW, sizeof(float) * dim);
@@ -219,10 +220,9 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   // winner of a slot is the key's first occurrence whatever the threads' timing. Phase 2
   // numbers the winners in miss order (counts per chunk, then a prefix sum): row ids are
   // deterministic, first occurrence first, as a serial insert gives. Phase 3 writes each
-  // chunk's rows (contiguous, sequential writes), phase 4 publishes the row ids in the index
-  // (random writes, in a loop of their own so they do not hold up the row writes), phase 5
-  // gives the repeats of a new key its row and copies the rows out (a vector load of a row
-  // just written by scalar stores would wait for them).
+  // chunk's rows (contiguous, sequential writes) and copies them out, phase 4 publishes the
+  // row ids in the index (random writes, in a loop of their own so they do not hold up the
+  // row writes), phase 5 gives the repeats of a new key its row and copies it out.
   const uint64_t cap = mask + 1;
   auto first_slot = [&](int64_t i) {
     const int64_t hint = -2 - r[i];
@@ -289,17 +289,35 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   });
   for (int64_t c = 0; c < chunks; ++c) first_row[c + 1] += first_row[c];
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    // a row is copied out kCopyLag rows after its initialisation: its scalar stores have
+    // left the store buffer by then (a vector load right behind them waits for them), and
+    // it is still in L1 (copying in a later pass reads it back from memory)
+    constexpr int64_t kCopyLag = 4;
+    int64_t lag[kCopyLag];
     for (int64_t c = cb; c < ce; ++c) {
-      int64_t row = start + first_row[c];
+      const int64_t first = start + first_row[c];
+      int64_t row = first;
       const int64_t end = std::min(m, (c + 1) * chunk);
       for (int64_t j = c * chunk; j < end; ++j) {
         if (!won[j]) continue;
         const int64_t i = miss[j];
-        float* w = d + row * width;
         rk[row] = k[i];
-        init_row(w, k[i], p, expand);
-        r[i] = row++;
+        init_row(d + row * width, k[i], p, expand);
+        r[i] = row;
+        if (with_out) {
+          if (row - first >= kCopyLag) {
+            const int64_t old = lag[row % kCopyLag];
+            std::memcpy(o + old * dim, d + r[old] * width + kEmbedW, sizeof(float) * dim);
+          }
+          lag[row % kCopyLag] = i;
+        }
+        ++row;
       }
+      if (with_out)
+        for (int64_t q = std::max(first, row - kCopyLag); q < row; ++q) {
+          const int64_t old = lag[q % kCopyLag];
+          std::memcpy(o + old * dim, d + r[old] * width + kEmbedW, sizeof(float) * dim);
+        }
     }
   });
   at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
@@ -310,8 +328,9 @@ int64_t insert_init(torch::Tensor slots, torch::Tensor data, torch::Tensor row_k
   });
   at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
+      if (won[j]) continue;
       const int64_t i = miss[j];
-      if (!won[j]) r[i] = s[2 * slot_of[j] + 1];
+      r[i] = s[2 * slot_of[j] + 1];
       if (with_out) std::memcpy(o + i * dim, d + r[i] * width + kEmbedW, sizeof(float) * dim);
     }
   });

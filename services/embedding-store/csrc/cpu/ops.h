@@ -46,12 +46,24 @@ torch::Tensor index_build(int64_t capacity, const torch::Tensor& keys);
 // keys: (n,) int64 -> (rows (n,) int64, -2 - slot where absent; misses).
 std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots, const torch::Tensor& keys);
 // Fused find + gather (one pass, two-stage prefetch of slot then row): weights of each key,
-// zeros where absent. keys: (n,) int64 -> (out (n, dim) float32, rows (n,) int64 (-2 - slot
-// where absent), misses).
+// zeros where absent (left unwritten unless zero_misses: a pull that creates them fills them).
+// keys: (n,) int64 -> (out (n, dim) float32, rows (n,) int64 (-2 - slot where absent), misses).
 std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tensor& slots,
                                                               const torch::Tensor& keys,
                                                               const torch::Tensor& data,
-                                                              const TableParams& p);
+                                                              const TableParams& p,
+                                                              bool zero_misses);
+
+// --- a request's rows, client side (batch_rows.cpp) ---
+// src[idx]: (u, d) float32, (n,) int64 in [0, u) -> (n, d), parallel with prefetch.
+torch::Tensor take_rows(const torch::Tensor& src, const torch::Tensor& idx);
+// Rows of src summed by inverse (a dedup's inverse: every row of [0, u) has a position):
+// (n, d) float32, (n,) int64 -> ((u, d) float32, whether every sum is finite). A row seen
+// once is copied; a repeated row is summed over its positions in index order in float64.
+std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::Tensor& inverse,
+                                         int64_t u);
+// Whether no value of a contiguous float32 tensor is NaN or Inf (parallel).
+bool all_finite(const torch::Tensor& t);
 
 // --- rows (rows.cpp) ---
 // Initialises rows [start, start + count): stats zero, weights from the initializers

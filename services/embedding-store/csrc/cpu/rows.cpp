@@ -133,7 +133,7 @@ torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       if (i + 8 < e && r[i + 8] >= 0 && r[i + 8] < R)
-        __builtin_prefetch(d + r[i + 8] * p.width + kEmbedW);
+        prefetch_lines(d + r[i + 8] * p.width + kEmbedW, 4 * p.dim);
       if (r[i] < 0 || r[i] >= R) {
         std::memset(o + i * p.dim, 0, sizeof(float) * p.dim);
       } else {

@@ -87,6 +87,19 @@ struct TableParams {
   }
 };
 
+// Prefetches every cache line of [p, p + bytes) (a row spans several: 280 bytes at dim 64);
+// write: for a line about to be written.
+inline void prefetch_lines(const void* p, int64_t bytes, bool write = false) {
+  const char* c = static_cast<const char*>(p);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(c) & ~uintptr_t{63};
+  for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(c) + bytes; a += 64) {
+    if (write)
+      __builtin_prefetch(reinterpret_cast<const void*>(a), 1);
+    else
+      __builtin_prefetch(reinterpret_cast<const void*>(a), 0);
+  }
+}
+
 // SplitMix64 finalizer (the same as streamrec.keyhash.mix64).
 inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;

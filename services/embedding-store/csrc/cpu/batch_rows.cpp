@@ -1,0 +1,119 @@
+// Row moves of a request's arrays, for the client side of the service: the rows of the
+// distinct keys spread back to the caller's order, and the rows of repeated keys summed.
+// torch's index_select and index_add_ do the same serially; these run over every core.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+
+namespace streamrec {
+namespace {
+
+constexpr int64_t kGrain = 2048;
+constexpr int64_t kAhead = 8;  // prefetch distance, in rows
+
+void check_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dtype() == torch::kFloat32 && t.is_contiguous() && t.dim() == 2, name,
+              " must be a contiguous (rows, d) float32 tensor");
+}
+
+void check_index(const torch::Tensor& idx, int64_t bound, const char* name) {
+  TORCH_CHECK(idx.dtype() == torch::kInt64 && idx.is_contiguous() && idx.dim() == 1, name,
+              " must be a contiguous (n,) int64 tensor");
+  const int64_t* v = idx.data_ptr<int64_t>();
+  const auto [lo, hi] = std::minmax_element(v, v + idx.numel());
+  TORCH_CHECK(idx.numel() == 0 || (*lo >= 0 && *hi < bound), name, " holds a value outside [0, ",
+              bound, ")");
+}
+
+// NaN and Inf are the floats whose exponent bits are all ones (as check_push tests them);
+// testing the bits vectorises where std::isfinite does not.
+bool all_finite(const float* v, int64_t count) {
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(v);
+  uint32_t bad = 0;
+  for (int64_t c = 0; c < count; ++c) bad |= (bits[c] & 0x7f800000u) == 0x7f800000u;
+  return bad == 0;
+}
+
+}  // namespace
+
+bool all_finite(const torch::Tensor& t) {
+  TORCH_CHECK(t.dtype() == torch::kFloat32 && t.is_contiguous(), "t must be contiguous float32");
+  const float* v = t.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+    if (!all_finite(v + b, e - b)) finite = false;
+  });
+  return finite.load();
+}
+
+torch::Tensor take_rows(const torch::Tensor& src, const torch::Tensor& idx) {
+  check_rows(src, "src");
+  check_index(idx, src.size(0), "idx");
+  const int64_t n = idx.numel(), d = src.size(1);
+  auto out = torch::empty({n, d}, src.options());
+  const float* s = src.data_ptr<float>();
+  const int64_t* x = idx.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + kAhead < e) prefetch_lines(s + x[i + kAhead] * d, 4 * d);
+      std::memcpy(o + i * d, s + x[i] * d, sizeof(float) * d);
+    }
+  });
+  return out;
+}
+
+std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::Tensor& inverse,
+                                         int64_t u) {
+  check_rows(src, "src");
+  TORCH_CHECK(inverse.numel() == src.size(0), "inverse and src differ in length");
+  check_index(inverse, u, "inverse");
+  const int64_t n = src.size(0), d = src.size(1);
+  const float* s = src.data_ptr<float>();
+  const int64_t* inv = inverse.data_ptr<int64_t>();
+  // first[j]: the first position of row j (every row of [0, u) has one: inverse comes from a
+  // dedup); repeats: the other positions, in index order
+  std::vector<int64_t> first(static_cast<size_t>(u), -1), repeats;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t& f = first[inv[i]];
+    if (f < 0)
+      f = i;
+    else
+      repeats.push_back(i);
+  }
+  TORCH_CHECK(std::find(first.begin(), first.end(), -1) == first.end(),
+              "inverse leaves a row of [0, ", u, ") without a position");
+  auto out = torch::empty({u, d}, src.options());
+  float* o = out.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      if (j + kAhead < e) prefetch_lines(s + first[j + kAhead] * d, 4 * d);
+      std::memcpy(o + j * d, s + first[j] * d, sizeof(float) * d);
+    }
+    if (!all_finite(o + b * d, (e - b) * d)) finite = false;
+  });
+  if (!repeats.empty()) {
+    // each repeated row summed over all its positions in index order, in float64 (as the
+    // store's update sums repeats), so a push gives the same rows in-process and remote
+    std::stable_sort(repeats.begin(), repeats.end(),
+                     [&](int64_t a, int64_t b) { return inv[a] < inv[b]; });
+    std::vector<double> acc(static_cast<size_t>(d));
+    for (size_t q = 0; q < repeats.size();) {
+      const int64_t j = inv[repeats[q]];
+      for (int64_t c = 0; c < d; ++c) acc[c] = s[first[j] * d + c];
+      for (; q < repeats.size() && inv[repeats[q]] == j; ++q)
+        for (int64_t c = 0; c < d; ++c) acc[c] += s[repeats[q] * d + c];
+      for (int64_t c = 0; c < d; ++c) o[j * d + c] = static_cast<float>(acc[c]);
+      if (!all_finite(o + j * d, d)) finite = false;
+    }
+  }
+  return {out, finite.load()};
+}
+
+}  // namespace streamrec

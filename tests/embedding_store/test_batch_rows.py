@@ -1,0 +1,57 @@
+"""The client's row moves (C++): take_rows, sum_rows, all_finite, against numpy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from streamrec.embedding_store import _C
+from streamrec.embedding_store.store import unique_keys
+
+
+def test_take_rows_equals_index_select() -> None:
+    rng = np.random.default_rng(0)
+    src = torch.from_numpy(rng.normal(size=(5_000, 7)).astype(np.float32))
+    idx = torch.from_numpy(rng.integers(0, 5_000, 40_000))
+    assert torch.equal(_C.take_rows(src, idx), src.index_select(0, idx))
+    with pytest.raises(RuntimeError, match="outside"):
+        _C.take_rows(src, torch.tensor([0, 5_000]))
+
+
+def test_sum_rows_sums_repeats_in_float64_and_flags_non_finite() -> None:
+    rng = np.random.default_rng(1)
+    keys = torch.from_numpy(rng.zipf(1.3, 30_000) % 3_000)  # hot keys repeat thousands of times
+    uniq, inverse = unique_keys(keys)
+    grads = rng.normal(size=(keys.numel(), 5)).astype(np.float32)
+    summed, finite = _C.sum_rows(torch.from_numpy(grads), inverse, uniq.numel())
+    expect = np.zeros((uniq.numel(), 5))
+    np.add.at(expect, inverse.numpy(), grads.astype(np.float64))
+    assert finite
+    np.testing.assert_allclose(summed.numpy(), expect.astype(np.float32), rtol=1e-6, atol=1e-6)
+    grads[17, 2] = np.nan  # a repeat or a first occurrence: either way the sum is not finite
+    assert not _C.sum_rows(torch.from_numpy(grads), inverse, uniq.numel())[1]
+    with pytest.raises(RuntimeError, match="without a position"):
+        _C.sum_rows(torch.ones(2, 3), torch.tensor([0, 0]), 2)
+
+
+def test_all_finite() -> None:
+    t = torch.zeros(100_000)
+    assert _C.all_finite(t)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t[77_777] = bad
+        assert not _C.all_finite(t)
+        t[77_777] = 0.0
+
+
+def test_keep_freed_memory_applies_once_and_can_be_turned_off() -> None:
+    code = "from streamrec.malloc import keep_freed_memory as k; print(k(), k())"
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert on.stdout.split() == ["True", "True"]
+    env = {"STREAMREC_KEEP_FREED_MEMORY": "0", "PATH": "/usr/bin:/bin"}
+    off = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert off.stdout.split() == ["False", "False"]
