@@ -320,9 +320,11 @@ class RpcClient:
     """A DEALER client: ``call(op, meta, arrays)`` returns ``(meta, arrays)`` or raises.
 
     ``send`` and ``receive`` are exposed separately so a caller can have requests in flight
-    to several servers at once (the embedding-store client does). Replies to requests that
-    timed out are recognised by their id and dropped. One client is used by one thread at
-    a time (a lock enforces it).
+    to several servers at once, and several to one server (the embedding-store client does;
+    a server with several workers may answer them in any order: a reply to another request
+    still awaited is kept for its ``receive``). Replies to requests that timed out are
+    recognised by their id and dropped. One client is used by one thread at a time (a lock
+    enforces it).
 
     Raises:
         RpcTimeout: no reply within ``timeout_s`` (the server may be dead or overloaded).
@@ -344,6 +346,9 @@ class RpcClient:
         self.ctx = context or zmq.Context.instance()
         self.lock = threading.RLock()
         self.sock = self._connect()
+        # ids sent and not yet received, and replies that came before their receive
+        self._awaited: set[int] = set()
+        self._early: dict[int, tuple[Meta, Arrays] | RemoteError] = {}
 
     def _connect(self) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
@@ -362,18 +367,21 @@ class RpcClient:
             raise BadRequest(f"request of {size} bytes exceeds the cap of {self.max_message_bytes}")
         with self.lock:
             self.sock.send_multipart(frames, copy=size < ZERO_COPY_THRESHOLD)
+            self._awaited.add(request_id)
         return request_id
 
     def receive(self, request_id: int, timeout_s: float | None = None) -> tuple[Meta, Arrays]:
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         with self.lock:
-            while True:
+            while request_id not in self._early:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.sock.poll(int(remaining * 1000) + 1):
-                    # The DEALER may still get the late reply; a fresh socket avoids
-                    # mixing it with the next request's.
+                    # The DEALER may still get the late replies; a fresh socket avoids
+                    # mixing them with the next requests'.
                     self.sock.close(linger=0)
                     self.sock = self._connect()
+                    self._awaited.clear()
+                    self._early.clear()
                     raise RpcTimeout(
                         f"no reply from {self.endpoint} within "
                         f"{self.timeout_s if timeout_s is None else timeout_s:.1f}s "
@@ -381,12 +389,20 @@ class RpcClient:
                     )
                 frames = self.sock.recv_multipart(copy=False)
                 msg = decode(frames, self.max_message_bytes)
-                if msg.header.get("id") != request_id:
+                got = msg.header.get("id")
+                if got not in self._awaited:
                     continue  # a stale reply to an earlier request that timed out
+                self._awaited.discard(got)
                 if not msg.header.get("ok"):
                     err = msg.header.get("error") or {}
-                    raise RemoteError(str(err.get("code", "unknown")), str(err.get("message", "")))
-                return msg.meta, msg.arrays
+                    code, text = str(err.get("code", "unknown")), str(err.get("message", ""))
+                    self._early[got] = RemoteError(code, text)
+                else:
+                    self._early[got] = (msg.meta, msg.arrays)
+            reply = self._early.pop(request_id)
+            if isinstance(reply, RemoteError):
+                raise reply
+            return reply
 
     def call(
         self,

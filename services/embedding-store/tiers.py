@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,8 @@ _PREFAULT_ROWS = 1 << 16
 #: one background thread maps fresh row memory ahead of creation for every host table:
 #: first writes to fresh pages cost ~2 s/GiB here, so row creation should not take them
 _PREFAULTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="emb-prefault")
+#: pulls whose rows a host table keeps for the pushes after them (HostTable._remember)
+_RECENT_PULLS = 8
 
 
 def table_params(options: TableOptions, seed: int = 0) -> _C.TableParams:
@@ -242,7 +245,7 @@ class HostTable(TableTier):
             self._mapped = rows
         # (generation, keys, rows) of the last pull that found or created every key: the
         # push of a training step sends the keys it pulled, and finds their rows here
-        self._recent: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._recent: deque[tuple[int, torch.Tensor, torch.Tensor]] = deque(maxlen=_RECENT_PULLS)
         self._rng = torch.Generator().manual_seed(seed ^ (int(self.params.seed) >> 1))
 
     # -- growth -------------------------------------------------------------------------
@@ -396,17 +399,15 @@ class HostTable(TableTier):
     # -- the tier interface ---------------------------------------------------------------
     def _remember(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
         """Keeps the rows of a pull that found or created every key, for the push after it
-        (a copy of the keys: the caller may reuse its tensor)."""
-        self._recent = (self._generation, keys.clone(), rows)
+        (a copy of the keys: the caller may reuse its tensor). The last _RECENT_PULLS are
+        kept: a client sends a large pull as several requests, then the push as many."""
+        self._recent.append((self._generation, keys.clone(), rows))
 
     def _recent_rows(self, keys: torch.Tensor) -> torch.Tensor | None:
-        """Rows of keys if they are the keys of the last complete pull (same generation)."""
-        recent = self._recent
-        if recent is None or recent[0] != self._generation:
-            return None
-        _gen, pulled, rows = recent
-        if keys.shape == pulled.shape and torch.equal(keys, pulled):
-            return rows
+        """Rows of keys if they are the keys of a recent complete pull (same generation)."""
+        for gen, pulled, rows in reversed(self._recent):
+            if gen == self._generation and keys.shape == pulled.shape and torch.equal(keys, pulled):
+                return rows
         return None
 
     def read(self, keys: torch.Tensor, create: bool = False) -> tuple[torch.Tensor | None, object]:

@@ -1,5 +1,7 @@
 """The wire protocol against a real RpcServer over real ZeroMQ sockets."""
 
+import time
+
 import msgpack
 import numpy as np
 import pytest
@@ -86,3 +88,36 @@ def test_timeout_when_no_server():
     with wire.RpcClient("tcp://127.0.0.1:1", timeout_s=0.2) as client:
         with pytest.raises(RpcTimeout, match="no reply"):
             client.call("echo")
+
+
+def test_replies_in_any_order_reach_their_receive():
+    """Two requests in flight to a server with two workers: the first is slow, so its reply
+    comes second; each receive still gets its own reply (and an error stays with its id)."""
+    import threading
+
+    first_started = threading.Event()
+
+    def slow(meta, arrays):
+        first_started.set()
+        time.sleep(0.3)
+        return {"who": "slow"}, {}
+
+    def fast(meta, arrays):
+        first_started.wait(5)
+        return {"who": "fast"}, {}
+
+    srv = wire.RpcServer(
+        "tcp://127.0.0.1:*", {"slow": slow, "fast": fast, "boom": boom}, workers=2
+    ).start()
+    try:
+        with wire.RpcClient(srv.endpoint, timeout_s=5) as client:
+            a, b = client.send("slow"), client.send("fast")
+            assert client.receive(a)[0] == {"who": "slow"}  # the fast reply came first, kept
+            assert client.receive(b)[0] == {"who": "fast"}
+            first_started.clear()
+            a, b = client.send("slow"), client.send("boom")
+            with pytest.raises(RemoteError, match="exploded"):
+                client.receive(b)
+            assert client.receive(a)[0] == {"who": "slow"}
+    finally:
+        srv.stop()

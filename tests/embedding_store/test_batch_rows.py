@@ -12,13 +12,15 @@ from streamrec.embedding_store import _C
 from streamrec.embedding_store.store import unique_keys
 
 
-def test_take_rows_equals_index_select() -> None:
+def test_take_rows_of_parts_equals_index_select_of_their_concatenation() -> None:
     rng = np.random.default_rng(0)
     src = torch.from_numpy(rng.normal(size=(5_000, 7)).astype(np.float32))
     idx = torch.from_numpy(rng.integers(0, 5_000, 40_000))
-    assert torch.equal(_C.take_rows(src, idx), src.index_select(0, idx))
+    assert torch.equal(_C.take_rows([src], idx), src.index_select(0, idx))
+    parts = [src[:1_000], src[1_000:1_000], src[1_000:4_321], src[4_321:]]  # one part empty
+    assert torch.equal(_C.take_rows(parts, idx), src.index_select(0, idx))
     with pytest.raises(RuntimeError, match="outside"):
-        _C.take_rows(src, torch.tensor([0, 5_000]))
+        _C.take_rows([src], torch.tensor([0, 5_000]))
 
 
 def test_sum_rows_sums_repeats_in_float64_and_flags_non_finite() -> None:

@@ -51,18 +51,30 @@ bool all_finite(const torch::Tensor& t) {
   return finite.load();
 }
 
-torch::Tensor take_rows(const torch::Tensor& src, const torch::Tensor& idx) {
-  check_rows(src, "src");
-  check_index(idx, src.size(0), "idx");
-  const int64_t n = idx.numel(), d = src.size(1);
-  auto out = torch::empty({n, d}, src.options());
-  const float* s = src.data_ptr<float>();
+torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Tensor& idx) {
+  TORCH_CHECK(!parts.empty(), "take_rows needs at least one part");
+  const int64_t d = parts[0].size(1);
+  std::vector<const float*> base;
+  std::vector<int64_t> offsets{0};  // part p holds rows [offsets[p], offsets[p + 1])
+  for (const auto& part : parts) {
+    check_rows(part, "parts");
+    TORCH_CHECK(part.size(1) == d, "parts differ in width");
+    base.push_back(part.data_ptr<float>());
+    offsets.push_back(offsets.back() + part.size(0));
+  }
+  check_index(idx, offsets.back(), "idx");
+  const int64_t n = idx.numel();
+  auto out = torch::empty({n, d}, parts[0].options());
   const int64_t* x = idx.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
+  auto row = [&](int64_t j) {  // row j of the parts laid end to end
+    const int64_t p = std::upper_bound(offsets.begin(), offsets.end(), j) - offsets.begin() - 1;
+    return base[p] + (j - offsets[p]) * d;
+  };
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      if (i + kAhead < e) prefetch_lines(s + x[i + kAhead] * d, 4 * d);
-      std::memcpy(o + i * d, s + x[i] * d, sizeof(float) * d);
+      if (i + kAhead < e) prefetch_lines(row(x[i + kAhead]), 4 * d);
+      std::memcpy(o + i * d, row(x[i]), sizeof(float) * d);
     }
   });
   return out;

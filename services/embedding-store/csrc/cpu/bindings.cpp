@@ -92,8 +92,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("update", &update, "fused push update (repeated rows summed); returns rows expanded", py::arg("data"),
         py::arg("row_keys"), py::arg("rows"), py::arg("grads"), py::arg("shows"),
         py::arg("clicks"), py::arg("params"), nogil);
-  m.def("take_rows", &take_rows, "src[idx] over every core", py::arg("src"), py::arg("idx"),
-        nogil);
+  m.def("take_rows", &take_rows, "rows idx of the parts laid end to end, over every core",
+        py::arg("parts"), py::arg("idx"), nogil);
   m.def("sum_rows", &sum_rows, "rows summed by a dedup's inverse; (sums, all finite)",
         py::arg("src"), py::arg("inverse"), py::arg("u"), nogil);
   m.def("all_finite", py::overload_cast<const torch::Tensor&>(&all_finite),

@@ -55,8 +55,9 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tenso
                                                               bool zero_misses);
 
 // --- a request's rows, client side (batch_rows.cpp) ---
-// src[idx]: (u, d) float32, (n,) int64 in [0, u) -> (n, d), parallel with prefetch.
-torch::Tensor take_rows(const torch::Tensor& src, const torch::Tensor& idx);
+// Rows idx of the parts laid end to end (a request's reply parts, not concatenated first):
+// parts (u_p, d) float32, idx (n,) int64 in [0, sum u_p) -> (n, d), parallel with prefetch.
+torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Tensor& idx);
 // Rows of src summed by inverse (a dedup's inverse: every row of [0, u) has a position):
 // (n, d) float32, (n,) int64 -> ((u, d) float32, whether every sum is finite). A row seen
 // once is copied; a repeated row is summed over its positions in index order in float64.
