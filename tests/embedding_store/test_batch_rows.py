@@ -23,11 +23,15 @@ def test_take_rows_of_parts_equals_index_select_of_their_concatenation() -> None
         _C.take_rows([src], torch.tensor([0, 5_000]))
 
 
-def test_sum_rows_sums_repeats_in_float64_and_flags_non_finite() -> None:
+@pytest.mark.parametrize("skewed", [True, False])
+def test_sum_rows_sums_repeats_in_float64_and_flags_non_finite(skewed: bool) -> None:
     rng = np.random.default_rng(1)
-    keys = torch.from_numpy(rng.zipf(1.3, 30_000) % 3_000)  # hot keys repeat thousands of times
-    uniq, inverse = unique_keys(keys)
-    grads = rng.normal(size=(keys.numel(), 5)).astype(np.float32)
+    # skewed: hot keys repeat thousands of times (rows grouped by a counting sort); else a
+    # few repeats among distinct keys (the first positions copied, repeats added after)
+    keys = rng.zipf(1.3, 30_000) % 3_000 if skewed else rng.integers(0, 10**6, 30_000)
+    uniq, inverse = unique_keys(torch.from_numpy(keys))
+    assert (uniq.numel() < 10_000) == skewed
+    grads = rng.normal(size=(keys.size, 5)).astype(np.float32)
     summed, finite = _C.sum_rows(torch.from_numpy(grads), inverse, uniq.numel())
     expect = np.zeros((uniq.numel(), 5))
     np.add.at(expect, inverse.numpy(), grads.astype(np.float64))

@@ -39,6 +39,37 @@ bool all_finite(const float* v, int64_t count) {
   return bad == 0;
 }
 
+// sum_rows when few positions repeat a row: the rows copied from their first positions in
+// parallel, then each repeated row summed over all its positions in index order in float64.
+std::tuple<torch::Tensor, bool> sum_few_repeats(const torch::Tensor& src, const int64_t* inv,
+                                                const std::vector<int64_t>& first,
+                                                std::vector<int64_t>& repeats) {
+  const int64_t u = static_cast<int64_t>(first.size()), d = src.size(1);
+  const float* s = src.data_ptr<float>();
+  auto out = torch::empty({u, d}, src.options());
+  float* o = out.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      if (j + kAhead < e) prefetch_lines(s + first[j + kAhead] * d, 4 * d);
+      std::memcpy(o + j * d, s + first[j] * d, sizeof(float) * d);
+    }
+    if (!all_finite(o + b * d, (e - b) * d)) finite = false;
+  });
+  std::stable_sort(repeats.begin(), repeats.end(),
+                   [&](int64_t a, int64_t b) { return inv[a] < inv[b]; });
+  std::vector<double> acc(static_cast<size_t>(d));
+  for (size_t q = 0; q < repeats.size();) {
+    const int64_t j = inv[repeats[q]];
+    for (int64_t c = 0; c < d; ++c) acc[c] = s[first[j] * d + c];
+    for (; q < repeats.size() && inv[repeats[q]] == j; ++q)
+      for (int64_t c = 0; c < d; ++c) acc[c] += s[repeats[q] * d + c];
+    for (int64_t c = 0; c < d; ++c) o[j * d + c] = static_cast<float>(acc[c]);
+    if (!all_finite(o + j * d, d)) finite = false;
+  }
+  return {out, finite.load()};
+}
+
 }  // namespace
 
 bool all_finite(const torch::Tensor& t) {
@@ -88,8 +119,7 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::
   const int64_t n = src.size(0), d = src.size(1);
   const float* s = src.data_ptr<float>();
   const int64_t* inv = inverse.data_ptr<int64_t>();
-  // first[j]: the first position of row j (every row of [0, u) has one: inverse comes from a
-  // dedup); repeats: the other positions, in index order
+  // first[j]: the first position of row j; repeats: the other positions, in index order
   std::vector<int64_t> first(static_cast<size_t>(u), -1), repeats;
   for (int64_t i = 0; i < n; ++i) {
     int64_t& f = first[inv[i]];
@@ -98,33 +128,52 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::
     else
       repeats.push_back(i);
   }
-  TORCH_CHECK(std::find(first.begin(), first.end(), -1) == first.end(),
-              "inverse leaves a row of [0, ", u, ") without a position");
+  for (int64_t j = 0; j < u; ++j)
+    TORCH_CHECK(first[j] >= 0, "inverse leaves row ", j, " of [0, ", u, ") without a position");
+  if (static_cast<int64_t>(repeats.size()) <= n / 8) return sum_few_repeats(src, inv, first, repeats);
+  // many repeats (a skewed batch): each row's positions in index order, laid out row by
+  // row (a counting sort), start[j] .. start[j + 1] in pos
+  std::vector<int64_t> start(static_cast<size_t>(u) + 1, 0), pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ++start[inv[i] + 1];
+  for (int64_t j = 0; j < u; ++j) start[j + 1] += start[j];
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < n; ++i) pos[fill[inv[i]]++] = i;
+  }
   auto out = torch::empty({u, d}, src.options());
   float* o = out.data_ptr<float>();
   std::atomic<bool> finite{true};
-  at::parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) {
-      if (j + kAhead < e) prefetch_lines(s + first[j + kAhead] * d, 4 * d);
-      std::memcpy(o + j * d, s + first[j] * d, sizeof(float) * d);
-    }
-    if (!all_finite(o + b * d, (e - b) * d)) finite = false;
-  });
-  if (!repeats.empty()) {
-    // each repeated row summed over all its positions in index order, in float64 (as the
-    // store's update sums repeats), so a push gives the same rows in-process and remote
-    std::stable_sort(repeats.begin(), repeats.end(),
-                     [&](int64_t a, int64_t b) { return inv[a] < inv[b]; });
+  // the threads split the positions, not the rows: the hot rows come first (first
+  // occurrence order) and hold most of the positions
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kGrain));
+  at::parallel_for(0, parts, 1, [&](int64_t tb, int64_t te) {
     std::vector<double> acc(static_cast<size_t>(d));
-    for (size_t q = 0; q < repeats.size();) {
-      const int64_t j = inv[repeats[q]];
-      for (int64_t c = 0; c < d; ++c) acc[c] = s[first[j] * d + c];
-      for (; q < repeats.size() && inv[repeats[q]] == j; ++q)
-        for (int64_t c = 0; c < d; ++c) acc[c] += s[repeats[q] * d + c];
-      for (int64_t c = 0; c < d; ++c) o[j * d + c] = static_cast<float>(acc[c]);
-      if (!all_finite(o + j * d, d)) finite = false;
+    for (int64_t t = tb; t < te; ++t) {
+      // rows whose first position lies in this part's share of the positions
+      const int64_t b = std::lower_bound(start.begin(), start.end() - 1, n * t / parts) -
+                        start.begin();
+      const int64_t e = std::lower_bound(start.begin(), start.end() - 1, n * (t + 1) / parts) -
+                        start.begin();
+      for (int64_t j = b; j < e; ++j) {
+        const int64_t p0 = start[j], p1 = start[j + 1];
+        if (p1 - p0 == 1) {
+          if (j + kAhead < e) prefetch_lines(s + pos[start[j + kAhead]] * d, 4 * d);
+          std::memcpy(o + j * d, s + pos[p0] * d, sizeof(float) * d);
+          continue;
+        }
+        // a repeated row: summed over its positions in index order, in float64 (as the
+        // store's update sums repeats), so a push gives the same rows in-process and remote
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t q = p0; q < p1; ++q) {
+          if (q + kAhead < p1) prefetch_lines(s + pos[q + kAhead] * d, 4 * d);
+          const float* row = s + pos[q] * d;
+          for (int64_t c = 0; c < d; ++c) acc[c] += row[c];
+        }
+        for (int64_t c = 0; c < d; ++c) o[j * d + c] = static_cast<float>(acc[c]);
+      }
+      if (e > b && !all_finite(o + b * d, (e - b) * d)) finite = false;
     }
-  }
+  });
   return {out, finite.load()};
 }
 
