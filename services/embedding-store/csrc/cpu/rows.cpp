@@ -97,11 +97,15 @@ void init_embedx(float* row, int64_t key, const TableParams& p) {
 }
 
 void init_row(float* row, int64_t key, const TableParams& p, bool expand) {
-  std::memset(row, 0, sizeof(float) * p.width);
+  // every column written once (no memset first: row creation is bound by its stores)
+  row[kShow] = row[kClick] = row[kUnseen] = 0.0f;
   row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
   const uint64_t st = row_stream(p.seed, key);
   draw_columns(p.embed_init, st, 0, 1, row + kEmbedW);
-  if (expand) draw_columns(p.embedx_init, st, 1, p.dim, row + kEmbedW);
+  if (expand)
+    draw_columns(p.embedx_init, st, 1, p.dim, row + kEmbedW);
+  else
+    std::memset(row + kEmbedW + 1, 0, sizeof(float) * (p.dim - 1));
   init_state(row + p.embed_state, p.embed_rule, 1);
   init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
 }
