@@ -14,6 +14,11 @@ them for NaN/Inf first, so a bad push writes nothing on any shard. The push of a
 step sends the keys its pull sent: the client keeps its recent routes (dedup + split; up to
 :data:`ROUTE_CACHE_KEYS` keys, checked equal before reuse) so the push does not route again.
 
+A shard's part of a ``pull`` or ``push`` larger than ``max_request_keys`` goes as several
+requests in flight at once (their replies may come in any order; ``RpcClient`` sorts them).
+The reply rows are spread back and the push's repeats summed by C++ ops over every core
+(``take_rows``, ``sum_rows``: repeats in float64, in key order, as the store's update).
+
 ``pull_many``/``push_many`` do the same for every table of a batch and send ONE request per
 shard holding each table's part for that shard (``counts`` per table, arrays concatenated and
 flattened, see :mod:`~streamrec.embedding_store.server`): a batch of 15 tables costs one round
