@@ -12,7 +12,6 @@
 namespace streamrec {
 namespace {
 
-constexpr int64_t kGrain = 512;
 constexpr int64_t kAhead = 16;  // prefetch distance, in positions
 
 inline float clip(float w, const RuleParams& rp) {
@@ -176,10 +175,14 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
     auto& where = where_keep;
     auto& counts = counts_keep;
     for (int64_t t = tb; t < te; ++t) {
-      pos.clear();
-      for (int64_t i = 0; i < n; ++i)
-        if (r[i] >= 0 && r[i] < R && owner(r[i]) == t) pos.push_back(i);
-      const int64_t m = static_cast<int64_t>(pos.size());
+      // branch-free: a row's owner is a coin flip per position, a branch on it mispredicts
+      // half the time
+      pos.resize(n);
+      int64_t m = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        pos[m] = i;
+        m += (r[i] >= 0) & (r[i] < R) & (owner(r[i]) == t);
+      }
       counts.reset(m);
       where.resize(m);
       for (int64_t j = 0; j < m; ++j) {
