@@ -1,6 +1,6 @@
 // Row moves of a request's arrays, for the client side of the service: the rows of the
 // distinct keys spread back to the caller's order, and the rows of repeated keys summed.
-// torch's index_select and index_add_ do the same serially; these run over every core.
+// torch's index_add_ sums serially in float32; these run over every core (repeats in float64).
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -81,8 +81,9 @@ torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, b
 // Fused creation: for every i with rows[i] < 0, inserts keys[i] (duplicates share one
 // row) with ids start, start + 1, ... in order of first occurrence, sets row_keys, initialises
 // the row as init_rows does, sets rows[i] and, when out is defined, copies the row's weights
-// to out[i]. Only the misses are visited (serially, with prefetch); the caller reserves room
-// for every miss in data, row_keys and the index. rows: (n,) int64 (updated in place);
+// to out[i]. Only the misses are visited, in parallel (row ids as a serial insert gives them,
+// see hash_index.cpp); the caller reserves room for every miss in data, row_keys and the
+// index; no other thread may use the index meanwhile (the store's write lock). rows: (n,) int64 (updated in place);
 // out: (n, dim) float32 or undefined. hinted: rows < -1 hold the slots find_count or
 // find_gather found on this same index (probing starts there); false probes from home.
 // Returns the number of rows created.
