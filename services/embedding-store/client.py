@@ -108,11 +108,11 @@ def _sum_numeric(dicts: list[Any]) -> Any:
 
 
 #: keys per pull/push request: a shard's larger part goes as several requests in flight at
-#: once. A message stays small whatever the batch (a 1M-key dim-64 pull would otherwise be
-#: one 256 MB reply, near the 1 GiB cap), and one part's transfer can overlap the shard's
-#: work on the next (on the 2-core benchmark machine, where client and shard share the
-#: cores, the step time was the same within noise for 16k, 32k, 64k keys and no split)
-MAX_REQUEST_KEYS = 1 << 15
+#: once, so a message stays bounded whatever the batch (a 1M-key dim-64 pull would otherwise
+#: be one 256 MB reply, near the 1 GiB cap; 128k keys at dim 64 are 32 MB). Not smaller: on
+#: the 2-core benchmark machine parts of 32k keys cost 1-2 ms per 100k-key dim-16 step (more
+#: requests, each taking the table's lock) and gained nothing at dim 64
+MAX_REQUEST_KEYS = 1 << 17
 
 #: keys and routes held by the recent routes a push may reuse (pull_many of batch i + 1 is
 #: routed before the push_many of batch i, so two batches of every table fit)
