@@ -382,3 +382,25 @@ def test_a_presized_table_does_not_grow_for_repeated_new_keys() -> None:
     store.push("t", torch.arange(2_000, 2_005).repeat(3), torch.zeros(15, 2))
     assert store.size("t") == 2_005  # past the allocation: the table grows
     assert store.stats()["tables"]["t"]["bytes"]["host"] > allocated
+
+
+def test_parallel_creation_numbers_rows_in_first_occurrence_order() -> None:
+    """Rows are created by both threads at once (slots claimed with compare-and-swap); the
+    row ids must still follow the keys' first occurrence, as a serial insert numbers them,
+    and repeated new keys must share their row."""
+    for trial in range(6):
+        rng = np.random.default_rng(trial)
+        store = EmbeddingStore([TableOptions(name="t", dim=4, embedx_threshold=0)])
+        tier = store._tiers["t"]
+        expect: list[int] = []
+        seen: set[int] = set()
+        for _step in range(3):
+            keys = rng.integers(0, 50_000 * (trial % 3 + 1), 60_000)  # many repeats, or few
+            out = store.pull("t", keys)
+            _, first = np.unique(keys, return_index=True)
+            new = [int(k) for k in keys[np.sort(first)] if int(k) not in seen]
+            seen.update(new)
+            expect.extend(new)
+            assert tier._row_keys[: tier._size].tolist() == expect
+            assert torch.equal(out, store.pull("t", keys, create=False))
+        store.close()
