@@ -243,7 +243,7 @@ class HostTable(TableTier):
             _C.prefault(self._data, 0, rows)
             _C.prefault(self._row_keys, 0, rows)
             self._mapped = rows
-        # (generation, keys, rows) of the last pull that found or created every key: the
+        # (generation, keys, rows) of the last pulls that found or created every key: the
         # push of a training step sends the keys it pulled, and finds their rows here
         self._recent: deque[tuple[int, torch.Tensor, torch.Tensor]] = deque(maxlen=_RECENT_PULLS)
         self._rng = torch.Generator().manual_seed(seed ^ (int(self.params.seed) >> 1))

@@ -21,22 +21,13 @@ void check_rows(const torch::Tensor& t, const char* name) {
               " must be a contiguous (rows, d) float32 tensor");
 }
 
-void check_index(const torch::Tensor& idx, int64_t bound, const char* name) {
+void check_positions(const torch::Tensor& idx, int64_t bound, const char* name) {
   TORCH_CHECK(idx.dtype() == torch::kInt64 && idx.is_contiguous() && idx.dim() == 1, name,
               " must be a contiguous (n,) int64 tensor");
   const int64_t* v = idx.data_ptr<int64_t>();
   const auto [lo, hi] = std::minmax_element(v, v + idx.numel());
   TORCH_CHECK(idx.numel() == 0 || (*lo >= 0 && *hi < bound), name, " holds a value outside [0, ",
               bound, ")");
-}
-
-// NaN and Inf are the floats whose exponent bits are all ones (as check_push tests them);
-// testing the bits vectorises where std::isfinite does not.
-bool all_finite(const float* v, int64_t count) {
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(v);
-  uint32_t bad = 0;
-  for (int64_t c = 0; c < count; ++c) bad |= (bits[c] & 0x7f800000u) == 0x7f800000u;
-  return bad == 0;
 }
 
 // sum_rows when few positions repeat a row: the rows copied from their first positions in
@@ -93,7 +84,7 @@ torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Te
     base.push_back(part.data_ptr<float>());
     offsets.push_back(offsets.back() + part.size(0));
   }
-  check_index(idx, offsets.back(), "idx");
+  check_positions(idx, offsets.back(), "idx");
   const int64_t n = idx.numel();
   auto out = torch::empty({n, d}, parts[0].options());
   const int64_t* x = idx.data_ptr<int64_t>();
@@ -115,7 +106,7 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::
                                          int64_t u) {
   check_rows(src, "src");
   TORCH_CHECK(inverse.numel() == src.size(0), "inverse and src differ in length");
-  check_index(inverse, u, "inverse");
+  check_positions(inverse, u, "inverse");
   const int64_t n = src.size(0), d = src.size(1);
   const float* s = src.data_ptr<float>();
   const int64_t* inv = inverse.data_ptr<int64_t>();

@@ -250,18 +250,14 @@ std::tuple<int64_t, int64_t> check_push(const torch::Tensor& grads, const torch:
   TORCH_CHECK(shows.dtype() == torch::kFloat32 && shows.numel() == n && shows.is_contiguous() &&
                   clicks.dtype() == torch::kFloat32 && clicks.numel() == n &&
                   clicks.is_contiguous(), "shows and clicks must be contiguous (n,) float32");
-  // NaN and Inf are the floats whose exponent bits are all ones; testing the bits
-  // vectorises where std::isfinite does not.
-  const uint32_t* g = reinterpret_cast<const uint32_t*>(grads.data_ptr<float>());
+  const float* g = grads.data_ptr<float>();
   const float* sh = shows.data_ptr<float>();
   const float* cl = clicks.data_ptr<float>();
   std::atomic<int64_t> bad_rows{0}, bad_counts{0};
   at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
     int64_t rows = 0, counts = 0;
     for (int64_t i = b; i < e; ++i) {
-      uint32_t bad = 0;
-      for (int64_t j = 0; j < dim; ++j) bad |= (g[i * dim + j] & 0x7f800000u) == 0x7f800000u;
-      rows += bad != 0;
+      rows += !all_finite(g + i * dim, dim);
       counts += !(std::isfinite(sh[i]) && sh[i] >= 0.0f && std::isfinite(cl[i]) && cl[i] >= 0.0f);
     }
     bad_rows += rows;
