@@ -178,8 +178,8 @@ class EmbeddingStoreClient:
         if not endpoints:
             raise BadRequest("endpoints: at least one shard endpoint is needed, got []")
         keep_freed_memory()  # 25 MB replies and sums reuse the heap's pages (streamrec.malloc)
-        if max_request_keys < 1:
-            raise BadRequest(f"max_request_keys must be >= 1, got {max_request_keys}")
+        if not isinstance(max_request_keys, int) or max_request_keys < 1:
+            raise BadRequest(f"max_request_keys must be an integer >= 1, got {max_request_keys!r}")
         self.max_request_keys = max_request_keys
         self.endpoints = list(endpoints)
         self.num_shards = len(self.endpoints)

@@ -204,6 +204,9 @@ def test_start_up_checks(shards):
         EmbeddingStoreClient([*shards.endpoints, "tcp://127.0.0.1:1"], timeout_s=0.5)
     with pytest.raises(BadRequest, match="at least one"):
         EmbeddingStoreClient([])
+    for bad in (0, -5, 2.5, "1000"):
+        with pytest.raises(BadRequest, match=f"max_request_keys .* got {bad!r}"):
+            EmbeddingStoreClient(shards.endpoints, max_request_keys=bad)
 
 
 def test_shards_on_ipc_sockets_serve_a_node_local_client(tmp_path):
