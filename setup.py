@@ -28,7 +28,7 @@ for name, source_dir in EXTENSIONS.items():
             CppExtension(
                 name=name,
                 sources=sources,
-                extra_compile_args=["-O3", "-fopenmp", "-std=c++17"],
+                extra_compile_args=["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden"],
                 extra_link_args=["-fopenmp"],
             )
         )

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 import torch
 from es_reference import RefTable
-from streamrec.embedding_store import EmbeddingStore, SgdRuleParam, TableOptions
+from streamrec.embedding_store import _C, EmbeddingStore, SgdRuleParam, TableOptions
 from streamrec.embedding_store.errors import (
     CapacityExceeded,
     InvalidInput,
@@ -89,6 +92,94 @@ def test_initializers_have_the_asked_distribution() -> None:
         [TableOptions(name="z", dim=4, embedx_threshold=0, initializer={"type": "zeros"})]
     )
     assert z.pull("z", keys).abs().sum() == 0
+
+
+def uniform_draws(seed: int, keys: np.ndarray, c0: int, c1: int, low: float, high: float):
+    """Plain-numpy uniform initial values of columns [c0, c1) (rows.cpp's scheme): stream =
+    mix64(seed ^ mix64(key)); pair j's hash h = ((stream + (j + 1) G) M) ^ (>> 32); column 2j
+    takes h >> 40, column 2j + 1 bits 8..31; value = low + scale * x in float32."""
+    from streamrec.keyhash import mix64
+
+    with np.errstate(over="ignore"):
+        stream = mix64(np.uint64(seed) ^ mix64(keys.view(np.uint64)))
+        cols = np.arange(c0, c1, dtype=np.uint64)
+        pair = cols >> np.uint64(1)
+        h = (stream[:, None] + (pair + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)) * np.uint64(
+            0xD6E8FEB86659FD93
+        )
+        h ^= h >> np.uint64(32)
+        x = np.where(cols % 2 == 0, h >> np.uint64(40), (h & np.uint64(0xFFFFFFFF)) >> np.uint64(8))
+    a = np.float32(low)
+    scale = (np.float32(high) - a) * np.float32(1.0 / 16777216.0)
+    return a + scale * x.astype(np.float32)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 9, 16, 17, 64])
+def test_uniform_initial_values_match_numpy_reference(dim: int) -> None:
+    """Row creation (vectorised with AVX-512 where the CPU has it) and initial_values draw
+    exactly the reference's bits, for the embed and embedx ranges alike."""
+    t = TableOptions(
+        name="t",
+        dim=dim,
+        embedx_threshold=0,
+        embed_sgd_param=SgdRuleParam(initial_range=0.5),
+        embedx_sgd_param=SgdRuleParam(initial_range=0.25),
+    )
+    store = EmbeddingStore([t])
+    keys = np.random.default_rng(dim).integers(-(2**62), 2**62, 3000)
+    seed = int(store._tier("t").params.seed)
+    want = np.concatenate(
+        [
+            uniform_draws(seed, keys, 0, 1, -0.5, 0.5),
+            uniform_draws(seed, keys, 1, dim, -0.25, 0.25),
+        ],
+        axis=1,
+    )
+    assert np.array_equal(store.pull("t", torch.from_numpy(keys)).numpy(), want)
+    assert np.array_equal(store.initial_values("t", keys, expanded=True).numpy(), want)
+    same = TableOptions(
+        name="s",
+        dim=dim,
+        embedx_threshold=0,
+        initializer={"type": "uniform", "low": -1.0, "high": 3.0},
+    )
+    store = EmbeddingStore([same])
+    seed = int(store._tier("s").params.seed)
+    got = store.pull("s", torch.from_numpy(keys)).numpy()
+    assert np.array_equal(got, uniform_draws(seed, keys, 0, dim, -1.0, 3.0))
+
+
+def test_vectorised_draws_equal_the_portable_build() -> None:
+    """A shard on a CPU without AVX-512 must draw the same rows: the portable build, forced
+    with STREAMREC_SIMD=portable, gives the same bits for every initializer."""
+    if _C.simd_path() != "avx512":
+        pytest.skip("this CPU has no AVX-512: only the portable build runs here")
+    code = (
+        "import hashlib, numpy as np, torch\n"
+        "from streamrec.embedding_store import EmbeddingStore, TableOptions, _C\n"
+        "keys = torch.from_numpy(np.random.default_rng(5).integers(-2**62, 2**62, 4000))\n"
+        "h = hashlib.sha256()\n"
+        "for init in ({'type': 'uniform', 'low': -1.0, 'high': 2.0},"
+        " {'type': 'normal', 'mean': 0.5, 'std': 2.0}, None):\n"
+        "    for dim in (1, 2, 16, 17, 64):\n"
+        "        s = EmbeddingStore([TableOptions(name='t', dim=dim, embedx_threshold=0,"
+        " initializer=init)])\n"
+        "        h.update(s.pull('t', keys).numpy().tobytes())\n"
+        "        h.update(s.initial_values('t', keys, expanded=True).numpy().tobytes())\n"
+        "print(_C.simd_path(), h.hexdigest())\n"
+    )
+    runs = {}
+    for forced in (None, "portable"):
+        env = {k: v for k, v in os.environ.items() if k != "STREAMREC_SIMD"}
+        if forced:
+            env["STREAMREC_SIMD"] = forced
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        )
+        path, digest = out.stdout.split()
+        runs[path] = digest
+    assert set(runs) == {"avx512", "portable"}
+    assert runs["avx512"] == runs["portable"]
 
 
 @pytest.mark.parametrize("embed_rule", RULES)

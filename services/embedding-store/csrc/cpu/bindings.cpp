@@ -98,6 +98,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("src"), py::arg("inverse"), py::arg("u"), nogil);
   m.def("all_finite", py::overload_cast<const torch::Tensor&>(&all_finite),
         "no NaN or Inf in a float32 tensor", py::arg("t"), nogil);
+  m.def("simd_path", &simd_path, "the build of the row draws in use: avx512 or portable");
   m.def("advance_day", &advance_day, "unseen_days += 1", py::arg("data"), py::arg("size"), nogil);
   m.def("shrink", &shrink, "decay show/click, keep mask", py::arg("data"), py::arg("size"),
         py::arg("params"), nogil);

@@ -106,6 +106,10 @@ bool prefault(const torch::Tensor& t, int64_t start, int64_t end);
 // False where the range holds no whole huge page or the kernel refuses.
 bool advise_huge(const torch::Tensor& t);
 
+// Which build of the hot draws this CPU runs: "avx512", or "portable" (no AVX-512, or
+// STREAMREC_SIMD=portable in the environment at import). Both give the same bits.
+const char* simd_path();
+
 // Fills the embedx weights of one row (pointer to its first column) from its initializer.
 void init_embedx(float* row, int64_t key, const TableParams& p);
 

@@ -115,12 +115,17 @@ struct RowCounts {
   std::vector<Slot> slots;
 
   void reset(int64_t positions) { slots.assign(16 + positions + positions / 2, Slot{-1, 0, 0}); }
+  // The home slot of `row` (not the owner's multiplier: its top bits are the same for every
+  // row of one thread).
+  uint64_t home(int64_t row) const {
+    const uint64_t h = static_cast<uint64_t>(row) * 0xBF58476D1CE4E5B9ULL;
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(h) * slots.size()) >> 64);
+  }
+  void prefetch(int64_t row) const { __builtin_prefetch(slots.data() + home(row), 1); }
   // The slot of `row`, added with count 0 when absent.
   uint32_t add(int64_t row) {
     const uint64_t cap = slots.size();
-    // not the owner's multiplier: its top bits are the same for every row of one thread
-    const uint64_t h = static_cast<uint64_t>(row) * 0xBF58476D1CE4E5B9ULL;
-    uint64_t j = static_cast<uint64_t>((static_cast<unsigned __int128>(h) * cap) >> 64);
+    uint64_t j = home(row);
     while (slots[j].row != -1 && slots[j].row != row)
       if (++j == cap) j = 0;
     slots[j].row = row;
@@ -186,6 +191,8 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
       counts.reset(m);
       where.resize(m);
       for (int64_t j = 0; j < m; ++j) {
+        // the table outgrows L2 for large batches: its random accesses are prefetched too
+        if (j + kAhead < m) counts.prefetch(r[pos[j + kAhead]]);
         const uint32_t at = counts.add(r[pos[j]]);
         ++counts.slots[at].count;
         where[j] = at;
@@ -195,6 +202,7 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
       for (int64_t j = 0; j < m; ++j) {
         if (j + kAhead < m) {
           prefetch_lines(d + r[pos[j + kAhead]] * p.width, 4 * p.width, true);
+          __builtin_prefetch(counts.slots.data() + where[j + kAhead]);
         }
         const int64_t i = pos[j];
         if (counts.slots[where[j]].count == 1)

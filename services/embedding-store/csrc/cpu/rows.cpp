@@ -2,9 +2,11 @@
 #include <ATen/Parallel.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -35,26 +37,80 @@ inline uint64_t col_hash(uint64_t stream, uint64_t j) {
 // Uniform in [0, 1) from the top 24 bits of 32.
 inline float unit24(uint32_t h) { return static_cast<float>(h >> 8) * (1.0f / 16777216.0f); }
 
+// Uniform draws for column pairs j0 .. j0 + count - 1 of a row stream, written to out[0 ..
+// 2 count): column 2j takes the high 32 bits of pair j's hash, column 2j + 1 the low 32 (24
+// bits of each make the value; a 24-bit integer converts to float exactly, so every build
+// below gives the same floats).
+inline __attribute__((always_inline)) void uniform_pair(uint64_t stream, uint64_t j, float a,
+                                                        float scale, float* out) {
+  const uint64_t h = col_hash(stream, j);
+  out[0] = a + scale * static_cast<float>(static_cast<int32_t>(h >> 40));
+  out[1] = a + scale * static_cast<float>(static_cast<int32_t>((h & 0xFFFFFFFFu) >> 8));
+}
+
+// Row creation is bound by these draws (one 64-bit multiply-xorshift per pair): AVX-512
+// (vpmullq) draws 8 pairs at once where the CPU has it, chosen once at load. Both paths give
+// the same bits (mul then add, no fused multiply-add: setup.py passes -ffp-contract=off).
+using UniformPairs = void (*)(uint64_t, uint64_t, int64_t, float, float, float*);
+
+void uniform_pairs_portable(uint64_t stream, uint64_t j0, int64_t count, float a, float scale,
+                            float* out) {
+  for (int64_t q = 0; q < count; ++q)
+    uniform_pair(stream, j0 + static_cast<uint64_t>(q), a, scale, out + 2 * q);
+}
+
+__attribute__((target("avx512f,avx512dq"))) void uniform_pairs_avx512(
+    uint64_t stream, uint64_t j0, int64_t count, float a, float scale, float* out) {
+  const __m512i golden = _mm512_set1_epi64(static_cast<int64_t>(0x9E3779B97F4A7C15ULL));
+  const __m512i mult = _mm512_set1_epi64(static_cast<int64_t>(0xD6E8FEB86659FD93ULL));
+  const __m512i low32 = _mm512_set1_epi64(0xFFFFFFFFLL);
+  const __m512i st = _mm512_set1_epi64(static_cast<int64_t>(stream));
+  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 va = _mm512_set1_ps(a), vs = _mm512_set1_ps(scale);
+  int64_t q = 0;
+  for (; q + 8 <= count; q += 8) {
+    const __m512i j1 = _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(j0 + q + 1)), lane);
+    __m512i h = _mm512_mullo_epi64(_mm512_add_epi64(st, _mm512_mullo_epi64(j1, golden)), mult);
+    h = _mm512_xor_si512(h, _mm512_srli_epi64(h, 32));
+    // each 64-bit lane becomes [high draw, low draw] as two int32: the output's column order
+    const __m512i hi = _mm512_srli_epi64(h, 40);
+    const __m512i lo = _mm512_slli_epi64(_mm512_srli_epi64(_mm512_and_si512(h, low32), 8), 32);
+    const __m512 x = _mm512_cvtepi32_ps(_mm512_or_si512(hi, lo));
+    _mm512_storeu_ps(out + 2 * q, _mm512_add_ps(va, _mm512_mul_ps(vs, x)));
+  }
+  for (; q < count; ++q)
+    uniform_pair(stream, j0 + static_cast<uint64_t>(q), a, scale, out + 2 * q);
+}
+
+bool use_avx512() {
+  const char* forced = std::getenv("STREAMREC_SIMD");  // "portable": the plain build only
+  if (forced != nullptr && std::strcmp(forced, "portable") == 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+}
+
+const bool kAvx512 = use_avx512();
+const UniformPairs uniform_pairs = kAvx512 ? uniform_pairs_avx512 : uniform_pairs_portable;
+
 // out[c] for columns c in [c0, c1) of a row stream, drawn from ip.
 void draw_columns(const InitParams& ip, uint64_t stream, int64_t c0, int64_t c1, float* out) {
   const float a = static_cast<float>(ip.a), b = static_cast<float>(ip.b);
   switch (ip.kind) {
     case kUniform: {
-      // column 2j takes the high 32 bits of pair j's hash, column 2j + 1 the low 32
       const float scale = (b - a) * (1.0f / 16777216.0f);
-      auto high = [&](uint64_t h) { return a + scale * static_cast<float>(h >> 40); };
-      auto low = [&](uint64_t h) { return a + scale * static_cast<float>((h & 0xFFFFFFFFu) >> 8); };
+      float two[2];
       int64_t c = c0;
-      if (c < c1 && (c & 1)) {
-        out[c] = low(col_hash(stream, static_cast<uint64_t>(c) >> 1));
-        ++c;
+      if (c < c1 && (c & 1)) {  // an odd first column: the low half of its pair
+        uniform_pair(stream, static_cast<uint64_t>(c) >> 1, a, scale, two);
+        out[c++] = two[1];
       }
-      for (; c + 1 < c1; c += 2) {
-        const uint64_t h = col_hash(stream, static_cast<uint64_t>(c) >> 1);
-        out[c] = high(h);
-        out[c + 1] = low(h);
+      const int64_t pairs = (c1 - c) / 2;
+      if (pairs > 0) uniform_pairs(stream, static_cast<uint64_t>(c) >> 1, pairs, a, scale, out + c);
+      c += 2 * pairs;
+      if (c < c1) {  // an even last column: the high half of its pair
+        uniform_pair(stream, static_cast<uint64_t>(c) >> 1, a, scale, two);
+        out[c] = two[0];
       }
-      if (c < c1) out[c] = high(col_hash(stream, static_cast<uint64_t>(c) >> 1));
       break;
     }
     case kNormal:
@@ -72,7 +128,7 @@ void draw_columns(const InitParams& ip, uint64_t stream, int64_t c0, int64_t c1,
 
 void init_state(float* st, const RuleParams& rp, int64_t d) {
   const int64_t w = state_width(rp.kind, d);
-  std::memset(st, 0, sizeof(float) * w);
+  if (w > 0) std::memset(st, 0, sizeof(float) * w);
   if (rp.kind == kAdam && d > 0) {
     st[2 * d] = static_cast<float>(rp.beta1);
     st[2 * d + 1] = static_cast<float>(rp.beta2);
@@ -80,6 +136,8 @@ void init_state(float* st, const RuleParams& rp, int64_t d) {
 }
 
 }  // namespace
+
+const char* simd_path() { return kAvx512 ? "avx512" : "portable"; }
 
 void TableParams::finalize() {
   if (dim < 1) throw std::invalid_argument("dim must be >= 1, got " + std::to_string(dim));
@@ -96,16 +154,29 @@ void init_embedx(float* row, int64_t key, const TableParams& p) {
   draw_columns(p.embedx_init, row_stream(p.seed, key), 1, p.dim, row + kEmbedW);
 }
 
+// Whether two initializers draw the same value for a column (then a row's columns 0 .. dim
+// come from one call: column c's value depends only on the stream, c and the initializer).
+inline bool same_init(const InitParams& x, const InitParams& y) {
+  return x.kind == y.kind && x.a == y.a && x.b == y.b;
+}
+
+// Weights [0, dim) of a new row: the embed from embed_init, the embedx part drawn from
+// embedx_init when expand, zeros otherwise.
+inline void draw_weights(float* w, uint64_t stream, const TableParams& p, bool expand) {
+  if (expand) {
+    draw_columns(p.embedx_init, stream, 0, p.dim, w);
+    if (!same_init(p.embed_init, p.embedx_init)) draw_columns(p.embed_init, stream, 0, 1, w);
+  } else {
+    draw_columns(p.embed_init, stream, 0, 1, w);
+    std::fill(w + 1, w + p.dim, 0.0f);
+  }
+}
+
 void init_row(float* row, int64_t key, const TableParams& p, bool expand) {
   // every column written once (no memset first: row creation is bound by its stores)
   row[kShow] = row[kClick] = row[kUnseen] = 0.0f;
   row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
-  const uint64_t st = row_stream(p.seed, key);
-  draw_columns(p.embed_init, st, 0, 1, row + kEmbedW);
-  if (expand)
-    draw_columns(p.embedx_init, st, 1, p.dim, row + kEmbedW);
-  else
-    std::memset(row + kEmbedW + 1, 0, sizeof(float) * (p.dim - 1));
+  draw_weights(row + kEmbedW, row_stream(p.seed, key), p, expand);
   init_state(row + p.embed_state, p.embed_rule, 1);
   init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
 }
@@ -179,15 +250,13 @@ bool advise_huge(const torch::Tensor& t) {
 torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx) {
   TORCH_CHECK(keys.dtype() == torch::kInt64 && keys.is_contiguous(), "keys must be int64");
   const int64_t n = keys.numel();
-  auto out = torch::zeros({n, p.dim}, torch::kFloat32);
+  auto out = torch::empty({n, p.dim}, torch::kFloat32);
   const int64_t* k = keys.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
   const bool expand = with_embedx;
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const uint64_t st = row_stream(p.seed, k[i]);
-      draw_columns(p.embed_init, st, 0, 1, o + i * p.dim);
-      if (expand) draw_columns(p.embedx_init, st, 1, p.dim, o + i * p.dim);
+      draw_weights(o + i * p.dim, row_stream(p.seed, k[i]), p, expand);
     }
   });
   return out;
