@@ -166,7 +166,7 @@ def two_shards(tmp_path_factory):
 
 @pytest.fixture
 def client(two_shards):
-    c = EmbeddingStoreClient(two_shards.endpoints, timeout_s=20)
+    c = EmbeddingStoreClient(two_shards.endpoints, timeout_s=20, dedup="always")
     yield c
     c.close()
 

@@ -20,7 +20,7 @@ import torch
 import zmq
 from streamrec import wire
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.client import EmbeddingStoreClient
+from streamrec.embedding_store.client import DEDUP_MODES, EmbeddingStoreClient
 from streamrec.embedding_store.errors import (
     InvalidInput,
     NonFiniteGradient,
@@ -140,24 +140,72 @@ def test_two_client_processes_on_two_shards(two_shards, client, tmp_path):
     )
 
 
-def test_service_matches_the_in_process_store(client):
+@pytest.mark.parametrize("dedup", ["auto", "always", "never"])
+def test_service_matches_the_in_process_store(two_shards, dedup):
+    """Every dedup mode gives the in-process store's rows bit for bit (a shard sums repeats
+    in the same float64 order as the client), for batches with many and few repeats."""
+    client = EmbeddingStoreClient(two_shards.endpoints, timeout_s=20, dedup=dedup)
     ref = reference_store()
-    rng = np.random.default_rng(7)
-    for _step in range(4):
+    rng = np.random.default_rng(list(DEDUP_MODES).index(dedup) + 7)  # keys of its own
+    for step in range(4):
         keys = rng.integers(-(2**63), 2**63 - 1, 600, dtype=np.int64)
-        keys = np.concatenate([keys, keys[:100]])  # duplicates
+        repeats = 100 if step % 2 == 0 else 3  # 14% of the keys, then 0.5%
+        keys = np.concatenate([keys, keys[:repeats]])
         for table, dim in (("user", 9), ("item", 4)):
             got = client.pull(table, keys)
             want = ref.pull(table, keys)
-            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
             grads = torch.from_numpy(rng.standard_normal((keys.size, dim)).astype(np.float32))
             shows = torch.ones(keys.size)
             clicks = torch.from_numpy((rng.random(keys.size) < 0.3).astype(np.float32))
             client.push(table, keys, grads, shows, clicks)
             ref.push(table, keys, grads, shows, clicks)
             torch.testing.assert_close(
-                client.pull(table, keys, create=False), ref.pull(table, keys, create=False)
+                client.pull(table, keys, create=False),
+                ref.pull(table, keys, create=False),
+                rtol=0,
+                atol=0,
             )
+    client.close()
+    ref.close()
+
+
+def test_auto_dedup_sends_nearly_distinct_keys_as_they_are(two_shards):
+    """A table whose last batch repeated under DEDUP_MIN_REPEATS of its keys sends the next
+    batches whole (the shards count every key); a skewed table stays deduplicated."""
+    client = EmbeddingStoreClient(two_shards.endpoints, timeout_s=20)
+
+    def keys_sent(table: str, keys: np.ndarray) -> int:
+        name = f'streamrec_embedding_store_pull_keys_total{{table="{table}"}}'
+        before = sum(_scrape(p).get(name, 0.0) for p in two_shards.metrics_ports)
+        client.pull(table, keys)
+        return int(sum(_scrape(p)[name] for p in two_shards.metrics_ports) - before)
+
+    def batch(start: int, distinct: int, repeats: int) -> np.ndarray:
+        keys = np.arange(start, start + distinct, dtype=np.int64)
+        return np.concatenate([keys, keys[:repeats]])
+
+    assert keys_sent("item", batch(8_000_000, 1000, 5)) == 1000  # measured: 0.5% repeats
+    assert keys_sent("item", batch(8_100_000, 1000, 5)) == 1005  # sent as they are
+    assert keys_sent("user", batch(8_200_000, 1000, 500)) == 1000  # 33% repeats
+    assert keys_sent("user", batch(8_300_000, 1000, 500)) == 1000  # still deduplicated
+    client.close()
+    with pytest.raises(BadRequest, match="dedup must be one of"):
+        EmbeddingStoreClient(two_shards.endpoints, dedup="sometimes")
+
+
+def test_one_shard_pull_without_dedup_returns_the_callers_rows(tmp_path, tables_file):
+    """With one shard and no repeats the reply is the result (no copy): it is the caller's to
+    write, and writing it changes nothing in the store."""
+    ref = reference_store()
+    with LocalShards(tables_file, 1) as one:
+        client = EmbeddingStoreClient(one.endpoints, timeout_s=20, dedup="never")
+        keys = np.arange(9_000_000, 9_000_500, dtype=np.int64)
+        got = client.pull("item", keys)
+        torch.testing.assert_close(got, ref.pull("item", keys), rtol=0, atol=0)
+        got.fill_(5.0)
+        torch.testing.assert_close(client.pull("item", keys), ref.pull("item", keys))
+        client.close()
     ref.close()
 
 

@@ -37,7 +37,7 @@ std::tuple<torch::Tensor, bool> sum_few_repeats(const torch::Tensor& src, const 
                                                 std::vector<int64_t>& repeats) {
   const int64_t u = static_cast<int64_t>(first.size()), d = src.size(1);
   const float* s = src.data_ptr<float>();
-  auto out = torch::empty({u, d}, src.options());
+  auto out = step_buffer({u, d}, src.options());
   float* o = out.data_ptr<float>();
   std::atomic<bool> finite{true};
   at::parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
@@ -86,7 +86,7 @@ torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Te
   }
   check_positions(idx, offsets.back(), "idx");
   const int64_t n = idx.numel();
-  auto out = torch::empty({n, d}, parts[0].options());
+  auto out = step_buffer({n, d}, parts[0].options());
   const int64_t* x = idx.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
   auto row = [&](int64_t j) {  // row j of the parts laid end to end
@@ -131,7 +131,7 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < n; ++i) pos[fill[inv[i]]++] = i;
   }
-  auto out = torch::empty({u, d}, src.options());
+  auto out = step_buffer({u, d}, src.options());
   float* o = out.data_ptr<float>();
   std::atomic<bool> finite{true};
   // the threads split the positions, not the rows: the hot rows come first (first

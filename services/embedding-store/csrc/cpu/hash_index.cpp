@@ -110,7 +110,7 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tenso
                   data.size(1) == p.width, "data must be contiguous (R, width) float32");
   const int64_t n = keys.numel(), dim = p.dim, width = p.width;
   auto rows = torch::empty({n}, keys.options());
-  auto out = torch::empty({n, dim}, data.options());
+  auto out = step_buffer({n, dim}, data.options());
   const int64_t* s = slots.data_ptr<int64_t>();
   const int64_t* k = keys.data_ptr<int64_t>();
   const float* d = data.data_ptr<float>();

@@ -20,6 +20,12 @@ namespace streamrec {
 // resized, never shrunk). Fresh memory costs a page fault per 4 KiB, about 2 s per GiB on
 // small VMs: for a call over 100k keys that is more than the call's work.
 
+// --- per-step buffers (buffer_pool.cpp) ---
+// An empty tensor for a per-step result (a pull's rows, a push's sums): 1 MiB or more comes
+// from a pool of mappings that keep their pages between steps (no page faults once warm);
+// smaller, or with STREAMREC_KEEP_FREED_MEMORY=0, it is torch::empty.
+torch::Tensor step_buffer(at::IntArrayRef sizes, const torch::TensorOptions& options);
+
 // --- hash index (hash_index.cpp) ---
 // slots: (capacity, 2) int64 [key, row] pairs, row == -1 for an empty slot.
 // find_count and find_gather report an absent key as -2 - s, s the empty slot where its probe

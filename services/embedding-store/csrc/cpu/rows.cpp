@@ -200,7 +200,7 @@ torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const
                   data.size(1) == p.width, "data must be contiguous (R, width) float32");
   TORCH_CHECK(rows.dtype() == torch::kInt64 && rows.is_contiguous(), "rows must be int64");
   const int64_t n = rows.numel();
-  auto out = torch::empty({n, p.dim}, data.options());
+  auto out = step_buffer({n, p.dim}, data.options());
   const float* d = data.data_ptr<float>();
   const int64_t* r = rows.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
