@@ -23,6 +23,25 @@ def test_take_rows_of_parts_equals_index_select_of_their_concatenation() -> None
         _C.take_rows([src], torch.tensor([0, 5_000]))
 
 
+def test_large_results_reuse_freed_buffers_and_never_share_a_live_one() -> None:
+    """Results of 1 MiB or more come from a pool of mappings: a live result keeps its own
+    buffer, a freed one is taken again by the next result that fits (its pages mapped)."""
+    src = torch.arange(70_000 * 4, dtype=torch.float32).view(70_000, 4)  # 1.1 MB results
+    idx = torch.arange(70_000).flip(0)
+    a = _C.take_rows([src], idx)
+    b = _C.take_rows([src], idx)
+    assert a.data_ptr() != b.data_ptr()
+    assert torch.equal(a, src.flip(0)) and torch.equal(b, src.flip(0))
+    freed = a.data_ptr()
+    del a
+    c = _C.take_rows([src], idx)
+    assert c.data_ptr() == freed and torch.equal(c, src.flip(0))
+    b.fill_(-1.0)  # a result is the caller's to write
+    assert torch.equal(c, src.flip(0))
+    small = _C.take_rows([src], idx[:100])  # under 1 MiB: from the heap
+    assert torch.equal(small, src.flip(0)[:100])
+
+
 @pytest.mark.parametrize("skewed", [True, False])
 def test_sum_rows_sums_repeats_in_float64_and_flags_non_finite(skewed: bool) -> None:
     rng = np.random.default_rng(1)
