@@ -2,7 +2,9 @@
 #include <ATen/Parallel.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -59,6 +61,7 @@ void uniform_pairs_portable(uint64_t stream, uint64_t j0, int64_t count, float a
     uniform_pair(stream, j0 + static_cast<uint64_t>(q), a, scale, out + 2 * q);
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx512f,avx512dq"))) void uniform_pairs_avx512(
     uint64_t stream, uint64_t j0, int64_t count, float a, float scale, float* out) {
   const __m512i golden = _mm512_set1_epi64(static_cast<int64_t>(0x9E3779B97F4A7C15ULL));
@@ -91,6 +94,10 @@ bool use_avx512() {
 
 const bool kAvx512 = use_avx512();
 const UniformPairs uniform_pairs = kAvx512 ? uniform_pairs_avx512 : uniform_pairs_portable;
+#else  // not x86-64: the portable build only
+const bool kAvx512 = false;
+const UniformPairs uniform_pairs = uniform_pairs_portable;
+#endif
 
 // out[c] for columns c in [c0, c1) of a row stream, drawn from ip.
 void draw_columns(const InitParams& ip, uint64_t stream, int64_t c0, int64_t c1, float* out) {
