@@ -367,8 +367,8 @@ class EmbeddingStoreClient:
             unique, inverse = unique_keys(keys)
             with self._routes_lock:
                 self._repeats[table] = (1.0 - unique.numel() / max(n, 1), 0)
-        else:
-            unique, inverse = keys, torch.arange(n)
+        else:  # a copy: the route may be reused after the caller refills its tensor
+            unique, inverse = keys.clone(), torch.arange(n)
         order, bounds = self._split(unique)
         if order is None:
             route = _Route(unique, inverse, bounds, unique.numel() == n)

@@ -205,6 +205,18 @@ def test_one_shard_pull_without_dedup_returns_the_callers_rows(tmp_path, tables_
         torch.testing.assert_close(got, ref.pull("item", keys), rtol=0, atol=0)
         got.fill_(5.0)
         torch.testing.assert_close(client.pull("item", keys), ref.pull("item", keys))
+        # a route is reused by equal keys, even after the caller refilled the tensor it
+        # pulled with: the push goes to the pulled keys, not to the refilled ones
+        fresh = np.arange(9_100_000, 9_100_500, dtype=np.int64)
+        mine = torch.from_numpy(fresh.copy())
+        client.pull("item", mine)
+        ref.pull("item", fresh)
+        mine.add_(1_000_000)
+        grads = torch.ones(fresh.size, 4)
+        client.push("item", torch.from_numpy(fresh), grads)
+        ref.push("item", fresh, grads)
+        torch.testing.assert_close(client.pull("item", fresh), ref.pull("item", fresh))
+        assert client.size("item") == keys.size + fresh.size
         client.close()
     ref.close()
 

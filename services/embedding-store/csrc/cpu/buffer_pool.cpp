@@ -20,7 +20,7 @@ namespace {
 
 constexpr size_t kHuge = size_t{1} << 21;        // mappings in whole 2 MiB (huge) pages
 constexpr size_t kPooledFrom = size_t{1} << 20;  // smaller buffers come from the heap
-constexpr size_t kKeepBytes = size_t{1} << 30;   // free mappings kept, at most (1 GiB)
+constexpr size_t kKeepBytes = size_t{1} << 29;   // free mappings kept, at most (512 MiB)
 
 struct Block {
   void* ptr;
