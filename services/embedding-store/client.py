@@ -129,7 +129,8 @@ ROUTE_CACHE_SIZE = 256
 #: summing cost more than the few rows they save on the wire (a 100k-key uniform dim-64 step:
 #: about 9 ms against 0.1 ms of transport)
 DEDUP_MIN_REPEATS = 0.1
-#: of a table's routes without dedup, every this many-th deduplicates again to measure anew
+#: of the routes a table makes (a push reusing its pull's route does not count), every this
+#: many-th deduplicates again to measure anew
 DEDUP_RECHECK = 16
 DEDUP_MODES = ("auto", "always", "never")
 
@@ -356,13 +357,14 @@ class EmbeddingStoreClient:
         tag = (n, int(keys[0]), int(keys[n // 2]), int(keys[-1])) if n else (0,)
         with self._routes_lock:
             seen = self._routes.get(tag)
+        if seen is not None and seen[0].shape == keys.shape and torch.equal(seen[0], keys):
+            return seen[1]
+        with self._routes_lock:  # routes made, not reused, count towards the next measure
             share, since = self._repeats.get(table, (1.0, 0))
             dedup = self.dedup == "always" or (
                 self.dedup == "auto" and (share >= DEDUP_MIN_REPEATS or since + 1 >= DEDUP_RECHECK)
             )
             self._repeats[table] = (share, 0 if dedup else since + 1)
-        if seen is not None and seen[0].shape == keys.shape and torch.equal(seen[0], keys):
-            return seen[1]
         if dedup:
             unique, inverse = unique_keys(keys)
             with self._routes_lock:

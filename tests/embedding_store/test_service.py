@@ -20,7 +20,7 @@ import torch
 import zmq
 from streamrec import wire
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.client import DEDUP_MODES, EmbeddingStoreClient
+from streamrec.embedding_store.client import DEDUP_MODES, DEDUP_RECHECK, EmbeddingStoreClient
 from streamrec.embedding_store.errors import (
     InvalidInput,
     NonFiniteGradient,
@@ -189,6 +189,9 @@ def test_auto_dedup_sends_nearly_distinct_keys_as_they_are(two_shards):
     assert keys_sent("item", batch(8_100_000, 1000, 5)) == 1005  # sent as they are
     assert keys_sent("user", batch(8_200_000, 1000, 500)) == 1000  # 33% repeats
     assert keys_sent("user", batch(8_300_000, 1000, 500)) == 1000  # still deduplicated
+    # "item" starts repeating: its DEDUP_RECHECK-th route since the measure measures again
+    sent = [keys_sent("item", batch(8_400_000 + 10_000 * i, 1000, 500)) for i in range(16)]
+    assert sent == [1500] * (DEDUP_RECHECK - 2) + [1000] * (18 - DEDUP_RECHECK)
     client.close()
     with pytest.raises(BadRequest, match="dedup must be one of"):
         EmbeddingStoreClient(two_shards.endpoints, dedup="sometimes")
