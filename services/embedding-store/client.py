@@ -18,8 +18,9 @@ them for NaN/Inf first, so a bad push writes nothing on any shard. The push of a
 step sends the keys its pull sent: the client keeps its recent routes (dedup + split; up to
 :data:`ROUTE_CACHE_KEYS` keys, checked equal before reuse) so the push does not route again.
 
-A shard's part of a ``pull`` or ``push`` larger than ``max_request_keys`` goes as several
-requests in flight at once (their replies may come in any order; ``RpcClient`` sorts them).
+A shard's part of a ``pull`` or ``push`` larger than ``max_request_keys`` keys or
+:data:`MAX_REQUEST_ROW_BYTES` of rows goes as several requests in flight at once (their
+replies may come in any order; ``RpcClient`` sorts them).
 The reply rows are spread back and the push's repeats summed by C++ ops over every core
 (``take_rows``, ``sum_rows``: repeats in float64, in key order, as the store's update).
 
@@ -113,10 +114,14 @@ def _sum_numeric(dicts: list[Any]) -> Any:
 
 #: keys per pull/push request: a shard's larger part goes as several requests in flight at
 #: once, so a message stays bounded whatever the batch (a 1M-key dim-64 pull would otherwise
-#: be one 256 MB reply, near the 1 GiB cap; 128k keys at dim 64 are 32 MB). Not smaller: on
-#: the 2-core benchmark machine parts of 32k keys cost 1-2 ms per 100k-key dim-16 step (more
-#: requests, each taking the table's lock) and gained nothing at dim 64
+#: be one 256 MB reply, near the 1 GiB cap). Not smaller: on the 2-core benchmark machine
+#: parts of 32k keys cost 1-2 ms per 100k-key dim-16 step (more requests, each taking the
+#: table's lock)
 MAX_REQUEST_KEYS = 1 << 17
+#: and rows of at most this many bytes per request (128k keys at dim 16, 32k at dim 64): while
+#: one part of a wide table's pull or push crosses the wire the shard works on the one before
+#: (a 100k-key dim-64 step over loopback tcp: 58.7 -> 54.9 ms, medians of 4 runs)
+MAX_REQUEST_ROW_BYTES = 8 << 20
 
 #: keys and routes held by the recent routes a push may reuse (pull_many of batch i + 1 is
 #: routed before the push_many of batch i, so two batches of every table fit)
@@ -331,10 +336,11 @@ class EmbeddingStoreClient:
         np.cumsum(np.bincount(shard, minlength=self.num_shards), out=bounds[1:])
         return torch.from_numpy(order), bounds.tolist()
 
-    def _cuts(self, bounds: list[int]) -> list[tuple[int, int, int]]:
+    def _cuts(self, bounds: list[int], dim: int) -> list[tuple[int, int, int]]:
         """(shard, start, end) of each request: every shard's rows in parts of at most
-        ``max_request_keys``, in order."""
-        step = self.max_request_keys
+        ``max_request_keys`` keys and :data:`MAX_REQUEST_ROW_BYTES` of ``dim`` floats, in
+        order."""
+        step = min(self.max_request_keys, max(1, MAX_REQUEST_ROW_BYTES // (4 * dim)))
         return [
             (k, a, min(a + step, bounds[k + 1]))
             for k in range(self.num_shards)
@@ -458,7 +464,7 @@ class EmbeddingStoreClient:
             return torch.zeros((0, dim), dtype=torch.float32)
         r = self._route(table, keys_t)
         meta = {"table": table, "create": bool(create)}
-        cuts = self._cuts(r.bounds)
+        cuts = self._cuts(r.bounds, dim)
         replies = self._exchange(self._requests("pull", meta, {"keys": r.keys.numpy()}, cuts))
         parts = [
             (k, b - a, reply["values"]) for (k, a, b), (_, reply) in zip(cuts, replies, strict=True)
@@ -513,7 +519,8 @@ class EmbeddingStoreClient:
             return
         r, columns = checked
         grouped = {name: v.numpy() for name, v in columns.items()}
-        self._exchange(self._requests("push", {"table": table}, grouped, self._cuts(r.bounds)))
+        cuts = self._cuts(r.bounds, self._tables[table].dim)
+        self._exchange(self._requests("push", {"table": table}, grouped, cuts))
 
     def push_many(
         self,

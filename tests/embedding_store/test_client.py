@@ -12,7 +12,11 @@ import numpy as np
 import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, StoreEmbeddingBags, TableOptions
-from streamrec.embedding_store.client import EmbeddingStoreClient, _sum_numeric
+from streamrec.embedding_store.client import (
+    MAX_REQUEST_ROW_BYTES,
+    EmbeddingStoreClient,
+    _sum_numeric,
+)
 from streamrec.embedding_store.server import LocalShards
 from streamrec.errors import BadRequest
 from streamrec.ragged import RaggedTensor
@@ -207,6 +211,24 @@ def test_start_up_checks(shards):
     for bad in (0, -5, 2.5, "1000"):
         with pytest.raises(BadRequest, match=f"max_request_keys .* got {bad!r}"):
             EmbeddingStoreClient(shards.endpoints, max_request_keys=bad)
+
+
+def test_requests_are_cut_by_keys_and_by_row_bytes():
+    """A shard's part goes in requests of at most max_request_keys keys and
+    MAX_REQUEST_ROW_BYTES of rows: narrow tables by keys, wide ones by bytes (pure logic)."""
+    client = EmbeddingStoreClient.__new__(EmbeddingStoreClient)
+    client.num_shards, client.max_request_keys = 2, 1 << 17
+    per_dim64 = MAX_REQUEST_ROW_BYTES // 256
+    assert client._cuts([0, 100_000, 100_000], 64) == [
+        (0, a, min(a + per_dim64, 100_000)) for a in range(0, 100_000, per_dim64)
+    ]
+    assert client._cuts([0, 150_000, 160_000], 16) == [
+        (0, 0, 1 << 17),
+        (0, 1 << 17, 150_000),
+        (1, 150_000, 160_000),
+    ]
+    client.max_request_keys = 97
+    assert client._cuts([0, 200, 200], 64) == [(0, 0, 97), (0, 97, 194), (0, 194, 200)]
 
 
 def test_shards_on_ipc_sockets_serve_a_node_local_client(tmp_path):
