@@ -144,10 +144,11 @@ DEDUP_MODES = ("auto", "always", "never")
 class _Route:
     """One table's keys routed to the shards.
 
-    keys: (u,) int64, the distinct keys grouped by shard (shard 0's first).
+    keys: (u,) int64, the distinct keys (or all, without dedup) grouped by shard, shard 0 first.
     inverse: (n,) int64, the row among ``keys`` of each of the caller's keys.
     bounds: N + 1 offsets; shard k gets ``keys[bounds[k]:bounds[k + 1]]``.
-    identity: ``keys`` is the caller's keys as given (no duplicates, one shard).
+    identity: ``keys`` is the caller's keys in their order (one shard; no duplicates, or
+        not deduplicated).
     """
 
     keys: torch.Tensor
@@ -371,20 +372,26 @@ class EmbeddingStoreClient:
                 self.dedup == "auto" and (share >= DEDUP_MIN_REPEATS or since + 1 >= DEDUP_RECHECK)
             )
             self._repeats[table] = (share, 0 if dedup else since + 1)
+        inverse: torch.Tensor | None = None  # None: the keys as they are, repeats and all
         if dedup:
             unique, inverse = unique_keys(keys)
             with self._routes_lock:
                 self._repeats[table] = (1.0 - unique.numel() / max(n, 1), 0)
-        else:  # a copy: the route may be reused after the caller refills its tensor
-            unique, inverse = keys.clone(), torch.arange(n)
+        else:
+            unique = keys
         order, bounds = self._split(unique)
         if order is None:
+            if inverse is None:  # a copy: the route may be reused after the caller refills it
+                unique, inverse = keys.clone(), torch.arange(n)
             route = _Route(unique, inverse, bounds, unique.numel() == n)
         else:
             rank = torch.empty_like(order)  # where each unique key sits among the grouped keys
             rank[order] = torch.arange(order.numel())
             route = _Route(
-                unique.index_select(0, order), rank.index_select(0, inverse), bounds, False
+                unique.index_select(0, order),
+                rank if inverse is None else rank.index_select(0, inverse),
+                bounds,
+                False,
             )
         if n <= ROUTE_CACHE_KEYS // 2:
             with self._routes_lock:  # a copy: the caller may refill its tensor
