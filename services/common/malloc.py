@@ -10,7 +10,13 @@ the mmap threshold at glibc's largest (32 MiB) makes those buffers come from a h
 keeps its pages. The cost is resident memory the process has used before, which a service
 sized for its peak step holds anyway.
 
-``STREAMREC_KEEP_FREED_MEMORY=0`` leaves the allocator alone. Other C libraries: a no-op.
+This covers what comes from the heap (ZeroMQ's received frames, torch ops). The embedding
+store's own per-step results come from its C++ buffer pool instead (``step_buffer`` in
+``csrc/cpu/buffer_pool.cpp``), because long-lived allocations between them (cached routes)
+fragment even a heap that keeps its pages.
+
+``STREAMREC_KEEP_FREED_MEMORY=0`` leaves the allocator alone (and turns that pool off). Other
+C libraries: a no-op.
 """
 
 from __future__ import annotations
