@@ -182,6 +182,14 @@ def test_vectorised_draws_equal_the_portable_build() -> None:
     assert runs["avx512"] == runs["portable"]
 
 
+def test_a_misspelt_simd_switch_is_refused_at_import() -> None:
+    env = {**os.environ, "STREAMREC_SIMD": "avx2"}
+    code = "import streamrec.embedding_store"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode != 0
+    assert "STREAMREC_SIMD must be unset or 'portable', got 'avx2'" in out.stderr
+
+
 @pytest.mark.parametrize("embed_rule", RULES)
 @pytest.mark.parametrize("embedx_rule", RULES)
 def test_rules_match_numpy_reference(embed_rule: str, embedx_rule: str) -> None:
