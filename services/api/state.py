@@ -73,6 +73,8 @@ TRANSITIONS: dict[tuple[JobState, str], JobState | None] = {
 }
 #: Actions an operator may ask for over REST.
 USER_ACTIONS = ("start", "stop", "pause", "resume", "delete")
+#: States a job does not leave by itself: nothing more comes for its run.
+TERMINAL_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED})
 #: States in which a trainer group may be at work (triggers are accepted).
 ACTIVE_STATES = frozenset({S.RUNNING, S.PAUSED, S.STOPPING})
 
