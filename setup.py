@@ -7,8 +7,13 @@ C++ CPU extensions, compiled with torch's cpp_extension and OpenMP:
 
 Install with ``pip install -e . --no-build-isolation`` so the build sees the installed torch
 (an isolated build would download another one).
+
+``STREAMREC_SANITIZE=address,undefined`` (what ``make sanitize`` sets) builds them with those
+sanitizers instead, at -O1 with frame pointers, for ``setup.py build_ext --build-lib DIR``
+into a directory of their own (tests/sanitize/run.sh); the installed build never has them.
 """
 
+import os
 from pathlib import Path
 
 from setuptools import setup
@@ -20,6 +25,17 @@ EXTENSIONS = {
     "streamrec.sampler._C": ROOT / "services/sampler/csrc",
 }
 
+COMPILE_ARGS = ["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden"]
+LINK_ARGS = ["-fopenmp"]
+SANITIZE = os.environ.get("STREAMREC_SANITIZE", "")
+if SANITIZE:
+    # -fno-wrapv: Python's CFLAGS carry -fwrapv, under which signed overflow is not UB and
+    # UBSan would not report it; -fno-sanitize-recover: a finding stops the run
+    sanitize = [f"-fsanitize={SANITIZE}", "-fno-sanitize-recover=all"]
+    COMPILE_ARGS = COMPILE_ARGS[1:] + ["-O1", "-g", "-fno-omit-frame-pointer", "-fno-wrapv"]
+    COMPILE_ARGS += sanitize
+    LINK_ARGS = LINK_ARGS + sanitize
+
 ext_modules = []
 for name, source_dir in EXTENSIONS.items():
     sources = sorted(str(p.relative_to(ROOT)) for p in source_dir.glob("*.cpp"))
@@ -28,8 +44,8 @@ for name, source_dir in EXTENSIONS.items():
             CppExtension(
                 name=name,
                 sources=sources,
-                extra_compile_args=["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden"],
-                extra_link_args=["-fopenmp"],
+                extra_compile_args=COMPILE_ARGS,
+                extra_link_args=LINK_ARGS,
             )
         )
 

@@ -36,9 +36,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.client import EmbeddingStoreClient
-from streamrec.embedding_store.server import LocalShards
+from streamrec.embedding_store import (
+    EmbeddingStore,
+    EmbeddingStoreClient,
+    LocalShards,
+    TableOptions,
+)
 from streamrec.keyhash import mix64
 
 KEY_SPACE = 10_000_000

@@ -39,7 +39,8 @@ from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.datagen import StreamParams, generate, to_criteo_text
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.model import DLRM
-from streamrec.trainer.runner import OnlineTrainer, build_table_options
+from streamrec.trainer.runner import OnlineTrainer
+from streamrec.trainer.store import build_table_options
 
 SETUPS = {
     "a": {
@@ -141,7 +142,7 @@ def streamrec_config(
                 "embed_sgd_param": {"name": "naive", "learning_rate": LR},
                 "embedx_sgd_param": {"name": "naive", "learning_rate": LR},
             },
-            "store": {"addresses": addresses},
+            "store": {"endpoints": addresses},
         }
     )
 
@@ -165,7 +166,7 @@ def measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict
     if kind == "inproc":
         first, second = streamrec_rate(cfg)
         return {"rate": second, "first": first}
-    from streamrec.embedding_store.server import LocalShards
+    from streamrec.embedding_store import LocalShards
 
     tables = root / "tables.json"
     tables.write_text(

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from streamrec.process import free_port, spawn, stop_process
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["RedisServer", "free_port"]
 
 
 @dataclass
 class RedisServer:
+    """A redis-server on 127.0.0.1:``port`` keeping its files in ``dir``; it gets SIGTERM
+    when the test run dies, so none is left behind."""
+
     port: int
     dir: Path
     proc: subprocess.Popen | None = None
@@ -43,7 +42,7 @@ class RedisServer:
             "--appendonly",
             "yes" if appendonly else "no",
         ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = spawn(args, die_with_parent=True)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         while True:
@@ -57,9 +56,9 @@ class RedisServer:
         client.close()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
+        """SIGTERM (Redis flushes its append-only file), SIGKILL after 10 s."""
+        if self.proc is not None:
+            stop_process(self.proc, timeout_s=10)
         self.proc = None
 
     def client(self) -> redis.Redis:

@@ -5,9 +5,9 @@
   commands. Only rank 0 of a trainer group talks to it.
 * :class:`ApiClient`: the operator's side, over REST (what ``streamrec up`` and tests use).
 
-Report types the scheduler understands (``report(kind, **data)``)::
+Report kinds the scheduler understands (``report(kind, **data)``, :class:`ReportKind`)::
 
-    started        ranks, host                 trainer group came up
+    started        ranks, threads, host        trainer group came up
     claimed        day, pass_id, ranks         a pass was taken
     pass_done      day, pass_id, ranks, record the per-pass record (AUCs, logloss, samples, ...)
     pass_failed    day, pass_id, error         the pass raised; handed out again once
@@ -16,7 +16,11 @@ Report types the scheduler understands (``report(kind, **data)``)::
     trigger_failed trigger_id, error
     stopped                                    the group obeyed a stop command
     error          message                     something worth an event
-    fatal          message                     the job cannot run (bad trainer config): fail it
+    fatal          message                     the job cannot run here (bad trainer config,
+                                               wrong world size or store tier): fail it
+
+The trainer imports nothing else of the api: what it needs of a job (its trainer config, the
+states in which it ends, the kinds above, the command types) comes from this module.
 """
 
 from __future__ import annotations
@@ -25,13 +29,49 @@ import json
 import math
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import httpx
 import redis
-from streamrec.api import keys
+from streamrec.api import keys, redis_io
+from streamrec.api.state import TERMINAL_STATES
 from streamrec.errors import NotFound, RemoteError, ServiceUnavailable
 from streamrec.layout import PassSpec
+
+__all__ = [
+    "TERMINAL_STATES",
+    "ApiClient",
+    "Command",
+    "CommandType",
+    "ReportKind",
+    "TrainerChannel",
+    "WorkItem",
+]
+
+
+class ReportKind(StrEnum):
+    """What a trainer group reports on a job's report stream (see the module docstring)."""
+
+    STARTED = "started"
+    CLAIMED = "claimed"
+    PASS_DONE = "pass_done"
+    PASS_FAILED = "pass_failed"
+    CHECKPOINT = "checkpoint"
+    TRIGGER_DONE = "trigger_done"
+    TRIGGER_FAILED = "trigger_failed"
+    STOPPED = "stopped"
+    ERROR = "error"
+    FATAL = "fatal"
+
+
+class CommandType(StrEnum):
+    """What the control plane asks of a trainer group on a job's command stream."""
+
+    CHECKPOINT = "checkpoint"
+    EXPORT = "export"
+    SHRINK = "shrink"
+    STOP = "stop"
 
 
 @dataclass(frozen=True)
@@ -46,7 +86,8 @@ class WorkItem:
 
 @dataclass(frozen=True)
 class Command:
-    """A command for the trainer group: checkpoint, export (mode), shrink or stop."""
+    """A command for the trainer group: a :class:`CommandType` value (an unknown one is
+    kept as sent, for the agent to log), the save mode of an export, its trigger."""
 
     type: str
     mode: str | None
@@ -103,13 +144,21 @@ class TrainerChannel:
     # ---- job ---------------------------------------------------------------------------
     def job(self) -> dict[str, str]:
         """The job's hash (state, spec JSON, ...); raises NotFound when it was deleted."""
-        fields = self.r.hgetall(keys.job(self.job_id))
+        fields = redis_io.hgetall(self.r, keys.job(self.job_id))
         if not fields:
             raise NotFound(f"job {self.job_id!r} not found")
         return fields
 
-    def spec(self) -> dict[str, Any]:
-        return json.loads(self.job()["spec"])
+    def trainer_config(self) -> dict[str, Any]:
+        """The trainer config the job implies (``streamrec.trainer.config.TrainerConfig``
+        shape), computed and validated by the API when the job was created."""
+        raw = self.job().get("trainer_config")
+        if not raw:
+            raise NotFound(
+                f"job {self.job_id!r} has no trainer config (created by an older API): "
+                f"create it again"
+            )
+        return json.loads(raw)
 
     def state(self) -> str:
         return self.job()["state"]
@@ -129,29 +178,34 @@ class TrainerChannel:
         deadline = time.monotonic() + block_ms / 1000
         while True:  # blocks in slices shorter than the socket timeout
             left_ms = int((deadline - time.monotonic()) * 1000)
-            resp = self.r.xreadgroup(
+            entries = redis_io.read_group(
+                self.r,
                 keys.TRAINER_GROUP,
                 self.consumer,
-                {keys.work(self.job_id): ">"},
+                keys.work(self.job_id),
+                ">",
                 count=1,
-                block=max(1, min(left_ms, self.max_block_ms)),
+                block_ms=max(1, min(left_ms, self.max_block_ms)),
             )
-            if resp and resp[0][1]:
+            if entries:
                 break
             if time.monotonic() >= deadline:
                 return None
-        msg_id, f = resp[0][1][0]
+        msg_id, f = entries[0]
         spec = PassSpec(f["day"], int(f["pass_id"]), tuple(json.loads(f["splits"])))
         return WorkItem(msg_id, spec, int(f.get("attempt", 1)), f.get("resume_from") or None)
 
     def ack_pass(self, item: WorkItem) -> None:
         self.r.xack(keys.work(self.job_id), keys.TRAINER_GROUP, item.msg_id)
 
-    def report(self, kind: str, **data: Any) -> str:
-        """Appends a report for the scheduler (see the module docstring for the kinds)."""
-        return self.r.xadd(
+    def report(self, kind: ReportKind, **data: Any) -> str:
+        """Appends a report for the scheduler (see the module docstring for the kinds);
+        ValueError for a kind the scheduler does not know."""
+        kind = ReportKind(kind)
+        return redis_io.xadd(
+            self.r,
             keys.reports(self.job_id),
-            {"type": kind, "data": json.dumps(_clean(data)), "ts": f"{time.time():.3f}"},
+            {"type": kind.value, "data": json.dumps(_clean(data)), "ts": f"{time.time():.3f}"},
         )
 
     # ---- commands ----------------------------------------------------------------------
@@ -159,18 +213,14 @@ class TrainerChannel:
         """New commands, acknowledged on read; ones issued before the job's last start are
         dropped (a stop meant for an earlier run must not stop this one)."""
         block = None if block_ms is None else max(1, min(block_ms, self.max_block_ms))
-        resp = self.r.xreadgroup(
-            keys.TRAINER_GROUP,
-            self.consumer,
-            {keys.commands(self.job_id): ">"},
-            count=16,
-            block=block,
+        entries = redis_io.read_group(
+            self.r, keys.TRAINER_GROUP, self.consumer, keys.commands(self.job_id), ">", 16, block
         )
-        if not resp:
+        if not entries:
             return []
-        started_at = float(self.r.hget(keys.job(self.job_id), "started_at") or 0)
+        started_at = float(redis_io.hget(self.r, keys.job(self.job_id), "started_at") or 0)
         out = []
-        for msg_id, f in resp[0][1]:
+        for msg_id, f in entries:
             self.r.xack(keys.commands(self.job_id), keys.TRAINER_GROUP, msg_id)
             if not f or float(f.get("ts") or 0) < started_at:
                 continue

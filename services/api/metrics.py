@@ -50,6 +50,8 @@ class ApiMetrics:
             ["job"],
             registry=reg,
         )
+        # A pass's AUC and logloss have one name each, these: the trainers measure them and
+        # report them here (per job); the trainer exports no gauge of its own for them.
         self.pass_auc = Gauge(
             "streamrec_api_pass_auc",
             "AUC of the last finished pass (kind: predict, train, best)",
@@ -58,8 +60,8 @@ class ApiMetrics:
         )
         self.pass_logloss = Gauge(
             "streamrec_api_pass_logloss",
-            "Train logloss of the last finished pass",
-            ["job"],
+            "Mean log loss (nats) of the last finished pass (kind: predict, train)",
+            ["job", "kind"],
             registry=reg,
         )
         self.pass_seconds = Histogram(

@@ -1,8 +1,11 @@
 """REST models, named by role: ``JobCreate`` (body), ``JobPublic`` (one), ``JobsPublic`` (page).
 
-The job spec keeps the seed-002 knob names (``split_interval``, ``split_per_pass``,
-``checkpoint_per_pass``, ``data_donefile``, ``data_sleep_second``, ``model_save_path``) so a
-PaddleRec user finds them where they expect.
+The job spec keeps the seed-002 knob names (``train_data_dir``, ``split_interval``,
+``split_per_pass``, ``checkpoint_per_pass``, ``data_donefile``, ``data_sleep_second``,
+``model_save_path``), the same as the trainer's config, so a PaddleRec user finds them where
+they expect. Every field does what it names or is refused: :meth:`JobCreate.trainer_config`
+carries each one to the trainer (:data:`JOB_OWNED`), which checks what only it can see (its
+world size, the shards' tier).
 """
 
 from __future__ import annotations
@@ -11,13 +14,27 @@ import copy
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from streamrec.api.client import CommandType
 from streamrec.api.state import JobState, PassState, TriggerState
 from streamrec.layout import parse_day, split_names
+from streamrec.save_modes import SaveMode
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _FILE_NAME = r"^[A-Za-z0-9_.-]{1,128}$"
 _ENDPOINT = r"^(tcp://[A-Za-z0-9_.\-\[\]:]+:\d{1,5}|ipc://[^\s]{1,200})$"
+
+
+#: Validation context of a spec read back from Redis: names renamed since it was stored are
+#: carried over instead of refused (a REST body with an old name is a 422 naming the new one).
+STORED: dict[str, Any] = {"stored": True}
 
 
 class Spec(BaseModel):
@@ -26,10 +43,27 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class DataSpec(Spec):
-    """Where the streaming data lands and how it is cut into passes (seed 002)."""
+def _renamed(
+    data: Any, info: ValidationInfo, section: str, names: dict[str, str]
+) -> dict[str, Any] | Any:
+    """Carries ``names`` (old -> new) over in a stored spec; refuses them in a request."""
+    if not isinstance(data, dict):
+        return data
+    stored = bool(info.context and info.context.get("stored"))
+    for old, new in names.items():
+        if old not in data:
+            continue
+        if not stored:
+            raise ValueError(f"{section}.{old} was renamed {section}.{new}")
+        data = {new: data[old], **{k: v for k, v in data.items() if k != old}}
+    return data
 
-    data_root: str = Field(
+
+class DataSpec(Spec):
+    """Where the streaming data lands and how it is cut into passes (seed 002 names, the
+    same as the trainer's ``runner`` section)."""
+
+    train_data_dir: str = Field(
         min_length=1,
         max_length=4096,
         description="root of YYYYMMDD/HHMM/ splits, under a data root",
@@ -42,7 +76,19 @@ class DataSpec(Spec):
         "to.hadoop.done", pattern=_FILE_NAME, description="a split is ready when this file exists"
     )
     data_sleep_second: float = Field(1.0, gt=0, le=3600)
-    format: Literal["streamrec", "criteo"] = "streamrec"
+    data_format: Literal["generated", "criteo"] = Field(
+        "generated", description="generated (streamrec-datagen) or criteo text"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any, info: ValidationInfo) -> Any:
+        data = _renamed(data, info, "data", DATA_RENAMED)
+        if isinstance(data, dict) and data.get("data_format") == "streamrec":
+            if not (info.context and info.context.get("stored")):
+                raise ValueError("data.data_format 'streamrec' was renamed 'generated'")
+            data = dict(data, data_format="generated")
+        return data
 
     @field_validator("start_day", "end_day")
     @classmethod
@@ -81,18 +127,42 @@ class CheckpointSpec(Spec):
 
 
 class SamplerSpec(Spec):
-    endpoint: str | None = Field(None, pattern=_ENDPOINT, description="None: no negatives")
-    neg_num: int = Field(0, ge=0, le=1000)
+    """Negative sampling (seed 000): ``neg_num`` negatives per positive from the sampler.
+
+    Becomes the trainer's ``negative_sampling`` section (``enabled``, ``sample_size =
+    neg_num + 1``, ``endpoint``); the negative table comes from
+    ``model.negative_sampling.table_path``.
+    """
+
+    endpoint: str | None = Field(
+        None,
+        pattern=_ENDPOINT,
+        description=(
+            "the node-local sampler; None: STREAMREC_SAMPLER_ENDPOINT or the per-user socket "
+            "(started on demand). Only with neg_num > 0"
+        ),
+    )
+    neg_num: int = Field(0, ge=0, le=1023, description="negatives per positive (0: none)")
+
+    @model_validator(mode="after")
+    def _endpoint_needs_negatives(self) -> SamplerSpec:
+        if self.endpoint is not None and self.neg_num == 0:
+            raise ValueError(
+                f"endpoint {self.endpoint!r} is set but neg_num is 0 (no negatives are "
+                f"sampled): set neg_num > 0 or remove endpoint"
+            )
+        return self
 
 
 class StoreSpec(Spec):
     """The embedding store: shard endpoints (empty: in-process) and its table options."""
 
     endpoints: list[str] = Field(default_factory=list, max_length=1024)
-    tier: Literal["host", "ssd", "device"] = Field(
-        "host",
+    tier: Literal["host", "ssd", "device"] | None = Field(
+        None,
         description=(
-            "storage tier the shards were started with (informational; shards own their tier)"
+            "tier the shards must have been started with (shards own their tier): the trainer "
+            "asks every shard and fails the job on a mismatch; None: not checked"
         ),
     )
     table_parameters: dict[str, Any] = Field(
@@ -111,11 +181,34 @@ class StoreSpec(Spec):
                 raise ValueError(f"endpoints[{i}]: not a tcp:// or ipc:// address: {e!r}")
         return v
 
+    @model_validator(mode="after")
+    def _in_process_is_host(self) -> StoreSpec:
+        if not self.endpoints and self.tier not in (None, "host"):
+            raise ValueError(
+                f"tier {self.tier!r} needs endpoints: without them the trainer keeps the "
+                f"store in-process, in host memory"
+            )
+        return self
+
 
 class ResourcesSpec(Spec):
-    trainer_ranks: int = Field(1, ge=1, le=1024)
-    device: Literal["cpu", "cuda"] = "cpu"
-    threads_per_rank: int = Field(1, ge=1, le=256)
+    """What the trainer group that takes the job must look like."""
+
+    trainer_ranks: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description=(
+            "ranks (WORLD_SIZE) of the trainer group; a group of another size fails the job. "
+            "None: any"
+        ),
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="cuda: the dense model on a GPU, ranks joined with nccl"
+    )
+    threads_per_rank: int | None = Field(
+        None, ge=1, le=256, description="torch intra-op threads of each rank; None: torch's"
+    )
 
 
 class JobCreate(Spec):
@@ -127,8 +220,8 @@ class JobCreate(Spec):
     model: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "trainer settings (streamrec.trainer.config.TrainerConfig fields); data and model "
-            "paths come from `data` and `checkpoint`"
+            "trainer settings (streamrec.trainer.config.TrainerConfig fields); what the job's "
+            "other sections set (data, checkpoint, sampler, store, resources) may not be set here"
         ),
     )
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
@@ -138,71 +231,103 @@ class JobCreate(Spec):
     def trainer_config(self) -> dict[str, Any]:
         """The trainer's config (``streamrec.trainer.config.TrainerConfig`` shape) of this job.
 
-        ``model`` gives the sections; the data layout, checkpoint policy, store endpoints and
-        table options of the job are written over it (see :data:`JOB_RUNNER_FIELDS`).
+        ``model`` gives the sections; every field of :data:`JOB_OWNED` is written over it from
+        the job's own sections; the job's table options are merged over ``model``'s.
         """
         cfg = copy.deepcopy(self.model)
-        runner = dict(cfg.get("runner") or {})
-        d, c = self.data, self.checkpoint
-        runner.update(
-            train_data_dir=d.data_root,
-            data_format="generated" if d.format == "streamrec" else "criteo",
-            split_interval=d.split_interval,
-            split_per_pass=d.split_per_pass,
-            start_day=d.start_day,
-            end_day=d.end_day,
-            data_donefile=d.data_donefile,
-            data_sleep_second=d.data_sleep_second,
-            model_save_path=c.model_save_path,
-            checkpoint_per_pass=c.checkpoint_per_pass,
-            save_delta_frequency=c.save_delta_frequency,
-            save_base_at_day_end=c.save_base_at_day_end,
-        )
-        cfg["runner"] = runner
-        if self.store.table_parameters:
-            cfg["table_parameters"] = {
-                **(cfg.get("table_parameters") or {}),
-                **self.store.table_parameters,
-            }
-        if self.store.endpoints:
-            cfg["store"] = {**(cfg.get("store") or {}), "addresses": list(self.store.endpoints)}
-        if self.resources.device == "cuda":
+        d, c, smp, st, res = self.data, self.checkpoint, self.sampler, self.store, self.resources
+        owned: dict[str, dict[str, Any]] = {
+            "runner": {
+                "train_data_dir": d.train_data_dir,
+                "data_format": d.data_format,
+                "split_interval": d.split_interval,
+                "split_per_pass": d.split_per_pass,
+                "start_day": d.start_day,
+                "end_day": d.end_day,
+                "data_donefile": d.data_donefile,
+                "data_sleep_second": d.data_sleep_second,
+                "model_save_path": c.model_save_path,
+                "checkpoint_per_pass": c.checkpoint_per_pass,
+                "save_delta_frequency": c.save_delta_frequency,
+                "save_base_at_day_end": c.save_base_at_day_end,
+            },
+            "store": {"endpoints": list(st.endpoints), "tier": st.tier},
+            "negative_sampling": {
+                "enabled": smp.neg_num > 0,
+                "sample_size": smp.neg_num + 1 if smp.neg_num > 0 else 2,
+                "endpoint": smp.endpoint,
+            },
+            "resources": {
+                "trainer_ranks": res.trainer_ranks,
+                "threads_per_rank": res.threads_per_rank,
+            },
+        }
+        for section, values in owned.items():
+            cfg[section] = {**(cfg.get(section) or {}), **values}
+        if st.table_parameters:
+            cfg["table_parameters"] = {**(cfg.get("table_parameters") or {}), **st.table_parameters}
+        if res.device == "cuda":
             cfg["distributed"] = {**(cfg.get("distributed") or {}), "backend": "nccl"}
         return cfg
 
     @field_validator("model")
     @classmethod
     def _no_shadowing(cls, model: dict[str, Any]) -> dict[str, Any]:
-        runner = model.get("runner")
-        if runner is not None and not isinstance(runner, dict):
-            raise ValueError(f"model.runner must be a mapping, got {type(runner).__name__}")
-        clash = sorted(set(runner or {}) & JOB_RUNNER_FIELDS)
-        if clash:
-            raise ValueError(
-                f"model.runner.{clash[0]} is set by the job's data/checkpoint "
-                f"sections; remove it (got {runner[clash[0]]!r})"
-            )
+        for section in sorted({s for s, _ in JOB_OWNED}):
+            values = model.get(section) or {}
+            if not isinstance(values, dict):
+                raise ValueError(f"model.{section} must be a mapping, got {type(values).__name__}")
+            for name in sorted(values):
+                if (section, name) in JOB_OWNED:
+                    raise ValueError(
+                        f"model.{section}.{name} is set by the job's {JOB_OWNED[section, name]}; "
+                        f"remove it (got {values[name]!r})"
+                    )
         return model
 
 
-#: Trainer runner fields the job spec owns (model.runner may not set them).
-JOB_RUNNER_FIELDS = frozenset(
-    {
-        "train_data_dir",
-        "data_format",
-        "reader_type",
-        "split_interval",
-        "split_per_pass",
-        "start_day",
-        "end_day",
-        "data_donefile",
-        "data_sleep_second",
-        "model_save_path",
-        "checkpoint_per_pass",
-        "save_delta_frequency",
-        "save_base_at_day_end",
-    }
-)
+#: REST names renamed to the trainer's (old -> new), refused with a message naming the new one.
+DATA_RENAMED = {"data_root": "train_data_dir", "format": "data_format"}
+
+#: Trainer config fields the job spec owns, (section, field) -> the job field that sets them;
+#: ``model`` may not set them.
+JOB_OWNED: dict[tuple[str, str], str] = {
+    **{
+        ("runner", f): f"data.{f}"
+        for f in (
+            "train_data_dir",
+            "data_format",
+            "split_interval",
+            "split_per_pass",
+            "start_day",
+            "end_day",
+            "data_donefile",
+            "data_sleep_second",
+        )
+    },
+    ("runner", "reader_type"): "data.data_format",
+    **{
+        ("runner", f): f"checkpoint.{f}"
+        for f in (
+            "model_save_path",
+            "checkpoint_per_pass",
+            "save_delta_frequency",
+            "save_base_at_day_end",
+        )
+    },
+    ("store", "endpoints"): "store.endpoints",
+    ("store", "tier"): "store.tier",
+    ("negative_sampling", "enabled"): "sampler.neg_num",
+    ("negative_sampling", "sample_size"): "sampler.neg_num",
+    ("negative_sampling", "endpoint"): "sampler.endpoint",
+    ("resources", "trainer_ranks"): "resources.trainer_ranks",
+    ("resources", "threads_per_rank"): "resources.threads_per_rank",
+}
+
+
+def stored_spec(raw: str) -> JobCreate:
+    """A job spec read back from Redis (names renamed since it was stored carried over)."""
+    return JobCreate.model_validate_json(raw, context=STORED)
 
 
 class JobPublic(BaseModel):
@@ -250,8 +375,9 @@ class PassesPublic(BaseModel):
     count: int
 
 
-TriggerKind = Literal["checkpoint", "export", "shrink"]
-ExportMode = Literal["base", "delta", "batch"]
+TriggerKind = Literal[CommandType.CHECKPOINT, CommandType.EXPORT, CommandType.SHRINK]
+#: The save modes an export writes (a checkpoint is its own trigger kind).
+ExportMode = Literal[SaveMode.BASE, SaveMode.DELTA, SaveMode.BATCH]
 
 
 class TriggerCreate(Spec):
@@ -260,9 +386,9 @@ class TriggerCreate(Spec):
 
     @model_validator(mode="after")
     def _mode(self) -> TriggerCreate:
-        if self.kind == "export" and self.mode is None:
+        if self.kind == CommandType.EXPORT and self.mode is None:
             raise ValueError("mode: export needs mode base, delta or batch (got None)")
-        if self.kind != "export" and self.mode is not None:
+        if self.kind != CommandType.EXPORT and self.mode is not None:
             raise ValueError(f"mode: only export takes a mode (got {self.mode!r} for {self.kind})")
         return self
 

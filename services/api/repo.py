@@ -15,7 +15,8 @@ from typing import Any
 
 import redis
 from pydantic import ValidationError
-from streamrec.api import keys
+from streamrec.api import keys, redis_io
+from streamrec.api.client import CommandType
 from streamrec.api.errors import (
     InvalidTransition,
     JobNotFound,
@@ -25,7 +26,7 @@ from streamrec.api.errors import (
     TriggerNotFound,
 )
 from streamrec.api.models import (
-    JOB_RUNNER_FIELDS,
+    JOB_OWNED,
     EventPublic,
     EventsPublic,
     JobCreate,
@@ -37,6 +38,7 @@ from streamrec.api.models import (
     TriggerPublic,
     TriggersPublic,
     WorkerPublic,
+    stored_spec,
 )
 from streamrec.api.state import (
     ACTIVE_STATES,
@@ -45,8 +47,10 @@ from streamrec.api.state import (
     change_state,
     event_fields,
     next_state,
+    watched,
 )
 from streamrec.layout import iter_passes
+from streamrec.trainer.config import TrainerConfig
 
 
 def check_under(field: str, value: str, roots: Sequence[Path]) -> Path:
@@ -61,25 +65,21 @@ def check_under(field: str, value: str, roots: Sequence[Path]) -> Path:
     raise PathRefused(field, value, [str(r) for r in roots])
 
 
-def check_trainer_config(spec: JobCreate) -> None:
-    """Validates the trainer config the job implies, so a bad one is a 422 now rather than a
-    failed job later. Skipped when the trainer package is not installed beside the API."""
+def trainer_config(spec: JobCreate) -> dict[str, Any]:
+    """The trainer config the job implies, validated, so a bad one is a 422 now rather than a
+    failed job later; each error names the job field that set the value."""
+    cfg = spec.trainer_config()
     try:
-        from streamrec.trainer.config import TrainerConfig
-    except ImportError:
-        return
-    try:
-        TrainerConfig.model_validate(spec.trainer_config())
+        TrainerConfig.model_validate(cfg)
     except ValidationError as exc:
         errors = []
         for err in exc.errors():
             loc = [str(p) for p in err["loc"]]
-            if loc and loc[0] == "runner" and len(loc) > 1 and loc[1] in JOB_RUNNER_FIELDS:
-                field = f"data.{loc[1]}"  # mapped from the job's own sections
-            else:
-                field = ".".join(["model", *loc])
+            owner = JOB_OWNED.get((loc[0], loc[1])) if len(loc) > 1 else None
+            field = owner or ".".join(["model", *loc])
             errors.append((field, err["msg"], err.get("input")))
         raise SpecInvalid(errors) from None
+    return cfg
 
 
 def count_passes(spec: JobCreate) -> int:
@@ -113,20 +113,21 @@ class Repo:
     # ---- jobs -------------------------------------------------------------------------
     def create_job(self, spec: JobCreate) -> JobPublic:
         """Stores a new job in state ``created`` with its streams and consumer groups."""
-        data_root = check_under("data.data_root", spec.data.data_root, self.data_roots)
+        data_dir = check_under("data.train_data_dir", spec.data.train_data_dir, self.data_roots)
         model_root = check_under(
             "checkpoint.model_save_path", spec.checkpoint.model_save_path, self.model_roots
         )
         spec = spec.model_copy(deep=True)
-        spec.data.data_root = str(data_root)
+        spec.data.train_data_dir = str(data_dir)
         spec.checkpoint.model_save_path = str(model_root)
-        check_trainer_config(spec)
+        trainer = trainer_config(spec)
         job_id = uuid.uuid4().hex[:16]
         now = time.time()
         fields = {
             "id": job_id,
             "name": spec.name,
             "spec": spec.model_dump_json(),
+            "trainer_config": json.dumps(trainer),
             "state": JobState.CREATED.value,
             "created_at": f"{now:.3f}",
             "updated_at": f"{now:.3f}",
@@ -138,24 +139,26 @@ class Repo:
             "error": "",
         }
         with self.r.pipeline() as pipe:
-            pipe.hset(keys.job(job_id), mapping=fields)
+            redis_io.hset(pipe, keys.job(job_id), fields)
             pipe.zadd(keys.JOBS, {job_id: now})
             pipe.sadd(keys.jobs_in_state(JobState.CREATED.value), job_id)
             pipe.xgroup_create(keys.work(job_id), keys.TRAINER_GROUP, id="0", mkstream=True)
             pipe.xgroup_create(keys.commands(job_id), keys.TRAINER_GROUP, id="0", mkstream=True)
             pipe.xgroup_create(keys.reports(job_id), keys.API_GROUP, id="0", mkstream=True)
-            pipe.xadd(keys.events(job_id), event_fields("state", "created", {"to": "created"}))
+            redis_io.xadd(
+                pipe, keys.events(job_id), event_fields("state", "created", {"to": "created"})
+            )
             pipe.execute()
         return self.get_job(job_id)
 
     def job_fields(self, job_id: str) -> dict[str, str]:
-        fields = self.r.hgetall(keys.job(job_id))
+        fields = redis_io.hgetall(self.r, keys.job(job_id))
         if not fields:
             raise JobNotFound(f"job {job_id!r} not found")
         return fields
 
     def job_spec(self, job_id: str) -> JobCreate:
-        return JobCreate.model_validate_json(self.job_fields(job_id)["spec"])
+        return stored_spec(self.job_fields(job_id)["spec"])
 
     def get_job(self, job_id: str) -> JobPublic:
         return self._job_public(self.job_fields(job_id))
@@ -166,7 +169,7 @@ class Repo:
             id=f["id"],
             name=f["name"],
             state=JobState(f["state"]),
-            spec=JobCreate.model_validate_json(f["spec"]),
+            spec=stored_spec(f["spec"]),
             created_at=float(f["created_at"]),
             updated_at=float(f["updated_at"]),
             passes_total=int(f["passes_total"]),
@@ -179,9 +182,9 @@ class Repo:
     def list_jobs(self, state: JobState | None, offset: int, limit: int) -> JobsPublic:
         if state is None:
             total = int(self.r.zcard(keys.JOBS))
-            ids = self.r.zrange(keys.JOBS, offset, offset + limit - 1)
+            ids = redis_io.zrange(self.r, keys.JOBS, offset, offset + limit - 1)
         else:
-            members = self.r.smembers(keys.jobs_in_state(state.value))
+            members = redis_io.smembers(self.r, keys.jobs_in_state(state.value))
             scores = self.r.zmscore(keys.JOBS, list(members)) if members else []
             ordered = sorted(zip(members, scores, strict=True), key=lambda m: (m[1] or 0, m[0]))
             total = len(ordered)
@@ -195,46 +198,51 @@ class Repo:
 
     def act(self, job_id: str, action: str) -> JobPublic:
         """Applies an operator action (start, stop, pause, resume) to a job."""
-        command = {"type": "stop", "ts": f"{time.time():.3f}"} if action == "stop" else None
-        extra = {"error": "", "started_at": f"{time.time():.3f}"} if action == "start" else None
+        command = (
+            {"type": CommandType.STOP.value, "ts": f"{time.time():.3f}"}
+            if action == "stop"
+            else None
+        )
+        extra = None
+        if action == "start":
+            extra = {"error": "", "started_at": f"{time.time():.3f}"}
+            f = self.job_fields(job_id)
+            if not f.get("trainer_config"):  # a job stored before the API kept it
+                extra["trainer_config"] = json.dumps(trainer_config(stored_spec(f["spec"])))
         change_state(self.r, job_id, action, reason="operator", extra=extra, command=command)
         return self.get_job(job_id)
 
     def delete_job(self, job_id: str) -> None:
         """Removes a finished (or never started) job and everything under it."""
         key = keys.job(job_id)
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key, keys.passes(job_id), keys.triggers(job_id))
-                    state = pipe.hget(key, "state")
-                    if state is None:
-                        raise JobNotFound(f"job {job_id!r} not found")
-                    try:
-                        next_state(JobState(state), "delete")
-                    except KeyError:
-                        raise InvalidTransition(job_id, state, "delete") from None
-                    pass_keys = pipe.zrange(keys.passes(job_id), 0, -1)
-                    trigger_ids = pipe.zrange(keys.triggers(job_id), 0, -1)
-                    pipe.multi()
-                    pipe.delete(*keys.all_job_keys(job_id))
-                    for pk in pass_keys:
-                        day, pid = pk.split("/")
-                        pipe.delete(keys.pass_record(job_id, day, int(pid)))
-                    for tid in trigger_ids:
-                        pipe.delete(keys.trigger(job_id, tid))
-                    pipe.srem(keys.jobs_in_state(state), job_id)
-                    pipe.zrem(keys.JOBS, job_id)
-                    pipe.execute()
-                    return
-                except redis.WatchError:
-                    continue
+
+        def delete(pipe: redis.client.Pipeline) -> None:
+            state = redis_io.hget(pipe, key, "state")
+            if state is None:
+                raise JobNotFound(f"job {job_id!r} not found")
+            try:
+                next_state(JobState(state), "delete")
+            except KeyError:
+                raise InvalidTransition(job_id, state, "delete") from None
+            pass_keys = redis_io.zrange(pipe, keys.passes(job_id), 0, -1)
+            trigger_ids = redis_io.zrange(pipe, keys.triggers(job_id), 0, -1)
+            pipe.multi()
+            pipe.delete(*keys.all_job_keys(job_id))
+            for pk in pass_keys:
+                day, pid = pk.split("/")
+                pipe.delete(keys.pass_record(job_id, day, int(pid)))
+            for tid in trigger_ids:
+                pipe.delete(keys.trigger(job_id, tid))
+            pipe.srem(keys.jobs_in_state(state), job_id)
+            pipe.zrem(keys.JOBS, job_id)
+
+        watched(self.r, delete, key, keys.passes(job_id), keys.triggers(job_id))
 
     # ---- passes -----------------------------------------------------------------------
     def list_passes(self, job_id: str, offset: int, limit: int) -> PassesPublic:
         self.job_fields(job_id)
         total = int(self.r.zcard(keys.passes(job_id)))
-        names = self.r.zrange(keys.passes(job_id), offset, offset + limit - 1)
+        names = redis_io.zrange(self.r, keys.passes(job_id), offset, offset + limit - 1)
         with self.r.pipeline(transaction=False) as pipe:
             for name in names:
                 day, pid = name.split("/")
@@ -244,7 +252,7 @@ class Repo:
 
     def get_pass(self, job_id: str, day: str, pass_id: int) -> PassPublic:
         self.job_fields(job_id)
-        f = self.r.hgetall(keys.pass_record(job_id, day, pass_id))
+        f = redis_io.hgetall(self.r, keys.pass_record(job_id, day, pass_id))
         if not f:
             raise PassNotFound(f"job {job_id!r} has no pass {day}/{pass_id}")
         return pass_public(f)
@@ -258,54 +266,53 @@ class Repo:
         key = keys.job(job_id)
         trigger_id = uuid.uuid4().hex[:12]
         now = f"{time.time():.3f}"
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    state = pipe.hget(key, "state")
-                    if state is None:
-                        raise JobNotFound(f"job {job_id!r} not found")
-                    if JobState(state) not in ACTIVE_STATES:
-                        raise InvalidTransition(job_id, state, f"trigger {body.kind}")
-                    pipe.multi()
-                    pipe.hset(
-                        keys.trigger(job_id, trigger_id),
-                        mapping={
-                            "id": trigger_id,
-                            "kind": body.kind,
-                            "mode": body.mode or "",
-                            "state": TriggerState.PENDING.value,
-                            "created_at": now,
-                        },
-                    )
-                    pipe.zadd(keys.triggers(job_id), {trigger_id: float(now)})
-                    pipe.xadd(
-                        keys.commands(job_id),
-                        {
-                            "type": body.kind,
-                            "mode": body.mode or "",
-                            "trigger_id": trigger_id,
-                            "ts": now,
-                        },
-                    )
-                    what = body.kind + (f" {body.mode}" if body.mode else "")
-                    pipe.xadd(
-                        keys.events(job_id),
-                        event_fields(
-                            "trigger",
-                            f"{what} requested ({trigger_id})",
-                            {"trigger_id": trigger_id, "kind": body.kind, "mode": body.mode},
-                        ),
-                    )
-                    pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue
+
+        def create(pipe: redis.client.Pipeline) -> None:
+            state = redis_io.hget(pipe, key, "state")
+            if state is None:
+                raise JobNotFound(f"job {job_id!r} not found")
+            if JobState(state) not in ACTIVE_STATES:
+                raise InvalidTransition(job_id, state, f"trigger {body.kind}")
+            pipe.multi()
+            redis_io.hset(
+                pipe,
+                keys.trigger(job_id, trigger_id),
+                {
+                    "id": trigger_id,
+                    "kind": body.kind.value,
+                    "mode": body.mode.value if body.mode else "",
+                    "state": TriggerState.PENDING.value,
+                    "created_at": now,
+                },
+            )
+            pipe.zadd(keys.triggers(job_id), {trigger_id: float(now)})
+            redis_io.xadd(
+                pipe,
+                keys.commands(job_id),
+                {
+                    "type": body.kind.value,
+                    "mode": body.mode.value if body.mode else "",
+                    "trigger_id": trigger_id,
+                    "ts": now,
+                },
+            )
+            what = body.kind.value + (f" {body.mode.value}" if body.mode else "")
+            redis_io.xadd(
+                pipe,
+                keys.events(job_id),
+                event_fields(
+                    "trigger",
+                    f"{what} requested ({trigger_id})",
+                    {"trigger_id": trigger_id, "kind": body.kind.value, "mode": body.mode},
+                ),
+            )
+
+        watched(self.r, create, key)
         return self.get_trigger(job_id, trigger_id)
 
     def get_trigger(self, job_id: str, trigger_id: str) -> TriggerPublic:
         self.job_fields(job_id)
-        f = self.r.hgetall(keys.trigger(job_id, trigger_id))
+        f = redis_io.hgetall(self.r, keys.trigger(job_id, trigger_id))
         if not f:
             raise TriggerNotFound(f"job {job_id!r} has no trigger {trigger_id!r}")
         return trigger_public(f)
@@ -313,7 +320,7 @@ class Repo:
     def list_triggers(self, job_id: str, offset: int, limit: int) -> TriggersPublic:
         self.job_fields(job_id)
         total = int(self.r.zcard(keys.triggers(job_id)))
-        ids = self.r.zrange(keys.triggers(job_id), offset, offset + limit - 1)
+        ids = redis_io.zrange(self.r, keys.triggers(job_id), offset, offset + limit - 1)
         with self.r.pipeline(transaction=False) as pipe:
             for tid in ids:
                 pipe.hgetall(keys.trigger(job_id, tid))
@@ -325,7 +332,7 @@ class Repo:
         """One page of events, oldest first, strictly after the stream id ``after``."""
         self.job_fields(job_id)
         start = "-" if after is None else f"({after}"
-        rows = self.r.xrange(keys.events(job_id), min=start, max="+", count=limit + 1)
+        rows = redis_io.xrange(self.r, keys.events(job_id), start, "+", count=limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
         data = [event_public(i, f) for i, f in rows]
@@ -333,7 +340,7 @@ class Repo:
 
     def worker(self, job_id: str) -> WorkerPublic:
         self.job_fields(job_id)
-        raw = self.r.get(keys.heartbeat(job_id))
+        raw = redis_io.get(self.r, keys.heartbeat(job_id))
         if raw is None:
             return WorkerPublic(alive=False)
         ttl = self.r.pttl(keys.heartbeat(job_id))

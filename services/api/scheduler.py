@@ -25,14 +25,16 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
-from streamrec.api import keys
+from streamrec.api import keys, redis_io
+from streamrec.api.client import ReportKind
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError
 from streamrec.api.metrics import ApiMetrics
-from streamrec.api.models import JobCreate
+from streamrec.api.models import stored_spec
 from streamrec.api.repo import Repo
 from streamrec.api.state import (
     ACTIVE_STATES,
@@ -89,6 +91,10 @@ class Scheduler:
         self._last_probe: dict[str, float] = {}
         self._lease = self.r.register_script(_LEASE)
         self._release = self.r.register_script(_RELEASE)
+        #: ``_on_<kind>`` for every report kind (streamrec.api.client.ReportKind).
+        self._handlers: dict[ReportKind, Callable[[str, dict[str, Any]], None]] = {
+            kind: getattr(self, f"_on_{kind.value}") for kind in ReportKind
+        }
 
     # ---- thread -----------------------------------------------------------------------
     def start(self) -> None:
@@ -124,7 +130,7 @@ class Scheduler:
         if not leader:
             return False
         for state in sorted(ACTIVE_STATES):
-            for job_id in sorted(self.r.smembers(keys.jobs_in_state(state))):
+            for job_id in sorted(redis_io.smembers(self.r, keys.jobs_in_state(state))):
                 try:
                     self.step(job_id)
                 except ApiError as exc:  # deleted or changed under us: next tick sees it
@@ -150,7 +156,7 @@ class Scheduler:
         """Every pass of the job in training order (cached per job spec)."""
         cached = self._plans.get(job_id)
         if cached is None or cached[0] != spec_json:
-            d = JobCreate.model_validate_json(spec_json).data
+            d = stored_spec(spec_json).data
             cached = (
                 spec_json,
                 list(iter_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass)),
@@ -169,27 +175,28 @@ class Scheduler:
             if int(f["passes_done"]) >= int(f["passes_total"]):
                 change_state(self.r, job_id, "succeed", reason="every pass done")
             return
-        spec = JobCreate.model_validate_json(f["spec"])
+        spec = stored_spec(f["spec"])
         now = time.monotonic()
         if now - self._last_probe.get(job_id, 0.0) < spec.data.data_sleep_second:
             return
         p = plan[cursor]
-        if not pass_ready(spec.data.data_root, p, spec.data.data_donefile):
+        if not pass_ready(spec.data.train_data_dir, p, spec.data.data_donefile):
             self._last_probe[job_id] = now
             return
         self._last_probe.pop(job_id, None)
         pk = keys.pass_key(p.day, p.pass_id)
         rec = keys.pass_record(job_id, p.day, p.pass_id)
-        before = self.r.hmget(rec, ["attempts", "state"])
+        before = redis_io.hmget(self.r, rec, ["attempts", "state"])
         # a pass that failed the job starts its count afresh when the operator restarts it
         attempts = 1 if before[1] == PassState.FAILED.value else int(before[0] or 0) + 1
         resume_from = f.get("last_checkpoint", "") if attempts > 1 else ""
         ts = f"{time.time():.3f}"
         with self.r.pipeline() as pipe:
             pipe.delete(rec)
-            pipe.hset(
+            redis_io.hset(
+                pipe,
                 rec,
-                mapping={
+                {
                     "day": p.day,
                     "pass_id": str(p.pass_id),
                     "splits": json.dumps(list(p.splits)),
@@ -200,7 +207,8 @@ class Scheduler:
                 },
             )
             pipe.zadd(keys.passes(job_id), {pk: cursor})
-            pipe.xadd(
+            redis_io.xadd(
+                pipe,
                 keys.work(job_id),
                 {
                     "day": p.day,
@@ -211,8 +219,9 @@ class Scheduler:
                     "ts": ts,
                 },
             )
-            pipe.hset(keys.job(job_id), mapping={"in_flight": pk, "cursor": str(cursor + 1)})
-            pipe.xadd(
+            redis_io.hset(pipe, keys.job(job_id), {"in_flight": pk, "cursor": str(cursor + 1)})
+            redis_io.xadd(
+                pipe,
                 keys.events(job_id),
                 event_fields(
                     "pass",
@@ -239,7 +248,7 @@ class Scheduler:
         if not rows:
             return  # handed out but not taken yet: nobody died holding it
         holders = {row["consumer"] for row in rows}
-        raw = self.r.get(keys.heartbeat(job_id))
+        raw = redis_io.get(self.r, keys.heartbeat(job_id))
         if raw is not None:
             try:
                 beating = json.loads(raw).get("consumer")
@@ -264,7 +273,7 @@ class Scheduler:
         pk = f["in_flight"]
         day, pid = pk.split("/")
         rec = keys.pass_record(job_id, day, int(pid))
-        attempts = int(self.r.hget(rec, "attempts") or 1)
+        attempts = int(redis_io.hget(self.r, rec, "attempts") or 1)
         self._ack_work(job_id)
         plan = self.plan(job_id, f["spec"])
         index = {keys.pass_key(p.day, p.pass_id): i for i, p in enumerate(plan)}
@@ -282,9 +291,10 @@ class Scheduler:
         now = f"{time.time():.3f}"
         with self.r.pipeline() as pipe:
             if failed:
-                pipe.hset(
+                redis_io.hset(
+                    pipe,
                     rec,
-                    mapping={
+                    {
                         "state": PassState.FAILED.value,
                         "error": reason,
                         "finished_at": now,
@@ -292,20 +302,22 @@ class Scheduler:
                     },
                 )
             else:
-                pipe.hset(
+                redis_io.hset(
+                    pipe,
                     rec,
-                    mapping={
+                    {
                         "state": PassState.QUEUED.value,
                         "error": reason,
                         "retired": str(attempts),
                     },
                 )
-            pipe.hset(keys.job(job_id), mapping={"in_flight": "", "cursor": str(new_cursor)})
+            redis_io.hset(pipe, keys.job(job_id), {"in_flight": "", "cursor": str(new_cursor)})
             if undone:
                 pipe.hincrby(keys.job(job_id), "passes_done", -undone)
             if failed:
                 pipe.hset(keys.job(job_id), "error", f"pass {pk}: {reason}")
-                pipe.xadd(
+                redis_io.xadd(
+                    pipe,
                     keys.events(job_id),
                     event_fields(
                         "failure",
@@ -314,7 +326,8 @@ class Scheduler:
                     ),
                 )
             else:
-                pipe.xadd(
+                redis_io.xadd(
+                    pipe,
                     keys.events(job_id),
                     event_fields(
                         "requeue",
@@ -345,10 +358,9 @@ class Scheduler:
         n = 0
         for start in ("0", ">"):
             for _ in range(max_batches):
-                resp = self.r.xreadgroup(
-                    keys.API_GROUP, keys.API_CONSUMER, {keys.reports(job_id): start}, count=100
+                msgs = redis_io.read_group(
+                    self.r, keys.API_GROUP, keys.API_CONSUMER, keys.reports(job_id), start, 100
                 )
-                msgs = resp[0][1] if resp else []
                 if not msgs:
                     break
                 for msg_id, fields in msgs:
@@ -366,19 +378,22 @@ class Scheduler:
             data = json.loads(fields.get("data") or "{}")
             if not isinstance(data, dict):
                 raise ValueError(f"data must be an object, got {type(data).__name__}")
-            handler = getattr(self, f"_on_{kind}", None)
-            if handler is None:
-                raise ValueError(f"unknown report type {kind!r}")
+            try:
+                handler = self._handlers[ReportKind(kind)]
+            except ValueError:
+                raise ValueError(f"unknown report type {kind!r}") from None
             handler(job_id, data)
         except (ValueError, KeyError, TypeError) as exc:
-            self.r.xadd(
+            redis_io.xadd(
+                self.r,
                 keys.events(job_id),
                 event_fields(
                     "bad_report", f"report {msg_id} ({kind!r}) ignored: {exc}", {"id": msg_id}
                 ),
             )
         except ApiError as exc:  # e.g. a transition no longer allowed: record it, go on
-            self.r.xadd(
+            redis_io.xadd(
+                self.r,
                 keys.events(job_id),
                 event_fields(
                     "bad_report", f"report {msg_id} ({kind!r}) not applied: {exc}", {"id": msg_id}
@@ -386,7 +401,7 @@ class Scheduler:
             )
 
     def _event(self, job_id: str, kind: str, message: str, data: dict[str, Any]) -> None:
-        self.r.xadd(keys.events(job_id), event_fields(kind, message, data))
+        redis_io.xadd(self.r, keys.events(job_id), event_fields(kind, message, data))
 
     def _on_started(self, job_id: str, data: dict[str, Any]) -> None:
         self._event(job_id, "trainer", f"trainer group up: {data.get('ranks')} rank(s)", data)
@@ -395,7 +410,7 @@ class Scheduler:
         """A report about an earlier attempt of a pass that was handed out again."""
         if "attempt" not in data:
             return False
-        current_raw, retired_raw = self.r.hmget(rec, ["attempts", "retired"])
+        current_raw, retired_raw = redis_io.hmget(self.r, rec, ["attempts", "retired"])
         current, retired = int(current_raw or 0), int(retired_raw or 0)
         if int(data["attempt"]) == current and int(data["attempt"]) > retired:
             return False
@@ -411,11 +426,15 @@ class Scheduler:
     def _on_claimed(self, job_id: str, data: dict[str, Any]) -> None:
         pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
         rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
-        if self._stale(job_id, rec, data) or self.r.hget(rec, "state") != PassState.QUEUED.value:
+        if (
+            self._stale(job_id, rec, data)
+            or redis_io.hget(self.r, rec, "state") != PassState.QUEUED.value
+        ):
             return
-        self.r.hset(
+        redis_io.hset(
+            self.r,
             rec,
-            mapping={
+            {
                 "state": PassState.RUNNING.value,
                 "started_at": f"{time.time():.3f}",
                 "ranks": str(int(data.get("ranks", 1))),
@@ -429,7 +448,7 @@ class Scheduler:
         day, pid = str(data["day"]), int(data["pass_id"])
         pk = keys.pass_key(day, pid)
         rec = keys.pass_record(job_id, day, pid)
-        current = self.r.hget(rec, "state")
+        current = redis_io.hget(self.r, rec, "state")
         if current is None or current == PassState.DONE.value or self._stale(job_id, rec, data):
             return
         record = data.get("record") or {}
@@ -440,9 +459,10 @@ class Scheduler:
                 values[name] = repr(float(v)) if isinstance(v, float) else str(v)
         f = self.repo.job_fields(job_id)
         with self.r.pipeline() as pipe:
-            pipe.hset(
+            redis_io.hset(
+                pipe,
                 rec,
-                mapping={
+                {
                     **values,
                     "state": PassState.DONE.value,
                     "error": "",
@@ -458,7 +478,8 @@ class Scheduler:
                 for k in ("predict_auc", "train_auc", "logloss")
                 if isinstance(record.get(k), int | float)
             )
-            pipe.xadd(
+            redis_io.xadd(
+                pipe,
                 keys.events(job_id),
                 event_fields(
                     "pass",
@@ -473,8 +494,9 @@ class Scheduler:
             v = record.get(f"{kind}_auc")
             if isinstance(v, int | float):
                 self.metrics.pass_auc.labels(job_id, kind).set(v)
-        if isinstance(record.get("logloss"), int | float):
-            self.metrics.pass_logloss.labels(job_id).set(record["logloss"])
+        for kind, name in (("predict", "predict_logloss"), ("train", "logloss")):
+            if isinstance(record.get(name), int | float):
+                self.metrics.pass_logloss.labels(job_id, kind).set(record[name])
         if isinstance(record.get("seconds"), int | float):
             self.metrics.pass_seconds.observe(record["seconds"])
         if isinstance(record.get("samples"), int) and record["samples"] >= 0:
@@ -502,7 +524,7 @@ class Scheduler:
     def _finish_trigger(self, job_id: str, data: dict[str, Any], state: TriggerState) -> None:
         tid = str(data["trigger_id"])
         key = keys.trigger(job_id, tid)
-        kind = self.r.hget(key, "kind")
+        kind = redis_io.hget(self.r, key, "kind")
         if kind is None:
             raise ValueError(f"unknown trigger {tid!r}")
         fields = {"state": state.value, "finished_at": f"{time.time():.3f}"}
@@ -510,7 +532,7 @@ class Scheduler:
             fields["result"] = json.dumps(data.get("result") or {})
         else:
             fields["error"] = str(data.get("error", ""))[:2000]
-        self.r.hset(key, mapping=fields)
+        redis_io.hset(self.r, key, fields)
         self.metrics.triggers.labels(kind, state.value).inc()
         self._event(
             job_id,
@@ -526,7 +548,7 @@ class Scheduler:
         self._finish_trigger(job_id, data, TriggerState.FAILED)
 
     def _on_stopped(self, job_id: str, data: dict[str, Any]) -> None:
-        if self.r.hget(keys.job(job_id), "state") == JobState.STOPPING.value:
+        if redis_io.hget(self.r, keys.job(job_id), "state") == JobState.STOPPING.value:
             change_state(self.r, job_id, "stopped", reason="trainers stopped")
 
     def _on_error(self, job_id: str, data: dict[str, Any]) -> None:

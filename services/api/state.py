@@ -11,19 +11,23 @@ Job state machine (actions in brackets; the scheduler takes the unbracketed ones
 
 Any other (state, action) is refused with :class:`InvalidTransition` (HTTP 409 naming the
 current state). A state change and its index move (``jobs:state:<state>`` sets) and its event
-are written in one MULTI/EXEC under WATCH, so readers never see a job in two indexes.
+are written in one MULTI/EXEC under WATCH (:func:`watched`, the one check-then-write loop of
+the API), so readers never see a job in two indexes.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import redis
-from streamrec.api import keys
+from streamrec.api import keys, redis_io
 from streamrec.api.errors import InvalidTransition, JobNotFound
+
+T = TypeVar("T")
 
 
 class JobState(StrEnum):
@@ -113,36 +117,42 @@ def change_state(
         InvalidTransition: the state machine refuses ``action`` in the current state.
     """
     key = keys.job(job_id)
-    with r.pipeline() as pipe:
-        while True:
-            try:
-                pipe.watch(key)
-                raw = pipe.hget(key, "state")
-                if raw is None:
-                    raise JobNotFound(f"job {job_id!r} not found")
-                current = JobState(raw)
-                try:
-                    new = next_state(current, action)
-                except KeyError:
-                    raise InvalidTransition(job_id, current.value, action) from None
-                assert new is not None, "delete goes through delete_job"
-                now = f"{time.time():.3f}"
-                pipe.multi()
-                pipe.hset(key, mapping={"state": new.value, "updated_at": now, **(extra or {})})
-                pipe.srem(keys.jobs_in_state(current.value), job_id)
-                pipe.sadd(keys.jobs_in_state(new.value), job_id)
-                msg = f"{current.value} -> {new.value} ({action})" + (
-                    f": {reason}" if reason else ""
-                )
-                pipe.xadd(
-                    keys.events(job_id),
-                    event_fields(
-                        "state", msg, {"from": current.value, "to": new.value, "action": action}
-                    ),
-                )
-                if command is not None:
-                    pipe.xadd(keys.commands(job_id), command)
-                pipe.execute()
-                return new
-            except redis.WatchError:
-                continue
+
+    def apply(pipe: redis.client.Pipeline) -> JobState:
+        raw = redis_io.hget(pipe, key, "state")
+        if raw is None:
+            raise JobNotFound(f"job {job_id!r} not found")
+        current = JobState(raw)
+        try:
+            new = next_state(current, action)
+        except KeyError:
+            raise InvalidTransition(job_id, current.value, action) from None
+        assert new is not None, "delete goes through delete_job"
+        now = f"{time.time():.3f}"
+        pipe.multi()
+        redis_io.hset(pipe, key, {"state": new.value, "updated_at": now, **(extra or {})})
+        pipe.srem(keys.jobs_in_state(current.value), job_id)
+        pipe.sadd(keys.jobs_in_state(new.value), job_id)
+        msg = f"{current.value} -> {new.value} ({action})" + (f": {reason}" if reason else "")
+        redis_io.xadd(
+            pipe,
+            keys.events(job_id),
+            event_fields("state", msg, {"from": current.value, "to": new.value, "action": action}),
+        )
+        if command is not None:
+            redis_io.xadd(pipe, keys.commands(job_id), command)
+        return new
+
+    return watched(r, apply, key)
+
+
+def watched(r: redis.Redis, body: Callable[[redis.client.Pipeline], T], *watch: str) -> T:
+    """Runs ``body`` as one optimistic transaction on ``watch`` and returns what it returns.
+
+    ``body`` reads in immediate mode, calls ``pipe.multi()`` and queues its writes; they are
+    executed together, and the whole of ``body`` runs again when a watched key changed in the
+    meantime (so its checks always hold on the state it writes over). An exception raised by
+    ``body`` (e.g. a refused transition) leaves Redis untouched.
+    """
+    # redis-py types ``body`` as returning None; value_from_callable returns what it returns
+    return cast(T, r.transaction(body, *watch, value_from_callable=True))  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,14 +133,18 @@ def wait_for_pass(
     data_sleep_second: float,
     timeout_s: float | None = None,
     stop: object | None = None,
+    not_ready: Callable[[], None] | None = None,
 ) -> bool:
     """Polls until the pass is ready (True) or the timeout passes (False).
 
     Args:
         stop: optional ``threading.Event``; when set, returns False at the next poll.
+        not_ready: called after every poll that found the pass not ready (who waits can say so).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not pass_ready(data_root, spec, donefile):
+        if not_ready is not None:
+            not_ready()
         if stop is not None and stop.is_set():  # type: ignore[attr-defined]
             return False
         if deadline is not None and time.monotonic() >= deadline:
@@ -171,7 +175,7 @@ def complete_checkpoints(model_root: str | Path) -> list[tuple[str, int, Path]]:
     A checkpoint without its manifest was interrupted and is never taken for a good one.
     """
     root = Path(model_root)
-    found = []
+    found: list[tuple[str, int, Path]] = []
     if not root.is_dir():
         return found
     for day_dir in root.iterdir():

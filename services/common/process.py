@@ -17,8 +17,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeGuard
 
 from streamrec.errors import StreamRecError
 
@@ -49,11 +50,23 @@ def bin_path(name: str) -> str:
     return found
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent thread dies (Linux), so a test or
-    benchmark killed hard leaves no child behind."""
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """What the child runs before exec: SIGTERM when the parent thread dies (Linux), so a test
+    or benchmark killed hard leaves no child behind. A parent gone before the request took
+    effect (the child was reparented) is noticed too."""
+    prctl: Callable[..., int] | None = None
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        # looked up here: loading a library in the forked child may deadlock on a lock
+        # another thread of the parent held at the fork
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+    def arm() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def spawn(
@@ -74,7 +87,7 @@ def spawn(
         stdout_pipe: stdout to a pipe the caller reads (stderr still goes to ``log``).
     """
     full_env = {**os.environ, **(env or {})}
-    preexec = _die_with_parent if die_with_parent else None
+    preexec = _die_with_parent(os.getpid()) if die_with_parent else None
     out_file: IO | None = None
     try:
         if isinstance(log, Path):
@@ -103,8 +116,9 @@ def spawn(
             out_file.close()  # the child holds its own descriptor
 
 
-def pid_alive(pid: object) -> bool:
-    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
+def pid_alive(pid: object) -> TypeGuard[int]:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not).
+    Anything but a positive int (a pid read from a file, say) is not a live pid."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -160,10 +174,12 @@ def stop_process(proc: subprocess.Popen | int, timeout_s: float = 10.0) -> None:
             else:
                 os.killpg(pid, signal.SIGKILL)
         _wait_gone(proc, 5.0)
-    for child in below:
-        if pid_alive(child):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child, signal.SIGKILL)
+    left = [child for child in below if pid_alive(child)]
+    for child in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+    for child in left:  # gone on return: a caller may reuse their ports and files at once
+        _wait_gone(child, 5.0)
 
 
 def _wait_gone(proc: subprocess.Popen | int, timeout_s: float) -> bool:

@@ -290,7 +290,9 @@ class RpcServer:
 
     def _handle(self, body: list) -> list:
         started = time.perf_counter()
-        op, request_id, code = "?", None, None
+        op: object = "?"  # what the request names, checked below
+        request_id: Any = None
+        code: str | None = None
         try:
             msg = decode(body, self.max_message_bytes)
             request_id = msg.header.get("id")

@@ -1,11 +1,13 @@
 # ruff: noqa: N999 - the directory is services/embedding-store, the package embedding_store
 """Sparse parameter server: dynamic multi-table embedding store (PaddleRec / OneEmbedding).
 
-The library, usable in-process::
+The public API is what this module exports; other services import nothing else of it::
 
     from streamrec.embedding_store import EmbeddingStore, TableOptions, StoreEmbeddingBags
+    from streamrec.embedding_store import EmbeddingStoreClient, LocalShards, unique_keys
 
-See ``README.md`` in this directory for the semantics (seed 002) and tiers (seed 003).
+See ``README.md`` in this directory for the semantics (seed 002), the tiers (seed 003) and
+where each concept lives.
 """
 
 import os
@@ -18,7 +20,10 @@ if os.environ.get("STREAMREC_SIMD", "") not in ("", "portable"):
         f"STREAMREC_SIMD must be unset or 'portable', got {os.environ['STREAMREC_SIMD']!r}"
     )
 
+from streamrec.embedding_store.client import EmbeddingStoreClient
 from streamrec.embedding_store.converters import Converter, FileConverter
+from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.local_shards import LocalShards
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
 from streamrec.embedding_store.options import (
     NormalInitializer,
@@ -33,7 +38,9 @@ from streamrec.embedding_store.store import EmbeddingStore
 __all__ = [
     "Converter",
     "EmbeddingStore",
+    "EmbeddingStoreClient",
     "FileConverter",
+    "LocalShards",
     "NormalInitializer",
     "PulledBatch",
     "SgdRuleParam",
@@ -42,4 +49,5 @@ __all__ = [
     "TableOptions",
     "UniformInitializer",
     "ZerosInitializer",
+    "unique_keys",
 ]

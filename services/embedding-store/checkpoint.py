@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import streamrec.embedding_store._C as _C
 import torch
-from streamrec.embedding_store import _C
 from streamrec.embedding_store.converters import Converter, FileConverter, load_npy, save_npy
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
-from streamrec.embedding_store.tiers import SELECT_ALL, SELECT_BASE, SELECT_DELTA
+from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
+from streamrec.save_modes import FULL_MODES, SAVE_MODES, SaveMode
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store import EmbeddingStore
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 MANIFEST = "MANIFEST.json"
 FORMAT = "streamrec-embedding-store"
 VERSION = 1
-MODES = ("checkpoint", "batch", "base", "delta")
-FULL_MODES = ("checkpoint", "batch")
 
 
 def _sha256(path: Path) -> str:
@@ -81,8 +80,8 @@ def save_store(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Writes ``store`` to ``path`` in ``mode``; returns the manifest (see the module doc)."""
-    if mode not in MODES:
-        raise InvalidInput(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in SAVE_MODES:
+        raise InvalidInput(f"mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
     if converter is not None and not isinstance(converter, Converter):
         raise InvalidInput(f"converter must be a Converter, got {type(converter).__name__}")
     path = _check_path(path)
@@ -95,12 +94,12 @@ def save_store(
     conv = converter or FileConverter(staging)
     try:
         tables: dict[str, Any] = {}
-        for name, tier in store._each_tier():
-            with store._locks[name].write():
+        for name in store.tables:
+            with store.exclusive(name) as tier:
                 if full:
                     keys, rows = tier.export(SELECT_ALL)
                 else:
-                    keys, rows = tier.export(SELECT_BASE if mode == "base" else SELECT_DELTA)
+                    keys, rows = tier.export(SELECT_BASE if mode == SaveMode.BASE else SELECT_DELTA)
                     tier.clear_dirty()
                     cleared[name] = keys
             if full:
@@ -145,8 +144,8 @@ def save_store(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         for name, keys in cleared.items():  # the failed save saved nothing: changes stay due
-            with store._locks[name].write():
-                store._tiers[name].mark_dirty(keys)
+            with store.exclusive(name) as tier:
+                tier.mark_dirty(keys)
         raise
     return manifest
 
@@ -191,8 +190,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{mpath}: not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
         raise CheckpointError(f"{mpath}: version {manifest.get('version')!r}, expected {VERSION}")
-    if manifest.get("mode") not in MODES:
-        raise CheckpointError(f"{mpath}: mode {manifest.get('mode')!r} not one of {MODES}")
+    if manifest.get("mode") not in SAVE_MODES:
+        raise CheckpointError(f"{mpath}: mode {manifest.get('mode')!r} not one of {SAVE_MODES}")
     files = manifest.get("files")
     tables = manifest.get("tables")
     if not isinstance(files, dict) or not isinstance(tables, dict):
@@ -229,12 +228,14 @@ def load_store(
     conv = converter or FileConverter(path)
     staged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for name, meta in manifest["tables"].items():
-        if name not in store._tiers:
+        if name not in store.tables:
             raise CheckpointError(
                 f"{str(path)!r}: table {name!r} is not in this store ({list(store.tables)})"
             )
-        tier = store._tiers[name]
-        if not isinstance(meta, dict) or meta.get("dim") != tier.dim:
+        tier = store.tier(name)
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{str(path)!r}: table {name!r}: {meta!r} is not a mapping")
+        if meta.get("dim") != tier.dim:
             raise CheckpointError(
                 f"{str(path)!r}: table {name!r} has dim {meta.get('dim')!r} in the checkpoint, "
                 f"{tier.dim} in this store"
@@ -268,23 +269,23 @@ def load_store(
                 f"{str(path)!r}: table {name!r} has {keys.shape[0]} rows, capacity is {cap}"
             )
         staged[name] = (torch.from_numpy(keys), torch.from_numpy(values))
-    for name, (keys, values) in staged.items():
-        tier = store._tiers[name]
-        with store._locks[name].write():
+    for name, (staged_keys, staged_values) in staged.items():
+        with store.exclusive(name) as tier:
             if full:
                 tier.reset()
-                tier.import_rows(keys, values)
+                tier.import_rows(staged_keys, staged_values)
             else:
-                tier.import_weights(keys, values)
+                tier.import_weights(staged_keys, staged_values)
     if full:
-        store._day = int(manifest.get("day", 0))
+        store.day = int(manifest.get("day", 0))
     return manifest
 
 
 def _check_same_layout(
     path: Path, name: str, meta: dict[str, Any], now: dict[str, Any], width: int
 ) -> None:
-    saved = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    options = meta.get("options")
+    saved = options if isinstance(options, dict) else {}
     for part in ("embed_sgd_param", "embedx_sgd_param"):
         a = (saved.get(part) or {}).get("name")
         b = now[part]["name"]

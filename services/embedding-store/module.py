@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from streamrec.embedding_store.dedup import unique_keys
 from streamrec.embedding_store.errors import InvalidInput
-from streamrec.embedding_store.store import unique_keys
 from streamrec.ragged import RaggedTensor
 from torch import nn
 

@@ -175,9 +175,9 @@ class TableOptions(StrictConfig):
 
     @model_validator(mode="after")
     def _derive_dims(self) -> TableOptions:
-        if self.dim is None and self.embedx_dim is None:
-            raise ValueError(f"table {self.name!r}: give dim or embedx_dim")
         if self.dim is None:
+            if self.embedx_dim is None:
+                raise ValueError(f"table {self.name!r}: give dim or embedx_dim")
             object.__setattr__(self, "dim", 1 + self.embedx_dim)
         elif self.embedx_dim is None:
             object.__setattr__(self, "embedx_dim", self.dim - 1)
@@ -187,6 +187,13 @@ class TableOptions(StrictConfig):
                 f"embedx_dim={self.embedx_dim}"
             )
         return self
+
+    def checked_dim(self) -> int:
+        """``dim`` as an int: validation derives it from ``embedx_dim`` when not given, so only
+        an unvalidated instance (``model_construct``) lacks it."""
+        if self.dim is None:
+            raise ValueError(f"table {self.name!r} has no dim: build it with TableOptions(...)")
+        return self.dim
 
     def score(self, show: float, click: float) -> float:
         """``nonclk_coeff * (show - click) + click_coeff * click``."""

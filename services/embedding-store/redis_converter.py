@@ -25,17 +25,19 @@ file converter). The store calls :meth:`write_rows` once per table per save.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from streamrec.embedding_store.converters import Converter
 from streamrec.embedding_store.errors import InvalidInput
 from streamrec.errors import BadRequest, NotFound
 from streamrec.keyhash import shard_of
+from streamrec.save_modes import FULL_MODES, SAVE_MODES
 
 #: A staging hash left behind by a crash during a base write expires after this long.
 STAGING_TTL_S = 24 * 3600
-SERVING_MODES = ("base", "delta")
+#: the modes that write serving weights (no optimizer state): base and delta
+SERVING_MODES = tuple(m for m in SAVE_MODES if m not in FULL_MODES)
 
 
 def _encode_fields(keys: np.ndarray) -> list[str]:
@@ -53,7 +55,8 @@ def _decode_fields(fields: list[bytes]) -> np.ndarray:
 def _encode_rows(values: np.ndarray) -> list[bytes]:
     """(n, dim) float32 -> one little-endian byte string per row, without a Python loop."""
     v = np.ascontiguousarray(values, dtype="<f4")
-    return v.view(np.dtype((np.void, 4 * v.shape[1]))).ravel().tolist()
+    # numpy types tolist() of any array loosely; a void element converts to bytes
+    return cast(list[bytes], v.view(np.dtype((np.void, 4 * v.shape[1]))).ravel().tolist())
 
 
 def _decode_rows(blobs: list[bytes], dim: int, what: str) -> np.ndarray:

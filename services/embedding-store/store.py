@@ -17,8 +17,12 @@ Semantics (seed 002, PaddleRec's CtrCommonAccessor):
   ``show_click_decay_rate`` and deletes rows with score < ``delete_threshold`` or unseen
   days > ``delete_after_unseen_days``.
 
-Thread safety: each table has a reader-writer lock; pulls of present keys share it, pushes,
-creation, shrink, save and load hold it alone. The C++ ops release the GIL.
+Thread safety: each table has a reader-writer lock (:mod:`~streamrec.embedding_store.locks`);
+pulls of present keys share it, pushes, creation, shrink, save and load hold it alone. The
+C++ ops release the GIL.
+
+Inputs are checked by :mod:`~streamrec.embedding_store.validation` (the client's rules too);
+the rows live in one tier per table (:mod:`~streamrec.embedding_store.tier`).
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-import numpy as np
+import streamrec.embedding_store._C as _C
 import torch
-import torch.nn.functional as F
-from streamrec.embedding_store import _C
+from streamrec.embedding_store import lookup as lookups
+from streamrec.embedding_store.dedup import unique_keys
 from streamrec.embedding_store.errors import (
     InvalidInput,
     NonFiniteGradient,
@@ -40,97 +44,12 @@ from streamrec.embedding_store.errors import (
     TierUnavailable,
     UnknownTable,
 )
+from streamrec.embedding_store.host_tier import HostTable
+from streamrec.embedding_store.locks import RWLock
 from streamrec.embedding_store.options import StoreOptions, TableOptions
-from streamrec.embedding_store.tiers import HostTable, TableTier
+from streamrec.embedding_store.tier import TableTier
+from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
 from streamrec.malloc import keep_freed_memory
-
-
-class RWLock:
-    """Readers share, a writer is alone; waiting writers go before new readers."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-        self._writers_waiting = 0
-        #: writers admitted so far; a reader that sees the same value under write() knows
-        #: nothing was written in between (only its own write() counted)
-        self.epoch = 0
-
-    @contextmanager
-    def read(self) -> Iterator[None]:
-        with self._cond:
-            while self._writer or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def write(self) -> Iterator[None]:
-        with self._cond:
-            self._writers_waiting += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._writers_waiting -= 1
-            self._writer = True
-            self.epoch += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
-
-
-def as_keys(keys: Any, field: str = "keys") -> torch.Tensor:
-    """Validates keys: (n,) int64 tensor or ndarray (int32 widened, uint64 bit pattern kept)
-    -> contiguous (n,) int64 tensor."""
-    if isinstance(keys, np.ndarray):
-        if keys.dtype == np.uint64:
-            keys = keys.view(np.int64)
-        if keys.dtype.kind not in "iu":
-            raise InvalidInput(f"{field} must be int64, got numpy dtype {keys.dtype}")
-        keys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
-    elif isinstance(keys, torch.Tensor):
-        if keys.dtype == torch.uint64:
-            keys = keys.view(torch.int64)
-        if keys.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
-            raise InvalidInput(f"{field} must be int64, got {keys.dtype}")
-        keys = keys.detach().to("cpu", torch.int64)
-    else:
-        raise InvalidInput(
-            f"{field} must be a torch.Tensor or numpy array, got {type(keys).__name__}"
-        )
-    if keys.dim() != 1:
-        raise InvalidInput(f"{field} must be 1-D (n,), got shape {tuple(keys.shape)}")
-    return keys.contiguous()
-
-
-def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Distinct keys in order of first occurrence and the inverse (a C++ hash dedup).
-
-    keys: (n,) int64 -> (uniq (u,) int64, inverse (n,) int64) with uniq[inverse] == keys.
-    """
-    return _C.unique(keys.contiguous())
-
-
-def _as_float(x: Any, field: str, shape: tuple[int, ...]) -> torch.Tensor:
-    if isinstance(x, np.ndarray):
-        x = torch.from_numpy(x)
-    if not isinstance(x, torch.Tensor):
-        raise InvalidInput(f"{field} must be a torch.Tensor or numpy array, got {type(x).__name__}")
-    if x.dtype != torch.float32:
-        raise InvalidInput(f"{field} must be float32, got {x.dtype}")
-    if tuple(x.shape) != shape:
-        raise InvalidInput(f"{field} must have shape {shape}, got {tuple(x.shape)}")
-    return x.detach().to("cpu").contiguous()
-
 
 #: called after each table of pull_many/push_many with (table, keys, seconds)
 TableHook = Callable[[str, int, float], None]
@@ -147,25 +66,6 @@ class _Push(NamedTuple):
     clicks: torch.Tensor  # (n,) float32
 
 
-def check_aligned(tables: Any, **lists: Any) -> int:
-    """Checks that ``tables`` is a list of names and every given list (None allowed)
-    has one entry per table; returns the table count."""
-    if not isinstance(tables, list | tuple) or not all(isinstance(t, str) for t in tables):
-        raise InvalidInput(f"tables must be a list of table names, got {tables!r:.200}")
-    for name, value in lists.items():
-        if value is None:
-            continue
-        if not isinstance(value, list | tuple):
-            raise InvalidInput(
-                f"{name} must be a list with one entry per table, got {type(value).__name__}"
-            )
-        if len(value) != len(tables):
-            raise InvalidInput(
-                f"{name} has {len(value)} entries for {len(tables)} tables {list(tables)[:8]}"
-            )
-    return len(tables)
-
-
 class EmbeddingStore:
     """Dynamic multi-table sparse parameter store (PaddleRec tables, OneEmbedding tiers).
 
@@ -173,7 +73,8 @@ class EmbeddingStore:
         tables: one :class:`TableOptions` per table (names unique).
         tier: ``"host"`` (RAM), ``"ssd"`` (files under ``persistent_path`` with a RAM cache of
             ``cache_budget_mb`` MiB per table, at most ``capacity`` rows per table) or
-            ``"device"`` (needs the CUDA extension, a separate issue).
+            ``"device"`` (GPU memory: raises TierUnavailable until the store has a CUDA
+            extension; only the CPU one exists today).
         persistent_path: directory of the ssd tier's files.
         cache_budget_mb: RAM cache per table of the ssd tier, MiB.
         capacity: most rows per table (required for ssd; host: unbounded when None).
@@ -227,7 +128,7 @@ class EmbeddingStore:
         if o.tier == "host":
             return HostTable(t, o.seed, o.capacity)
         if o.tier == "ssd":
-            from streamrec.embedding_store.tiers import SsdTable
+            from streamrec.embedding_store.ssd_tier import SsdTable
 
             return SsdTable(t, o.seed, o.capacity, o.cache_budget_mb, o.persistent_path)
         cuda = torch.cuda.is_available()
@@ -248,13 +149,33 @@ class EmbeddingStore:
         """Days advanced since the store was created (or the loaded checkpoint's day)."""
         return self._day
 
-    def _tier(self, table: str) -> TableTier:
+    @day.setter
+    def day(self, day: int) -> None:
+        """Sets the day count (a full checkpoint's load restores the saved one)."""
+        self._day = int(day)
+
+    def tier(self, table: str) -> TableTier:
+        """The tier holding ``table``'s rows. Its layout (``dim``, ``width``, ``options``) is
+        fixed; read or write its rows only under :meth:`exclusive` (or the store's calls).
+
+        Raises:
+            StoreClosed: the store is closed.
+            UnknownTable: no such table.
+        """
         if self._closed:
             raise StoreClosed("the embedding store is closed")
         tier = self._tiers.get(table) if isinstance(table, str) else None
         if tier is None:
             raise UnknownTable(f"unknown table {table!r}; tables are {list(self._tables)}")
         return tier
+
+    @contextmanager
+    def exclusive(self, table: str) -> Iterator[TableTier]:
+        """``table``'s tier under the table's write lock: no pull, push or maintenance of the
+        table runs meanwhile (checkpoint save and load export and import rows this way)."""
+        tier = self.tier(table)
+        with self._locks[table].write():
+            yield tier
 
     # -- pull / push --------------------------------------------------------------------
     def pull(self, table: str, keys: Any, create: bool = True) -> torch.Tensor:
@@ -269,7 +190,7 @@ class EmbeddingStore:
             (n, dim) float32 tensor (a copy; column 0 embed, columns 1.. embedx, zeros until
             the row is expanded).
         """
-        tier = self._tier(table)
+        tier = self.tier(table)
         keys = as_keys(keys)
         lock = self._locks[table]
         with self._count_lock:
@@ -314,19 +235,19 @@ class EmbeddingStore:
     ) -> _Push:
         """Validates one table's push (table, dtypes, shapes, NaN/Inf, shows/clicks >= 0)
         and converts it to tensors; writes nothing."""
-        tier = self._tier(table)
+        tier = self.tier(table)
         keys = as_keys(keys, f"table {table!r}: keys")
         n, dim = keys.numel(), tier.dim
-        grads = _as_float(grads, f"table {table!r}: grads", (n, dim))
+        grads = as_floats(grads, f"table {table!r}: grads", (n, dim))
         shows = (
             self._constant(1.0, n)
             if shows is None
-            else _as_float(shows, f"table {table!r}: shows", (n,))
+            else as_floats(shows, f"table {table!r}: shows", (n,))
         )
         clicks = (
             self._constant(0.0, n)
             if clicks is None
-            else _as_float(clicks, f"table {table!r}: clicks", (n,))
+            else as_floats(clicks, f"table {table!r}: clicks", (n,))
         )
         bad_rows, bad_counts = _C.check_push(grads, shows, clicks)
         if bad_rows:
@@ -387,7 +308,7 @@ class EmbeddingStore:
         """
         check_aligned(tables, keys=keys)
         for t in tables:
-            self._tier(t)
+            self.tier(t)
         keys = [as_keys(k, f"table {t!r}: keys") for t, k in zip(tables, keys, strict=True)]
         out = []
         for table, k in zip(tables, keys, strict=True):
@@ -443,103 +364,37 @@ class EmbeddingStore:
     def initial_values(self, table: str, keys: Any, expanded: bool = False) -> torch.Tensor:
         """The deterministic initial weights a row of each key gets, (n, dim) float32; the
         embedx columns as zeros unless ``expanded`` (as drawn when the row expands)."""
-        tier = self._tier(table)
+        tier = self.tier(table)
         return _C.initial_weights(as_keys(keys), tier.params, expanded)
 
     def inspect(self, table: str, keys: Any) -> dict[str, torch.Tensor]:
         """Per-key statistics, read-only: ``present`` (n,) bool, ``show``, ``click``,
         ``unseen_days``, ``score`` (n,) float32, ``expanded`` (n,) bool (absent keys: zeros)."""
-        tier = self._tier(table)
+        tier = self.tier(table)
         keys = as_keys(keys)
         lock = self._locks[table]
         with lock.read() if tier.concurrent_reads else lock.write():
             return tier.inspect(keys)
 
-    # -- OneEmbedding-style multi-table lookup and bag pooling ---------------------------
+    # -- OneEmbedding-style multi-table lookup and bag pooling (lookup.py) ---------------
     def lookup(self, ids: Any, table_ids: Any | None = None, create: bool = True) -> torch.Tensor:
-        """Multi-table lookup (seed 003); the tables involved must share one dim.
-
-        Args:
-            ids: (batch, num_tables) int64, column j looked up in the j-th table (construction
-                order); or (n,) int64 with ``table_ids``.
-            table_ids: (n,) integer table index per id, or None.
-            create: as in :meth:`pull`.
-
-        Returns:
-            (batch, num_tables, dim) float32, or (n, dim) with ``table_ids``.
-        """
-        names = list(self._tables)
-        if isinstance(ids, np.ndarray):
-            ids = torch.from_numpy(ids.view(np.int64) if ids.dtype == np.uint64 else ids)
-        if not isinstance(ids, torch.Tensor):
-            raise InvalidInput(f"ids must be a tensor or ndarray, got {type(ids).__name__}")
-        if table_ids is None:
-            if ids.dim() != 2 or ids.shape[1] > len(names):
-                raise InvalidInput(
-                    f"ids must be (batch, num_tables <= {len(names)}), got {tuple(ids.shape)}"
-                )
-            used = names[: ids.shape[1]]
-            self._same_dim(used)
-            cols = [self.pull(t, ids[:, j].contiguous(), create) for j, t in enumerate(used)]
-            dim = self._tables[used[0]].dim
-            return torch.stack(cols, 1) if cols else torch.zeros(ids.shape[0], 0, dim)
-        keys = as_keys(ids, "ids")
-        tids = as_keys(table_ids, "table_ids")
-        if tids.numel() != keys.numel():
-            raise InvalidInput(
-                f"table_ids must match ids in length {keys.numel()}, got {tids.numel()}"
-            )
-        if keys.numel() and (int(tids.min()) < 0 or int(tids.max()) >= len(names)):
-            raise InvalidInput(
-                f"table_ids must be in [0, {len(names)}), got {int(tids.min())}..{int(tids.max())}"
-            )
-        present = [int(t) for t in torch.unique(tids)]
-        self._same_dim([names[t] for t in present] or names[:1])
-        out = torch.zeros(keys.numel(), self._tables[names[present[0] if present else 0]].dim)
-        for t in present:
-            sel = (tids == t).nonzero().squeeze(1)
-            out[sel] = self.pull(names[t], keys[sel], create)
-        return out
-
-    def _same_dim(self, names: list[str]) -> None:
-        dims = {self._tables[n].dim for n in names}
-        if len(dims) > 1:
-            raise InvalidInput(f"tables {names} differ in dim {sorted(dims)}; lookup needs one dim")
+        """Multi-table lookup (seed 003): ids (batch, num_tables) int64 -> (batch,
+        num_tables, dim) float32, or ids (n,) with table_ids (n,) -> (n, dim); see
+        :func:`streamrec.embedding_store.lookup.lookup`."""
+        return lookups.lookup(self, ids, table_ids, create)
 
     def pull_bags(
         self, table: str, keys: Any, offsets: Any, pooling: str = "sum", create: bool = True
     ) -> torch.Tensor:
-        """Pooled bags (DLRM's EmbeddingBag), no autograd.
-
-        Args:
-            keys: (nnz,) int64, the bags' keys concatenated.
-            offsets: (bags + 1,) int64, bag i = keys[offsets[i]:offsets[i + 1]].
-            pooling: "sum" or "mean" (an empty bag pools to zeros).
-
-        Returns:
-            (bags, dim) float32.
-        """
-        if pooling not in ("sum", "mean"):
-            raise InvalidInput(f"pooling must be 'sum' or 'mean', got {pooling!r}")
-        keys = as_keys(keys)
-        offsets = as_keys(offsets, "offsets")
-        if (
-            offsets.numel() < 1
-            or int(offsets[0]) != 0
-            or int(offsets[-1]) != keys.numel()
-            or bool((offsets[1:] < offsets[:-1]).any())
-        ):
-            raise InvalidInput(
-                f"offsets must rise from 0 to len(keys)={keys.numel()}, got {offsets.tolist()[:8]}"
-            )
-        uniq, inverse = unique_keys(keys)
-        weights = self.pull(table, uniq, create)
-        return F.embedding_bag(inverse, weights, offsets, mode=pooling, include_last_offset=True)
+        """Pooled bags (DLRM's EmbeddingBag), no autograd: keys (nnz,) int64, offsets
+        (bags + 1,) int64 -> (bags, dim) float32; see
+        :func:`streamrec.embedding_store.lookup.pull_bags`."""
+        return lookups.pull_bags(self, table, keys, offsets, pooling, create)
 
     # -- table maintenance --------------------------------------------------------------
     def size(self, table: str) -> int:
         """Rows held by ``table``."""
-        tier = self._tier(table)
+        tier = self.tier(table)
         with self._locks[table].read():
             return tier.size()
 

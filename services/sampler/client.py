@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from streamrec.errors import BadRequest, RemoteError, RpcTimeout
+from streamrec.process import spawn, stop_process
 from streamrec.ragged import RaggedTensor
 from streamrec.sampler.columns import Column, decode_columns, encode_columns, to_columns
 from streamrec.sampler.config import check_endpoint, default_endpoint, lock_base
@@ -106,7 +106,7 @@ class LocalRpcDataSampler:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.server_args = list(server_args)
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen | None = None
         self._rpc = RpcClient(self.endpoint, timeout_s=timeout_s)
         self.server_info: dict[str, Any] = {}
         try:
@@ -154,24 +154,20 @@ class LocalRpcDataSampler:
             if info is not None:
                 return info  # another client started it while we waited
             if not self._server_lock_held():
-                log_path = Path(f"{base}.log")
-                with open(log_path, "ab") as log_file:
-                    self._proc = subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "streamrec.sampler",
-                            "serve",
-                            "--endpoint",
-                            self.endpoint,
-                            *self.server_args,
-                        ],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log_file,
-                        stderr=log_file,
-                        start_new_session=True,
-                        close_fds=True,
-                    )
+                # detached (a session of its own, no death signal): the server outlives this
+                # client and serves every later one on the node
+                self._proc = spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "streamrec.sampler",
+                        "serve",
+                        "--endpoint",
+                        self.endpoint,
+                        *self.server_args,
+                    ],
+                    log=Path(f"{base}.log"),
+                )
             return self._wait_for_server()
 
     def _wait_for_server(self) -> dict[str, Any]:
@@ -485,21 +481,6 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 def stop_server(pid: int, timeout_s: float = 10.0) -> None:
-    """Stops a sampler server process by pid (SIGTERM, then SIGKILL). For tests and the demo."""
-    import signal
-
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return
-        if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    """Stops a sampler server process by pid (SIGTERM, then SIGKILL after ``timeout_s``) and
+    waits until it is gone. For tests and the demo."""
+    stop_process(pid, timeout_s)

@@ -184,7 +184,7 @@ def _numeric(name: str, arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _strings(name: str, values: list[Any]) -> Column:
+def _strings(name: str, values: Sequence[Any]) -> Column:
     import pyarrow as pa
 
     try:
@@ -269,7 +269,8 @@ def concat_columns(parts: list[dict[str, Column]]) -> dict[str, Column]:
         if cols[0].offsets is None:
             out[name] = Column(cols[0].kind, values)
             continue
-        lens = np.concatenate([np.diff(c.offsets) for c in cols])
+        # one kind: every column has offsets, as cols[0] has
+        lens = np.concatenate([np.diff(c.offsets) for c in cols if c.offsets is not None])
         offsets = np.zeros(len(lens) + 1, np.int64)
         np.cumsum(lens, out=offsets[1:])
         out[name] = Column(cols[0].kind, values, offsets)

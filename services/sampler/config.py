@@ -19,6 +19,9 @@ from streamrec.errors import BadRequest, ServiceUnavailable
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 ENDPOINT_ENV = "STREAMREC_SAMPLER_ENDPOINT"
+#: The item id given to a positive whose id is not in the negative table (the seed's
+#: ``murmurhash(0)``, RecIS's ``default_value``): ``valid_sample_ids`` and ``pack_feature``.
+MISSING_ITEM_ID = 5533571732986600803
 _ENDPOINT_RE = re.compile(r"^(ipc://.+|tcp://[^:/]+:(\d+|\*))$")
 
 

@@ -13,12 +13,14 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import torch
 from streamrec.ragged import RaggedTensor
 from streamrec.sampler import LocalRpcDataSampler, prefetch
 from streamrec.sampler.client import stop_server
+from streamrec.sampler.config import MISSING_ITEM_ID
 
 ITEMS = 200_000
 CATEGORIES = 100
@@ -28,7 +30,7 @@ sample_size = 6  # 1 positive + 5 negatives, as in the seed
 sample_tag, dedup_tag, weight_tag, skey_name = "cate_id", "item_id", "weight", "skey"
 
 
-def make_table(seed: int, id_offset: int = 0) -> dict[str, object]:
+def make_table(seed: int, id_offset: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     ids = id_offset + rng.permutation(ITEMS).astype(np.int64) * 7919 + 1
     cats = rng.integers(0, CATEGORIES, ITEMS)
@@ -72,7 +74,9 @@ def main() -> int:
     try:
         return run(neg_sampler, endpoint)
     finally:
-        stop_server(neg_sampler.server_pid)
+        pid = neg_sampler.server_pid
+        if pid is not None:  # the server said which process it is
+            stop_server(pid)
         neg_sampler.close()
         shutil.rmtree(directory, ignore_errors=True)
         print("      sampler server stopped")
@@ -98,14 +102,12 @@ def run(neg_sampler: LocalRpcDataSampler, endpoint: str) -> int:
             sample_tag_ragged_tensor=sample_tag_ragged_tensor,
         )
         pos_ids = neg_sampler.valid_sample_ids(
-            dedup_tag_ragged_tensor.values(), default_value=5533571732986600803
+            dedup_tag_ragged_tensor.values(), default_value=MISSING_ITEM_ID
         )
         pos_neg_ids = neg_sampler.combine_vector_with_sample_counts(
             pos_ids, sample_cnts, neg_sample_ids
         )
-        output_sample_table = neg_sampler.pack_feature(
-            pos_neg_ids, default_value=5533571732986600803
-        )
+        output_sample_table = neg_sampler.pack_feature(pos_neg_ids, default_value=MISSING_ITEM_ID)
         combined_batch = neg_sampler.combine(batch, output_sample_table, sample_cnts)
         return combined_batch
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import streamrec.sampler._C as _C
 import torch
-from streamrec.sampler import _C
 from streamrec.sampler.alias import AliasTable, pack_slots
 from streamrec.sampler.columns import Column, ragged_arange, ragged_gather
 from streamrec.sampler.errors import BadTable
@@ -356,7 +356,7 @@ class NegativeTable:
             kernel_group = np.where(allowed > 0, group, -1)
         own_ids = None
         if avoid_conflict and banned is None:
-            own_ids = torch.from_numpy(np.require(pos_ids, np.int64, "CW"))
+            own_ids = torch.from_numpy(np.require(pos_ids, np.int64, ["C", "W"]))
         tables = self._draw_tables[id(at)]
         seed = int(rng.integers(-(1 << 63), (1 << 63) - 1, dtype=np.int64, endpoint=True))
         ids_t, left_t, rounds = _C.sample_put_back(

@@ -5,8 +5,12 @@ Run one per rank under torchrun::
     torchrun --nproc-per-node 2 -m streamrec.trainer.agent \\
         --redis-url redis://127.0.0.1:6379/0 --job-id 3f2a...
 
-Every rank reads the job spec from Redis, builds its :class:`OnlineTrainer` (joining
-torch.distributed when ``WORLD_SIZE > 1``) and warm-starts. Then, step by step::
+Every rank reads the job's trainer config from Redis (computed and validated by the API when
+the job was created; validated again here with :class:`TrainerConfig`), builds its
+:class:`OnlineTrainer` (joining torch.distributed when ``WORLD_SIZE > 1``, checking the job's
+``resources.trainer_ranks`` against it and the shards' tier against ``store.tier``) and
+warm-starts. A job this group cannot run is reported ``fatal`` (the API fails it, with the
+message). Then, step by step::
 
     rank 0                                   every rank
     ------                                   ----------
@@ -36,9 +40,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from streamrec import layout
-from streamrec.api.client import Command, TrainerChannel, WorkItem
-from streamrec.api.models import JobCreate
-from streamrec.errors import NotFound, StreamRecError
+from streamrec.api.client import (
+    TERMINAL_STATES,
+    Command,
+    CommandType,
+    ReportKind,
+    TrainerChannel,
+    WorkItem,
+)
+from streamrec.errors import BadRequest, NotFound, StreamRecError
+from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer.config import TrainerConfig
 
@@ -46,10 +57,16 @@ log = logging.getLogger("streamrec.trainer.agent")
 
 # Step opcodes broadcast from rank 0 (header[0]).
 IDLE, PASS, CHECKPOINT, EXPORT, SHRINK, STOP, EXIT = range(7)
-MODES = {None: 0, "base": 1, "delta": 2, "batch": 3}
+#: The step a command asks for.
+COMMAND_OPS = {
+    CommandType.CHECKPOINT: CHECKPOINT,
+    CommandType.EXPORT: EXPORT,
+    CommandType.SHRINK: SHRINK,
+    CommandType.STOP: STOP,
+}
+#: Save mode <-> header[5]: 0 none, then 1 + its index in SAVE_MODES.
+MODES: dict[str | None, int] = {None: 0, **{m: i + 1 for i, m in enumerate(SAVE_MODES)}}
 MODE_NAMES = {v: k for k, v in MODES.items()}
-#: Job states in which the agent leaves (nothing more will come for this run).
-FINISHED = frozenset({"succeeded", "failed", "stopped"})
 HEADER = 6  # op, day, pass_id, attempt, n_splits, mode
 
 
@@ -178,9 +195,8 @@ class Agent:
 
     # ---- set-up ------------------------------------------------------------------------
     def config(self) -> TrainerConfig:
-        """The trainer config of the job (every rank reads the spec; only rank 0 takes work)."""
-        spec = JobCreate.model_validate(self.channel.spec())
-        return TrainerConfig.parse(spec.trainer_config(), source=f"job {self.job_id}")
+        """The job's trainer config (every rank reads it; only rank 0 takes work)."""
+        return TrainerConfig.parse(self.channel.trainer_config(), source=f"job {self.job_id}")
 
     def start(self) -> None:
         from streamrec.trainer.runner import OnlineTrainer
@@ -188,31 +204,40 @@ class Agent:
         try:
             config = self.config()
         except StreamRecError as exc:
-            if self.rank == 0:
-                self.channel.report("fatal", message=str(exc))
+            self._fatal(exc)
             raise
         if self.rank == 0:  # beat from the start: warm start may take a while
             self.heart = Heartbeat(
                 self.channel, self.heartbeat_ttl_s, ranks=self.world, host=socket.gethostname()
             )
             self.heart.start()
-        self.trainer = OnlineTrainer(config, store=self.store)
+        try:
+            self.trainer = OnlineTrainer(config, store=self.store)
+        except BadRequest as exc:  # wrong world size or tier, tables the shards refuse
+            self._fatal(exc)
+            raise
         resumed = self.trainer.warm_start()
         if self.rank == 0:
             self.channel.report(
-                "started",
+                ReportKind.STARTED,
                 ranks=self.world,
+                threads=torch.get_num_threads(),
                 host=socket.gethostname(),
                 resumed_from=layout_key(resumed),
             )
 
+    def _fatal(self, exc: Exception) -> None:
+        """Rank 0 tells the control plane this group cannot run the job (it fails the job)."""
+        log.error("job %s cannot run here: %s", self.job_id, exc)
+        if self.rank == 0:
+            self.channel.report(ReportKind.FATAL, message=str(exc))
+
     # ---- rank 0: what next --------------------------------------------------------------
     def next_step(self) -> Step:
         for cmd in self.channel.take_commands():
-            op = {"checkpoint": CHECKPOINT, "export": EXPORT, "shrink": SHRINK, "stop": STOP}.get(
-                cmd.type
-            )
-            if op is None:
+            try:
+                op = COMMAND_OPS[CommandType(cmd.type)]
+            except ValueError:
                 log.warning("unknown command %r ignored", cmd.type)
                 continue
             self.pending.append(Step(op, mode=cmd.mode, command=cmd))
@@ -222,7 +247,7 @@ class Agent:
             state = self.channel.state()
         except NotFound:
             return Step(EXIT)
-        if state in FINISHED:
+        if state in TERMINAL_STATES:
             return Step(EXIT)
         item = self.channel.take_pass(block_ms=self.poll_ms)
         if item is None:
@@ -232,13 +257,13 @@ class Agent:
     # ---- every rank: do it --------------------------------------------------------------
     def run(self) -> int:
         """The loop; returns when the job is finished, stopped or deleted."""
-        self.start()
         try:
+            self.start()
             while True:
                 step = broadcast_step(self.next_step() if self.rank == 0 else None, self.rank)
                 if step.op in (EXIT, STOP):
                     if step.op == STOP and self.rank == 0:
-                        self.channel.report("stopped")
+                        self.channel.report(ReportKind.STOPPED)
                     return 0
                 if step.op == PASS:
                     self.do_pass(step)
@@ -253,7 +278,7 @@ class Agent:
         assert spec is not None
         if self.rank == 0:
             self.channel.report(
-                "claimed",
+                ReportKind.CLAIMED,
                 day=spec.day,
                 pass_id=spec.pass_id,
                 ranks=self.world,
@@ -268,7 +293,7 @@ class Agent:
             log.exception("pass %s/%s failed", spec.day, spec.pass_id)
             if self.rank == 0:
                 self.channel.report(
-                    "pass_failed",
+                    ReportKind.PASS_FAILED,
                     day=spec.day,
                     pass_id=spec.pass_id,
                     attempt=step.attempt,
@@ -281,10 +306,13 @@ class Agent:
             newest = layout.newest_checkpoint(t.model_root)
             if newest is not None and (newest[0], newest[1]) == (spec.day, spec.pass_id):
                 self.channel.report(
-                    "checkpoint", day=spec.day, pass_id=spec.pass_id, path=str(newest[2])
+                    ReportKind.CHECKPOINT,
+                    day=spec.day,
+                    pass_id=spec.pass_id,
+                    path=str(newest[2]),
                 )
             self.channel.report(
-                "pass_done",
+                ReportKind.PASS_DONE,
                 day=spec.day,
                 pass_id=spec.pass_id,
                 ranks=self.world,
@@ -305,23 +333,27 @@ class Agent:
                 path = t.save_checkpoint(day, pass_id)
                 result: dict[str, Any] = {"path": str(path), "day": day, "pass_id": pass_id}
             elif step.op == EXPORT:
-                path = t.save_model(step.mode, day, pass_id if step.mode == "delta" else None)
+                path = t.save_model(step.mode, day, pass_id)  # pass_id: a delta's
                 result = {"path": str(path), "mode": step.mode, "day": day}
             else:
                 result = {"deleted": t.shrink()}
         except (StreamRecError, OSError, ValueError) as exc:
             if self.rank == 0 and cmd is not None and cmd.trigger_id:
                 self.channel.report(
-                    "trigger_failed",
+                    ReportKind.TRIGGER_FAILED,
                     trigger_id=cmd.trigger_id,
                     error=f"{type(exc).__name__}: {exc}",
                 )
             return
         if self.rank == 0:
             if step.op == CHECKPOINT:
-                self.channel.report("checkpoint", day=day, pass_id=pass_id, path=result["path"])
+                self.channel.report(
+                    ReportKind.CHECKPOINT, day=day, pass_id=pass_id, path=result["path"]
+                )
             if cmd is not None and cmd.trigger_id:
-                self.channel.report("trigger_done", trigger_id=cmd.trigger_id, result=result)
+                self.channel.report(
+                    ReportKind.TRIGGER_DONE, trigger_id=cmd.trigger_id, result=result
+                )
 
     def close(self) -> None:
         if self.heart is not None:

@@ -10,6 +10,10 @@ A full checkpoint ``model_root/YYYYMMDD/<pass_id>/`` holds::
 
 A directory without MANIFEST.json was interrupted and is never loaded; a manifest whose
 checksums do not match raises :class:`CheckpointError` before anything is changed.
+
+Base, delta and batch models have the same shape (their ``sparse/`` holds the store's save in
+that mode). :func:`write_model` writes any of them, :func:`read_checkpoint` and
+:func:`restore_dense` read a checkpoint back; the trainer only decides when and on which rank.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from streamrec import layout
 from streamrec.layout import MANIFEST_NAME
-from streamrec.trainer.errors import CheckpointError
+from streamrec.save_modes import SaveMode
+from streamrec.trainer.errors import CheckpointError, ConfigError
 
 DENSE_NAME = "dense.pt"
 SPARSE_NAME = "sparse"
@@ -99,3 +105,83 @@ def fresh_dir(directory: Path) -> Path:
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     return directory
+
+
+def model_dir(model_root: Path, mode: str, day: str, pass_id: int | None = None) -> Path:
+    """Where a save of ``mode`` after ``day`` (and pass ``pass_id``) goes (streamrec.layout)."""
+    if mode in (SaveMode.CHECKPOINT, SaveMode.DELTA):
+        if pass_id is None:
+            raise ConfigError(f"a {mode} save needs a pass_id")
+        if mode == SaveMode.CHECKPOINT:
+            return layout.checkpoint_dir(model_root, day, pass_id)
+        return layout.delta_dir(model_root, day, pass_id)
+    if mode == SaveMode.BASE:
+        return layout.base_dir(model_root, day)
+    if mode == SaveMode.BATCH:
+        return layout.batch_dir(model_root, day)
+    raise ConfigError(f"mode must be one of {[m.value for m in SaveMode]}, got {mode!r}")
+
+
+def dense_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    last_pass: tuple[str, int] | None,
+    step: int,
+    arch: dict[str, Any],
+) -> dict[str, Any]:
+    """What ``dense.pt`` holds: plain tensors, numbers and strings (loadable weights_only)."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "trainer": {
+            "day": last_pass[0] if last_pass else "",
+            "pass_id": last_pass[1] if last_pass else 0,
+            "step": step,
+        },
+        "arch": json.dumps(arch),
+    }
+
+
+def write_model(
+    directory: Path, state: dict[str, Any], store: Any, mode: str, info: dict[str, Any]
+) -> Path:
+    """Dense state, the store's save in ``mode`` and the manifest (last) into a fresh
+    ``directory``. One process writes it (the store saves every shard)."""
+    fresh_dir(directory)
+    save_dense(directory / DENSE_NAME, state)
+    store.save(str(directory / SPARSE_NAME), mode=mode)
+    write_manifest(directory, dict(info, mode=mode))
+    return directory
+
+
+def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(manifest, dense state) of a complete checkpoint, checksums verified."""
+    manifest = read_manifest(directory)
+    return manifest, load_dense(directory / DENSE_NAME)
+
+
+def restore_dense(
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    source: Path,
+) -> int:
+    """Loads a dense state into the model, optimizer and LR scheduler; returns its step.
+
+    Raises CheckpointError naming ``source`` when the state does not fit this model.
+    """
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        return int(state["trainer"]["step"])
+    except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{source}: dense state does not fit this model: {exc}") from exc
+
+
+def load_sparse(store: Any, directory: Path) -> None:
+    """The store's part of a checkpoint back into ``store`` (every shard)."""
+    store.load(str(directory / SPARSE_NAME))

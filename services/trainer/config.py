@@ -1,9 +1,10 @@
 """Trainer configuration: PaddleRec ``config_online.yaml`` shape, reference DLRM names.
 
-A job file has up to five sections; unknown keys anywhere are an error that names them::
+A job file has up to seven sections; unknown keys anywhere are an error that names them (a
+renamed one names its new name)::
 
     runner:                       # PaddleRec online runner names (seed 002)
-      train_data_dir: data        # data_root/YYYYMMDD/HHMM/part-*
+      train_data_dir: data        # train_data_dir/YYYYMMDD/HHMM/part-*
       data_format: generated      # or criteo (reader_type is accepted as an alias)
       split_interval: 5           # minutes per split
       split_per_pass: 2
@@ -24,8 +25,10 @@ A job file has up to five sections; unknown keys anywhere are an error that name
       learning_rate: 0.1
       optimizer: sgd
     table_parameters: {...}       # embedding-store TableOptions for every sparse slot
-    store: {addresses: [tcp://127.0.0.1:7000]}   # none: the store runs in-process
+    store: {endpoints: [tcp://127.0.0.1:7000], tier: host}   # none: the store in-process
     distributed: {backend: auto}
+    resources: {trainer_ranks: 2, threads_per_rank: 4}       # checked / applied at start
+    negative_sampling: {enabled: true, table_path: items.parquet, sample_size: 4}
 
 Every section has defaults, so ``TrainerConfig.parse({})`` is a small valid job.
 """
@@ -191,10 +194,30 @@ class ModelConfig(StrictConfig):
 
 
 class StoreConfig(StrictConfig):
-    """Where the sparse parameters live: in-process (no addresses) or store shards."""
+    """Where the sparse parameters live: in-process (no endpoints) or store shards."""
 
-    addresses: list[str] = Field(default_factory=list)
+    #: Shard endpoints in shard order (the REST job's ``store.endpoints``); empty: in-process.
+    endpoints: list[str] = Field(default_factory=list)
+    #: The tier the shards must serve (they own it: ``--tier`` of each shard); the trainer
+    #: asks every shard at start and refuses a mismatch. None: not checked.
+    tier: Literal["host", "ssd", "device"] | None = None
     timeout_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "addresses" in data:
+            raise ValueError("store.addresses was renamed store.endpoints")
+        return data
+
+
+class ResourcesConfig(StrictConfig):
+    """What this trainer group must look like (the REST job's ``resources``)."""
+
+    #: Ranks (WORLD_SIZE) the job needs; a group of another size refuses it. None: any.
+    trainer_ranks: int | None = Field(None, ge=1)
+    #: torch intra-op threads per rank (torch.set_num_threads). None: torch's default.
+    threads_per_rank: int | None = Field(None, ge=1)
 
 
 class DistributedConfig(StrictConfig):
@@ -220,8 +243,9 @@ class NegativeSamplingConfig(StrictConfig):
     weight_tag: str = "weight"
     skey_name: str = "skey"
     put_back: bool = True
-    #: Item for positives missing from the table (the seed's murmurhash(0)).
-    default_value: int = 5533571732986600803
+    #: Item for positives missing from the table; None: the sampler's MISSING_ITEM_ID (the
+    #: seed's murmurhash(0)), read where the sampler is (this module stays torch-free).
+    default_value: int | None = None
     #: Keep only label-1 rows as positives (a stream of clicks); False samples for every row.
     positives_only: bool = True
     endpoint: str | None = None
@@ -246,6 +270,7 @@ class TrainerConfig(StrictConfig):
     table_parameters: dict[str, Any] = Field(default_factory=dict)
     store: StoreConfig = Field(default_factory=StoreConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     negative_sampling: NegativeSamplingConfig = Field(default_factory=NegativeSamplingConfig)
 
     @model_validator(mode="before")
@@ -277,7 +302,10 @@ class TrainerConfig(StrictConfig):
 
 
 #: CLI flags: --name (dashes) for every runner and hyper_parameters field.
-FLAG_SECTIONS = {"runner": RunnerConfig, "hyper_parameters": ModelConfig}
+FLAG_SECTIONS: dict[str, type[StrictConfig]] = {
+    "runner": RunnerConfig,
+    "hyper_parameters": ModelConfig,
+}
 
 
 def flag_fields() -> dict[str, tuple[str, str]]:

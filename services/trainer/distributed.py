@@ -17,6 +17,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from streamrec.trainer.config import ResourcesConfig
 from streamrec.trainer.errors import ConfigError
 
 
@@ -26,6 +27,19 @@ def env_world() -> tuple[int, int]:
         return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError as exc:
         raise ConfigError(f"RANK / WORLD_SIZE must be integers: {exc}") from exc
+
+
+def apply_resources(resources: ResourcesConfig, world: int) -> None:
+    """Refuses a group of another size than the job's ``trainer_ranks``; sets this rank's
+    torch threads to ``threads_per_rank``."""
+    want = resources.trainer_ranks
+    if want is not None and want != world:
+        raise ConfigError(
+            f"resources.trainer_ranks is {want} but this trainer group has {world} rank(s) "
+            f"(WORLD_SIZE): start it with {want} ranks, or change resources.trainer_ranks"
+        )
+    if resources.threads_per_rank is not None:
+        torch.set_num_threads(resources.threads_per_rank)
 
 
 def init_from_env(

@@ -8,8 +8,20 @@ below the differences a pass's AUC shows. Rank histograms are summed with one al
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 from streamrec.trainer.losses import logloss
+
+
+class AucResult(TypedDict):
+    """What :meth:`AucAccumulator.result` reports (None where nothing was seen)."""
+
+    auc: float | None
+    logloss: float | None
+    samples: int
+    actual_ctr: float | None
+    predicted_ctr: float | None
 
 
 class AucAccumulator:
@@ -73,7 +85,7 @@ class AucAccumulator:
         area = (pos_r * (fp_before + 0.5 * neg_r)).sum()
         return float(1.0 - area / (tot_neg * tot_pos))
 
-    def result(self) -> dict[str, float | int | None]:
+    def result(self) -> AucResult:
         self._flush()
         n, npos, psum, ll = (float(v) for v in self.sums)
         return {

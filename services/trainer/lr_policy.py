@@ -71,11 +71,11 @@ class LRPolicyScheduler(torch.optim.lr_scheduler.LRScheduler):
         self.num_decay_steps = num_decay_steps
         super().__init__(optimizer)
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | torch.Tensor]:
         return [
             lr_at(
                 self._step_count,
-                base,
+                float(base),
                 self.num_warmup_steps,
                 self.decay_start_step,
                 self.num_decay_steps,

@@ -2,9 +2,15 @@
 
 Each rank serves its own /metrics (``runner.metrics_port``); the ``rank`` label tells the
 series apart when several ranks share a Prometheus job.
+
+What the process does is here; what a pass scored (AUC, best AUC, logloss) has one metric
+name, the control plane's ``streamrec_api_pass_auc{job,kind}`` / ``streamrec_api_pass_logloss``
+(the trainer reports it there), and is in ``passes.jsonl`` for a trainer run on its own.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 from streamrec.metrics import LATENCY_BUCKETS
@@ -18,21 +24,6 @@ MALFORMED = Counter(
     "streamrec_trainer_malformed_lines_total", "Malformed data lines counted and skipped.", ["rank"]
 )
 PASSES = Counter("streamrec_trainer_passes_total", "Passes finished.", ["rank"])
-PASS_AUC = Gauge(
-    "streamrec_trainer_pass_auc_ratio",
-    "AUC of the last pass, by phase (predict = before training on it).",
-    ["rank", "phase"],
-)
-PASS_BEST_AUC = Gauge(
-    "streamrec_trainer_pass_best_auc_ratio",
-    "Best possible AUC of the last pass (planted stream only).",
-    ["rank"],
-)
-PASS_LOGLOSS = Gauge(
-    "streamrec_trainer_pass_logloss_nats",
-    "Mean log loss of the last pass, by phase.",
-    ["rank", "phase"],
-)
 THROUGHPUT = Gauge(
     "streamrec_trainer_train_samples_per_second", "Training throughput of the last pass.", ["rank"]
 )
@@ -55,3 +46,22 @@ CURRENT_DAY = Gauge(
     "streamrec_trainer_pass_day", "Day (YYYYMMDD) of the last finished pass.", ["rank"]
 )
 CURRENT_PASS = Gauge("streamrec_trainer_pass_id", "Pass id of the last finished pass.", ["rank"])
+
+
+def observe_pass(rank: str, rec: dict[str, Any], malformed: int, predicted: bool) -> None:
+    """Counts one finished pass (``rec``: OnlineTrainer.run_pass's record) for ``rank``.
+
+    Args:
+        malformed: this rank's malformed lines (the record sums every rank's).
+        predicted: whether the pass was predicted before it was trained.
+    """
+    SAMPLES.labels(rank, "train").inc(rec["samples"])
+    if predicted:
+        SAMPLES.labels(rank, "predict").inc(rec["samples"])
+    MALFORMED.labels(rank).inc(malformed)
+    PASSES.labels(rank).inc()
+    if rec["samples_per_second"] is not None:
+        THROUGHPUT.labels(rank).set(rec["samples_per_second"])
+    PASS_SECONDS.labels(rank).observe(rec["seconds"])
+    CURRENT_DAY.labels(rank).set(int(rec["day"]))
+    CURRENT_PASS.labels(rank).set(rec["pass_id"])

@@ -75,6 +75,11 @@ class DLRMDense(nn.Module):
         ModelShapeError: on the reference's dimension mismatches.
     """
 
+    #: (num_int,) int64 row and column of each interaction in the (S+1, S+1) dot products
+    #: (buffers, registered in ``__init__``)
+    li: torch.Tensor
+    lj: torch.Tensor
+
     def __init__(
         self,
         dense_dim: int,

@@ -36,9 +36,13 @@ class NegativeSampler:
     """
 
     def __init__(self, config: Any, num_slots: int) -> None:
-        from streamrec.sampler import LocalRpcDataSampler
+        from streamrec.sampler import MISSING_ITEM_ID, LocalRpcDataSampler
 
         self.cfg = config
+        #: Item id of a positive missing from the negative table.
+        self.default_value: int = (
+            MISSING_ITEM_ID if config.default_value is None else config.default_value
+        )
         for k in [config.item_slot, *(config.item_slots or [])] + (
             [config.category_slot] if config.category_slot is not None else []
         ):
@@ -88,9 +92,9 @@ class NegativeSampler:
         items = batch.keys[:, self.cfg.item_slot]
         cats = batch.keys[:, self.cfg.category_slot] if self.cfg.category_slot is not None else None
         neg = self.sampler.sample_ids(items, cnts, cats)
-        pos_ids = self.sampler.valid_sample_ids(items, self.cfg.default_value)
+        pos_ids = self.sampler.valid_sample_ids(items, self.default_value)
         ids = self.sampler.combine_vector_with_sample_counts(pos_ids, cnts, neg)
-        table = self.sampler.pack_feature(ids, self.cfg.default_value)
+        table = self.sampler.pack_feature(ids, self.default_value)
         item_cols = {f"slot_{k}": _flat(table[f"slot_{k}"], f"slot_{k}") for k in self.item_slots}
         out = self.sampler.combine([feats], item_cols, cnts)[0]
         keys = torch.stack([out[f"slot_{j}"].to(torch.int64) for j in range(s)], dim=1)

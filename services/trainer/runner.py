@@ -31,10 +31,8 @@ import copy
 import json
 import logging
 import os
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,123 +40,27 @@ from typing import Any
 import torch
 from streamrec import layout
 from streamrec.metrics import serve_metrics
+from streamrec.sampler import Prefetcher
+from streamrec.save_modes import SaveMode
+from streamrec.trainer import checkpoint as ckpt
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
-from streamrec.trainer.checkpoint import (
-    DENSE_NAME,
-    SPARSE_NAME,
-    fresh_dir,
-    load_dense,
-    read_manifest,
-    save_dense,
-    write_manifest,
-)
 from streamrec.trainer.config import TrainerConfig
 from streamrec.trainer.data import Batch, ParseStats, iter_batches
-from streamrec.trainer.errors import CheckpointError, ConfigError, TrainerError
+from streamrec.trainer.errors import ConfigError, TrainerError
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.negsampling import NegativeSampler
 from streamrec.trainer.sparse import SparseBatch, SparseTables
+from streamrec.trainer.store import build_table_options, make_store
 
 log = logging.getLogger(__name__)
 
 PASSES_FILE = "passes.jsonl"
-
-#: Table options the trainer uses unless ``table_parameters`` says otherwise: a plain
-#: embedding table (every row trained from the start), PaddleRec's StdAdaGrad, small init
-#: (the settings bench/trainer.py's quality run uses).
-DEFAULT_TABLE_PARAMETERS: dict[str, Any] = {
-    "embedx_threshold": 0,
-    "initializer": {"type": "uniform", "low": -0.005, "high": 0.005},
-    "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
-    "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
-}
-
-
-def build_table_options(config: TrainerConfig) -> list[Any]:
-    """One TableOptions per sparse slot, dim = arch_sparse_feature_size."""
-    from streamrec.embedding_store import TableOptions
-
-    params = dict(DEFAULT_TABLE_PARAMETERS, **config.table_parameters)
-    dim = config.hyper_parameters.arch_sparse_feature_size
-    for bad in ("name", "dim", "embedx_dim"):
-        if bad in config.table_parameters:
-            raise ConfigError(
-                f"table_parameters.{bad} is set by the trainer (one table per slot, dim = "
-                f"arch_sparse_feature_size = {dim}); got {config.table_parameters[bad]!r}"
-            )
-    return [
-        TableOptions.parse(
-            dict(params, name=name, dim=dim), source=f"table_parameters (table {name})"
-        )
-        for name in config.table_names
-    ]
-
-
-class _Prefetcher:
-    """Parses a pass's files in a daemon thread into a bounded queue of batches (each
-    passed through ``transform`` there when given)."""
-
-    _END = object()
-
-    def __init__(
-        self,
-        files: list[Path],
-        config: TrainerConfig,
-        stats: ParseStats,
-        transform: Callable[[Batch], Any] | None = None,
-    ) -> None:
-        r = config.runner
-        self._transform = transform
-        self._q: queue.Queue[Any] = queue.Queue(maxsize=r.prefetch_batches)
-        self._stop = threading.Event()
-        self._args = (
-            files,
-            r.data_format,
-            config.hyper_parameters.sparse_inputs_slots,
-            r.train_batch_size,
-            stats,
-            r.max_malformed_ratio,
-            int(r.read_chunk_mb * (1 << 20)),
-        )
-        self._thread = threading.Thread(target=self._run, name="trainer-prefetch", daemon=True)
-        self._thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        try:
-            for batch in iter_batches(*self._args):
-                if self._transform is not None:
-                    batch = self._transform(batch)
-                if not self._put(batch):
-                    return
-            self._put(self._END)
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            self._put(exc)
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            item = self._q.get()
-            if item is self._END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+#: What save_model writes (a checkpoint is save_checkpoint's).
+EXPORT_MODES = frozenset(SaveMode) - {SaveMode.CHECKPOINT}
 
 
 class OnlineTrainer:
@@ -167,7 +69,8 @@ class OnlineTrainer:
     Args:
         config: the job.
         store: an embedding store (in-process ``EmbeddingStore`` or ``EmbeddingStoreClient``);
-            None builds one: the client when ``store.addresses`` is set, else in-process.
+            None builds one (:func:`~streamrec.trainer.store.make_store`): the client when
+            ``store.endpoints`` is set, else in-process.
 
     Example:
         >>> t = OnlineTrainer(TrainerConfig.from_yaml("job.yaml"))
@@ -182,10 +85,11 @@ class OnlineTrainer:
             "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
         )
         _, world = ddp.env_world()
-        if world > 1 and store is None and not config.store.addresses:
+        ddp.apply_resources(config.resources, world)
+        if world > 1 and store is None and not config.store.endpoints:
             raise ConfigError(
                 f"WORLD_SIZE={world}: ranks must share their sparse parameters; set "
-                f"store.addresses to the embedding-store shards (an in-process store would "
+                f"store.endpoints to the embedding-store shards (an in-process store would "
                 f"give each rank its own)"
             )
         self.rank, self.world, self._own_group = ddp.init_from_env(
@@ -194,13 +98,13 @@ class OnlineTrainer:
         self.label = str(self.rank)
         self.tables = build_table_options(config)
         self._own_store = store is None
-        if store is None:
-            store = self._make_store()
-        self.store = store
+        self.store = make_store(config, self.tables) if store is None else store
         threads = r.sparse_threads or (
-            min(len(config.table_names), 8) if config.store.addresses else 1
+            min(len(config.table_names), 8) if config.store.endpoints else 1
         )
-        self.sparse = SparseTables(store, config.table_names, hp.arch_sparse_feature_size, threads)
+        self.sparse = SparseTables(
+            self.store, config.table_names, hp.arch_sparse_feature_size, threads
+        )
         self.dense = DLRMDense(
             hp.dense_dim,
             hp.sparse_inputs_slots,
@@ -224,6 +128,8 @@ class OnlineTrainer:
         self.last_pass: tuple[str, int] | None = None
         self.step = 0
         self.stop_event = threading.Event()
+        #: While run() waits for a pass's donefiles: (that pass, polls that found it not ready).
+        self.waiting: tuple[layout.PassSpec, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-sparse")
         self.negatives: NegativeSampler | None = None
         if config.negative_sampling.enabled:
@@ -244,17 +150,6 @@ class OnlineTrainer:
             )
 
     # -- construction helpers -------------------------------------------------------------
-    def _make_store(self) -> Any:
-        if self.config.store.addresses:
-            from streamrec.embedding_store.client import EmbeddingStoreClient
-
-            return EmbeddingStoreClient(
-                self.config.store.addresses, self.tables, timeout_s=self.config.store.timeout_s
-            )
-        from streamrec.embedding_store import EmbeddingStore
-
-        return EmbeddingStore(self.tables, seed=self.config.hyper_parameters.numpy_rand_seed)
-
     def _make_optimizer(self) -> torch.optim.Optimizer:
         hp = self.config.hyper_parameters
         if hp.optimizer == "sgd":
@@ -268,6 +163,23 @@ class OnlineTrainer:
         """This rank's share of the pass's files: r::world of the sorted list."""
         files = layout.pass_files(self.data_root, spec, self.config.runner.data_donefile)
         return files[self.rank :: self.world]
+
+    def _prefetch(
+        self, files: list[Path], stats: ParseStats
+    ) -> Prefetcher[Batch, tuple[Batch, SparseBatch]]:
+        """Reads, parses and prepares (:meth:`_prepare`) the batches of ``files`` in a
+        background thread, ``prefetch_batches`` ahead of the caller."""
+        r, hp = self.config.runner, self.config.hyper_parameters
+        batches = iter_batches(
+            files,
+            r.data_format,
+            hp.sparse_inputs_slots,
+            r.train_batch_size,
+            stats,
+            r.max_malformed_ratio,
+            int(r.read_chunk_mb * (1 << 20)),
+        )
+        return Prefetcher(batches, self._prepare, depth=r.prefetch_batches)
 
     def _prepare(self, batch: Batch) -> tuple[Batch, SparseBatch]:
         """Prefetch thread: negatives (when sampling), then the fused dedup of the keys."""
@@ -290,7 +202,7 @@ class OnlineTrainer:
         self, files: list[Path], acc: AucAccumulator, best: AucAccumulator | None, stats: ParseStats
     ) -> int:
         """Scores files with the current model (no training, no key created)."""
-        prefetch = _Prefetcher(files, self.config, stats, self._prepare)
+        prefetch = self._prefetch(files, stats)
         n = 0
         try:
             it = iter(prefetch)
@@ -316,7 +228,7 @@ class OnlineTrainer:
 
     def train_files(self, files: list[Path], acc: AucAccumulator, stats: ParseStats) -> int:
         """Trains on files; returns this rank's sample count. All ranks step together."""
-        prefetch = _Prefetcher(files, self.config, stats, self._prepare)
+        prefetch = self._prefetch(files, stats)
         pipelined = self.config.runner.sparse_pipeline
         n = 0
         pushes: list[Future] = []
@@ -410,7 +322,9 @@ class OnlineTrainer:
             "step": self.step,
             "world_size": self.world,
         }
-        self._observe(record, pstats.malformed + tstats.malformed)
+        m.observe_pass(
+            self.label, record, pstats.malformed + tstats.malformed, r.predict_before_train
+        )
         self.last_pass = (spec.day, spec.pass_id)
         if self.rank == 0:
             self.model_root.mkdir(parents=True, exist_ok=True)
@@ -418,29 +332,6 @@ class OnlineTrainer:
                 f.write(json.dumps(record) + "\n")
         self._save_due(spec)
         return record
-
-    def _observe(self, rec: dict[str, Any], malformed_local: int) -> None:
-        lab = self.label
-        m.SAMPLES.labels(lab, "train").inc(rec["samples"])
-        if self.config.runner.predict_before_train:
-            m.SAMPLES.labels(lab, "predict").inc(rec["samples"])
-        m.MALFORMED.labels(lab).inc(malformed_local)
-        m.PASSES.labels(lab).inc()
-        for phase, auc, ll in (
-            ("predict", rec["predict_auc"], rec["predict_logloss"]),
-            ("train", rec["train_auc"], rec["logloss"]),
-        ):
-            if auc is not None:
-                m.PASS_AUC.labels(lab, phase).set(auc)
-            if ll is not None:
-                m.PASS_LOGLOSS.labels(lab, phase).set(ll)
-        if rec["best_auc"] is not None:
-            m.PASS_BEST_AUC.labels(lab).set(rec["best_auc"])
-        if rec["samples_per_second"] is not None:
-            m.THROUGHPUT.labels(lab).set(rec["samples_per_second"])
-        m.PASS_SECONDS.labels(lab).observe(rec["seconds"])
-        m.CURRENT_DAY.labels(lab).set(int(rec["day"]))
-        m.CURRENT_PASS.labels(lab).set(rec["pass_id"])
 
     def _save_due(self, spec: layout.PassSpec) -> None:
         r = self.config.runner
@@ -450,12 +341,12 @@ class OnlineTrainer:
             and spec.pass_id % r.save_delta_frequency == 0
             and (not last_of_day)
         ):
-            self.save_model("delta", spec.day, spec.pass_id)
+            self.save_model(SaveMode.DELTA, spec.day, spec.pass_id)
         if last_of_day and r.save_base_at_day_end:
             self._rank0_store(self.store.advance_day)
             self.shrink()
-            self.save_model("base", spec.day)
-            self.save_model("batch", spec.day)
+            self.save_model(SaveMode.BASE, spec.day)
+            self.save_model(SaveMode.BATCH, spec.day)
             self.save_checkpoint(spec.day, spec.pass_id)
         elif r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0:
             self.save_checkpoint(spec.day, spec.pass_id)
@@ -469,55 +360,43 @@ class OnlineTrainer:
         return out
 
     def dense_state(self) -> dict[str, Any]:
-        return {
-            "model": self.dense.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "trainer": {
-                "day": self.last_pass[0] if self.last_pass else "",
-                "pass_id": self.last_pass[1] if self.last_pass else 0,
-                "step": self.step,
-            },
-            "arch": json.dumps(self.config.hyper_parameters.model_dump(mode="json")),
-        }
+        return ckpt.dense_state(
+            self.dense,
+            self.optimizer,
+            self.scheduler,
+            self.last_pass,
+            self.step,
+            self.config.hyper_parameters.model_dump(mode="json"),
+        )
 
-    def _write(self, directory: Path, mode: str, info: dict[str, Any]) -> Path:
-        """Dense state + store save + manifest (last) into a fresh directory; rank 0 writes."""
+    def _write(self, mode: str, day: str, pass_id: int | None) -> Path:
+        """A save of ``mode`` (dense + store, manifest last); rank 0 writes, ranks in step."""
         started = time.monotonic()
+        mode = SaveMode(mode).value  # plain str on the wire and in labels
+        directory = ckpt.model_dir(self.model_root, mode, day, pass_id)
         ddp.barrier()
         if self.rank == 0:
-            fresh_dir(directory)
-            save_dense(directory / DENSE_NAME, self.dense_state())
-            self.store.save(str(directory / SPARSE_NAME), mode=mode)
-            write_manifest(
-                directory,
-                dict(info, mode=mode, world_size=self.world, tables=self.config.table_names),
-            )
+            info = {
+                "day": day,
+                "pass_id": pass_id,
+                "step": self.step,
+                "world_size": self.world,
+                "tables": self.config.table_names,
+            }
+            ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
         ddp.barrier()
         m.SAVE_SECONDS.labels(self.label, mode).observe(time.monotonic() - started)
         return directory
 
     def save_checkpoint(self, day: str, pass_id: int) -> Path:
         """Full checkpoint after pass ``pass_id`` of ``day`` (dense + store, manifest last)."""
-        return self._write(
-            layout.checkpoint_dir(self.model_root, day, pass_id),
-            "checkpoint",
-            {"day": day, "pass_id": pass_id, "step": self.step},
-        )
+        return self._write(SaveMode.CHECKPOINT, day, pass_id)
 
     def save_model(self, mode: str, day: str, pass_id: int | None = None) -> Path:
         """``base`` / ``batch`` (end of day) or ``delta`` (after ``pass_id``) model."""
-        if mode == "base":
-            d = layout.base_dir(self.model_root, day)
-        elif mode == "batch":
-            d = layout.batch_dir(self.model_root, day)
-        elif mode == "delta":
-            if pass_id is None:
-                raise ConfigError("save_model('delta') needs a pass_id")
-            d = layout.delta_dir(self.model_root, day, pass_id)
-        else:
-            raise ConfigError(f"mode must be base, delta or batch, got {mode!r}")
-        return self._write(d, mode, {"day": day, "pass_id": pass_id, "step": self.step})
+        if mode not in EXPORT_MODES:
+            raise ConfigError(f"mode must be one of {sorted(EXPORT_MODES)}, got {mode!r}")
+        return self._write(mode, day, pass_id if mode == SaveMode.DELTA else None)
 
     def shrink(self) -> dict[str, Any]:
         """The store's shrink (decay show/click, delete stale rows); deleted rows per table."""
@@ -530,21 +409,13 @@ class OnlineTrainer:
         if found is None:
             return None
         day, pass_id, directory = found
-        manifest = read_manifest(directory)
-        state = load_dense(directory / DENSE_NAME)
-        try:
-            self.dense.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise CheckpointError(
-                f"{directory}: dense state does not fit this model: {exc}"
-            ) from exc
+        manifest, state = ckpt.read_checkpoint(directory)
+        step = ckpt.restore_dense(state, self.dense, self.optimizer, self.scheduler, directory)
         ddp.barrier()
         if self.rank == 0:
-            self.store.load(str(directory / SPARSE_NAME))
+            ckpt.load_sparse(self.store, directory)
         ddp.barrier()
-        self.step = int(state["trainer"]["step"])
+        self.step = step
         self.last_pass = (day, pass_id)
         log.info(
             "warm start from %s (step %d, manifest %s)", directory, self.step, manifest.get("mode")
@@ -572,6 +443,7 @@ class OnlineTrainer:
         self.warm_start()
         for spec in self.passes_todo():
             waited = time.monotonic()
+            self.waiting = (spec, 0)
             ready = layout.wait_for_pass(
                 self.data_root,
                 spec,
@@ -579,7 +451,9 @@ class OnlineTrainer:
                 r.data_sleep_second,
                 r.data_wait_timeout_second,
                 self.stop_event,
+                not_ready=self._count_poll,
             )
+            self.waiting = None
             m.WAIT_SECONDS.labels(self.label).inc(time.monotonic() - waited)
             if self.stop_event.is_set():
                 return
@@ -590,6 +464,10 @@ class OnlineTrainer:
                     f"no {r.data_donefile!r} in every split under {self.data_root}"
                 )
             self.run_pass(spec)
+
+    def _count_poll(self) -> None:
+        assert self.waiting is not None
+        self.waiting = (self.waiting[0], self.waiting[1] + 1)
 
     def close(self) -> None:
         """Stops waiting, releases the store (if built here) and the process group."""

@@ -99,7 +99,7 @@ class SparseTables:
     """
 
     def __init__(self, store: Any, tables: list[str], dim: int, threads: int = 1) -> None:
-        from streamrec.embedding_store.store import unique_keys
+        from streamrec.embedding_store import unique_keys
 
         if not tables:
             raise ModelShapeError("SparseTables needs at least one table")

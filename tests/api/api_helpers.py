@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 from servers import free_port
+from streamrec.process import spawn, stop_process
 
 TOKEN = "test-token-0123456789"
 
@@ -56,10 +56,9 @@ class ApiServer:
             "warning",
             *self.extra,
         ]
-        env = {**os.environ, "STREAMREC_API_LOCK_TTL_S": "0.5", **self.env}
+        env = {"STREAMREC_API_LOCK_TTL_S": "0.5", **self.env}
         self.log = self.token_file.parent / f"api-{self.port}.log"
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.proc = spawn(args, log=self.log, env=env, die_with_parent=True)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -72,13 +71,11 @@ class ApiServer:
             time.sleep(0.1)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        """SIGTERM, SIGKILL after 15 s; another ``sig`` is sent first (SIGKILL: a crash)."""
+        if self.proc is not None:
+            if sig != signal.SIGTERM and self.proc.poll() is None:
+                self.proc.send_signal(sig)
+            stop_process(self.proc, timeout_s=15)
         self.proc = None
 
     def http(self, token: str | None = TOKEN) -> httpx.Client:
@@ -92,7 +89,7 @@ def make_api(redis_url: str, roots: dict[str, Path], **kw) -> ApiServer:
 
 def job_body(roots: dict[str, Path], name: str = "t", **data_overrides) -> dict:
     data = {
-        "data_root": str(roots["data"] / name),
+        "train_data_dir": str(roots["data"] / name),
         "start_day": "20190720",
         "end_day": "20190720",
         "split_interval": 360,

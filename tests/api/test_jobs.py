@@ -225,10 +225,141 @@ def test_invalid_spec_is_422_with_field(client, roots, mutate, field):
 
 
 @pytest.mark.parametrize(
+    "mutate,loc,msg",
+    [
+        (
+            lambda b: b["data"].update(data_root=b["data"].pop("train_data_dir")),
+            "body.data",
+            "data.data_root was renamed data.train_data_dir",
+        ),
+        (
+            lambda b: b["data"].update(format="criteo"),
+            "body.data",
+            "data.format was renamed data.data_format",
+        ),
+        (
+            lambda b: b["data"].update(data_format="streamrec"),
+            "body.data",
+            "data.data_format 'streamrec' was renamed 'generated'",
+        ),
+        (
+            lambda b: b.update(model={"store": {"addresses": ["tcp://127.0.0.1:5555"]}}),
+            "body.model.store",
+            "store.addresses was renamed store.endpoints",
+        ),
+    ],
+)
+def test_a_renamed_field_is_refused_naming_its_new_name(client, roots, mutate, loc, msg):
+    body = job_body(roots)
+    mutate(body)
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == 422, resp.text
+    errors = [(".".join(map(str, e["loc"])), e["msg"]) for e in resp.json()["detail"]]
+    assert any(where == loc and msg in text for where, text in errors), errors
+    assert client.get("/v1/jobs").json()["count"] == 0
+
+
+@pytest.mark.parametrize(
+    "mutate,loc,msg",
+    [
+        (  # an endpoint that would do nothing
+            lambda b: b.update(sampler={"endpoint": "ipc:///tmp/s.sock"}),
+            "body.sampler",
+            "endpoint 'ipc:///tmp/s.sock' is set but neg_num is 0",
+        ),
+        (  # negatives need their table
+            lambda b: b.update(sampler={"neg_num": 3}),
+            "body.model.negative_sampling",
+            "negative_sampling.enabled needs table_path",
+        ),
+        (
+            lambda b: b.update(store={"tier": "ssd"}),
+            "body.store",
+            "tier 'ssd' needs endpoints",
+        ),
+        (
+            lambda b: b.update(model={"negative_sampling": {"sample_size": 3}}),
+            "body.model",
+            "model.negative_sampling.sample_size is set by the job's sampler.neg_num",
+        ),
+        (
+            lambda b: b.update(model={"store": {"tier": "host"}}),
+            "body.model",
+            "model.store.tier is set by the job's store.tier",
+        ),
+        (
+            lambda b: b.update(resources={"threads_per_rank": 0}),
+            "body.resources.threads_per_rank",
+            "greater than or equal to 1",
+        ),
+    ],
+)
+def test_a_field_that_cannot_work_is_refused_by_name(client, roots, mutate, loc, msg):
+    body = job_body(roots)
+    mutate(body)
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == 422, resp.text
+    errors = [(".".join(map(str, e["loc"])), e["msg"]) for e in resp.json()["detail"]]
+    assert any(where == loc and msg in text for where, text in errors), errors
+    assert client.get("/v1/jobs").json()["count"] == 0
+
+
+def test_every_field_reaches_the_trainer_config_the_agent_reads(client, roots, redis_server):
+    """The job's sampler, store and resources sections become the trainer config the API
+    stores with the job; the trainer side reads it through its channel."""
+    from streamrec.api.client import TrainerChannel
+    from streamrec.trainer.config import TrainerConfig
+
+    body = job_body(roots, "wired", data_format="criteo")
+    body["model"] = {"negative_sampling": {"table_path": "/tables/items.parquet"}}
+    body["sampler"] = {"endpoint": "tcp://127.0.0.1:7700", "neg_num": 4}
+    body["store"] = {"endpoints": ["tcp://127.0.0.1:7701"], "tier": "ssd"}
+    body["resources"] = {"trainer_ranks": 2, "threads_per_rank": 3}
+    job = create_body(client, body)
+    assert job["spec"]["sampler"] == body["sampler"]
+    ch = TrainerChannel(redis_server.url, job["id"], "test")
+    try:
+        t = TrainerConfig.parse(ch.trainer_config())
+    finally:
+        ch.close()
+    ns = t.negative_sampling
+    assert (ns.enabled, ns.sample_size, ns.endpoint) == (True, 5, "tcp://127.0.0.1:7700")
+    assert ns.table_path == "/tables/items.parquet"
+    assert (t.store.endpoints, t.store.tier) == (["tcp://127.0.0.1:7701"], "ssd")
+    assert (t.resources.trainer_ranks, t.resources.threads_per_rank) == (2, 3)
+    assert t.runner.train_data_dir == str(roots["data"] / "wired")
+    assert t.runner.data_format == "criteo"
+
+
+def test_a_job_stored_before_the_renames_still_reads_and_starts(client, roots, r):
+    """Specs already in Redis keep working (REST bodies with the old names are refused)."""
+    job = create(client, roots, "old", data_format="generated")
+    old = dict(job["spec"])
+    old["data"] = {
+        k: v for k, v in old["data"].items() if k not in ("train_data_dir", "data_format")
+    }
+    old["data"].update(data_root=job["spec"]["data"]["train_data_dir"], format="streamrec")
+    r.hset(keys.job(job["id"]), "spec", json.dumps(old))
+    r.hdel(keys.job(job["id"]), "trainer_config")
+    got = client.get(f"/v1/jobs/{job['id']}").json()
+    assert got["spec"]["data"] == job["spec"]["data"]
+    assert client.post(f"/v1/jobs/{job['id']}/start").json()["state"] == "running"
+    trainer = json.loads(r.hget(keys.job(job["id"]), "trainer_config"))
+    assert trainer["runner"]["train_data_dir"] == str(roots["data"] / "old")
+    assert trainer["runner"]["data_format"] == "generated"
+
+
+def create_body(client, body: dict) -> dict:
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == 201, resp.text
+    return resp.json()
+
+
+@pytest.mark.parametrize(
     "section,key,path",
     [
-        ("data", "data_root", "/etc"),
-        ("data", "data_root", "{data}/../../../etc"),
+        ("data", "train_data_dir", "/etc"),
+        ("data", "train_data_dir", "{data}/../../../etc"),
         ("checkpoint", "model_save_path", "/tmp/elsewhere"),
         ("checkpoint", "model_save_path", "{data}/x"),  # a data root is not a model root
     ],

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import httpx
 import pytest
 from api_helpers import free_port, job_body, wait_for
+from streamrec.process import spawn, stop_process
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
@@ -25,15 +25,14 @@ def test_prometheus_scrapes_api_metrics(api, client, roots, tmp_path):
         "  - job_name: streamrec-api\n"
         f"    static_configs: [{{targets: ['{host_port}']}}]\n"
     )
-    proc = subprocess.Popen(
+    proc = spawn(
         [
             PROMETHEUS,
             f"--config.file={tmp_path / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        die_with_parent=True,
     )
     base = f"http://127.0.0.1:{port}"
 
@@ -65,5 +64,4 @@ def test_prometheus_scrapes_api_metrics(api, client, roots, tmp_path):
         assert reqs and float(reqs[0]["value"][1]) == 2
         assert query("streamrec_api_request_seconds_count")  # the histogram, unit in its name
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        stop_process(proc, timeout_s=20)

@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from api_helpers import job_body, land_split, make_api, wait_for
 from streamrec.api import keys
 from streamrec.api.client import TrainerChannel
+from streamrec.process import spawn
 
 SPLITS = ["0000", "0600", "1200", "1800"]
 
@@ -34,6 +36,7 @@ def finish(ch: TrainerChannel, item, auc: float = 0.7) -> None:
         "predict_auc": auc - 0.05,
         "train_auc": auc,
         "logloss": 0.5,
+        "predict_logloss": 0.625,
         "samples": 30,
         "malformed_lines": 1,
         "seconds": 0.2,
@@ -50,20 +53,36 @@ def finish(ch: TrainerChannel, item, auc: float = 0.7) -> None:
     ch.ack_pass(item)
 
 
+def ticks(client) -> float:
+    """Scheduler ticks the API has finished (its tick-duration histogram's count)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("streamrec_api_scheduler_tick_seconds_count "):
+            return float(line.split()[1])
+    raise AssertionError("no streamrec_api_scheduler_tick_seconds_count in /metrics")
+
+
+def nothing_handed_out(client, ch: TrainerChannel, n: int = 3) -> None:
+    """After ``n`` more scheduler ticks (each one probes the data: data_sleep_second is
+    shorter than a tick), the work stream still holds nothing for ``ch``."""
+    seen = ticks(client)
+    wait_for(lambda: ticks(client) >= seen + n, what=f"{n} more scheduler ticks")
+    assert ch.take_pass(block_ms=1) is None
+
+
 def test_passes_follow_donefiles_in_order(client, roots, redis_server):
     job_id = start_job(client, roots, "order")
     data_root = roots["data"] / "order"
     ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
     ch.heartbeat(ranks=2)
     # nothing is ready: nothing is handed out
-    assert ch.take_pass(block_ms=400) is None
+    nothing_handed_out(client, ch)
     # a split without its donefile is not ready
     (data_root / "20190720" / "0000").mkdir(parents=True)
     (data_root / "20190720" / "0000" / "part-0").write_text("1\t2\n")
-    assert ch.take_pass(block_ms=400) is None
+    nothing_handed_out(client, ch)
     # the second split landing first does not jump the queue
     land_split(data_root, "20190720", "0600")
-    assert ch.take_pass(block_ms=400) is None
+    nothing_handed_out(client, ch)
     land_split(data_root, "20190720", "0000")
     got = []
     for i, split in enumerate(SPLITS):
@@ -75,7 +94,7 @@ def test_passes_follow_donefiles_in_order(client, roots, redis_server):
         # one pass in flight at a time: the next is not handed out before this one is done
         if i + 2 <= len(SPLITS):
             land_split(data_root, "20190720", SPLITS[min(i + 2, 3)])
-        assert ch.take_pass(block_ms=300) is None
+        nothing_handed_out(client, ch)
         wait_for(
             lambda pid=i + 1: (
                 client.get(f"/v1/jobs/{job_id}/passes/20190720/{pid}").json()["state"] == "running"
@@ -108,6 +127,8 @@ def test_passes_follow_donefiles_in_order(client, roots, redis_server):
     metrics = client.get("/metrics").text
     assert f'streamrec_api_passes_done_total{{job="{job_id}"}} 4.0' in metrics
     assert f'streamrec_api_pass_auc{{job="{job_id}",kind="train"}} 0.75' in metrics
+    assert f'streamrec_api_pass_logloss{{job="{job_id}",kind="predict"}} 0.625' in metrics
+    assert f'streamrec_api_pass_logloss{{job="{job_id}",kind="train"}} 0.5' in metrics
     ch.close()
 
 
@@ -121,8 +142,9 @@ def test_pause_holds_back_passes(client, roots, redis_server):
     assert item is not None and item.spec.pass_id == 1
     assert client.post(f"/v1/jobs/{job_id}/pause").json()["state"] == "paused"
     finish(ch, item)
-    assert ch.take_pass(block_ms=800) is None  # paused: pass 2 is ready but held back
     wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 1)
+    nothing_handed_out(client, ch)  # paused: pass 2 is ready but held back
+    assert client.get(f"/v1/jobs/{job_id}").json()["in_flight"] is None
     assert client.post(f"/v1/jobs/{job_id}/resume").json()["state"] == "running"
     item = ch.take_pass(block_ms=5000)
     assert item is not None and item.spec.pass_id == 2
@@ -143,13 +165,18 @@ DEAD_TRAINER = textwrap.dedent("""
 """)
 
 
-def run_doomed(redis_url: str, job_id: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", DEAD_TRAINER, redis_url, job_id], stdout=subprocess.PIPE, text=True
+def run_doomed(redis_url: str, job_id: str, log: Path) -> subprocess.Popen:
+    """A trainer group that takes a pass, says which on stdout, and heartbeats until killed
+    (it also dies with the test)."""
+    return spawn(
+        [sys.executable, "-c", DEAD_TRAINER, redis_url, job_id],
+        log=log,
+        die_with_parent=True,
+        stdout_pipe=True,
     )
 
 
-def test_dead_group_pass_handed_out_again_once(client, roots, redis_server, r):
+def test_dead_group_pass_handed_out_again_once(client, roots, redis_server, r, tmp_path):
     job_id = start_job(client, roots, "dead")
     for s in SPLITS:
         land_split(roots["data"] / "dead", "20190720", s)
@@ -161,7 +188,7 @@ def test_dead_group_pass_handed_out_again_once(client, roots, redis_server, r):
     ch.report("checkpoint", day="20190720", pass_id=1, path="/m/20190720/1")
     ch.clear_heartbeat()
     # a trainer group takes pass 2 and is killed mid-pass
-    doomed = run_doomed(redis_server.url, job_id)
+    doomed = run_doomed(redis_server.url, job_id, tmp_path / "doomed1.log")
     assert doomed.stdout.readline().split() == ["2", "1", "None"]
     wait_for(
         lambda: client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()["state"] == "running",
@@ -171,7 +198,7 @@ def test_dead_group_pass_handed_out_again_once(client, roots, redis_server, r):
     doomed.wait(timeout=10)
     # the heartbeat expires; pass 2 is handed out again from the checkpoint after pass 1,
     # and taken by a new group (which is killed too)
-    doomed = run_doomed(redis_server.url, job_id)
+    doomed = run_doomed(redis_server.url, job_id, tmp_path / "doomed2.log")
     assert doomed.stdout.readline().split() == ["2", "2", "20190720/1"]
     events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
     requeues = [e for e in events if e["type"] == "requeue"]

@@ -1,12 +1,12 @@
 """Unit tests of pure logic: settings, the transition table, the job -> trainer config
-mapping, route templates, the agent's step encoding, the stack's flag checks."""
+mapping, route templates, the agent's step encoding."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiConfigError
 from streamrec.api.models import JobCreate
@@ -61,36 +61,40 @@ def test_transition_table_is_closed():
     assert next_state(JobState.FAILED, "start") == JobState.RUNNING
 
 
-def spec(**model) -> JobCreate:
-    return JobCreate.model_validate(
-        {
-            "name": "j",
-            "data": {
-                "data_root": "/d",
-                "start_day": "20190720",
-                "end_day": "20190721",
-                "split_interval": 60,
-                "split_per_pass": 4,
-                "format": "criteo",
-            },
-            "checkpoint": {"model_save_path": "/m", "checkpoint_per_pass": 2},
-            "model": model,
-            "store": {
-                "endpoints": ["tcp://127.0.0.1:5555"],
-                "table_parameters": {"embedx_threshold": 5},
-            },
-            "resources": {"device": "cuda"},
-        }
-    )
+def spec(model: dict | None = None, **sections) -> JobCreate:
+    body = {
+        "name": "j",
+        "data": {
+            "train_data_dir": "/d",
+            "start_day": "20190720",
+            "end_day": "20190721",
+            "split_interval": 60,
+            "split_per_pass": 4,
+            "data_format": "criteo",
+        },
+        "checkpoint": {"model_save_path": "/m", "checkpoint_per_pass": 2},
+        "model": model or {},
+        "store": {
+            "endpoints": ["tcp://127.0.0.1:5555"],
+            "table_parameters": {"embedx_threshold": 5},
+        },
+        "resources": {"device": "cuda"},
+    }
+    for name, value in sections.items():
+        body[name] = dict(body.get(name) or {}, **value)
+    return JobCreate.model_validate(body)
 
 
 def test_trainer_config_mapping():
     from streamrec.trainer.config import TrainerConfig
 
     cfg = spec(
-        hyper_parameters={"optimizer": "adam"},
-        runner={"train_batch_size": 64},
-        table_parameters={"embedx_threshold": 1, "nonclk_coeff": 0.2},
+        {
+            "hyper_parameters": {"optimizer": "adam"},
+            "runner": {"train_batch_size": 64},
+            "table_parameters": {"embedx_threshold": 1, "nonclk_coeff": 0.2},
+            "store": {"timeout_s": 5},
+        }
     ).trainer_config()
     t = TrainerConfig.parse(cfg)
     r = t.runner
@@ -99,13 +103,51 @@ def test_trainer_config_mapping():
     assert (r.start_day, r.end_day, r.train_batch_size) == ("20190720", "20190721", 64)
     assert t.hyper_parameters.optimizer == "adam"
     assert t.table_parameters == {"embedx_threshold": 5, "nonclk_coeff": 0.2}  # job wins
-    assert t.store.addresses == ["tcp://127.0.0.1:5555"]
+    assert (t.store.endpoints, t.store.tier, t.store.timeout_s) == (
+        ["tcp://127.0.0.1:5555"],
+        None,
+        5,
+    )
     assert t.distributed.backend == "nccl"
+    assert (t.resources.trainer_ranks, t.resources.threads_per_rank) == (None, None)
+    assert not t.negative_sampling.enabled
 
 
-def test_model_runner_may_not_shadow_the_job():
-    with pytest.raises(ValueError, match="model.runner.split_per_pass"):
-        spec(runner={"split_per_pass": 9})
+def test_sampler_store_and_resources_reach_the_trainer_config():
+    from streamrec.trainer.config import TrainerConfig
+
+    cfg = spec(
+        {"negative_sampling": {"table_path": "/t.parquet", "item_slot": 1}},
+        sampler={"endpoint": "ipc:///tmp/s.sock", "neg_num": 4},
+        store={"tier": "ssd"},
+        resources={"trainer_ranks": 3, "threads_per_rank": 2},
+    ).trainer_config()
+    t = TrainerConfig.parse(cfg)
+    ns = t.negative_sampling
+    assert (ns.enabled, ns.sample_size, ns.endpoint) == (True, 5, "ipc:///tmp/s.sock")
+    assert (ns.table_path, ns.item_slot) == ("/t.parquet", 1)
+    assert t.store.tier == "ssd"
+    assert (t.resources.trainer_ranks, t.resources.threads_per_rank) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    "model,match",
+    [
+        ({"runner": {"split_per_pass": 9}}, "model.runner.split_per_pass is set by the job's data"),
+        ({"runner": {"reader_type": "criteo"}}, "set by the job's data.data_format"),
+        ({"store": {"endpoints": []}}, "model.store.endpoints is set by the job's store.endpoints"),
+        ({"store": {"tier": "host"}}, "model.store.tier is set by the job's store.tier"),
+        ({"negative_sampling": {"sample_size": 3}}, "set by the job's sampler.neg_num"),
+        ({"negative_sampling": {"enabled": True}}, "set by the job's sampler.neg_num"),
+        ({"negative_sampling": {"endpoint": "ipc:///x"}}, "set by the job's sampler.endpoint"),
+        ({"resources": {"trainer_ranks": 2}}, "set by the job's resources.trainer_ranks"),
+        ({"resources": {"threads_per_rank": 2}}, "set by the job's resources.threads_per_rank"),
+        ({"runner": ["x"]}, "model.runner must be a mapping"),
+    ],
+)
+def test_model_may_not_shadow_the_job(model, match):
+    with pytest.raises(ValidationError, match=match):
+        spec(model)
 
 
 def test_route_template_adds_the_prefix():
@@ -139,61 +181,13 @@ def test_agent_step_roundtrip():
     assert (back.op, back.spec, back.mode) == (EXPORT, None, "delta")
 
 
-@pytest.mark.parametrize(
-    "flags,match",
-    [
-        (["--trainers", "0"], "--trainers"),
-        (["--split-interval", "7"], "--split-interval"),
-        (["--start-day", "2019-07-20"], "--start-day"),
-        (["--api-port", "70000"], "--api-port"),
-        (["--rate", "-1"], "--rate"),
-    ],
-)
-def test_stack_flags_checked(flags, match):
-    from streamrec.api.stack import StackError, build_parser, check_args
+def test_a_report_kind_the_scheduler_does_not_know_is_refused_before_sending():
+    from streamrec.api.client import ReportKind, TrainerChannel
 
-    args = build_parser().parse_args(["up", *flags])
-    with pytest.raises(StackError, match=match):
-        check_args(args)
-    check_args(build_parser().parse_args(["up"]))  # the defaults are valid
-
-
-def test_stack_summary_rows():
-    from streamrec.api.stack import pass_row, summary_row
-
-    p = {
-        "day": "20190720",
-        "pass_id": 3,
-        "samples": 1000,
-        "predict_auc": 0.7,
-        "train_auc": 0.72,
-        "best_auc": 0.875,
-        "logloss": 0.5,
-        "seconds": 1.25,
-    }
-    assert pass_row(p).split() == [
-        "20190720",
-        "3",
-        "1000",
-        "0.7000",
-        "0.7200",
-        "0.8750",
-        "0.5000",
-        "1.2",
-    ]
-    assert summary_row(p).split()[-1] == "0.800"
-    assert summary_row(dict(p, predict_auc=None)).split()[-1] == "-"
-
-
-def test_stack_refuses_a_running_stack(tmp_path: Path):
-    import json
-    import os
-
-    from streamrec.api.stack import Stack, StackError, build_parser
-
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "stack.json").write_text(json.dumps({"supervisor_pid": os.getpid()}))
-    args: argparse.Namespace = build_parser().parse_args(["up", "--run-dir", str(run)])
-    with pytest.raises(StackError, match="already runs"):
-        Stack(args).prepare()
+    ch = TrainerChannel("redis://127.0.0.1:1/0", "job", "g1")  # connects on first use only
+    try:
+        with pytest.raises(ValueError, match="'pass_dnoe' is not a valid ReportKind"):
+            ch.report("pass_dnoe", day="20190720", pass_id=1)
+    finally:
+        ch.close()
+    assert {k.value for k in ReportKind} >= {"pass_done", "pass_failed", "fatal"}

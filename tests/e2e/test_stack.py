@@ -14,20 +14,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from streamrec.api.stack import descendants, pid_alive
+from streamrec.process import descendants, pid_alive, spawn
 
 pytestmark = pytest.mark.slow
 DEBUG = os.environ.get("E2E_DEBUG") == "1"
 
 
-def alive(pid: int) -> bool:
-    return pid_alive(pid)
-
-
 class Output:
     """Collects a child's stdout lines in a thread, so the test can wait for one."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen, stderr: Path) -> None:
+        self.stderr = stderr
         self.lines: list[str] = []
         self.times: list[str] = []
         self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
@@ -45,7 +42,11 @@ class Output:
                 if needle in line:
                     return line
             time.sleep(0.1)
-        raise AssertionError(f"no {needle!r} in output:\n" + "\n".join(self.lines[-60:]))
+        raise AssertionError(
+            f"no {needle!r} in output:\n"
+            + "\n".join(self.lines[-60:])
+            + f"\nstderr:\n{self.stderr.read_text(errors='replace')}"
+        )
 
     @property
     def text(self) -> str:
@@ -53,6 +54,10 @@ class Output:
 
 
 STREAMREC = str(Path(sys.executable).parent / "streamrec")
+
+
+def stderr_log(run: Path) -> Path:
+    return run.parent / "up.stderr"
 
 
 def start_stack(run: Path, *flags: str) -> subprocess.Popen:
@@ -69,11 +74,12 @@ def start_stack(run: Path, *flags: str) -> subprocess.Popen:
         "--rate",
         "0.3",
     ]
-    return subprocess.Popen(
+    # stderr (``streamrec up: <error>``) beside the run; SIGTERM to it if this test dies
+    return spawn(
         [STREAMREC, "up", *common, *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        log=stderr_log(run),
+        die_with_parent=True,
+        stdout_pipe=True,
     )
 
 
@@ -92,7 +98,7 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
         "240",
         "--keep-running",
     )
-    out = Output(up)
+    out = Output(up, stderr_log(run))
     try:
         out.wait_for("trainers         2 rank(s)", timeout=120)
         state = json.loads((run / "stack.json").read_text())
@@ -143,13 +149,13 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
         )
         assert down.returncode == 0 and "is down" in down.stdout, down.stdout + down.stderr
         assert up.wait(timeout=60) == 0
-        state_now = [p for p in pids.values() if alive(p)]
+        state_now = [p for p in pids.values() if pid_alive(p)]
         deadline = time.monotonic() + 20
         while state_now and time.monotonic() < deadline:
             time.sleep(0.2)
-            state_now = [p for p in pids.values() if alive(p)]
+            state_now = [p for p in pids.values() if pid_alive(p)]
         assert state_now == [], state_now
-        assert not [p for p in ranks if alive(p)]  # the orphaned ranks of the first group
+        assert not [p for p in ranks if pid_alive(p)]  # the orphaned ranks of the first group
         assert not (run / "stack.json").exists()
         if DEBUG:
             print(
@@ -170,7 +176,7 @@ def test_stack_ends_when_a_store_shard_dies(tmp_path: Path) -> None:
     """A store shard holds parameters that would be lost: its death ends the run cleanly."""
     run = tmp_path / "run"
     up = start_stack(run, "--samples-per-split", "500", "--trainers", "1", "--timeout-s", "120")
-    out = Output(up)
+    out = Output(up, stderr_log(run))
     try:
         out.wait_for("trainers         1 rank(s)", timeout=120)
         pids = {
@@ -178,13 +184,12 @@ def test_stack_ends_when_a_store_shard_dies(tmp_path: Path) -> None:
         }
         os.kill(pids["store-1"], signal.SIGKILL)
         assert up.wait(timeout=120) == 1
-        time.sleep(0.5)
         out.wait_for("! store-1 exited with code -9", timeout=5)
-        out.wait_for("store-1 died (code -9) and is not safe to restart", timeout=5)
+        assert "store-1 died (code -9) and is not safe to restart" in stderr_log(run).read_text()
         deadline = time.monotonic() + 20
-        while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [n for n, p in pids.items() if alive(p)]
+        assert not [n for n, p in pids.items() if pid_alive(p)]
     finally:
         if up.poll() is None:
             up.send_signal(signal.SIGTERM)

@@ -8,8 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from streamrec.embedding_store import _C
-from streamrec.embedding_store.store import unique_keys
+from streamrec.embedding_store import _C, unique_keys
 
 
 def test_take_rows_of_parts_equals_index_select_of_their_concatenation() -> None:

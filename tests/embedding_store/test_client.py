@@ -11,13 +11,15 @@ import threading
 import numpy as np
 import pytest
 import torch
-from streamrec.embedding_store import EmbeddingStore, StoreEmbeddingBags, TableOptions
-from streamrec.embedding_store.client import (
-    MAX_REQUEST_ROW_BYTES,
+from streamrec.embedding_store import (
+    EmbeddingStore,
     EmbeddingStoreClient,
-    _sum_numeric,
+    LocalShards,
+    StoreEmbeddingBags,
+    TableOptions,
 )
-from streamrec.embedding_store.server import LocalShards
+from streamrec.embedding_store.routing import MAX_REQUEST_ROW_BYTES
+from streamrec.embedding_store.stats import sum_stats
 from streamrec.errors import BadRequest
 from streamrec.ragged import RaggedTensor
 
@@ -167,12 +169,12 @@ def test_push_after_pull_reuses_the_route_only_for_equal_keys(shards):
     client.close()
 
 
-def test_sum_numeric_adds_counts_and_drops_rates():
+def test_sum_stats_adds_counts_and_drops_rates():
     shards = [
         {"tables": {"a": {"rows": 3, "cache_hit_rate": 0.5, "tier": "host"}}},
         {"tables": {"a": {"rows": 4, "cache_hit_rate": 0.9, "tier": "host"}}},
     ]
-    assert _sum_numeric(shards) == {"tables": {"a": {"rows": 7, "tier": "host"}}}
+    assert sum_stats(shards) == {"tables": {"a": {"rows": 7, "tier": "host"}}}
 
 
 def test_sockets_of_ended_threads_are_closed(shards):

@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 import torch
 from streamrec import wire
-from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.client import EmbeddingStoreClient
+from streamrec.embedding_store import (
+    EmbeddingStore,
+    EmbeddingStoreClient,
+    LocalShards,
+    TableOptions,
+)
 from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, UnknownTable
-from streamrec.embedding_store.server import LocalShards
 from streamrec.errors import RemoteError
 from streamrec.keyhash import shard_of
 from test_service import TABLES as SERVICE_TABLES
@@ -296,7 +299,7 @@ def test_service_bad_many_requests_are_refused_and_nothing_is_written(two_shards
         (
             lambda: client.push_many(["user", "item"], [fresh, fresh], [grads[0], grads[0]]),
             InvalidInput,
-            "grads of table 'item'",
+            "table 'item': grads",
         ),
         (lambda: client.pull_many(["user", "nope"], [fresh, fresh]), UnknownTable, "nope"),
     ]:

@@ -222,8 +222,7 @@ def test_service_shards_publish_base_to_redis(redis_url, tmp_path):
     import json
 
     import torch
-    from streamrec.embedding_store.client import EmbeddingStoreClient
-    from streamrec.embedding_store.server import LocalShards
+    from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
 
     tables = tmp_path / "tables.yaml"
     tables.write_text(json.dumps([{"name": "u", "dim": 8, "embedx_threshold": 0}]))

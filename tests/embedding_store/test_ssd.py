@@ -57,7 +57,7 @@ def test_ssd_beyond_its_cache_budget_equals_host_and_reports_hit_rate(tmp_path) 
     for k in a:
         assert torch.equal(a[k], b[k]), k
     stats = ssd.stats()["tables"]["t"]
-    tier = ssd._tiers["t"]
+    tier = ssd.tier("t")
     assert ssd.size("t") == host.size("t") == stats["rows"]
     assert stats["rows"] >= 4 * tier.cache_rows  # the table is 4x its cache
     assert stats["rows_by_tier"]["host"] <= tier.cache_rows

@@ -127,7 +127,7 @@ def test_uniform_initial_values_match_numpy_reference(dim: int) -> None:
     )
     store = EmbeddingStore([t])
     keys = np.random.default_rng(dim).integers(-(2**62), 2**62, 3000)
-    seed = int(store._tier("t").params.seed)
+    seed = int(store.tier("t").params.seed)
     want = np.concatenate(
         [
             uniform_draws(seed, keys, 0, 1, -0.5, 0.5),
@@ -144,7 +144,7 @@ def test_uniform_initial_values_match_numpy_reference(dim: int) -> None:
         initializer={"type": "uniform", "low": -1.0, "high": 3.0},
     )
     store = EmbeddingStore([same])
-    seed = int(store._tier("s").params.seed)
+    seed = int(store.tier("s").params.seed)
     got = store.pull("s", torch.from_numpy(keys)).numpy()
     assert np.array_equal(got, uniform_draws(seed, keys, 0, dim, -1.0, 3.0))
 
@@ -490,7 +490,7 @@ def test_parallel_creation_numbers_rows_in_first_occurrence_order() -> None:
     for trial in range(6):
         rng = np.random.default_rng(trial)
         store = EmbeddingStore([TableOptions(name="t", dim=4, embedx_threshold=0)])
-        tier = store._tiers["t"]
+        tier = store.tier("t")
         expect: list[int] = []
         seen: set[int] = set()
         for _step in range(3):

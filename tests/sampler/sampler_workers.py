@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from servers import free_port
+from streamrec.process import spawn, stop_process
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.wire import RpcClient
 
@@ -71,8 +73,8 @@ class ServerProcess:
 def start_server(directory: str, *extra: str) -> ServerProcess:
     endpoint = f"ipc://{directory}/sampler.sock"
     port = free_port()
-    log = open(os.path.join(directory, "server.log"), "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
+    log = Path(directory) / "server.log"
+    proc = spawn(
         [
             sys.executable,
             "-m",
@@ -86,22 +88,21 @@ def start_server(directory: str, *extra: str) -> ServerProcess:
             "1",
             *extra,
         ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        log=log,
+        die_with_parent=True,
     )
     deadline = time.monotonic() + 60
     with RpcClient(endpoint, timeout_s=1) as client:
         while True:
             if proc.poll() is not None:
-                with open(log.name) as f:
-                    raise RuntimeError(f"server exited: {f.read()}")
+                raise RuntimeError(f"server exited: {log.read_text(errors='replace')}")
             try:
                 if os.path.exists(endpoint[6:]):
                     client.call("ping", timeout_s=1)
                     break
             except Exception:
                 if time.monotonic() > deadline:
-                    proc.kill()
+                    stop_process(proc)
                     raise
             time.sleep(0.05)
     return ServerProcess(endpoint, port, proc)

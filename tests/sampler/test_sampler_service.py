@@ -26,7 +26,7 @@ from scipy import stats
 from streamrec import wire
 from streamrec.errors import BadRequest, RemoteError, RpcTimeout
 from streamrec.ragged import RaggedTensor
-from streamrec.sampler import LocalRpcDataSampler, prefetch
+from streamrec.sampler import MISSING_ITEM_ID, LocalRpcDataSampler, prefetch
 from streamrec.sampler.client import stop_server
 from streamrec.sampler.errors import BadTable, NoTable, SamplerUnavailable, TagMismatch
 
@@ -398,14 +398,12 @@ def test_seed_example_runs_with_only_the_imports_changed(server):
             sample_tag_ragged_tensor=sample_tag_ragged_tensor,
         )
         pos_ids = neg_sampler.valid_sample_ids(
-            dedup_tag_ragged_tensor.values(), default_value=5533571732986600803
+            dedup_tag_ragged_tensor.values(), default_value=MISSING_ITEM_ID
         )
         pos_neg_ids = neg_sampler.combine_vector_with_sample_counts(
             pos_ids, sample_cnts, neg_sample_ids
         )
-        output_sample_table = neg_sampler.pack_feature(
-            pos_neg_ids, default_value=5533571732986600803
-        )
+        output_sample_table = neg_sampler.pack_feature(pos_neg_ids, default_value=MISSING_ITEM_ID)
         combined_batch = neg_sampler.combine(batch, output_sample_table, sample_cnts)
         return combined_batch
 

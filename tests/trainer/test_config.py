@@ -63,6 +63,10 @@ def test_yaml_in_paddlerec_shape(tmp_path):
             r"mini_batch_size 64 contradicts",
         ),
         ({"nonsense": {}}, r"nonsense: Extra inputs"),
+        ({"store": {"addresses": ["tcp://h:1"]}}, r"store.addresses was renamed store.endpoints"),
+        ({"store": {"tier": "gpu"}}, r"store.tier: Input should be 'host', 'ssd' or 'device'"),
+        ({"resources": {"trainer_ranks": 0}}, r"resources.trainer_ranks: Input should be greater"),
+        ({"resources": {"threads": 2}}, r"resources.threads: Extra inputs"),
     ],
 )
 def test_bad_values_name_field_and_value(patch, match):
@@ -100,3 +104,28 @@ def test_flags_override_the_file(tmp_path):
     with pytest.raises(BadRequest, match="learning_rate"):
         load_config(argparse.Namespace(config=None, **{"hyper_parameters.learning_rate": "-1"}))
     assert yaml.safe_load(JOB)["runner"]["split_per_pass"] == 2
+
+
+def test_resources_checked_and_applied():
+    import torch
+    from streamrec.trainer.config import ResourcesConfig
+    from streamrec.trainer.distributed import apply_resources
+    from streamrec.trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer_ranks is 2 but this trainer group has 1 rank"):
+        apply_resources(ResourcesConfig(trainer_ranks=2), 1)
+    before = torch.get_num_threads()
+    try:
+        apply_resources(ResourcesConfig(trainer_ranks=2, threads_per_rank=1), 2)
+        assert torch.get_num_threads() == 1
+        apply_resources(ResourcesConfig(), 5)  # nothing asked: any size, threads unchanged
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_missing_item_id_is_the_samplers():
+    from streamrec.sampler import MISSING_ITEM_ID
+
+    assert TrainerConfig.parse({}).negative_sampling.default_value is None  # the sampler's
+    assert MISSING_ITEM_ID == 5533571732986600803  # the seed's murmurhash(0)

@@ -12,9 +12,11 @@ import pytest
 import torch
 import yaml
 from servers import free_port
-from streamrec.embedding_store.server import LocalShards
+from streamrec.embedding_store import LocalShards
 from streamrec.trainer.datagen import StreamParams, generate
-from streamrec.trainer.runner import OnlineTrainer, build_table_options
+from streamrec.trainer.errors import ConfigError
+from streamrec.trainer.runner import OnlineTrainer
+from streamrec.trainer.store import build_table_options
 from trainer_helpers import SLOTS, small_config
 
 HERE = Path(__file__).parent
@@ -42,7 +44,7 @@ def test_two_ranks_same_dense_parameters(tmp_path):
     config = small_config(data, tmp_path / "model", end_day="20190720")
     with LocalShards(tables_file(config, tmp_path / "tables.json"), 1) as shards:
         job = config.model_dump(mode="json")
-        job["store"]["addresses"] = shards.endpoints
+        job["store"]["endpoints"] = shards.endpoints
         (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         proc = subprocess.run(
@@ -94,7 +96,11 @@ def test_one_rank_through_the_store_service(tmp_path, stream, shards):
     config = small_config(stream, tmp_path / "model", end_day="20190720", checkpoint_per_pass=1)
     with LocalShards(tables_file(config, tmp_path / "tables.json"), shards) as local:
         remote = config.model_copy(
-            update={"store": config.store.model_copy(update={"addresses": local.endpoints})}
+            update={
+                "store": config.store.model_copy(
+                    update={"endpoints": local.endpoints, "tier": "host"}
+                )
+            }
         )
         with OnlineTrainer(remote) as t:
             t.run()
@@ -106,3 +112,16 @@ def test_one_rank_through_the_store_service(tmp_path, stream, shards):
     assert [r["samples"] for r in recs] == [1500, 1500]
     assert recs[1]["predict_auc"] > 0.5
     assert rows == sizes > 100
+
+
+def test_a_store_tier_other_than_the_shards_is_refused(tmp_path, stream):
+    """The shards own their tier: a job that needs another one fails at start, naming it."""
+    config = small_config(stream, tmp_path / "model", end_day="20190720")
+    with LocalShards(tables_file(config, tmp_path / "tables.json"), 2) as local:
+        store = config.store.model_copy(update={"endpoints": local.endpoints, "tier": "ssd"})
+        with pytest.raises(ConfigError) as err:
+            OnlineTrainer(config.model_copy(update={"store": store}))
+    assert str(err.value) == (
+        f"store.tier is 'ssd' but shard 0 ({local.endpoints[0]}) serves tier 'host' (shards "
+        f"own their tier: start them with --tier ssd, or change store.tier)"
+    )

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prometheus_client import REGISTRY
 from streamrec import layout
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.datagen import StreamParams, generate
-from streamrec.trainer.errors import CheckpointError, ConfigError, DataError
+from streamrec.trainer.errors import CheckpointError, ConfigError, DataError, TrainerError
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import SLOTS, small_config, write_stream
@@ -30,6 +31,8 @@ def records(model: Path) -> list[dict]:
 
 def test_pass_records_and_metrics(stream, tmp_path):
     cfg = small_config(stream, tmp_path / "m", metrics_port=0, **NO_SAVES)
+    trained = ("streamrec_trainer_samples_total", {"rank": "0", "phase": "train"})
+    before = REGISTRY.get_sample_value(*trained) or 0.0  # the registry is the process's
     with OnlineTrainer(cfg) as t:
         specs = t.passes_todo()
         assert [(s.day, s.pass_id, s.splits) for s in specs] == [
@@ -55,8 +58,10 @@ def test_pass_records_and_metrics(stream, tmp_path):
         assert r["predict_auc"] < r["best_auc"] + 0.02
     # it learns: the last pass is predicted better than the first
     assert recs[-1]["predict_auc"] > recs[0]["predict_auc"] + 0.05
-    assert 'streamrec_trainer_pass_auc_ratio{phase="predict",rank="0"}' in body
     assert 'streamrec_trainer_samples_total{phase="train",rank="0"}' in body
+    assert REGISTRY.get_sample_value(*trained) - before == 4 * 1500
+    # a pass's AUC has one metric name, the control plane's (streamrec_api_pass_auc)
+    assert "streamrec_trainer_pass_auc" not in body
 
 
 def test_predict_uses_the_model_before_training_on_the_pass(stream, tmp_path):
@@ -74,6 +79,15 @@ def test_predict_uses_the_model_before_training_on_the_pass(stream, tmp_path):
     assert after.auc() > before.auc()  # having trained on it, the model fits it better
 
 
+def wait_until(pred, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return value
+
+
 def test_waits_for_donefiles(tmp_path):
     data, model = tmp_path / "data", tmp_path / "m"
     cfg = small_config(data, model, end_day="20190720", **NO_SAVES)
@@ -81,27 +95,39 @@ def test_waits_for_donefiles(tmp_path):
     with OnlineTrainer(cfg) as t:
         runner = threading.Thread(target=t.run)
         runner.start()
-        deadline = time.monotonic() + 30
-        while not (model / "passes.jsonl").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)
-        assert len(records(model)) == 1  # pass 2 has no donefile yet: waiting
-        assert runner.is_alive()
+        # pass 2 has no donefile yet: the runner waits for it, pass 1 done
+        spec, _ = wait_until(lambda: t.waiting, what="the runner waiting for pass 2")
+        assert (spec.day, spec.pass_id) == ("20190720", 2)
+        assert [r["pass_id"] for r in records(model)] == [1]
         split = data / "20190720" / "1200"
         split.mkdir(parents=True)
         (split / "part-00000").write_bytes((data / "20190720" / "0000" / "part-00000").read_bytes())
-        time.sleep(0.3)
-        assert len(records(model)) == 1  # data without its donefile is not read
+        # data without its donefile is not read: two more polls see the files, still waiting
+        landed = t.waiting[1]
+        wait_until(lambda: (w := t.waiting) is not None and w[1] >= landed + 2, what="2 polls")
+        assert runner.is_alive() and [r["pass_id"] for r in records(model)] == [1]
         (split / "to.hadoop.done").touch()
         runner.join(timeout=30)
         assert not runner.is_alive()
+        assert t.waiting is None
     assert [r["pass_id"] for r in records(model)] == [1, 2]
 
 
 def test_data_wait_timeout_and_stop(tmp_path):
     cfg = small_config(tmp_path / "none", tmp_path / "m", data_wait_timeout_second=0.2, **NO_SAVES)
-    with OnlineTrainer(cfg) as t, pytest.raises(Exception, match="not ready after"):
+    with (
+        OnlineTrainer(cfg) as t,
+        pytest.raises(TrainerError, match=r"pass 20190720/1 \(splits 0000\) not ready after"),
+    ):
         t.run()
+    # a stop while waiting returns at the next poll, without an error
+    with OnlineTrainer(small_config(tmp_path / "none", tmp_path / "m2", **NO_SAVES)) as t:
+        runner = threading.Thread(target=t.run)
+        runner.start()
+        wait_until(lambda: t.waiting, what="the runner waiting")
+        t.stop_event.set()
+        runner.join(timeout=10)
+        assert not runner.is_alive() and not (tmp_path / "m2" / "passes.jsonl").exists()
 
 
 def test_malformed_share_fails_naming_file_and_line(tmp_path):
@@ -125,7 +151,7 @@ def test_malformed_share_fails_naming_file_and_line(tmp_path):
 
 def test_several_ranks_need_a_shared_store(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="store.addresses"):
+    with pytest.raises(ConfigError, match="set store.endpoints to the embedding-store shards"):
         OnlineTrainer(small_config(tmp_path, tmp_path / "m"))
 
 

@@ -106,6 +106,8 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::
                                          int64_t u) {
   check_rows(src, "src");
   TORCH_CHECK(inverse.numel() == src.size(0), "inverse and src differ in length");
+  // every row of [0, u) has a position: u <= n (and the scratch below is sized by u)
+  TORCH_CHECK(u >= 0 && u <= src.size(0), "u = ", u, " outside [0, ", src.size(0), "]");
   check_positions(inverse, u, "inverse");
   const int64_t n = src.size(0), d = src.size(1);
   const float* s = src.data_ptr<float>();

@@ -1,5 +1,7 @@
-// The one binding file of streamrec.embedding_store._C (the CPU extension).
-// Every op releases the GIL; the ATen kernels parallelise with at::parallel_for (OpenMP).
+// The one binding file of streamrec.embedding_store._C (the CPU extension; the ops are
+// declared in ops.h). Every op releases the GIL; the kernels parallelise with
+// at::parallel_for (OpenMP). Ops whose C++ form takes an argument struct keep their Python
+// signature: the struct is filled here.
 #include <torch/extension.h>
 
 #include "ops.h"
@@ -67,10 +69,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("find_gather", &find_gather, "(weights, rows, misses) in one pass", py::arg("slots"),
         py::arg("keys"), py::arg("data"), py::arg("params"), py::arg("zero_misses") = true,
         nogil);
-  m.def("insert_init", &insert_init, "creates rows of the keys with rows < 0; returns count",
-        py::arg("slots"), py::arg("data"), py::arg("row_keys"), py::arg("keys"),
-        py::arg("rows"), py::arg("out"), py::arg("start"), py::arg("params"),
-        py::arg("hinted") = false, nogil);
+  m.def(
+      "insert_init",
+      [](torch::Tensor slots, torch::Tensor data, torch::Tensor row_keys, torch::Tensor keys,
+         torch::Tensor rows, torch::Tensor out, int64_t start, const TableParams& params,
+         bool hinted) {
+        return insert_init({slots, data, row_keys, keys, rows, out, start, hinted}, params);
+      },
+      "creates rows of the keys with rows < 0; returns count", py::arg("slots"), py::arg("data"),
+      py::arg("row_keys"), py::arg("keys"), py::arg("rows"), py::arg("out"), py::arg("start"),
+      py::arg("params"), py::arg("hinted") = false, nogil);
   m.def("advise_huge", &advise_huge, "asks for transparent huge pages over a tensor",
         py::arg("tensor"), nogil);
   m.def("prefault", &prefault, "maps rows [start, end) of a tensor's memory (no change)",
@@ -89,9 +97,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("params"), nogil);
   m.def("initial_weights", &initial_weights, "deterministic initial weights per key",
         py::arg("keys"), py::arg("params"), py::arg("with_embedx"), nogil);
-  m.def("update", &update, "fused push update (repeated rows summed); returns rows expanded", py::arg("data"),
-        py::arg("row_keys"), py::arg("rows"), py::arg("grads"), py::arg("shows"),
-        py::arg("clicks"), py::arg("params"), nogil);
+  m.def(
+      "update",
+      [](torch::Tensor data, torch::Tensor row_keys, torch::Tensor rows, torch::Tensor grads,
+         torch::Tensor shows, torch::Tensor clicks, const TableParams& params) {
+        return update({data, row_keys, rows, grads, shows, clicks}, params);
+      },
+      "fused push update (repeated rows summed); returns rows expanded", py::arg("data"),
+      py::arg("row_keys"), py::arg("rows"), py::arg("grads"), py::arg("shows"),
+      py::arg("clicks"), py::arg("params"), nogil);
   m.def("take_rows", &take_rows, "rows idx of the parts laid end to end, over every core",
         py::arg("parts"), py::arg("idx"), nogil);
   m.def("sum_rows", &sum_rows, "rows summed by a dedup's inverse; (sums, all finite)",

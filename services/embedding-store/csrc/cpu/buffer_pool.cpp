@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <vector>
 
+#include "checks.h"
 #include "ops.h"
 
 namespace streamrec {
@@ -94,9 +96,11 @@ bool pooling_on() {
 }  // namespace
 
 torch::Tensor step_buffer(at::IntArrayRef sizes, const torch::TensorOptions& options) {
+  // checked: a wrapped product would map a small buffer under a tensor that claims more
   int64_t count = 1;
-  for (const int64_t s : sizes) count *= s;
-  const size_t bytes = static_cast<size_t>(count) * options.dtype().itemsize();
+  for (const int64_t s : sizes) count = checked_mul(count, s, "step_buffer");
+  const size_t bytes = static_cast<size_t>(
+      checked_mul(count, static_cast<int64_t>(options.dtype().itemsize()), "step_buffer"));
   if (bytes < kPooledFrom || !pooling_on()) return torch::empty(sizes, options);
   const Block b = pool().take(bytes);
   return torch::from_blob(

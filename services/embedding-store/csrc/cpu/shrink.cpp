@@ -1,6 +1,7 @@
 // Day advance, shrink (decay and delete mask) and the rows each save mode takes.
 #include <ATen/Parallel.h>
 
+#include "checks.h"
 #include "ops.h"
 
 namespace streamrec {
@@ -8,16 +9,20 @@ namespace {
 
 constexpr int64_t kGrain = 4096;
 
-void check_data(const torch::Tensor& data, int64_t size) {
-  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2,
-              "data must be contiguous (R, width) float32");
-  TORCH_CHECK(size >= 0 && size <= data.size(0), "size out of range");
+// data: (R, w) contiguous float32 with w >= kFlags + 1 (these ops read the stats columns;
+// shrink and select_rows step by the params' width, checked there); 0 <= size <= R.
+void check_rows_in_use(const torch::Tensor& data, int64_t size, const char* op) {
+  TORCH_CHECK(data.defined() && data.scalar_type() == torch::kFloat32 && data.is_contiguous() &&
+                  data.dim() == 2 && data.size(1) > kFlags,
+              op, ": data must be a contiguous (R, width) float32 tensor");
+  TORCH_CHECK(size >= 0 && size <= data.size(0), op, ": size ", size, " outside [0, ",
+              data.size(0), "]");
 }
 
 }  // namespace
 
 void advance_day(torch::Tensor data, int64_t size) {
-  check_data(data, size);
+  check_rows_in_use(data, size, "advance_day");
   float* d = data.data_ptr<float>();
   const int64_t w = data.size(1);
   at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
@@ -26,7 +31,8 @@ void advance_day(torch::Tensor data, int64_t size) {
 }
 
 torch::Tensor shrink(torch::Tensor data, int64_t size, const TableParams& p) {
-  check_data(data, size);
+  check_rows_in_use(data, size, "shrink");
+  check_data(data, p, "shrink");
   auto keep = torch::empty({size}, torch::kBool);
   float* d = data.data_ptr<float>();
   bool* kp = keep.data_ptr<bool>();
@@ -45,7 +51,8 @@ torch::Tensor shrink(torch::Tensor data, int64_t size, const TableParams& p) {
 
 torch::Tensor select_rows(const torch::Tensor& data, int64_t size, int64_t mode,
                           const TableParams& p) {
-  check_data(data, size);
+  check_rows_in_use(data, size, "select_rows");
+  check_data(data, p, "select_rows");
   TORCH_CHECK(mode >= 0 && mode <= 2, "unknown select mode ", mode);
   auto sel = torch::empty({size}, torch::kBool);
   const float* d = data.data_ptr<float>();
@@ -68,7 +75,7 @@ torch::Tensor select_rows(const torch::Tensor& data, int64_t size, int64_t mode,
 }
 
 void clear_dirty(torch::Tensor data, int64_t size) {
-  check_data(data, size);
+  check_rows_in_use(data, size, "clear_dirty");
   float* d = data.data_ptr<float>();
   const int64_t w = data.size(1);
   at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {

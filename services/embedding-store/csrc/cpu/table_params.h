@@ -1,4 +1,5 @@
-// Parameters and row layout of one sparse table, shared by every op (CPU now, CUDA later).
+// Parameters and row layout of one sparse table, shared by every op of the CPU extension (the
+// CUDA extension, when it lands (issue #14), implements the same ops over the same layout).
 //
 // A table's rows live in one float32 matrix `data` (rows_capacity, width); row r is
 //
@@ -79,8 +80,12 @@ struct TableParams {
   int64_t embedx_state = 0;  // first column of the embedx optimizer state
   int64_t width = 0;         // floats per row
 
-  // Computes the derived columns; throws on a bad value.
+  // Computes the derived columns; throws on a bad value (std::invalid_argument, ValueError in
+  // Python), including a dim whose row width overflows int64. Every op taking TableParams
+  // checks finalized() first: params changed after finalize() are refused, not misread.
   void finalize();
+  // Whether the derived columns are those finalize() gives for the current dim and rules.
+  bool finalized() const;
 
   inline double score(double show, double click) const {
     return nonclk_coeff * (show - click) + click_coeff * click;

@@ -1,4 +1,4 @@
-// The fused push: statistics, sparse optimizer rules (seed 002) and embedx expansion.
+// The fused push (update): statistics, sparse optimizer rules (seed 002) and embedx expansion.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "checks.h"
 #include "ops.h"
 
 namespace streamrec {
@@ -76,8 +77,6 @@ inline void apply_rule(float* w, float* st, const float* g, int64_t d, const Rul
   }
 }
 
-}  // namespace
-
 // One row's step: statistics, the embed rule, the embedx rule or the expansion. The row's key
 // (row_keys[row]) is read only when the row expands: a random load per row otherwise.
 // Returns 1 when the row expanded.
@@ -100,8 +99,6 @@ inline int64_t update_row(float* d, const int64_t* row_keys, int64_t row, const 
   w[kFlags] = static_cast<float>(flags);
   return expanded;
 }
-
-namespace {
 
 // The distinct rows of one thread's positions, counted: an open-addressing table of 1.5 slots
 // per position, small enough to stay in the core's L2 cache (a per-row marks array as large
@@ -135,28 +132,29 @@ struct RowCounts {
 
 }  // namespace
 
-int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::Tensor& rows,
-               const torch::Tensor& grads, const torch::Tensor& shows,
-               const torch::Tensor& clicks, const TableParams& p) {
-  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() &&
-                  data.size(1) == p.width, "data must be contiguous (R, width) float32");
-  const int64_t n = rows.numel();
-  TORCH_CHECK(rows.dtype() == torch::kInt64 && rows.is_contiguous(), "rows must be int64");
-  TORCH_CHECK(grads.dtype() == torch::kFloat32 && grads.is_contiguous() && grads.dim() == 2 &&
-                  grads.size(0) == n && grads.size(1) == p.dim,
-              "grads must be contiguous (n, dim) float32");
-  TORCH_CHECK(shows.dtype() == torch::kFloat32 && shows.numel() == n && shows.is_contiguous() &&
-                  clicks.dtype() == torch::kFloat32 && clicks.numel() == n &&
-                  clicks.is_contiguous(), "shows and clicks must be contiguous (n,) float32");
-  TORCH_CHECK(row_keys.dtype() == torch::kInt64 && row_keys.is_contiguous() &&
-                  row_keys.numel() >= data.size(0), "row_keys must be (R,) int64");
-  const int64_t R = data.size(0);
-  float* d = data.data_ptr<float>();
-  const int64_t* k = row_keys.data_ptr<int64_t>();
-  const int64_t* r = rows.data_ptr<int64_t>();
-  const float* g = grads.data_ptr<float>();
-  const float* sh = shows.data_ptr<float>();
-  const float* cl = clicks.data_ptr<float>();
+int64_t update(const PushArgs& a, const TableParams& p) {
+  constexpr const char* kOp = "update";
+  check_data(a.data, p, kOp);
+  check_ids(a.rows, kOp, "rows");
+  const int64_t n = a.rows.numel();
+  TORCH_CHECK(a.grads.scalar_type() == torch::kFloat32 && a.grads.is_contiguous() &&
+                  a.grads.dim() == 2 && a.grads.size(0) == n && a.grads.size(1) == p.dim,
+              kOp, ": grads must be a contiguous (", n, ", ", p.dim, ") float32 tensor");
+  TORCH_CHECK(a.shows.scalar_type() == torch::kFloat32 && a.shows.numel() == n &&
+                  a.shows.is_contiguous() && a.clicks.scalar_type() == torch::kFloat32 &&
+                  a.clicks.numel() == n && a.clicks.is_contiguous(),
+              kOp, ": shows and clicks must be contiguous (", n, ",) float32 tensors");
+  check_ids(a.row_keys, kOp, "row_keys");
+  TORCH_CHECK(a.row_keys.numel() >= a.data.size(0), kOp, ": row_keys must be (R,) int64, R = ",
+              a.data.size(0));
+  const int64_t R = a.data.size(0);
+  check_rows_below(a.rows, R, kOp);  // before any write; rows < 0 (absent) are skipped
+  float* d = a.data.data_ptr<float>();
+  const int64_t* k = a.row_keys.data_ptr<int64_t>();
+  const int64_t* r = a.rows.data_ptr<int64_t>();
+  const float* g = a.grads.data_ptr<float>();
+  const float* sh = a.shows.data_ptr<float>();
+  const float* cl = a.clicks.data_ptr<float>();
 
   // Parallel updates of one row would race, so each thread owns the rows that hash to it
   // (no atomics, no shared cache lines between threads on hot rows): it lists its positions,
@@ -186,7 +184,7 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
       int64_t m = 0;
       for (int64_t i = 0; i < n; ++i) {
         pos[m] = i;
-        m += (r[i] >= 0) & (r[i] < R) & (owner(r[i]) == t);
+        m += (r[i] >= 0) & (owner(r[i]) == t);  // every row < R: checked above
       }
       counts.reset(m);
       where.resize(m);
@@ -244,34 +242,6 @@ int64_t update(torch::Tensor data, const torch::Tensor& row_keys, const torch::T
     }
   });
   return expanded.load();
-}
-
-}  // namespace streamrec
-
-namespace streamrec {
-
-std::tuple<int64_t, int64_t> check_push(const torch::Tensor& grads, const torch::Tensor& shows,
-                                        const torch::Tensor& clicks) {
-  TORCH_CHECK(grads.dtype() == torch::kFloat32 && grads.is_contiguous() && grads.dim() == 2,
-              "grads must be contiguous (n, dim) float32");
-  const int64_t n = grads.size(0), dim = grads.size(1);
-  TORCH_CHECK(shows.dtype() == torch::kFloat32 && shows.numel() == n && shows.is_contiguous() &&
-                  clicks.dtype() == torch::kFloat32 && clicks.numel() == n &&
-                  clicks.is_contiguous(), "shows and clicks must be contiguous (n,) float32");
-  const float* g = grads.data_ptr<float>();
-  const float* sh = shows.data_ptr<float>();
-  const float* cl = clicks.data_ptr<float>();
-  std::atomic<int64_t> bad_rows{0}, bad_counts{0};
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
-    int64_t rows = 0, counts = 0;
-    for (int64_t i = b; i < e; ++i) {
-      rows += !all_finite(g + i * dim, dim);
-      counts += !(std::isfinite(sh[i]) && sh[i] >= 0.0f && std::isfinite(cl[i]) && cl[i] >= 0.0f);
-    }
-    bad_rows += rows;
-    bad_counts += counts;
-  });
-  return {bad_rows.load(), bad_counts.load()};
 }
 
 }  // namespace streamrec

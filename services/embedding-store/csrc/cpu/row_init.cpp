@@ -1,7 +1,6 @@
-// Row initialisation and gather.
+// Row initialisation: counter-based initial weights (AVX-512 where the CPU has it, the same
+// bits either way), optimizer state, and the ops init_rows and initial_weights.
 #include <ATen/Parallel.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -10,9 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
-#include <string>
 
+#include "checks.h"
 #include "ops.h"
 
 namespace streamrec {
@@ -146,16 +144,6 @@ void init_state(float* st, const RuleParams& rp, int64_t d) {
 
 const char* simd_path() { return kAvx512 ? "avx512" : "portable"; }
 
-void TableParams::finalize() {
-  if (dim < 1) throw std::invalid_argument("dim must be >= 1, got " + std::to_string(dim));
-  const int64_t ws1 = state_width(embed_rule.kind, 1);
-  const int64_t ws2 = state_width(embedx_rule.kind, dim - 1);
-  if (ws1 < 0 || ws2 < 0) throw std::invalid_argument("unknown optimizer rule kind");
-  embed_state = kEmbedW + dim;
-  embedx_state = embed_state + ws1;
-  width = embedx_state + ws2;
-}
-
 // Fills the embedx weights of one row from its initializer.
 void init_embedx(float* row, int64_t key, const TableParams& p) {
   draw_columns(p.embedx_init, row_stream(p.seed, key), 1, p.dim, row + kEmbedW);
@@ -190,10 +178,13 @@ void init_row(float* row, int64_t key, const TableParams& p, bool expand) {
 
 void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start, int64_t count,
                const TableParams& p) {
-  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() && data.dim() == 2 &&
-                  data.size(1) == p.width, "data must be contiguous (R, width) float32");
-  TORCH_CHECK(start >= 0 && count >= 0 && start + count <= data.size(0) &&
-                  start + count <= row_keys.numel(), "rows out of range");
+  constexpr const char* kOp = "init_rows";
+  check_data(data, p, kOp);
+  check_ids(row_keys, kOp, "row_keys");
+  const int64_t R = std::min(data.size(0), row_keys.numel());
+  // count <= R - start, not start + count <= R: the sum could overflow
+  TORCH_CHECK(start >= 0 && count >= 0 && start <= R && count <= R - start, kOp, ": rows [",
+              start, ", ", start, " + ", count, ") outside the table's ", R, " rows");
   float* d = data.data_ptr<float>();
   const int64_t* k = row_keys.data_ptr<int64_t>();
   const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
@@ -202,60 +193,10 @@ void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start,
   });
 }
 
-torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const TableParams& p) {
-  TORCH_CHECK(data.dtype() == torch::kFloat32 && data.is_contiguous() &&
-                  data.size(1) == p.width, "data must be contiguous (R, width) float32");
-  TORCH_CHECK(rows.dtype() == torch::kInt64 && rows.is_contiguous(), "rows must be int64");
-  const int64_t n = rows.numel();
-  auto out = step_buffer({n, p.dim}, data.options());
-  const float* d = data.data_ptr<float>();
-  const int64_t* r = rows.data_ptr<int64_t>();
-  float* o = out.data_ptr<float>();
-  const int64_t R = data.size(0);
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (i + 8 < e && r[i + 8] >= 0 && r[i + 8] < R)
-        prefetch_lines(d + r[i + 8] * p.width + kEmbedW, 4 * p.dim);
-      if (r[i] < 0 || r[i] >= R) {
-        std::memset(o + i * p.dim, 0, sizeof(float) * p.dim);
-      } else {
-        std::memcpy(o + i * p.dim, d + r[i] * p.width + kEmbedW, sizeof(float) * p.dim);
-      }
-    }
-  });
-  return out;
-}
-
-bool prefault(const torch::Tensor& t, int64_t start, int64_t end) {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-  TORCH_CHECK(t.is_contiguous() && t.dim() >= 1, "prefault needs a contiguous tensor");
-  start = std::max<int64_t>(start, 0);
-  end = std::min<int64_t>(end, t.size(0));
-  if (end <= start) return true;
-  const int64_t row_bytes = t.numel() / std::max<int64_t>(t.size(0), 1) * t.element_size();
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data_ptr());
-  // whole pages inside the range only, so no byte outside [start, end) is involved
-  const uintptr_t lo = (base + start * row_bytes + page - 1) & ~(page - 1);
-  const uintptr_t hi = (base + end * row_bytes) & ~(page - 1);
-  if (hi <= lo) return true;
-  return madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0;
-}
-
-bool advise_huge(const torch::Tensor& t) {
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  TORCH_CHECK(t.is_contiguous(), "advise_huge needs a contiguous tensor");
-  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const uintptr_t lo = (base + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t hi = (base + t.numel() * t.element_size()) & ~(kHuge - 1);
-  if (hi <= lo) return false;
-  return madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) == 0;
-}
-
 torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx) {
-  TORCH_CHECK(keys.dtype() == torch::kInt64 && keys.is_contiguous(), "keys must be int64");
+  constexpr const char* kOp = "initial_weights";
+  check_params(p, kOp);
+  check_ids(keys, kOp, "keys");
   const int64_t n = keys.numel();
   auto out = torch::empty({n, p.dim}, torch::kFloat32);
   const int64_t* k = keys.data_ptr<int64_t>();

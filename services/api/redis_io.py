@@ -1,0 +1,90 @@
+"""The Redis calls of the control plane, typed as the API's clients see them.
+
+Every Redis client of the API (and the trainers' channel) is made with
+``decode_responses=True``, so every reply is ``str``; redis-py types its replies as
+``bytes | str`` whatever the client decodes, and types its writes as taking
+``dict[bytes | str | int | float | ..., ...]``, which a ``dict[str, str]`` is not (a dict is
+invariant). The few calls the API makes say what they return here, once, instead of a cast at
+every call site.
+
+Each function takes a client or a pipeline (``redis.client.Pipeline`` is a ``redis.Redis``);
+on a pipeline in MULTI mode the reply comes from ``execute()`` and the return value is to be
+ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import redis
+from redis.typing import EncodableT, FieldT
+
+#: A hash, or the fields of a stream entry.
+Fields = dict[str, str]
+#: A stream entry: (id, fields); the fields are empty for an entry deleted while pending.
+Entry = tuple[str, Fields]
+
+
+def _encodable(fields: Mapping[str, str]) -> dict[FieldT, EncodableT]:
+    return dict(fields.items())
+
+
+def hgetall(r: redis.Redis, key: str) -> Fields:
+    """The hash at ``key``; empty when there is none."""
+    return cast(Fields, r.hgetall(key))
+
+
+def hget(r: redis.Redis, key: str, field: str) -> str | None:
+    return cast("str | None", r.hget(key, field))
+
+
+def hmget(r: redis.Redis, key: str, fields: Sequence[str]) -> list[str | None]:
+    """The values of ``fields`` in order, None for a missing one."""
+    return cast("list[str | None]", r.hmget(key, list(fields)))
+
+
+def hset(r: redis.Redis, key: str, fields: Mapping[str, str]) -> None:
+    r.hset(key, mapping=_encodable(fields))
+
+
+def get(r: redis.Redis, key: str) -> str | None:
+    return cast("str | None", r.get(key))
+
+
+def smembers(r: redis.Redis, key: str) -> set[str]:
+    return cast("set[str]", r.smembers(key))
+
+
+def zrange(r: redis.Redis, key: str, start: int, end: int) -> list[str]:
+    """Members of the sorted set by rank, ``end`` included (-1: the last)."""
+    return cast("list[str]", r.zrange(key, start, end))
+
+
+def xadd(r: redis.Redis, stream: str, fields: Mapping[str, str]) -> str:
+    """Appends an entry to ``stream``; returns its id."""
+    return cast(str, r.xadd(stream, _encodable(fields)))
+
+
+def xrange(r: redis.Redis, stream: str, start: str, end: str, count: int) -> list[Entry]:
+    """At most ``count`` entries of ``stream`` from id ``start`` to ``end`` (``-``, ``+``,
+    ``(id`` exclusive), oldest first."""
+    return cast("list[Entry]", r.xrange(stream, min=start, max=end, count=count) or [])
+
+
+def read_group(
+    r: redis.Redis,
+    group: str,
+    consumer: str,
+    stream: str,
+    last_id: str,
+    count: int,
+    block_ms: int | None = None,
+) -> list[Entry]:
+    """XREADGROUP on one stream: its entries after ``last_id`` (``>``: never delivered, ``0``:
+    this consumer's pending ones); empty when none came within ``block_ms`` (None: no wait)."""
+    reply = r.xreadgroup(group, consumer, {stream: last_id}, count=count, block=block_ms)
+    if not reply:
+        return []
+    # RESP2 (the protocol the API's clients speak): [[stream, [(id, fields), ...]]]
+    return cast("list[list[Any]]", reply)[0][1]

@@ -1,0 +1,77 @@
+// Probing of the hash index, shared by the index ops (index_*.cpp, unique.cpp); internal.
+//
+// The index is one (capacity, 2) int64 tensor of [key, row] slots, so that a probe touches
+// one cache line; row == -1 marks an empty slot (its key is never read). A key's probe starts
+// at its home slot, mix64(key) & (capacity - 1), and walks forward to the key's slot or the
+// first empty slot. A probe that comes back to where it started has seen every slot hold
+// another key: the index is full, and the probe says so (kNoSlot, or -1 from lookup_row)
+// instead of looping. The wrap test costs one compare per step past the home slot.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+#include "table_params.h"
+
+namespace streamrec {
+
+constexpr int64_t kEmptyRow = -1;          // row of an empty slot
+constexpr uint64_t kNoSlot = ~uint64_t{0};  // a probe's answer on a full index
+constexpr int64_t kIndexGrain = 4096;      // keys per parallel task
+constexpr int64_t kIndexAhead = 8;         // prefetch distance, in keys
+
+inline void check_index(const torch::Tensor& slots, const char* op) {
+  TORCH_CHECK(slots.defined() && slots.scalar_type() == torch::kInt64 && slots.is_contiguous() &&
+                  slots.dim() == 2 && slots.size(1) == 2,
+              op, ": the index must be a contiguous (capacity, 2) int64 tensor");
+  const int64_t cap = slots.size(0);
+  TORCH_CHECK(cap > 0 && (cap & (cap - 1)) == 0, op, ": index capacity must be a power of two, got ",
+              cap);
+}
+
+// Raises the error of a key that finds neither its slot nor an empty one.
+[[noreturn]] inline void index_full(const char* op, uint64_t capacity, int64_t key) {
+  TORCH_CHECK(false, op, ": the hash index is full (capacity ", capacity,
+              " slots, none empty) and has no slot for key ", key,
+              "; rebuild it larger (index_build) before inserting");
+  __builtin_unreachable();
+}
+
+inline uint64_t home(int64_t key, uint64_t mask) {
+  return mix64(static_cast<uint64_t>(key)) & mask;
+}
+
+// Slot holding `key`, or the empty slot where it would go, probing from slot i (its home, or
+// a slot an earlier probe of the same key reached); kNoSlot when every slot holds another key.
+// s: (capacity, 2) [key, row]; mask: capacity - 1.
+inline uint64_t probe_from(const int64_t* s, uint64_t mask, int64_t key, uint64_t i) {
+  const uint64_t first = i;
+  while (s[2 * i + 1] != kEmptyRow && s[2 * i] != key) {
+    i = (i + 1) & mask;
+    if (i == first) return kNoSlot;
+  }
+  return i;
+}
+
+inline uint64_t probe(const int64_t* s, uint64_t mask, int64_t key) {
+  return probe_from(s, mask, key, home(key, mask));
+}
+
+// A lookup's answer for `key` in one probe: its row (>= 0) if present; if absent, -1, or with
+// kSlotHints -2 - s, s the empty slot the probe ended at (a hint for insert_init); -1 on a
+// full index (no hint: insert_init then probes from home). Reads each slot's row once.
+template <bool kSlotHints>
+inline int64_t lookup_row(const int64_t* s, uint64_t mask, int64_t key) {
+  uint64_t i = home(key, mask);
+  const uint64_t first = i;
+  for (;;) {
+    const int64_t row = s[2 * i + 1];
+    if (row == kEmptyRow) return kSlotHints ? -2 - static_cast<int64_t>(i) : kEmptyRow;
+    if (s[2 * i] == key) return row;
+    i = (i + 1) & mask;
+    if (i == first) return -1;
+  }
+}
+
+}  // namespace streamrec

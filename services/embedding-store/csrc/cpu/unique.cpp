@@ -1,0 +1,42 @@
+// A hash dedup of keys, in order of first occurrence: the store's and the client's dedup of
+// a request (cheaper than sorting). It probes a private table as the index ops do.
+#include <cstring>
+#include <vector>
+
+#include "checks.h"
+#include "index_probe.h"
+#include "ops.h"
+
+namespace streamrec {
+
+std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys) {
+  check_ids(keys, "unique", "keys");
+  const int64_t n = keys.numel();
+  int64_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;  // at least n empty slots: a probe never meets a full table
+  thread_local std::vector<int64_t> s;  // kept between calls (kept_scratch in ops.h)
+  s.assign(2 * cap, kEmptyRow);
+  const uint64_t mask = static_cast<uint64_t>(cap - 1);
+  auto inverse = torch::empty({n}, keys.options());
+  const int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* inv = inverse.data_ptr<int64_t>();
+  thread_local std::vector<int64_t> uniq;
+  uniq.clear();
+  uniq.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kIndexAhead < n) __builtin_prefetch(s.data() + 2 * home(k[i + kIndexAhead], mask));
+    const uint64_t j = probe(s.data(), mask, k[i]);
+    if (s[2 * j + 1] == kEmptyRow) {
+      s[2 * j] = k[i];
+      s[2 * j + 1] = static_cast<int64_t>(uniq.size());
+      uniq.push_back(k[i]);
+    }
+    inv[i] = s[2 * j + 1];
+  }
+  auto out = torch::empty({static_cast<int64_t>(uniq.size())}, keys.options());
+  if (!uniq.empty())
+    std::memcpy(out.data_ptr<int64_t>(), uniq.data(), uniq.size() * sizeof(int64_t));
+  return {out, inverse};
+}
+
+}  // namespace streamrec

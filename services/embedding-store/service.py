@@ -1,0 +1,446 @@
+"""The request handlers of one embedding-store shard: the ops of the wire protocol.
+
+A shard owns the keys ``k`` with ``keyhash.shard_of(k, N) == K`` of every table and runs an
+in-process :class:`~streamrec.embedding_store.EmbeddingStore` for them. Ops (request meta and
+arrays -> reply meta and arrays)::
+
+    ping         {}                                  -> {shard_id, num_shards, tables: [name]}
+    tables       {}                                  -> {tables: [TableOptions as dicts]}
+    pull         {table, create} keys (n,) int64     -> values (n, dim) float32
+    push         {table} keys (n,) int64, grads (n, dim) float32,
+                 [shows (n,) float32, clicks (n,) float32]          -> {}
+    pull_many    {tables: [T names], create} keys (n,) int64, counts (T,) int64
+                                                     -> values (sum n_t * dim_t,) float32
+    push_many    {tables: [T names]} keys (n,) int64, counts (T,) int64,
+                 grads (sum n_t * dim_t,) float32, [shows (n,) float32, clicks (n,) float32]
+                                                     -> {}
+    size         {table}                             -> {size}
+    shrink       {}                                  -> {deleted: {table: rows}}
+    advance_day  {}                                  -> {}
+    save         {path, mode, [converter]}           -> {dir, manifest}
+    load         {path, [converter, verify_only]}    -> {dir}
+    stats        {}                                  -> {shard_id, num_shards, stats}
+
+``pull_many``/``push_many`` carry several tables in one request (the trainer's one request
+per shard and batch): table t owns ``counts[t]`` keys of the concatenated ``keys`` (and of
+``shows``/``clicks``) and ``counts[t] * dim_t`` values of the flattened ``grads``/``values``::
+
+    tables  ["user", "item"]      dims 9, 4
+    counts  [2, 1]                keys [u0, u1, i0]
+    grads   [9 of u0, 9 of u1, 4 of i0]          (22,) float32
+
+A ``push_many`` is validated whole (every table's part, NaN/Inf included) before any table is
+written.
+
+``save``/``load`` use ``path/shard-K-of-N/`` (each shard its own manifest); ``load`` refuses a
+checkpoint saved by another number of shards. ``converter: "redis"`` sends base/delta rows to
+the serving Redis given by ``--redis-url`` (each shard its own partition, see
+:mod:`~streamrec.embedding_store.redis_converter`) instead of files.
+
+Every request is validated (table, dtypes, shapes, shard ownership) before it touches the
+store, so a bad one gets an error naming the field and value, and nothing already stored
+changes. NaN/Inf gradients are refused (by the store, before any row is written).
+
+The handlers run on the worker threads of :class:`~streamrec.wire.RpcServer` (wired in
+:mod:`~streamrec.embedding_store.server`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest
+from streamrec.embedding_store.config import shard_dir_name
+from streamrec.embedding_store.errors import (
+    InvalidInput,
+    NonFiniteGradient,
+    ShardCountMismatch,
+    UnknownTable,
+    WrongShard,
+)
+from streamrec.embedding_store.metrics import StoreMetrics
+from streamrec.errors import BadRequest, NotFound
+from streamrec.keyhash import shard_of
+from streamrec.save_modes import SAVE_MODES
+from streamrec.wire import Arrays, Meta
+
+# A push's arrays reach the store as zero-copy views of the received frames, which are
+# read-only; the store never writes a push's inputs (see EmbeddingStore.push), so torch's
+# warning about wrapping a read-only array is noise here (a copy of 25 MB per push is not).
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store import TableHook
+
+OPS = (
+    "ping",
+    "tables",
+    "pull",
+    "push",
+    "pull_many",
+    "push_many",
+    "size",
+    "shrink",
+    "advance_day",
+    "save",
+    "load",
+    "stats",
+)
+_SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain msgpack-able copy of a dict from the store (numpy scalars, paths -> str)."""
+    return json.loads(
+        json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    )
+
+
+def _split(arr: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """``arr`` cut into consecutive parts of ``sizes`` (T,) elements (views; [] when T = 0)."""
+    return np.split(arr, np.cumsum(sizes)[:-1]) if sizes.size else []
+
+
+class StoreService:
+    """The request handlers of one shard, over an in-process store.
+
+    Args:
+        store: an ``EmbeddingStore`` (thread-safe; handlers run on several worker threads).
+        shard_id: K, this shard's index.
+        num_shards: N, the number of shards.
+        metrics: where to count requests; None counts nothing.
+        redis_url: the serving Redis for saves with ``converter: "redis"`` (None: refused).
+        redis_prefix: prefix of this store's keys in that Redis.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        shard_id: int,
+        num_shards: int,
+        metrics: StoreMetrics | None = None,
+        redis_url: str | None = None,
+        redis_prefix: str = "streamrec:emb",
+    ) -> None:
+        if not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}")
+        self.store = store
+        self.shard_id = shard_id
+        self.num_shards = num_shards
+        self.metrics = metrics
+        self.dir_name = shard_dir_name(shard_id, num_shards)
+        self.redis_url = redis_url
+        self.redis_prefix = redis_prefix
+        self._redis: Any = None
+        self._redis_lock = threading.Lock()
+
+    def handlers(self) -> dict[str, Any]:
+        return {op: getattr(self, f"op_{op}") for op in OPS}
+
+    def on_request(self, op: str, seconds: float, code: str | None) -> None:
+        if self.metrics is not None:
+            # the op label comes from the peer: only known names, so cardinality stays bounded
+            self.metrics.on_request(op if op in OPS else "unknown", seconds, code)
+
+    # -- validation -----------------------------------------------------------------
+
+    def _table(self, meta: Meta) -> tuple[str, int]:
+        name = meta.get("table")
+        if not isinstance(name, str):
+            raise BadRequest(f"field 'table' must be a table name (string), got {name!r}")
+        tables = self.store.tables
+        if name not in tables:
+            raise UnknownTable(f"unknown table {name!r}; tables: {sorted(tables)}")
+        return name, int(tables[name].dim)
+
+    @staticmethod
+    def _array(
+        arrays: Arrays, name: str, dtype: type, shape: tuple[int | None, ...], required: bool = True
+    ) -> np.ndarray | None:
+        arr = arrays.get(name)
+        if arr is None:
+            if required:
+                raise InvalidInput(f"array {name!r} is missing; arrays sent: {sorted(arrays)}")
+            return None
+        if arr.dtype != np.dtype(dtype):
+            raise InvalidInput(f"array {name!r}: dtype must be {np.dtype(dtype)}, got {arr.dtype}")
+        if arr.ndim != len(shape) or any(
+            s is not None and s != a for s, a in zip(shape, arr.shape, strict=True)
+        ):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise InvalidInput(f"array {name!r}: shape must be {want}, got {tuple(arr.shape)}")
+        return arr
+
+    def _keys(self, arrays: Arrays) -> np.ndarray:
+        keys = self._array(arrays, "keys", np.int64, (None,))
+        assert keys is not None
+        if self.num_shards > 1 and keys.size:
+            owner = shard_of(keys, self.num_shards)
+            wrong = np.flatnonzero(owner != self.shard_id)
+            if wrong.size:
+                i = int(wrong[0])
+                raise WrongShard(
+                    f"{wrong.size} of {keys.size} keys belong to other shards (e.g. key "
+                    f"{int(keys[i])} -> shard {int(owner[i])}); this is shard "
+                    f"{self.shard_id} of {self.num_shards}: route keys with "
+                    f"streamrec.keyhash.shard_of"
+                )
+        # frames are read-only buffers; the store gets its own copy of the (small) keys
+        return np.array(keys)
+
+    def _tables(self, meta: Meta) -> tuple[list[str], np.ndarray]:
+        """The ``tables`` field of a multi-table op: names and dims (T,) int64."""
+        names = meta.get("tables")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest(f"field 'tables' must be a list of table names, got {names!r:.200}")
+        tables = self.store.tables
+        for i, name in enumerate(names):
+            if name not in tables:
+                raise UnknownTable(
+                    f"field 'tables'[{i}]: unknown table {name!r}; tables: {sorted(tables)}"
+                )
+        return names, np.array([tables[n].dim for n in names], dtype=np.int64)
+
+    def _counts(self, arrays: Arrays, names: list[str], n: int) -> np.ndarray:
+        """The ``counts`` array: (T,) int64, >= 0, summing to the n keys sent."""
+        counts = self._array(arrays, "counts", np.int64, (len(names),))
+        assert counts is not None
+        negative = np.flatnonzero(counts < 0)
+        if negative.size:
+            i = int(negative[0])
+            raise InvalidInput(
+                f"array 'counts': must be >= 0, got {int(counts[i])} for table {names[i]!r} "
+                f"(index {i})"
+            )
+        big = np.flatnonzero(counts > n)
+        if big.size:
+            i = int(big[0])
+            raise InvalidInput(
+                f"array 'counts': {int(counts[i])} for table {names[i]!r} (index {i}) exceeds "
+                f"the {n} keys sent"
+            )
+        total = int(counts.sum())  # each count <= n here: the sum cannot overflow
+        if total != n:
+            raise InvalidInput(f"array 'counts': sums to {total}, but array 'keys' holds {n} keys")
+        return counts
+
+    @staticmethod
+    def _create(meta: Meta) -> bool:
+        create = meta.get("create", True)
+        if not isinstance(create, bool):
+            raise BadRequest(f"field 'create' must be a bool, got {create!r}")
+        return create
+
+    @staticmethod
+    def _check_finite(**arrays: np.ndarray | None) -> None:
+        for name, arr in arrays.items():
+            if arr is not None and not np.isfinite(arr).all():
+                raise NonFiniteGradient(f"array {name!r}: holds NaN or Inf; nothing was written")
+
+    def _on_table(self, kind: str) -> TableHook | None:
+        """Records a table's part of a pull or push (``kind``) in the per-table metrics:
+        (table, keys, seconds); also the store's hook of pull_many/push_many."""
+        m = self.metrics
+        if m is None:
+            return None
+
+        def record(table: str, n: int, seconds: float) -> None:
+            if n == 0:  # a table with no keys on this shard did nothing here
+                return
+            if kind == "pull":
+                m.pull_seconds.labels(table).observe(seconds)
+                m.pull_keys.labels(table).inc(n)
+            else:
+                m.push_seconds.labels(table).observe(seconds)
+                m.push_keys.labels(table).inc(n)
+                m.optimizer_steps.labels(table).inc()
+
+        return record
+
+    # -- ops ------------------------------------------------------------------------
+
+    def op_ping(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        return {
+            "shard_id": self.shard_id,
+            "num_shards": self.num_shards,
+            "tables": sorted(self.store.tables),
+            "pid": os.getpid(),
+        }, {}
+
+    def op_tables(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        return {"tables": [t.model_dump(mode="json") for t in self.store.tables.values()]}, {}
+
+    def op_pull(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        table, _dim = self._table(meta)
+        create = self._create(meta)
+        keys = self._keys(arrays)
+        started = time.perf_counter()
+        values = self.store.pull(table, keys, create=create)
+        record = self._on_table("pull")
+        if record is not None:
+            record(table, keys.size, time.perf_counter() - started)
+        return {}, {"values": values.numpy() if hasattr(values, "numpy") else values}
+
+    def op_push(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        table, dim = self._table(meta)
+        keys = self._keys(arrays)
+        n = keys.size
+        grads = self._array(arrays, "grads", np.float32, (n, dim))
+        shows = self._array(arrays, "shows", np.float32, (n,), required=False)
+        clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
+        self._check_finite(shows=shows, clicks=clicks)
+        started = time.perf_counter()
+        self.store.push(table, keys, grads, shows=shows, clicks=clicks)
+        record = self._on_table("push")
+        if record is not None:
+            record(table, n, time.perf_counter() - started)
+        return {}, {}
+
+    def op_pull_many(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        names, _dims = self._tables(meta)
+        create = self._create(meta)
+        keys = self._keys(arrays)
+        counts = self._counts(arrays, names, keys.size)
+        parts = _split(keys, counts)
+        values = self.store.pull_many(names, parts, create=create, on_table=self._on_table("pull"))
+        flat = [v.reshape(-1).numpy() for v in values]
+        return {}, {"values": np.concatenate(flat) if flat else np.zeros(0, np.float32)}
+
+    def op_push_many(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        names, dims = self._tables(meta)
+        keys = self._keys(arrays)
+        n = keys.size
+        counts = self._counts(arrays, names, n)
+        sizes = counts * dims
+        grads = self._array(arrays, "grads", np.float32, (int(sizes.sum()),))
+        shows = self._array(arrays, "shows", np.float32, (n,), required=False)
+        clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
+        self._check_finite(shows=shows, clicks=clicks)
+        assert grads is not None
+        grad_parts = [
+            g.reshape(c, d) for g, c, d in zip(_split(grads, sizes), counts, dims, strict=True)
+        ]
+        self.store.push_many(
+            names,
+            _split(keys, counts),
+            grad_parts,
+            shows=None if shows is None else _split(shows, counts),
+            clicks=None if clicks is None else _split(clicks, counts),
+            on_table=self._on_table("push"),
+        )
+        return {}, {}
+
+    def op_size(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        table, _dim = self._table(meta)
+        return {"size": int(self.store.size(table))}, {}
+
+    def op_shrink(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        return {"deleted": _jsonable(self.store.shrink() or {})}, {}
+
+    def op_advance_day(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        self.store.advance_day()
+        return {}, {}
+
+    def _root(self, meta: Meta) -> Path:
+        path = meta.get("path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest(f"field 'path' must be a non-empty string, got {path!r}")
+        return Path(path)
+
+    def _converter(self, meta: Meta) -> Any:
+        """None (the store's files) or this shard's RedisConverter (``converter: redis``)."""
+        name = meta.get("converter")
+        if name in (None, "files"):
+            return None
+        if name != "redis":
+            raise BadRequest(f"field 'converter' must be 'files' or 'redis', got {name!r}")
+        if self.redis_url is None:
+            raise BadRequest("field 'converter': 'redis' needs the shard started with --redis-url")
+        with self._redis_lock:
+            if self._redis is None:
+                from streamrec.embedding_store.redis_converter import RedisConverter
+
+                self._redis = RedisConverter(
+                    self.redis_url, self.redis_prefix, self.shard_id, self.num_shards
+                )
+            return self._redis
+
+    def op_save(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        mode = meta.get("mode", "checkpoint")
+        if mode not in SAVE_MODES:
+            raise BadRequest(f"field 'mode' must be one of {list(SAVE_MODES)}, got {mode!r}")
+        target = self._root(meta) / self.dir_name
+        converter = self._converter(meta)
+        started = time.perf_counter()
+        manifest = self.store.save(
+            str(target),
+            mode,
+            converter=converter,
+            extra={"shard_id": self.shard_id, "num_shards": self.num_shards},
+        )
+        if self.metrics is not None:
+            self.metrics.save_seconds.labels(mode).observe(time.perf_counter() - started)
+        return {"dir": str(target), "manifest": _jsonable(manifest or {})}, {}
+
+    def op_load(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        root = self._root(meta)
+        target = root / self.dir_name
+        if not target.is_dir():
+            found = (
+                sorted(p.name for p in root.iterdir() if _SHARD_DIR.match(p.name))
+                if (root.is_dir())
+                else []
+            )
+            counts = sorted({int(_SHARD_DIR.match(n).group(2)) for n in found})  # type: ignore[union-attr]
+            if counts and self.num_shards not in counts:
+                raise ShardCountMismatch(
+                    f"checkpoint {str(root)!r} was saved by {counts[0]} shard(s) "
+                    f"({', '.join(found)}); this store runs {self.num_shards} shards"
+                )
+            raise NotFound(
+                f"checkpoint {str(root)!r} has no {self.dir_name}/ for this shard "
+                f"(found: {found or 'nothing'})"
+            )
+        verify_only = meta.get("verify_only", False)
+        if not isinstance(verify_only, bool):
+            raise BadRequest(f"field 'verify_only' must be a bool, got {verify_only!r}")
+        converter = self._converter(meta)
+        if verify_only:
+            manifest = read_manifest(target)  # every listed file and its sha256
+        else:  # store.load verifies the files itself: read the manifest once, unverified
+            try:
+                manifest = json.loads((target / MANIFEST).read_text())
+            except (OSError, ValueError):
+                manifest = {}  # store.load names what is wrong with it
+        saved_by = manifest.get("extra") if isinstance(manifest, dict) else None
+        saved_by = saved_by if isinstance(saved_by, dict) else {}
+        if (saved_by.get("shard_id"), saved_by.get("num_shards")) not in (
+            (None, None),
+            (self.shard_id, self.num_shards),
+        ):
+            raise ShardCountMismatch(
+                f"{str(target)!r} was saved by shard {saved_by.get('shard_id')} of "
+                f"{saved_by.get('num_shards')}; this is shard {self.shard_id} of {self.num_shards}"
+            )
+        if verify_only:
+            return {"dir": str(target), "mode": manifest.get("mode")}, {}
+        started = time.perf_counter()
+        self.store.load(str(target), converter=converter)
+        if self.metrics is not None:
+            self.metrics.load_seconds.observe(time.perf_counter() - started)
+        return {"dir": str(target)}, {}
+
+    def op_stats(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        return {
+            "shard_id": self.shard_id,
+            "num_shards": self.num_shards,
+            "stats": _jsonable(self.store.stats()),
+        }, {}

@@ -1,0 +1,140 @@
+"""What a caller hands the store, checked once: the same rules in-process and remote.
+
+:class:`~streamrec.embedding_store.store.EmbeddingStore` and
+:class:`~streamrec.embedding_store.client.EmbeddingStoreClient` both call these, so an input
+is accepted by both or refused by both, with the same error (tested on both). The rule for
+keys (:func:`as_keys`)::
+
+    accepted  a torch.Tensor or numpy array, 1-D, of an integer dtype: int64 as it is,
+              int8/16/32 and uint8/16/32 widened, uint64 viewed as int64 (the bit pattern
+              of a PaddleRec feasign is kept); a list or tuple of python ints (one in
+              [2**63, 2**64) is a uint64 feasign, its bit pattern kept too)
+    refused   floats, bools, complex, anything else, anything not 1-D: InvalidInput
+              (a ValueError) naming the field, the dtype and the shape
+
+Weights, gradients, shows and clicks (:func:`as_floats`) must be float32 tensors or arrays
+of the expected shape; nothing is converted, so a float64 push is refused, not rounded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from streamrec.embedding_store.errors import InvalidInput
+
+#: torch dtypes taken as keys: int64, those that widen to it without loss, uint64 (viewed)
+_INTEGER = (
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint64,
+    torch.uint32,
+    torch.uint16,
+    torch.uint8,
+)
+
+
+def as_keys(keys: Any, field: str = "keys") -> torch.Tensor:
+    """Checks keys and returns them as a contiguous CPU (n,) int64 tensor (no copy when they
+    already are one). See the module doc for what is accepted.
+
+    Raises:
+        InvalidInput: not an integer 1-D tensor, array or list of ints; the message names
+            ``field``, the dtype and the shape.
+    """
+    if isinstance(keys, torch.Tensor):
+        dtype, shape = str(keys.dtype), tuple(keys.shape)
+        integer = keys.dtype in _INTEGER
+    else:
+        arr = _as_array(keys, field)
+        dtype, shape = _numpy_dtype(keys, arr), arr.shape
+        integer = arr.dtype.kind in "iu"
+    if not integer:
+        raise InvalidInput(f"{field} must be int64, got {dtype} with shape {shape}")
+    if len(shape) != 1:
+        raise InvalidInput(f"{field} must be 1-D (n,), got shape {shape} ({dtype})")
+    if isinstance(keys, torch.Tensor):
+        if keys.dtype == torch.uint64:
+            return keys.detach().cpu().view(torch.int64).contiguous()
+        return keys.detach().to("cpu", torch.int64).contiguous()
+    arr = arr.view(np.int64) if arr.dtype == np.uint64 else arr.astype(np.int64, copy=False)
+    return torch.from_numpy(_contiguous(arr))
+
+
+def _as_array(keys: Any, field: str) -> np.ndarray:
+    """An ndarray of keys given as an ndarray or a list/tuple of python ints."""
+    if isinstance(keys, np.ndarray):
+        return keys
+    if isinstance(keys, list | tuple):
+        kind = type(keys).__name__
+        for k in keys:  # numpy would take True as 1 and truncate 1.5 to 1
+            if not isinstance(k, int | np.integer) or isinstance(k, bool):
+                raise InvalidInput(
+                    f"{field} must be int64, got a {kind} of {len(keys)} holding "
+                    f"{type(k).__name__} {k!r:.40}"
+                )
+        try:  # a key in [2**63, 2**64) is a uint64 feasign: keep its bit pattern
+            values = [int(k) for k in keys]
+            return np.array([k - 2**64 if 2**63 <= k < 2**64 else k for k in values], np.int64)
+        except OverflowError as exc:
+            raise InvalidInput(
+                f"{field} must be 64-bit keys, got a {kind} of {len(keys)} holding a value "
+                f"out of [-2**63, 2**64)"
+            ) from exc
+    raise InvalidInput(
+        f"{field} must be a torch.Tensor, numpy array or list of ints, got {type(keys).__name__}"
+    )
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    """``arr`` itself when C-contiguous, else a contiguous copy (torch takes no negative
+    strides); unlike np.ascontiguousarray, a 0-D array stays 0-D."""
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _numpy_dtype(given: Any, arr: np.ndarray) -> str:
+    where = "numpy" if isinstance(given, np.ndarray) else f"{type(given).__name__} of"
+    return f"{where} {arr.dtype}"
+
+
+def as_floats(value: Any, field: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Checks a float32 tensor or array of exactly ``shape`` and returns it as a contiguous
+    CPU tensor (no copy when it already is one).
+
+    Raises:
+        InvalidInput: another type, dtype or shape; the message names ``field``.
+    """
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(_contiguous(value))
+    if not isinstance(value, torch.Tensor):
+        raise InvalidInput(
+            f"{field} must be a torch.Tensor or numpy array, got {type(value).__name__}"
+        )
+    if value.dtype != torch.float32:
+        raise InvalidInput(f"{field} must be float32, got {value.dtype}")
+    if tuple(value.shape) != shape:
+        raise InvalidInput(f"{field} must have shape {shape}, got {tuple(value.shape)}")
+    return value.detach().to("cpu").contiguous()
+
+
+def check_aligned(tables: Any, **lists: Any) -> int:
+    """Checks that ``tables`` is a list of names and every given list (None allowed)
+    has one entry per table (the arguments of ``pull_many``/``push_many``); returns the
+    table count."""
+    if not isinstance(tables, list | tuple) or not all(isinstance(t, str) for t in tables):
+        raise InvalidInput(f"tables must be a list of table names, got {tables!r:.200}")
+    for name, value in lists.items():
+        if value is None:
+            continue
+        if not isinstance(value, list | tuple):
+            raise InvalidInput(
+                f"{name} must be a list with one entry per table, got {type(value).__name__}"
+            )
+        if len(value) != len(tables):
+            raise InvalidInput(
+                f"{name} has {len(value)} entries for {len(tables)} tables {list(tables)[:8]}"
+            )
+    return len(tables)

@@ -1,0 +1,133 @@
+"""``streamrec up`` / ``streamrec down``: the whole stack on one machine, from one command.
+
+``streamrec up`` starts, as local processes in a run directory (logs under ``RUN/logs``)::
+
+    redis-server        append-only file under RUN/redis, free local port
+    embedding-store     --store-shards shards (streamrec-embedding-store serve)
+    sampler             streamrec-sampler serve on an ipc socket
+    streamrec-api       the control plane (token in RUN/api-token)
+    streamrec-datagen   a planted stream under RUN/data (optionally paced: --rate)
+    trainers            torchrun --nproc-per-node --trainers -m streamrec.trainer.agent
+
+then submits the job over REST, starts it, prints one row per finished pass (AUC before and
+after training against the best AUC the planted truth allows), and ends with a summary.
+A child that exits is reported; the API and the trainers are restarted (their state is in
+Redis and the checkpoints), the sampler too; Redis and store shards are not (their state
+would be lost), so their loss ends the run. ``--keep-running`` leaves the services up after
+the summary until ``streamrec down`` (or Ctrl-C).
+
+    streamrec up --days 2 --split-interval 120 --samples-per-split 10000   # the defaults
+    streamrec down
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from streamrec.errors import StreamRecError
+from streamrec.launcher.errors import StackError
+from streamrec.launcher.stack import Stack
+from streamrec.launcher.state import stack_down
+from streamrec.layout import parse_day
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamrec", description="StreamRec on one machine")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start the stack, run the demo job, print the summary")
+    up.add_argument("--run-dir", default=".run/streamrec", help="state, data, models, logs")
+    up.add_argument("--redis-port", type=int, default=0, help="0: a free port")
+    up.add_argument("--api-port", type=int, default=0, help="0: a free port")
+    up.add_argument(
+        "--store-port",
+        type=int,
+        default=0,
+        help="first store shard port (shard k: +k); 0: free ports",
+    )
+    up.add_argument("--store-shards", type=int, default=2)
+    up.add_argument("--trainers", type=int, default=2, help="trainer ranks (torchrun)")
+    up.add_argument("--start-day", default="20190720")
+    up.add_argument("--days", type=int, default=2)
+    up.add_argument("--split-interval", type=int, default=120, help="minutes per split")
+    up.add_argument("--split-per-pass", type=int, default=1)
+    up.add_argument("--samples-per-split", type=int, default=10000)
+    up.add_argument("--slots", type=int, default=8, help="sparse features (tables)")
+    up.add_argument("--embedding-dim", type=int, default=8)
+    up.add_argument("--batch-size", type=int, default=256)
+    up.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="splits landing per second (0: as fast as they are generated)",
+    )
+    up.add_argument("--seed", type=int, default=7)
+    up.add_argument("--timeout-s", type=float, default=600, help="give up after this long")
+    up.add_argument("--max-restarts", type=int, default=2, help="per restartable child")
+    up.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave the services up after the summary, until `streamrec down`",
+    )
+    down = sub.add_parser("down", help="stop a stack started by `streamrec up`")
+    down.add_argument("--run-dir", default=".run/streamrec")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuses bad sizes with the flag and the value."""
+    for flag in (
+        "store_shards",
+        "trainers",
+        "days",
+        "split_per_pass",
+        "samples_per_split",
+        "slots",
+        "embedding_dim",
+        "batch_size",
+    ):
+        v = getattr(args, flag)
+        if v < 1:
+            raise StackError(f"--{flag.replace('_', '-')} must be >= 1, got {v}")
+    for flag in ("redis_port", "api_port", "store_port"):
+        v = getattr(args, flag)
+        if not 0 <= v <= 65535:
+            raise StackError(f"--{flag.replace('_', '-')} must be a port (0: free), got {v}")
+    try:
+        parse_day(args.start_day)
+    except ValueError as exc:
+        raise StackError(f"--start-day: {exc}") from None
+    if not (0 < args.split_interval <= 1440 and 1440 % args.split_interval == 0):
+        raise StackError(f"--split-interval must divide 1440, got {args.split_interval}")
+    if args.rate < 0 or args.timeout_s <= 0:
+        raise StackError(
+            f"--rate must be >= 0 and --timeout-s > 0, got {args.rate}, {args.timeout_s}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "down":
+        return stack_down(Path(args.run_dir).resolve())
+    try:
+        check_args(args)
+    except StackError as exc:
+        print(f"streamrec up: {exc}", file=sys.stderr)
+        return 2
+    stack = Stack(args)
+    signal.signal(signal.SIGTERM, stack.request_stop)
+    signal.signal(signal.SIGINT, stack.request_stop)
+    try:
+        return stack.up()
+    except StreamRecError as exc:
+        print(f"streamrec up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stack.say("stopping the stack ...")
+        stack.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The command line of each service the stack runs, from the addresses the stack chose.
+
+Console scripts come from this environment (:func:`streamrec.process.bin_path`); redis-server
+from PATH, else the Debian package's path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from streamrec.process import bin_path, free_port
+
+
+def redis_command(port: int, directory: Path) -> list[str]:
+    """redis-server on 127.0.0.1:``port`` with an append-only file under ``directory``."""
+    server = shutil.which("redis-server") or "/usr/bin/redis-server"
+    return [
+        server,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(directory),
+        "--appendonly",
+        "yes",
+        "--save",
+        "",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
+    ]
+
+
+def store_command(shard: int, num_shards: int, endpoint: str, tables: Path) -> list[str]:
+    """Embedding-store shard ``shard`` of ``num_shards`` on ``endpoint``; prints ``READY``."""
+    return [
+        bin_path("streamrec-embedding-store"),
+        "serve",
+        "--shard-id",
+        str(shard),
+        "--num-shards",
+        str(num_shards),
+        "--endpoint",
+        endpoint,
+        "--tables",
+        str(tables),
+        "--workers",
+        "2",
+        "--num-threads",
+        "1",
+    ]
+
+
+def sampler_command(endpoint: str) -> list[str]:
+    return [bin_path("streamrec-sampler"), "serve", "--endpoint", endpoint, "--workers", "1"]
+
+
+def api_command(
+    port: int, redis_url: str, token_file: Path, data_root: Path, model_root: Path
+) -> list[str]:
+    """The control plane, allowed to read jobs' data under ``data_root`` only and to write
+    models under ``model_root`` only."""
+    return [
+        bin_path("streamrec-api"),
+        "serve",
+        "--port",
+        str(port),
+        "--redis-url",
+        redis_url,
+        "--token-file",
+        str(token_file),
+        "--data-root",
+        str(data_root),
+        "--model-root",
+        str(model_root),
+        "--log-level",
+        "warning",
+    ]
+
+
+def datagen_command(
+    out: Path,
+    start_day: str,
+    days: int,
+    split_interval: int,
+    samples_per_split: int,
+    slots: int,
+    files_per_split: int,
+    rate: float,
+    seed: int,
+) -> list[str]:
+    """The planted stream under ``out``: one file per trainer rank per split, ``rate``
+    splits landing per second (0: as fast as they are generated)."""
+    return [
+        bin_path("streamrec-datagen"),
+        "--out",
+        str(out),
+        "--start-day",
+        start_day,
+        "--days",
+        str(days),
+        "--split-interval",
+        str(split_interval),
+        "--samples-per-split",
+        str(samples_per_split),
+        "--slots",
+        str(slots),
+        "--files-per-split",
+        str(files_per_split),
+        "--rate",
+        str(rate),
+        "--seed",
+        str(seed),
+    ]
+
+
+def trainer_command(ranks: int, redis_url: str, job_id: str) -> list[str]:
+    """A trainer group of ``ranks`` processes (torchrun) taking ``job_id``'s passes. Each call
+    picks a fresh rendezvous port, so a restarted group does not meet the old one's."""
+    return [
+        bin_path("torchrun"),
+        "--nproc-per-node",
+        str(ranks),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "streamrec.trainer.agent",
+        "--redis-url",
+        redis_url,
+        "--job-id",
+        job_id,
+        "--heartbeat-ttl-s",
+        "10",
+        "--poll-ms",
+        "300",
+        "--log-level",
+        "WARNING",
+    ]

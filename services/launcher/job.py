@@ -1,0 +1,83 @@
+"""The demo job ``streamrec up`` submits, and the tables its store shards serve."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from streamrec.layout import format_day, parse_day
+
+#: Table options of the demo (written to the shards' tables file and given to the trainers,
+#: so both sides agree): plain tables trained from the start with AdaGrad.
+TABLE_PARAMETERS: dict[str, Any] = {
+    "embedx_threshold": 0,
+    "initializer": {"type": "uniform", "low": -0.05, "high": 0.05},
+    "embed_sgd_param": {
+        "name": "SparseAdaGradSGDRule",
+        "learning_rate": 0.05,
+        "initial_g2sum": 3.0,
+    },
+    "embedx_sgd_param": {
+        "name": "SparseAdaGradSGDRule",
+        "learning_rate": 0.05,
+        "initial_g2sum": 3.0,
+    },
+}
+
+
+def tables_config(slots: int, embedding_dim: int) -> dict[str, Any]:
+    """The shards' tables file: one table ``slot_<i>`` per sparse feature."""
+    return {
+        "tables": [
+            {"name": f"slot_{i}", "dim": embedding_dim, **TABLE_PARAMETERS} for i in range(slots)
+        ]
+    }
+
+
+def job_spec(args: argparse.Namespace, run: Path, store_endpoints: list[str]) -> dict[str, Any]:
+    """The body of ``POST /v1/jobs``: ``args.days`` days of the planted stream under
+    ``run/data``, a checkpoint per pass and a base model at each day's end under
+    ``run/models``."""
+    end_day = format_day(parse_day(args.start_day) + dt.timedelta(days=args.days - 1))
+    return {
+        "name": "demo",
+        "data": {
+            "train_data_dir": str(run / "data"),
+            "start_day": args.start_day,
+            "end_day": end_day,
+            "split_interval": args.split_interval,
+            "split_per_pass": args.split_per_pass,
+            "data_donefile": "to.hadoop.done",
+            "data_sleep_second": 0.2,
+            "data_format": "generated",
+        },
+        "checkpoint": {
+            "model_save_path": str(run / "models"),
+            "checkpoint_per_pass": 1,
+            "save_delta_frequency": 0,
+            "save_base_at_day_end": True,
+        },
+        "model": {
+            "runner": {"train_batch_size": args.batch_size},
+            "hyper_parameters": {
+                "sparse_inputs_slots": args.slots,
+                "arch_sparse_feature_size": args.embedding_dim,
+                "arch_mlp_bot": f"13-32-{args.embedding_dim}",
+                "arch_mlp_top": "32-1",
+                "optimizer": "adagrad",
+                "learning_rate": 0.05,
+            },
+            "store": {"timeout_s": 120},
+            "distributed": {"backend": "gloo", "timeout_s": 300},
+        },
+        # the demo's planted stream has no negative table: no negatives are sampled
+        "sampler": {"neg_num": 0},
+        "store": {
+            "endpoints": store_endpoints,
+            "tier": "host",
+            "table_parameters": TABLE_PARAMETERS,
+        },
+        "resources": {"trainer_ranks": args.trainers, "device": "cpu"},
+    }

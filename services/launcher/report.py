@@ -1,0 +1,63 @@
+"""What ``streamrec up`` prints about the job: a row per finished pass, then a summary of
+the AUC reached against the best AUC the planted truth allows.
+
+A pass is the api's pass record (``GET /v1/jobs/{id}/passes``): ``day``, ``pass_id``,
+``samples``, ``predict_auc`` (before training on the pass), ``train_auc``, ``best_auc``,
+``logloss``, ``seconds``; a value not reported shows as ``-``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PASS_HEADER = (
+    f"{'day':>8} {'pass':>4} {'samples':>8} {'predictAUC':>10} {'trainAUC':>9} "
+    f"{'bestAUC':>8} {'logloss':>8} {'seconds':>7}"
+)
+SUMMARY_HEADER = (
+    f"{'day':>8} {'pass':>4} {'predictAUC':>10} {'trainAUC':>9} {'bestAUC':>8} {'pred/best':>9}"
+)
+
+
+def _f(v: Any, width: int, digits: int = 4) -> str:
+    return f"{v:>{width}.{digits}f}" if isinstance(v, int | float) else f"{'-':>{width}}"
+
+
+def pass_row(p: dict[str, Any]) -> str:
+    """The live row of a finished pass, under :data:`PASS_HEADER`."""
+    return (
+        f"{p['day']:>8} {p['pass_id']:>4} {p.get('samples') or 0:>8} "
+        f"{_f(p.get('predict_auc'), 10)} {_f(p.get('train_auc'), 9)} "
+        f"{_f(p.get('best_auc'), 8)} {_f(p.get('logloss'), 8)} "
+        f"{_f(p.get('seconds'), 7, 1)}"
+    )
+
+
+def summary_row(p: dict[str, Any]) -> str:
+    """A pass's row in the summary, under :data:`SUMMARY_HEADER`: its AUCs and predict/best."""
+    ratio = None
+    if p.get("predict_auc") is not None and p.get("best_auc"):
+        ratio = p["predict_auc"] / p["best_auc"]
+    return (
+        f"{p['day']:>8} {p['pass_id']:>4} {_f(p.get('predict_auc'), 10)} "
+        f"{_f(p.get('train_auc'), 9)} {_f(p.get('best_auc'), 8)} {_f(ratio, 9, 3)}"
+    )
+
+
+def summary_lines(passes: list[dict[str, Any]]) -> list[str]:
+    """The summary of the finished ``passes``: a row each, the mean predict AUC against the
+    mean best, and the first pass's predict AUC against the last's."""
+    lines = ["summary: AUC per pass against the best AUC the planted truth allows"]
+    lines.append(SUMMARY_HEADER)
+    lines.extend(summary_row(p) for p in passes)
+    pred = [p["predict_auc"] for p in passes if p.get("predict_auc") is not None]
+    best = [p["best_auc"] for p in passes if p.get("best_auc") is not None]
+    if pred and best:
+        mp, mb = sum(pred) / len(pred), sum(best) / len(best)
+        lines.append(
+            f"mean predict AUC {mp:.4f} vs best {mb:.4f}: {mp / mb:.3f} of the best "
+            f"possible over {len(pred)} passes"
+        )
+    if len(pred) >= 2:
+        lines.append(f"first pass predict AUC {pred[0]:.4f} -> last {pred[-1]:.4f}")
+    return lines

@@ -1,0 +1,367 @@
+"""``Stack``: brings every service up in a run directory, drives the demo job, supervises the
+children until the job ends, and tears them down.
+
+A child that exits is reported; the API and the trainers are restarted (their state is in
+Redis and the checkpoints), the sampler too; Redis and store shards are not (their state
+would be lost), so their loss ends the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, TextIO
+
+import redis
+from streamrec.api.client import ApiClient
+from streamrec.api.state import TERMINAL_STATES
+from streamrec.errors import RemoteError, ServiceUnavailable
+from streamrec.launcher import commands
+from streamrec.launcher.children import Child
+from streamrec.launcher.errors import StackError
+from streamrec.launcher.job import job_spec, tables_config
+from streamrec.launcher.report import PASS_HEADER, pass_row, summary_lines
+from streamrec.launcher.state import read_state, remove_state, write_state
+from streamrec.process import free_port, pid_alive
+from streamrec.wire import RpcClient
+
+#: Children that end by themselves when their work is done: an exit code 0 is not a death.
+FINITE = ("datagen", "trainers")
+
+
+def _reported_ready(shard: Child) -> bool:
+    """Whether a store shard printed ``READY <endpoint>`` (it serves from then on)."""
+    return "READY" in shard.tail(50)
+
+
+class Stack:
+    """Brings the stack up in ``args.run_dir``, drives the demo job, tears it all down.
+
+    Args:
+        args: the parsed and checked ``streamrec up`` flags.
+        out: where the progress and the pass table go.
+    """
+
+    def __init__(self, args: argparse.Namespace, out: TextIO = sys.stdout) -> None:
+        self.args = args
+        self.out = out
+        self.run = Path(args.run_dir).resolve()
+        self.logs = self.run / "logs"
+        self.children: dict[str, Child] = {}
+        self.redis_port = args.redis_port or free_port()
+        self.api_port = args.api_port or free_port()
+        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self.store_endpoints = [
+            f"tcp://127.0.0.1:{(args.store_port + k) if args.store_port else free_port()}"
+            for k in range(args.store_shards)
+        ]
+        self.sampler_endpoint = f"ipc://{self.run / 'sampler.sock'}"
+        self.token = ""
+        self.api: ApiClient | None = None
+        self.job_id: str | None = None
+        self._stopping = False
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def record(self) -> None:
+        """Writes the run state ``streamrec down`` reads."""
+        write_state(
+            self.run,
+            {
+                "supervisor_pid": os.getpid(),
+                "redis_url": self.redis_url,
+                "api_url": self.api_url,
+                "token_file": str(self.run / "api-token"),
+                "job_id": self.job_id,
+                "children": {
+                    n: {"pid": c.pid, "cmd": Path(c.args[0]).name}
+                    for n, c in self.children.items()
+                    if c.pid
+                },
+            },
+        )
+
+    # ---- bring-up ----------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Refuses a run directory whose stack still runs; otherwise empties it and writes the
+        API token and the shards' tables file."""
+        existing = read_state(self.run)
+        if existing and pid_alive(existing.get("supervisor_pid")):
+            raise StackError(
+                f"a stack already runs in {self.run} (pid "
+                f"{existing['supervisor_pid']}): `streamrec down --run-dir "
+                f"{self.run}` first"
+            )
+        for sub in ("data", "models", "redis", "logs", "store"):
+            shutil.rmtree(self.run / sub, ignore_errors=True)
+        for sub in ("data", "models", "redis", "logs", "store"):
+            (self.run / sub).mkdir(parents=True)
+        (self.run / "sampler.sock").unlink(missing_ok=True)
+        self.token = secrets.token_urlsafe(24)
+        token_file = self.run / "api-token"
+        token_file.write_text(self.token + "\n")
+        token_file.chmod(0o600)
+        tables = tables_config(self.args.slots, self.args.embedding_dim)
+        (self.run / "tables.json").write_text(json.dumps(tables, indent=1))
+
+    def add(
+        self, name: str, args: list[str], restartable: bool, env: dict[str, str] | None = None
+    ) -> Child:
+        child = Child(name, args, self.logs / f"{name}.log", restartable, env or {})
+        child.start()
+        self.children[name] = child
+        self.record()
+        return child
+
+    def wait_until(
+        self, what: str, ready: Callable[[], Any], child: Child, timeout_s: float = 60
+    ) -> None:
+        """Polls ``ready`` until it returns true; raises when ``child`` exits first or after
+        ``timeout_s``, with the end of its log."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if ready():
+                    return
+            except Exception:  # not up yet: keep polling until the deadline
+                pass
+            rc = child.exited()
+            if rc is not None:
+                raise StackError(f"{what} exited with code {rc} while starting:\n{child.tail()}")
+            if time.monotonic() > deadline:
+                raise StackError(f"{what} not ready after {timeout_s:.0f}s:\n{child.tail()}")
+            time.sleep(0.1)
+
+    def start_redis(self) -> None:
+        child = self.add(
+            "redis", commands.redis_command(self.redis_port, self.run / "redis"), restartable=False
+        )
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1)
+        self.wait_until("redis-server", client.ping, child, 30)
+        client.close()
+        self.say(f"  redis            {self.redis_url}  (appendonly, {self.run / 'redis'})")
+
+    def start_store(self) -> None:
+        n = len(self.store_endpoints)
+        for k, endpoint in enumerate(self.store_endpoints):
+            self.add(
+                f"store-{k}",
+                commands.store_command(k, n, endpoint, self.run / "tables.json"),
+                restartable=False,
+                env={"OMP_NUM_THREADS": "1"},
+            )
+        for k in range(n):
+            child = self.children[f"store-{k}"]
+            self.wait_until(f"store shard {k}", partial(_reported_ready, child), child, 60)
+        self.say(f"  embedding-store  {n} shard(s): {', '.join(self.store_endpoints)}")
+
+    def start_sampler(self) -> None:
+        child = self.add(
+            "sampler", commands.sampler_command(self.sampler_endpoint), restartable=True
+        )
+
+        def ping() -> bool:
+            with RpcClient(self.sampler_endpoint, timeout_s=1.0) as c:
+                c.call("ping")
+            return True
+
+        self.wait_until("sampler", ping, child, 60)
+        self.say(f"  sampler          {self.sampler_endpoint}")
+
+    def start_api(self) -> None:
+        child = self.add(
+            "api",
+            commands.api_command(
+                self.api_port,
+                self.redis_url,
+                self.run / "api-token",
+                self.run / "data",
+                self.run / "models",
+            ),
+            restartable=True,
+        )
+        self.api = ApiClient(self.api_url, self.token)
+        self.wait_until("api", self.api.ready, child, 60)
+        self.say(f"  api              {self.api_url}/docs  (token in {self.run / 'api-token'})")
+
+    def start_datagen(self) -> None:
+        a = self.args
+        self.add(
+            "datagen",
+            commands.datagen_command(
+                self.run / "data",
+                start_day=a.start_day,
+                days=a.days,
+                split_interval=a.split_interval,
+                samples_per_split=a.samples_per_split,
+                slots=a.slots,
+                files_per_split=a.trainers,
+                rate=a.rate,
+                seed=a.seed,
+            ),
+            restartable=False,
+        )
+        self.say(
+            f"  datagen          {a.days} day(s) x {1440 // a.split_interval} splits x "
+            f"{a.samples_per_split} samples -> {self.run / 'data'}"
+            + (f" at {a.rate} splits/s" if a.rate else "")
+        )
+
+    def submit(self) -> None:
+        assert self.api is not None
+        spec = job_spec(self.args, self.run, self.store_endpoints)
+        job = self.api.create_job(spec)
+        self.job_id = job["id"]
+        self.api.action(job["id"], "start")
+        self.record()
+        self.say(
+            f"  job              {job['id']} ({job['passes_total']} passes) started: "
+            f"POST {self.api_url}/v1/jobs/{job['id']}/start"
+        )
+
+    def trainer_args(self) -> list[str]:
+        assert self.job_id is not None
+        return commands.trainer_command(self.args.trainers, self.redis_url, self.job_id)
+
+    def start_trainers(self) -> None:
+        self.add("trainers", self.trainer_args(), restartable=True, env={"OMP_NUM_THREADS": "1"})
+        self.say(f"  trainers         {self.args.trainers} rank(s) (torchrun, gloo)")
+
+    def up(self) -> int:
+        """Brings everything up, follows the job to its end and prints the summary. Returns
+        the exit code of ``streamrec up``: 0 when the job succeeded, 1 when it did not, 3 on
+        timeout, 130 when asked to stop."""
+        a = self.args
+        self.say(f"streamrec up: run directory {self.run}")
+        self.prepare()
+        self.start_redis()
+        self.start_store()
+        self.start_sampler()
+        self.start_api()
+        self.start_datagen()
+        self.submit()
+        self.start_trainers()
+        rc = self.follow(a.timeout_s)
+        self.summary()
+        if a.keep_running and not self._stopping:
+            self.say(f"services stay up (--keep-running): `streamrec down --run-dir {self.run}`")
+            while not self._stopping:
+                time.sleep(0.5)
+        return rc
+
+    # ---- supervision -------------------------------------------------------------------
+    def check_children(self) -> None:
+        """Reports children that exited; restarts the ones that are safe to restart."""
+        for name, child in list(self.children.items()):
+            rc = child.exited()
+            if rc is None or child.done:
+                continue
+            if rc == 0 and name in FINITE:
+                child.done = True
+                if name == "datagen":
+                    self.say("  datagen finished: every split has landed")
+                continue
+            self.say(
+                f"! {name} exited with code {rc}; last lines of {child.log}:\n"
+                + "\n".join("    " + line for line in child.tail(8).splitlines())
+            )
+            if not child.restartable or child.restarts >= self.args.max_restarts:
+                raise StackError(
+                    f"{name} died (code {rc}) and is "
+                    + (
+                        "not safe to restart"
+                        if not child.restartable
+                        else f"out of restarts ({self.args.max_restarts})"
+                    )
+                )
+            child.restarts += 1
+            if name == "trainers":
+                child.args = self.trainer_args()  # a fresh rendezvous port
+            child.start()
+            self.record()
+            self.say(f"  restarted {name} (restart {child.restarts})")
+
+    def follow(self, timeout_s: float) -> int:
+        """Prints a row per finished pass until the job ends; 0 when it succeeded."""
+        assert self.api is not None and self.job_id is not None
+        self.say("")
+        self.say(PASS_HEADER)
+        shown: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout_s
+        last_error = ""
+        while not self._stopping:
+            self.check_children()
+            try:
+                job = self.api.job(self.job_id)
+                passes = self.api.passes(self.job_id)
+            except (ServiceUnavailable, RemoteError) as exc:
+                if str(exc) != last_error:
+                    self.say(f"  (api: {exc})")
+                    last_error = str(exc)
+                time.sleep(1)
+                continue
+            for p in passes:
+                key = (p["day"], p["pass_id"])
+                if p["state"] == "done" and key not in shown:
+                    shown.add(key)
+                    self.say(pass_row(p) + f"   [{job['passes_done']}/{job['passes_total']}]")
+            if job["state"] in TERMINAL_STATES:
+                self.say(
+                    f"job {self.job_id} {job['state']}"
+                    + (f": {job['error']}" if job.get("error") else "")
+                )
+                return 0 if job["state"] == "succeeded" else 1
+            if time.monotonic() > deadline:
+                self.say(
+                    f"! timeout: job still {job['state']} after {timeout_s:.0f}s "
+                    f"({job['passes_done']}/{job['passes_total']} passes)"
+                )
+                return 3
+            time.sleep(0.5)
+        return 130
+
+    def summary(self) -> None:
+        if self.api is None or self.job_id is None:
+            return
+        try:
+            passes = [p for p in self.api.passes(self.job_id) if p["state"] == "done"]
+        except (ServiceUnavailable, RemoteError) as exc:
+            self.say(f"no summary: {exc}")
+            return
+        self.say("")
+        for line in summary_lines(passes):
+            self.say(line)
+        self.say(f"models under {self.run / 'models'}, logs under {self.logs}")
+
+    # ---- tear-down ---------------------------------------------------------------------
+    def down(self) -> None:
+        """Stops the children, the trainers first and Redis last."""
+        order = [
+            "trainers",
+            "datagen",
+            "api",
+            "sampler",
+            *[n for n in self.children if n.startswith("store-")],
+            "redis",
+        ]
+        for name in order:
+            child = self.children.get(name)
+            if child is not None:
+                child.stop()
+        if self.api is not None:
+            self.api.close()
+        remove_state(self.run)
+
+    def request_stop(self, signum: int, _frame: Any) -> None:
+        """The SIGTERM / SIGINT handler: ``up`` ends at its next check and tears down."""
+        self._stopping = True

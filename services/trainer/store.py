@@ -1,0 +1,91 @@
+"""The trainer's embedding store: one table per sparse slot, in-process or the store service.
+
+``store.endpoints`` empty: an in-process ``EmbeddingStore`` (host memory, this rank only);
+otherwise an ``EmbeddingStoreClient`` of those shards, which every rank shares. The shards own
+their tier (``--tier`` when each was started); ``store.tier`` set, every shard is asked for
+it at start and a mismatch is a :class:`ConfigError` naming the shard, before any pass runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamrec.trainer.config import TrainerConfig
+from streamrec.trainer.errors import ConfigError
+
+#: Table options the trainer uses unless ``table_parameters`` says otherwise: a plain
+#: embedding table (every row trained from the start), PaddleRec's StdAdaGrad, small init
+#: (the settings bench/trainer.py's quality run uses).
+DEFAULT_TABLE_PARAMETERS: dict[str, Any] = {
+    "embedx_threshold": 0,
+    "initializer": {"type": "uniform", "low": -0.005, "high": 0.005},
+    "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
+    "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
+}
+
+
+def build_table_options(config: TrainerConfig) -> list[Any]:
+    """One ``TableOptions`` per sparse slot (``slot_<k>``), dim = arch_sparse_feature_size."""
+    from streamrec.embedding_store import TableOptions
+
+    params = dict(DEFAULT_TABLE_PARAMETERS, **config.table_parameters)
+    dim = config.hyper_parameters.arch_sparse_feature_size
+    for bad in ("name", "dim", "embedx_dim"):
+        if bad in config.table_parameters:
+            raise ConfigError(
+                f"table_parameters.{bad} is set by the trainer (one table per slot, dim = "
+                f"arch_sparse_feature_size = {dim}); got {config.table_parameters[bad]!r}"
+            )
+    return [
+        TableOptions.parse(
+            dict(params, name=name, dim=dim), source=f"table_parameters (table {name})"
+        )
+        for name in config.table_names
+    ]
+
+
+def make_store(config: TrainerConfig, tables: list[Any]) -> Any:
+    """The store ``config.store`` names, with ``tables``; its tier checked (:func:`check_tier`).
+
+    The caller owns it (``close()``).
+    """
+    sc = config.store
+    if sc.endpoints:
+        from streamrec.embedding_store import EmbeddingStoreClient
+
+        store: Any = EmbeddingStoreClient(sc.endpoints, tables, timeout_s=sc.timeout_s)
+    else:
+        from streamrec.embedding_store import EmbeddingStore
+
+        store = EmbeddingStore(tables, seed=config.hyper_parameters.numpy_rand_seed)
+    try:
+        check_tier(store, sc.tier, sc.endpoints)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def check_tier(store: Any, expected: str | None, endpoints: list[str] | None = None) -> None:
+    """Raises ConfigError unless every shard of ``store`` serves tier ``expected``.
+
+    Args:
+        store: an ``EmbeddingStore`` (one tier) or an ``EmbeddingStoreClient`` (its shards').
+        expected: the tier the job needs; None checks nothing.
+        endpoints: the shards' endpoints, to name the one that differs.
+    """
+    if expected is None:
+        return
+    stats = store.stats()
+    tiers = [s.get("tier") for s in stats["shards"]] if "shards" in stats else [stats["tier"]]
+    for k, tier in enumerate(tiers):
+        if tier != expected:
+            where = (
+                f"shard {k} ({endpoints[k]})"
+                if endpoints and k < len(endpoints)
+                else "the in-process store"
+            )
+            raise ConfigError(
+                f"store.tier is {expected!r} but {where} serves tier {tier!r} (shards own "
+                f"their tier: start them with --tier {expected}, or change store.tier)"
+            )
