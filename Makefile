@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := redis-server prometheus
 SOURCES := $(shell find services -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
-.PHONY: install system-deps test test-fast demo demo-sampler bench lint format clean
+.PHONY: install system-deps test test-fast demo demo-sampler bench lint format clean fuzz sanitize cuda
 
 install: $(STAMP)
 
@@ -35,6 +35,36 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests
+
+# Every atheris target in tests/fuzz/ for FUZZ_SECONDS each; a crash stops here and leaves its
+# input in build/fuzz/ (make test runs each for 10 s: tests/fuzz/test_fuzz.py).
+FUZZ_SECONDS ?= 30
+fuzz: install
+	mkdir -p build/fuzz
+	for t in tests/fuzz/fuzz_*.py; do echo "== $$t"; \
+	  $(PY) $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 \
+	    -artifact_prefix=build/fuzz/ -print_final_stats=1 || exit 1; done
+
+# Both C++ extensions built with AddressSanitizer + UndefinedBehaviorSanitizer into
+# build/sanitize (the installed build untouched), under the store's and the sampler's tests.
+sanitize: install
+	tests/sanitize/run.sh
+
+# The CUDA extension (issue #14) with plain nvcc, for sm_80 and sm_90, warnings as errors:
+# build/cuda/libstreamrec_cuda.so (loaded by services/embedding-store/cuda_ext.py). Needs no
+# GPU to build. -fmad=false: no fused multiply-add, as the CPU core's -ffp-contract=off, so
+# the two give the same floats. One nvcc process (the files compile one after another).
+NVCC ?= nvcc
+CUDA_DIR := services/embedding-store/csrc/cuda
+CUDA_SOURCES := $(sort $(wildcard $(CUDA_DIR)/*.cu))
+NVCCFLAGS := -std=c++17 -O3 -fmad=false -Xcompiler -fPIC -Werror all-warnings \
+  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+cuda: build/cuda/libstreamrec_cuda.so
+
+build/cuda/libstreamrec_cuda.so: $(CUDA_SOURCES) $(wildcard $(CUDA_DIR)/*.h $(CUDA_DIR)/*.cuh)
+	mkdir -p build/cuda
+	$(NVCC) $(NVCCFLAGS) -shared -o $@.tmp $(CUDA_SOURCES)
+	mv $@.tmp $@
 
 demo: install
 	$(VENV)/bin/streamrec up

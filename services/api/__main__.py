@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="allowed root for job models (repeatable)",
     )
+    s.add_argument(
+        "--store-endpoint",
+        action="append",
+        dest="store_endpoints",
+        default=None,
+        help="a store shard endpoint jobs may name (repeatable; none: jobs may name none)",
+    )
     s.add_argument("--auth-reads", action="store_true", default=None)
     s.add_argument(
         "--auth-disabled",

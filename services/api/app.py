@@ -8,6 +8,7 @@ live on ``app.state``; nothing is read or connected at import time. Routes are u
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -15,9 +16,12 @@ from typing import Any
 
 import redis
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from streamrec import __version__
+from streamrec.api import redis_io
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError, InvalidTransition, SpecInvalid
 from streamrec.api.metrics import ApiMetrics
@@ -25,6 +29,7 @@ from streamrec.api.models import ErrorPublic
 from streamrec.api.repo import Repo
 from streamrec.api.routes import events, health, jobs, passes, triggers
 from streamrec.api.scheduler import Scheduler
+from streamrec.errors import QUOTE_LIMIT, quote
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,8 @@ def make_redis(settings: Settings) -> redis.Redis:
         socket_timeout=settings.redis_timeout_s,
         socket_connect_timeout=settings.redis_timeout_s,
         health_check_interval=30,
+        # rides out a Redis restart; requests meanwhile wait, then get 503
+        retry=redis_io.reconnecting(outage_s=5.0),
     )
 
 
@@ -131,6 +138,28 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` made fit to answer with: what a client sent comes back in a 422 (``input``),
+    and JSON text may carry what a response cannot (NaN, infinities, lone surrogates).
+
+    Non-finite floats become their name (``"nan"``); a string that is not UTF-8 or is longer
+    than :data:`~streamrec.errors.QUOTE_LIMIT` becomes its bounded ``repr`` (ASCII-escaped).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return quote(value)
+        return value if len(value) <= QUOTE_LIMIT else quote(value)
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def route_template(request: Request) -> str:
     """The matched route's template with its router prefix (``/v1/jobs/{job_id}``).
 
@@ -176,7 +205,7 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
     r = make_redis(settings)
     app.state.settings = settings
     app.state.redis = r
-    app.state.repo = Repo(r, settings.data_roots, settings.model_roots)
+    app.state.repo = Repo(r, settings.data_roots, settings.model_roots, settings.store_endpoints)
     app.state.metrics = metrics
 
     for router in (jobs.router, passes.router, triggers.router, events.router):
@@ -193,6 +222,12 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
         """Prometheus text format (this API's registry)."""
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(
+            status_code=422, content={"detail": json_safe(jsonable_encoder(exc.errors()))}
+        )
+
     @app.exception_handler(SpecInvalid)
     async def _spec_invalid(request: Request, exc: SpecInvalid) -> JSONResponse:
         return JSONResponse(
@@ -201,11 +236,11 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
                 "detail": [
                     {
                         "loc": ["body", *field.split(".")],
-                        "msg": f"{field}: {msg}",
+                        "msg": json_safe(f"{field}: {msg}"),
                         "type": exc.code,
-                        "input": value
-                        if isinstance(value, str | int | float | bool)
-                        else repr(value),
+                        "input": json_safe(
+                            value if isinstance(value, str | int | float | bool) else repr(value)
+                        ),
                     }
                     for field, msg, value in exc.errors
                 ]

@@ -6,8 +6,12 @@ Values come from CLI flags and ``STREAMREC_API_*`` environment variables (flags 
     STREAMREC_API_TOKEN=...              # or STREAMREC_API_TOKEN_FILE=/run/secrets/api-token
     STREAMREC_API_DATA_ROOTS=/data:/mnt/more-data
     STREAMREC_API_MODEL_ROOTS=/models
+    STREAMREC_API_STORE_ENDPOINTS=tcp://store-0.store:5555,tcp://store-1.store:5555
 
 Mutating endpoints always need the bearer token; ``auth_reads`` closes the read endpoints too.
+A job's ``store.endpoints`` must each be one of ``store_endpoints`` (compared as strings); with
+none configured every job keeps its store in-process (any endpoint is refused), so a job
+cannot point the trainers at an address the deployment did not name.
 """
 
 from __future__ import annotations
@@ -35,10 +39,14 @@ class Settings(StrictConfig):
         auth_disabled: explicit opt-out of auth (tests, local demo only).
         auth_reads: also require the token on read endpoints.
         data_roots / model_roots: jobs may only name paths under one of these.
+        store_endpoints: the store shard endpoints jobs may name (none: jobs may name none).
         max_body_bytes: request bodies above this are refused with 413.
         redis_timeout_s: socket timeout for every Redis call (no hangs when Redis is down).
         scheduler_interval_s: how often the scheduler polls donefiles, reports, heartbeats.
         heartbeat_ttl_s: a trainer group whose heartbeat is older than this is dead.
+        trainer_stuck_s: a trainer group that beats but has made no progress (its heartbeat's
+            ``progress_ts``) for this long while working on a pass is stuck: its pass is
+            handed out again (and /workers says ``stuck``).
         lock_ttl_s: lease of the scheduler lock (one scheduling API at a time).
         scheduler_enabled: run the scheduler thread in this process.
     """
@@ -52,10 +60,12 @@ class Settings(StrictConfig):
     auth_reads: bool = False
     data_roots: list[Path] = Field(default_factory=list)
     model_roots: list[Path] = Field(default_factory=list)
+    store_endpoints: list[str] = Field(default_factory=list, max_length=1024)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     redis_timeout_s: float = Field(2.0, gt=0, le=60)
     scheduler_interval_s: float = Field(0.5, gt=0, le=60)
     heartbeat_ttl_s: float = Field(10.0, gt=0, le=3600)
+    trainer_stuck_s: float = Field(120.0, gt=0, le=86400)
     lock_ttl_s: float = Field(3.0, gt=0, le=600)
     scheduler_enabled: bool = True
     api_id: str = Field(default_factory=lambda: f"api-{os.getpid()}")
@@ -100,7 +110,12 @@ class Settings(StrictConfig):
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is None:
                 continue
-            data[name] = [p for p in raw.split(os.pathsep) if p] if name in _LIST_FIELDS else raw
+            if name in _LIST_FIELDS:
+                data[name] = [p for p in raw.split(os.pathsep) if p]
+            elif name == "store_endpoints":  # tcp://host:port holds the path separator
+                data[name] = [e.strip() for e in raw.split(",") if e.strip()]
+            else:
+                data[name] = raw
         for k, v in (overrides or {}).items():
             if v is not None:
                 data[k] = v

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamrec.errors import BadRequest, NotFound, ServiceUnavailable, StreamRecError
+from streamrec.errors import BadRequest, NotFound, ServiceUnavailable, StreamRecError, quote
 
 
 class ApiError(StreamRecError):
@@ -68,6 +68,20 @@ class PathRefused(SpecInvalid):
 
     def __init__(self, field: str, value: str, roots: list[str]) -> None:
         super().__init__([(field, f"{value!r} is outside the allowed roots {roots}", value)])
+        self.field = field
+        self.value = value
+
+
+class EndpointRefused(SpecInvalid):
+    """A store endpoint in a job spec that the deployment did not configure (HTTP 422)."""
+
+    code = "endpoint_refused"
+
+    def __init__(self, field: str, value: str, allowed: list[str]) -> None:
+        where = f"one of {allowed}" if allowed else "none (no --store-endpoint is configured)"
+        super().__init__(
+            [(field, f"{quote(value)} is not an allowed store endpoint: {where}", value)]
+        )
         self.field = field
         self.value = value
 

@@ -11,6 +11,7 @@ world size, the shards' tier).
 from __future__ import annotations
 
 import copy
+import math
 import re
 from typing import Any, Literal
 
@@ -24,7 +25,7 @@ from pydantic import (
 )
 from streamrec.api.client import CommandType
 from streamrec.api.state import JobState, PassState, TriggerState
-from streamrec.layout import parse_day, split_names
+from streamrec.layout import count_passes, day_count, parse_day, passes_per_day, split_names
 from streamrec.save_modes import SaveMode
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -37,10 +38,54 @@ _ENDPOINT = r"^(tcp://[A-Za-z0-9_.\-\[\]:]+:\d{1,5}|ipc://[^\s]{1,200})$"
 STORED: dict[str, Any] = {"stored": True}
 
 
-class Spec(BaseModel):
-    """Base of the request models: unknown fields are errors (422 naming them)."""
+#: Longest span of a job, start_day..end_day inclusive (ten years of daily data).
+MAX_JOB_DAYS = 3660
+#: Most passes in a job (days x passes a day): the scheduler keeps the job's plan in memory
+#: (about 0.2 KB a pass); a year of 5-minute passes is 105,120.
+MAX_JOB_PASSES = 200_000
 
-    model_config = ConfigDict(extra="forbid")
+
+def plain_json(value: Any, where: str) -> None:
+    """Refuses what JSON text can carry but no field can use, naming the field: a NaN or an
+    infinity (Python's JSON parser accepts them), a NUL byte (no path or name holds one) and
+    a lone surrogate (``"\\ud800"``: not UTF-8, so Redis could not store it).
+
+    Walks dicts (keys too) and lists, so a free-form section is checked to the leaf.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value!r} is not a finite number")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{where}: a NUL byte is not allowed")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where}: not valid UTF-8 text (a lone surrogate)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            plain_json(k, f"{where} key")
+            plain_json(v, f"{where}.{k}" if isinstance(k, str) else where)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            plain_json(v, f"{where}[{i}]")
+
+
+class Spec(BaseModel):
+    """Base of the request models: unknown fields are errors (422 naming them), and so are
+    non-finite floats, NUL bytes and lone surrogates anywhere (:func:`plain_json`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _plain(cls, v: Any, info: ValidationInfo) -> Any:
+        plain_json(v, info.field_name or "value")
+        return v
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Whether a spec is read back from Redis (limits added since it was stored not applied)."""
+    return bool(info.context and info.context.get("stored"))
 
 
 def _renamed(
@@ -79,6 +124,14 @@ class DataSpec(Spec):
     data_format: Literal["generated", "criteo"] = Field(
         "generated", description="generated (streamrec-datagen) or criteo text"
     )
+    on_bad_split: Literal["fail", "skip"] = Field(
+        "fail",
+        description=(
+            "a pass whose data is bad (DataError: too many malformed lines, unreadable): fail "
+            "the job at once (a retry cannot pass), or skip the bad split (the pass is trained "
+            "again from the last checkpoint without it; listed in skipped_splits and an event)"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -100,6 +153,38 @@ class DataSpec(Spec):
     @classmethod
     def _interval(cls, v: int) -> int:
         split_names(v)
+        return v
+
+    @field_validator("end_day")
+    @classmethod
+    def _span(cls, v: str, info: ValidationInfo) -> str:
+        start = info.data.get("start_day")
+        if start is None or _stored(info) or v < start:
+            return v  # a bad start_day is its own error; the order is checked below
+        days = day_count(start, v)
+        if days > MAX_JOB_DAYS:
+            raise ValueError(
+                f"start_day {start} to end_day {v} is {days} days, more than MAX_JOB_DAYS "
+                f"({MAX_JOB_DAYS}): split the stream into several jobs"
+            )
+        return v
+
+    @field_validator("split_per_pass")
+    @classmethod
+    def _bounded(cls, v: int, info: ValidationInfo) -> int:
+        d = info.data
+        if _stored(info) or not {"start_day", "end_day", "split_interval"} <= d.keys():
+            return v
+        if d["end_day"] < d["start_day"]:
+            return v
+        n = count_passes(d["start_day"], d["end_day"], d["split_interval"], v)
+        if n > MAX_JOB_PASSES:
+            per_day = passes_per_day(d["split_interval"], v)
+            raise ValueError(
+                f"the job would have {n} passes ({n // per_day} days x {per_day} a day), more "
+                f"than MAX_JOB_PASSES ({MAX_JOB_PASSES}): raise split_per_pass or "
+                f"split_interval, or end the job earlier (end_day)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -354,8 +439,14 @@ class PassPublic(BaseModel):
     pass_id: int
     splits: list[str]
     state: PassState
-    attempts: int
+    attempts: int = Field(description="times the pass was handed out (rewinds included)")
+    failures: int = Field(
+        0, description="attempts that failed (a pass re-handed by a rewind is no failure)"
+    )
     resume_from: str | None = Field(None, description="checkpoint the last attempt resumed from")
+    skipped_splits: list[str] = Field(
+        default_factory=list, description="bad splits left out (data.on_bad_split: skip)"
+    )
     predict_auc: float | None = None
     train_auc: float | None = None
     logloss: float | None = None
@@ -424,6 +515,9 @@ class EventsPublic(BaseModel):
 
 class WorkerPublic(BaseModel):
     alive: bool
+    stuck: bool = Field(
+        False, description="alive but no progress for trainer_stuck_s while working on a pass"
+    )
     heartbeat: dict[str, Any] | None = None
     ttl_s: float | None = None
 

@@ -18,12 +18,32 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import redis
+from redis.backoff import EqualJitterBackoff
+from redis.retry import Retry
 from redis.typing import EncodableT, FieldT
 
 #: A hash, or the fields of a stream entry.
 Fields = dict[str, str]
 #: A stream entry: (id, fields); the fields are empty for an entry deleted while pending.
 Entry = tuple[str, Fields]
+
+
+def reconnecting(outage_s: float = 30.0) -> Retry:
+    """The retry policy of a client that outlives a Redis restart: a call that finds its
+    connection broken or refused (Redis restarting from its append-only file, or still
+    loading it) is retried with backoff (0.05 s doubling to 1 s, jittered) for about
+    ``outage_s`` seconds; a timeout is not retried (a hung Redis fails the call within the
+    socket timeout).
+
+    A retried call may have run once already (the connection broke after Redis ran it, before
+    the reply): the callers' writes are idempotent or harmless twice (a report applied twice
+    is applied once), and :meth:`~streamrec.api.client.TrainerChannel.take_pass` first takes
+    a pass delivered to it whose reply was lost, so such a pass is not stranded.
+    """
+    backoff = EqualJitterBackoff(cap=1.0, base=0.05)
+    return Retry(
+        backoff, retries=int(outage_s / 0.75) + 5, supported_errors=(redis.ConnectionError,)
+    )
 
 
 def _encodable(fields: Mapping[str, str]) -> dict[FieldT, EncodableT]:
@@ -88,3 +108,12 @@ def read_group(
         return []
     # RESP2 (the protocol the API's clients speak): [[stream, [(id, fields), ...]]]
     return cast("list[list[Any]]", reply)[0][1]
+
+
+def pending_of(
+    r: redis.Redis, stream: str, group: str, consumer: str, count: int
+) -> list[tuple[str, int]]:
+    """At most ``count`` entries of ``stream`` delivered to ``consumer`` of ``group`` and not
+    acknowledged, oldest first: (id, milliseconds since their delivery)."""
+    rows = r.xpending_range(stream, group, min="-", max="+", count=count, consumername=consumer)
+    return [(str(row["message_id"]), int(row["time_since_delivered"])) for row in rows]

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from streamrec.api import keys, redis_io
 from streamrec.api.client import CommandType
 from streamrec.api.errors import (
+    EndpointRefused,
     InvalidTransition,
     JobNotFound,
     PassNotFound,
@@ -49,7 +50,7 @@ from streamrec.api.state import (
     next_state,
     watched,
 )
-from streamrec.layout import iter_passes
+from streamrec.layout import count_passes
 from streamrec.trainer.config import TrainerConfig
 
 
@@ -58,11 +59,22 @@ def check_under(field: str, value: str, roots: Sequence[Path]) -> Path:
 
     Symlinks and ``..`` are resolved first, so ``/data/../etc`` is refused under ``/data``.
     """
-    path = Path(value).expanduser().resolve()
+    try:
+        path = Path(value).expanduser().resolve()
+    except (ValueError, RuntimeError, OSError) as exc:  # NUL byte, symlink loop, bad ~user
+        raise SpecInvalid([(field, f"cannot be resolved: {type(exc).__name__}", value)]) from None
     for root in roots:
         if path == root or path.is_relative_to(root):
             return path
     raise PathRefused(field, value, [str(r) for r in roots])
+
+
+def check_endpoints(field: str, endpoints: Sequence[str], allowed: Sequence[str]) -> None:
+    """Refuses any of ``endpoints`` that is not in ``allowed`` (the deployment's list; empty:
+    every endpoint is refused), naming ``field[i]`` and the value."""
+    for i, endpoint in enumerate(endpoints):
+        if endpoint not in allowed:
+            raise EndpointRefused(f"{field}[{i}]", endpoint, list(allowed))
 
 
 def trainer_config(spec: JobCreate) -> dict[str, Any]:
@@ -82,11 +94,6 @@ def trainer_config(spec: JobCreate) -> dict[str, Any]:
     return cfg
 
 
-def count_passes(spec: JobCreate) -> int:
-    d = spec.data
-    return sum(1 for _ in iter_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass))
-
-
 def _float(v: str | None) -> float | None:
     return None if v in (None, "") else float(v)
 
@@ -101,14 +108,20 @@ class Repo:
     Args:
         r: a client with ``decode_responses=True``.
         data_roots / model_roots: allowed roots for job paths (empty: any path refused).
+        store_endpoints: store endpoints a job may name (empty: any endpoint refused).
     """
 
     def __init__(
-        self, r: redis.Redis, data_roots: Sequence[Path] = (), model_roots: Sequence[Path] = ()
+        self,
+        r: redis.Redis,
+        data_roots: Sequence[Path] = (),
+        model_roots: Sequence[Path] = (),
+        store_endpoints: Sequence[str] = (),
     ) -> None:
         self.r = r
         self.data_roots = list(data_roots)
         self.model_roots = list(model_roots)
+        self.store_endpoints = list(store_endpoints)
 
     # ---- jobs -------------------------------------------------------------------------
     def create_job(self, spec: JobCreate) -> JobPublic:
@@ -117,10 +130,12 @@ class Repo:
         model_root = check_under(
             "checkpoint.model_save_path", spec.checkpoint.model_save_path, self.model_roots
         )
+        check_endpoints("store.endpoints", spec.store.endpoints, self.store_endpoints)
         spec = spec.model_copy(deep=True)
         spec.data.train_data_dir = str(data_dir)
         spec.checkpoint.model_save_path = str(model_root)
         trainer = trainer_config(spec)
+        d = spec.data  # the pass count is computed (days x passes a day), never counted
         job_id = uuid.uuid4().hex[:16]
         now = time.time()
         fields = {
@@ -131,7 +146,9 @@ class Repo:
             "state": JobState.CREATED.value,
             "created_at": f"{now:.3f}",
             "updated_at": f"{now:.3f}",
-            "passes_total": str(count_passes(spec)),
+            "passes_total": str(
+                count_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass)
+            ),
             "passes_done": "0",
             "cursor": "0",
             "in_flight": "",
@@ -338,7 +355,9 @@ class Repo:
         data = [event_public(i, f) for i, f in rows]
         return EventsPublic(data=data, next=data[-1].id if (more and data) else None)
 
-    def worker(self, job_id: str) -> WorkerPublic:
+    def worker(self, job_id: str, stuck_s: float | None = None) -> WorkerPublic:
+        """The trainer group's last heartbeat; ``stuck`` when it says the group has worked
+        without progress for more than ``stuck_s`` (None: not judged)."""
         self.job_fields(job_id)
         raw = redis_io.get(self.r, keys.heartbeat(job_id))
         if raw is None:
@@ -348,11 +367,23 @@ class Repo:
             hb = json.loads(raw)
         except ValueError:
             hb = {"raw": raw[:200]}
+        beat = hb if isinstance(hb, dict) else {"value": hb}
         return WorkerPublic(
             alive=True,
-            heartbeat=hb if isinstance(hb, dict) else {"value": hb},
+            stuck=stuck_s is not None and stuck_for(beat, stuck_s) is not None,
+            heartbeat=beat,
             ttl_s=ttl / 1000 if ttl and ttl > 0 else None,
         )
+
+
+def stuck_for(beat: dict[str, Any], limit_s: float) -> float | None:
+    """Seconds a trainer group has worked without progress, from its heartbeat, when more
+    than ``limit_s``; None when it is idle, moving, or says nothing of its progress."""
+    ts = beat.get("progress_ts")
+    if not beat.get("busy") or not isinstance(ts, int | float):
+        return None
+    quiet = time.time() - ts
+    return quiet if quiet > limit_s else None
 
 
 def pass_public(f: dict[str, str]) -> PassPublic:
@@ -362,7 +393,9 @@ def pass_public(f: dict[str, str]) -> PassPublic:
         splits=json.loads(f["splits"]),
         state=f["state"],
         attempts=int(f.get("attempts", "0")),
+        failures=int(f.get("failures") or 0),
         resume_from=f.get("resume_from") or None,
+        skipped_splits=json.loads(f.get("skipped_splits") or "[]"),
         predict_auc=_float(f.get("predict_auc")),
         train_auc=_float(f.get("train_auc")),
         logloss=_float(f.get("logloss")),

@@ -7,12 +7,20 @@ a restarted one never hand out a pass twice. Each tick, for every job that may b
    consumer's pending entries, left by a crash, then new ones); apply each, then XACK it.
    Applying is idempotent (a pass already done stays done).
 2. **Dead group.** A pass in flight that a trainer took (pending in the work group) while the
-   group's heartbeat key has expired means the group died: the job's cursor goes back to the
-   pass after the last checkpoint and the passes from there are handed out again, once (a
-   pass whose second attempt also dies fails the job).
+   group's heartbeat key has expired (or is renewed without progress for
+   ``trainer_stuck_s`` while it works: stuck) means the group died: the job's cursor goes
+   back to the pass after the last checkpoint and the passes from there are handed out
+   again (a pass that fails twice fails the job; passes re-handed by the rewind are no
+   failures, only their ``attempts`` count grows).
 3. **Hand-out.** A running job with no pass in flight gets its next pass (in training order)
    as soon as every split of it holds its donefile: a pass record is written and the pass is
    XADDed to the work stream (group ``trainers``), in one transaction.
+
+A pass that failed on bad data follows the job's ``data.on_bad_split``: ``fail`` fails the
+job at once (a retry cannot pass), ``skip`` hands the pass out again from the last
+checkpoint without the bad splits (``skipped_splits`` of the pass record, a ``skip`` event).
+Work items name ``after`` (the previous pass) and ``resume_from`` so a group loads exactly
+the checkpoint the API knows, never a newer one it never reported.
 
 Every pass, requeue, checkpoint, trigger outcome and state change is an event.
 """
@@ -35,7 +43,7 @@ from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
-from streamrec.api.repo import Repo
+from streamrec.api.repo import Repo, stuck_for
 from streamrec.api.state import (
     ACTIVE_STATES,
     JobState,
@@ -186,10 +194,14 @@ class Scheduler:
         self._last_probe.pop(job_id, None)
         pk = keys.pass_key(p.day, p.pass_id)
         rec = keys.pass_record(job_id, p.day, p.pass_id)
-        before = redis_io.hmget(self.r, rec, ["attempts", "state"])
+        before = redis_io.hmget(self.r, rec, ["attempts", "state", "failures", "skipped_splits"])
         # a pass that failed the job starts its count afresh when the operator restarts it
-        attempts = 1 if before[1] == PassState.FAILED.value else int(before[0] or 0) + 1
+        restarted = before[1] == PassState.FAILED.value
+        attempts = 1 if restarted else int(before[0] or 0) + 1
+        failures = 0 if restarted else int(before[2] or 0)
+        skipped = before[3] or "[]"
         resume_from = f.get("last_checkpoint", "") if attempts > 1 else ""
+        after = keys.pass_key(plan[cursor - 1].day, plan[cursor - 1].pass_id) if cursor else ""
         ts = f"{time.time():.3f}"
         with self.r.pipeline() as pipe:
             pipe.delete(rec)
@@ -202,6 +214,8 @@ class Scheduler:
                     "splits": json.dumps(list(p.splits)),
                     "state": PassState.QUEUED.value,
                     "attempts": str(attempts),
+                    "failures": str(failures),
+                    "skipped_splits": skipped,
                     "resume_from": resume_from,
                     "queued_at": ts,
                 },
@@ -216,6 +230,8 @@ class Scheduler:
                     "splits": json.dumps(list(p.splits)),
                     "attempt": str(attempts),
                     "resume_from": resume_from,
+                    "after": after,
+                    "skip": skipped,
                     "ts": ts,
                 },
             )
@@ -251,29 +267,52 @@ class Scheduler:
         raw = redis_io.get(self.r, keys.heartbeat(job_id))
         if raw is not None:
             try:
-                beating = json.loads(raw).get("consumer")
+                beat = json.loads(raw)
+                beating = beat.get("consumer")
             except (ValueError, AttributeError):
-                beating = None
-            if beating is None or beating in holders:
+                beat, beating = {}, None
+            if beating is None:
                 return
-            reason = f"trainer group {sorted(holders)} replaced by {beating!r}"
+            if beating in holders:
+                quiet = stuck_for(beat, self.settings.trainer_stuck_s)
+                if quiet is None:
+                    return
+                reason = f"trainer group stuck: no progress for {quiet:.0f} s"
+            else:
+                reason = f"trainer group {sorted(holders)} replaced by {beating!r}"
         else:
             reason = "trainer group heartbeat expired"
         self.metrics.trainers_dead.labels(job_id).inc()
         self.requeue(job_id, f, reason)
 
-    def requeue(self, job_id: str, f: dict[str, str], reason: str) -> None:
+    def requeue(
+        self,
+        job_id: str,
+        f: dict[str, str],
+        reason: str,
+        failure: bool = True,
+        fatal: bool = False,
+        skip: list[str] | None = None,
+    ) -> None:
         """Hands the pass in flight out again from the last checkpoint, or fails the job.
 
-        The cursor goes back to the pass after the last reported checkpoint (the new group
-        warm-starts from it), so no pass trained since then is lost. A pass whose second
-        attempt dies fails the job; the cursor is rewound all the same, so an operator's
-        ``start`` retries from the checkpoint.
+        The cursor goes back to the pass after the last reported checkpoint (the group loads
+        it), so no pass trained since then is lost. A pass whose second attempt fails (or a
+        ``fatal`` failure: bad data under ``on_bad_split: fail``) fails the job; the cursor
+        is rewound all the same, so an operator's ``start`` retries from the checkpoint.
+        ``failure`` False (a skipped bad split) hands it out again without counting one;
+        ``skip`` adds splits to the pass's ``skipped_splits``.
         """
         pk = f["in_flight"]
         day, pid = pk.split("/")
         rec = keys.pass_record(job_id, day, int(pid))
-        attempts = int(redis_io.hget(self.r, rec, "attempts") or 1)
+        attempts_raw, failures_raw, skipped_raw = redis_io.hmget(
+            self.r, rec, ["attempts", "failures", "skipped_splits"]
+        )
+        attempts = int(attempts_raw or 1)
+        failures = int(failures_raw or 0) + (1 if failure else 0)
+        skipped = json.loads(skipped_raw or "[]")
+        skipped += [s for s in skip or [] if s not in skipped]
         self._ack_work(job_id)
         plan = self.plan(job_id, f["spec"])
         index = {keys.pass_key(p.day, p.pass_id): i for i, p in enumerate(plan)}
@@ -287,7 +326,7 @@ class Scheduler:
                 pipe.hget(keys.pass_record(job_id, d, int(i)), "state")
             states = pipe.execute()
         undone = sum(1 for s in states if s == PassState.DONE.value)
-        failed = attempts >= MAX_ATTEMPTS
+        failed = fatal or failures >= MAX_ATTEMPTS
         now = f"{time.time():.3f}"
         with self.r.pipeline() as pipe:
             if failed:
@@ -299,6 +338,7 @@ class Scheduler:
                         "error": reason,
                         "finished_at": now,
                         "retired": str(attempts),
+                        "failures": str(failures),
                     },
                 )
             else:
@@ -309,6 +349,8 @@ class Scheduler:
                         "state": PassState.QUEUED.value,
                         "error": reason,
                         "retired": str(attempts),
+                        "failures": str(failures),
+                        "skipped_splits": json.dumps(skipped),
                     },
                 )
             redis_io.hset(pipe, keys.job(job_id), {"in_flight": "", "cursor": str(new_cursor)})
@@ -321,11 +363,22 @@ class Scheduler:
                     keys.events(job_id),
                     event_fields(
                         "failure",
-                        f"pass {pk} failed after {attempts} attempts: {reason}",
+                        f"pass {pk} failed after {attempts} attempt(s): {reason}",
                         {"pass": pk, "attempts": attempts, "resume_from": ckpt or None},
                     ),
                 )
             else:
+                if skip:
+                    redis_io.xadd(
+                        pipe,
+                        keys.events(job_id),
+                        event_fields(
+                            "skip",
+                            f"pass {pk}: bad split(s) {', '.join(skip)} skipped "
+                            f"(data.on_bad_split: skip)",
+                            {"pass": pk, "skipped_splits": skipped},
+                        ),
+                    )
                 redis_io.xadd(
                     pipe,
                     keys.events(job_id),
@@ -508,7 +561,16 @@ class Scheduler:
         f = self.repo.job_fields(job_id)
         if f.get("in_flight") != pk or self._stale(job_id, rec, data):
             return
-        self.requeue(job_id, f, f"trainer error: {str(data.get('error', ''))[:500]}")
+        error = f"trainer error: {str(data.get('error', ''))[:500]}"
+        if data.get("error_class") != "data":  # transient: retried from the last checkpoint
+            self.requeue(job_id, f, error)
+            return
+        policy = stored_spec(f["spec"]).data.on_bad_split
+        bad = [str(s) for s in data.get("bad_splits") or []][:64]
+        if policy == "skip" and bad:
+            self.requeue(job_id, f, f"bad data, skipped: {error}", failure=False, skip=bad)
+        else:  # a retry cannot pass
+            self.requeue(job_id, f, f"bad data (on_bad_split: {policy}): {error}", fatal=True)
 
     def _on_checkpoint(self, job_id: str, data: dict[str, Any]) -> None:
         pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))

@@ -7,6 +7,8 @@ same meaning it was sent. Services subclass :class:`StreamRecError` in their own
 
 from __future__ import annotations
 
+import reprlib
+
 
 class StreamRecError(Exception):
     """Base of every StreamRec error."""
@@ -48,3 +50,51 @@ class RemoteError(StreamRecError):
         super().__init__(f"[{code}] {message}")
         self.code = code
         self.remote_message = message
+
+
+class PathRefused(BadRequest):
+    """A path outside the roots a service is confined to (or one it cannot use at all)."""
+
+    code = "path_refused"
+
+
+class Unauthorized(StreamRecError):
+    """A request without the peer token, or with a wrong one; the op did not run."""
+
+    code = "unauthorized"
+
+
+#: How much of a bad value an error message quotes (:func:`quote`).
+QUOTE_LIMIT = 200
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` bounded: at most ``limit`` characters of it, then its full size.
+
+    Error messages echo bad input to name it; a peer's 50 MB op name must not come back
+    whole. Strings and bytes keep their first ``limit`` characters (``'abc...' (N chars)``);
+    other values are cut by :mod:`reprlib`, which also bounds the work on huge containers.
+
+    Example:
+        >>> quote("x" * 1000, limit=5)
+        "'xxxxx'... (1000 chars)"
+    """
+    if isinstance(value, str | bytes | bytearray):
+        if len(value) <= limit:
+            return repr(value)
+        unit = "chars" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value)} {unit})"
+    short = _REPR.repr(value)
+    return short if len(short) <= limit else f"{short[:limit]}... (cut)"
+
+
+def _bounded_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxstring = QUOTE_LIMIT
+    r.maxother = QUOTE_LIMIT
+    r.maxlevel = 3
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = 10
+    return r
+
+
+_REPR = _bounded_repr()

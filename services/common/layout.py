@@ -24,10 +24,13 @@ Models::
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "MANIFEST.json"
 DAY_FORMAT = "%Y%m%d"
@@ -87,12 +90,32 @@ def passes_per_day(split_interval: int, split_per_pass: int) -> int:
     return (n + split_per_pass - 1) // split_per_pass
 
 
+def _check_split_per_pass(split_per_pass: int) -> None:
+    if not (isinstance(split_per_pass, int) and split_per_pass >= 1):
+        raise ValueError(f"split_per_pass must be an integer >= 1, got {split_per_pass!r}")
+
+
+def day_count(start_day: str | int, end_day: str | int) -> int:
+    """Days from start_day to end_day inclusive (what :func:`days_between` lists, not listed)."""
+    start, end = parse_day(start_day), parse_day(end_day)
+    if end < start:
+        raise ValueError(f"end_day {end_day!r} is before start_day {start_day!r}")
+    return (end - start).days + 1
+
+
+def count_passes(
+    start_day: str | int, end_day: str | int, split_interval: int, split_per_pass: int
+) -> int:
+    """How many passes :func:`iter_passes` yields, computed (days x passes a day), not counted."""
+    _check_split_per_pass(split_per_pass)
+    return day_count(start_day, end_day) * passes_per_day(split_interval, split_per_pass)
+
+
 def iter_passes(
     start_day: str | int, end_day: str | int, split_interval: int, split_per_pass: int
 ) -> Iterator[PassSpec]:
     """Every pass from start_day to end_day, in training order."""
-    if not (isinstance(split_per_pass, int) and split_per_pass >= 1):
-        raise ValueError(f"split_per_pass must be an integer >= 1, got {split_per_pass!r}")
+    _check_split_per_pass(split_per_pass)
     names = split_names(split_interval)
     for day in days_between(start_day, end_day):
         for i in range(0, len(names), split_per_pass):
@@ -110,17 +133,40 @@ def pass_ready(data_root: str | Path, spec: PassSpec, donefile: str | None) -> b
     return all(split_ready(d, donefile) for d in spec.split_dirs(data_root))
 
 
-def pass_files(data_root: str | Path, spec: PassSpec, donefile: str | None) -> list[Path]:
-    """The data files of a pass, sorted (split order, then name)."""
+def pass_files(
+    data_root: str | Path,
+    spec: PassSpec,
+    donefile: str | None,
+    skipped: list[Path] | None = None,
+) -> list[Path]:
+    """The data files of a pass, sorted (split order, then name).
+
+    A file or split directory that is a symlink leading out of ``data_root`` (resolved) is
+    not read: it is logged, appended to ``skipped`` when given, and left out. Links that stay
+    inside the root are followed.
+    """
+    root = Path(data_root).resolve()
     files: list[Path] = []
+
+    def inside(p: Path) -> bool:
+        if p.resolve().is_relative_to(root):
+            return True
+        log.warning("skipped %s: a symlink out of the data root %s", p, root)
+        if skipped is not None:
+            skipped.append(p)
+        return False
+
     for d in spec.split_dirs(data_root):
-        if not d.is_dir():
+        if not d.is_dir() or not inside(d):
             continue
         files.extend(
             sorted(
                 p
                 for p in d.iterdir()
-                if p.is_file() and p.name != donefile and not p.name.startswith((".", "_"))
+                if p.is_file()
+                and p.name != donefile
+                and not p.name.startswith((".", "_"))
+                and inside(p)
             )
         )
     return files

@@ -11,8 +11,12 @@ plain types and the arrays are raw buffers whose dtype comes from a whitelist::
     frame 1   4096 * 8 bytes   (keys)
     frame 2   4096 * 4 bytes   (cnts)
 
-A reply has the same shape; its header carries ``"ok": true`` or
-``"ok": false, "error": {"code": ..., "message": ...}`` instead of an op.
+A request's header also carries ``"auth": <token>``, the shared peer token
+(:mod:`streamrec.auth`); a server started with one answers any request without it, or with
+another, ``unauthorized`` before the op runs (compared in constant time). A reply has the same
+shape; its header carries ``"ok": true`` or ``"ok": false, "error": {"code": ..., "message":
+...}`` instead of an op. Error messages quote at most a bounded prefix of a bad value
+(:func:`streamrec.errors.quote`) and are capped at ``MAX_ERROR_CHARS``.
 
 Limits: ``max_message_bytes`` caps every frame at the socket (ZMQ_MAXMSGSIZE, so an
 oversized frame is dropped before it is buffered) and the sum of the frames after receipt;
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -36,13 +41,25 @@ from typing import Any
 import msgpack
 import numpy as np
 import zmq
-from streamrec.errors import BadRequest, RemoteError, RpcTimeout, StreamRecError
+from streamrec.auth import load_token, token_matches
+from streamrec.errors import (
+    BadRequest,
+    RemoteError,
+    RpcTimeout,
+    StreamRecError,
+    Unauthorized,
+    quote,
+)
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 MAX_FRAMES = 256
+#: Most dimensions of an array on the wire (numpy's own limit is 64).
+MAX_DIMS = 32
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+#: An error reply's message is cut to this many characters.
+MAX_ERROR_CHARS = 2000
 #: Frames smaller than this are copied on send; larger ones are sent zero-copy.
 ZERO_COPY_THRESHOLD = 64 * 1024
 
@@ -139,7 +156,7 @@ def decode(frames: list, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
         raise BadRequest(f"header must be a map, got {type(header).__name__}")
     version = header.get("v")
     if version != PROTOCOL_VERSION:
-        raise BadRequest(f"header field 'v': unsupported protocol version {version!r}")
+        raise BadRequest(f"header field 'v': unsupported protocol version {quote(version)}")
     meta = header.get("meta", {})
     if not isinstance(meta, dict):
         raise BadRequest("header field 'meta' must be a map")
@@ -154,26 +171,32 @@ def decode(frames: list, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
     for desc, view in zip(descriptors, views[1:], strict=True):
         name, arr = _decode_array(desc, view)
         if name in arrays:
-            raise BadRequest(f"array {name!r} appears twice")
+            raise BadRequest(f"array {quote(name)} appears twice")
         arrays[name] = arr
     return Message(header=header, meta=meta, arrays=arrays)
 
 
 def _decode_array(desc: Any, view: memoryview) -> tuple[str, np.ndarray]:
     if not (isinstance(desc, list) and len(desc) == 3):
-        raise BadRequest(f"array descriptor must be [name, dtype, shape], got {desc!r}")
+        raise BadRequest(f"array descriptor must be [name, dtype, shape], got {quote(desc)}")
     name, dtype_str, shape = desc
     if not isinstance(name, str):
-        raise BadRequest(f"array name must be a string, got {name!r}")
+        raise BadRequest(f"array name must be a string, got {quote(name)}")
     dtype = ALLOWED_DTYPES.get(dtype_str) if isinstance(dtype_str, str) else None
     if dtype is None:
-        raise BadRequest(f"array {name!r}: dtype {dtype_str!r} is not allowed")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise BadRequest(f"array {name!r}: bad shape {shape!r}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raise BadRequest(f"array {quote(name)}: dtype {quote(dtype_str)} is not allowed")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_DIMS
+        and all(type(d) is int and d >= 0 for d in shape)  # not bool: numpy refuses it
+        # Python ints: no int64 wrap; numpy refuses any shape this large, even an empty one
+        and math.prod(d or 1 for d in shape) * dtype.itemsize < 1 << 62
+    ):
+        raise BadRequest(f"array {quote(name)}: bad shape {quote(shape)}")
+    expected = math.prod(shape) * dtype.itemsize
     if expected != view.nbytes:
         raise BadRequest(
-            f"array {name!r}: shape {shape} of {dtype_str} needs {expected} bytes, "
+            f"array {quote(name)}: shape {shape} of {dtype_str} needs {expected} bytes, "
             f"buffer has {view.nbytes}"
         )
     arr = np.frombuffer(view, dtype=dtype).reshape(shape) if expected else np.empty(shape, dtype)
@@ -181,6 +204,8 @@ def _decode_array(desc: Any, view: memoryview) -> tuple[str, np.ndarray]:
 
 
 def error_reply(request_id: Any, code: str, message: str) -> list:
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}... (message cut, {len(message)} chars)"
     return encode(
         {"id": request_id, "ok": False, "error": {"code": code, "message": message}}, None, None
     )
@@ -200,6 +225,8 @@ class RpcServer:
         workers: threads running handlers concurrently (handlers must be thread-safe).
         max_message_bytes: cap on one incoming message (and each frame at the socket).
         on_request: optional callback ``(op, seconds, error_code_or_None)`` for metrics.
+        token: the peer token every request must carry (:mod:`streamrec.auth`); None serves
+            anyone (in-process tests; a service process needs ``--insecure-no-auth`` for it).
     """
 
     def __init__(
@@ -210,8 +237,10 @@ class RpcServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         on_request: Callable[[str, float, str | None], None] | None = None,
         context: zmq.Context | None = None,
+        token: str | None = None,
     ) -> None:
         self.handlers = dict(handlers)
+        self.token = token
         self.max_message_bytes = max_message_bytes
         self.on_request = on_request
         self.ctx = context or zmq.Context.instance()
@@ -297,10 +326,16 @@ class RpcServer:
             msg = decode(body, self.max_message_bytes)
             request_id = msg.header.get("id")
             op = msg.header.get("op")
+            if self.token is not None and not token_matches(self.token, msg.header.get("auth")):
+                op = op if isinstance(op, str) and op in self.handlers else "?"
+                raise Unauthorized(
+                    "request refused: missing or wrong auth token (send the token of the "
+                    "server's --auth-token-file / $STREAMREC_AUTH_TOKEN_FILE)"
+                )
             if not isinstance(op, str) or op not in self.handlers:
                 code = "unknown_op"
                 known = ", ".join(sorted(self.handlers))
-                return error_reply(request_id, code, f"unknown op {op!r}; known ops: {known}")
+                return error_reply(request_id, code, f"unknown op {quote(op)}; known ops: {known}")
             meta, arrays = self.handlers[op](msg.meta, msg.arrays)
             return encode({"id": request_id, "ok": True}, meta, arrays)
         except StreamRecError as exc:
@@ -328,6 +363,9 @@ class RpcClient:
     recognised by their id and dropped. One client is used by one thread at a time (a lock
     enforces it).
 
+    ``token`` is the peer token sent with every request; None reads it from
+    :func:`streamrec.auth.load_token` (``$STREAMREC_AUTH_TOKEN_FILE`` or the per-user file).
+
     Raises:
         RpcTimeout: no reply within ``timeout_s`` (the server may be dead or overloaded).
         RemoteError: the server answered with an error; ``.code`` and message say why.
@@ -341,8 +379,10 @@ class RpcClient:
         timeout_s: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         context: zmq.Context | None = None,
+        token: str | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.token = token if token is not None else load_token()
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
         self.ctx = context or zmq.Context.instance()
@@ -363,7 +403,7 @@ class RpcClient:
         self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None
     ) -> int:
         request_id = next(self._ids)
-        frames = encode({"op": op, "id": request_id}, meta, arrays)
+        frames = encode({"op": op, "id": request_id, "auth": self.token}, meta, arrays)
         size = sum(memoryview(f).nbytes for f in frames)
         if size > self.max_message_bytes:
             raise BadRequest(f"request of {size} bytes exceeds the cap of {self.max_message_bytes}")

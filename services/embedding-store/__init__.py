@@ -14,7 +14,7 @@ import os
 
 import torch  # noqa: F401  (loads libtorch before the C++ extension)
 
-# read by the C++ extension when it loads (rows.cpp): a misspelt value would pass silently
+# read by the C++ extension when it loads (row_init.cpp): a misspelt value would pass silently
 if os.environ.get("STREAMREC_SIMD", "") not in ("", "portable"):
     raise ImportError(
         f"STREAMREC_SIMD must be unset or 'portable', got {os.environ['STREAMREC_SIMD']!r}"

@@ -6,6 +6,10 @@ Example::
     streamrec-embedding-store serve --shard-id 0 --num-shards 2 \\
         --endpoint tcp://127.0.0.1:5555 --tables tables.yaml --metrics-port 9100
 
+Requests must carry the peer token (``--auth-token-file``, see :mod:`streamrec.auth`;
+``--insecure-no-auth`` turns that off for local development); ``save``/``load`` paths must
+lie under a ``--model-root`` (none given: the shard saves and loads nothing).
+
 Once serving, the process prints ``READY <endpoint> metrics=<port|none>`` on stdout (a bound
 ``tcp://host:*`` endpoint shows its real port there). SIGTERM or SIGINT stops it cleanly.
 This module alone calls ``sys.exit``.
@@ -60,6 +64,25 @@ def _parser() -> argparse.ArgumentParser:
         "--redis-url", default=None, help="serving KV store for base/delta (converter 'redis')"
     )
     s.add_argument("--redis-prefix", default="streamrec:emb")
+    s.add_argument(
+        "--model-root",
+        action="append",
+        dest="model_roots",
+        default=[],
+        help="directory that save/load paths must lie under (repeatable); without one the "
+        "shard saves and loads nothing",
+    )
+    s.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file holding the peer token every request must carry (default: "
+        "$STREAMREC_AUTH_TOKEN_FILE, else a per-user file in the runtime directory)",
+    )
+    s.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve requests without a token: local development only",
+    )
     s.add_argument("--log-level", default="INFO")
     return p
 
@@ -100,6 +123,9 @@ def serve(args: argparse.Namespace) -> int:
             "metrics_host": args.metrics_host,
             "redis_url": args.redis_url,
             "redis_prefix": args.redis_prefix,
+            "model_roots": args.model_roots,
+            "auth_token_file": args.auth_token_file,
+            "insecure_no_auth": args.insecure_no_auth,
         },
         source="command line",
     )

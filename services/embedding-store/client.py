@@ -30,6 +30,7 @@ server; the client refuses malformed input before sending to avoid that in the c
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 import streamrec.embedding_store._C as _C
 import torch
+from streamrec.auth import load_token
 from streamrec.embedding_store.config import shard_dir_name
 from streamrec.embedding_store.dedup import DedupPolicy
 from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, UnknownTable
@@ -83,6 +85,8 @@ class EmbeddingStoreClient:
         dedup: ``"auto"`` (deduplicate a table's keys unless its batches repeat few of them,
             ``dedup.DEDUP_MIN_REPEATS``), ``"always"`` or ``"never"``; the rows are the same
             either way, only the bytes sent and the client's work differ.
+        auth_token_file: the file holding the shards' peer token; None:
+            ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file (:mod:`streamrec.auth`).
 
     Example:
         >>> store = EmbeddingStoreClient(["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"])
@@ -99,6 +103,7 @@ class EmbeddingStoreClient:
         check: bool = True,
         max_request_keys: int = MAX_REQUEST_KEYS,
         dedup: str = "auto",
+        auth_token_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if not endpoints:
             raise BadRequest("endpoints: at least one shard endpoint is needed, got []")
@@ -112,6 +117,7 @@ class EmbeddingStoreClient:
         self.num_shards = len(self.endpoints)
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
+        self._token = load_token(auth_token_file)
         self._local = threading.local()
         self._router = Router(self.num_shards, policy)
         # weak: the sockets of a thread that ended go with its threading.local storage
@@ -156,7 +162,12 @@ class EmbeddingStoreClient:
         if held is None:
             held = _ThreadSockets(
                 [
-                    RpcClient(e, timeout_s=self.timeout_s, max_message_bytes=self.max_message_bytes)
+                    RpcClient(
+                        e,
+                        timeout_s=self.timeout_s,
+                        max_message_bytes=self.max_message_bytes,
+                        token=self._token,
+                    )
                     for e in self.endpoints
                 ]
             )
@@ -447,7 +458,8 @@ class EmbeddingStoreClient:
         """Every shard saves into ``path/shard-K-of-N/`` with its own manifest.
 
         Args:
-            path: a directory the shards can write (a shared volume).
+            path: an absolute directory under the shards' ``--model-root`` that they can
+                write (a shared volume).
             mode: checkpoint | base | delta | batch.
             converter: where base/delta rows go: None or "files" (in the shard directories),
                 "redis" (the shards' serving Redis, ``--redis-url``). A converter object

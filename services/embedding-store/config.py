@@ -60,6 +60,17 @@ class ShardConfig(StrictConfig):
         default=None, description="where base/delta saves with converter 'redis' go"
     )
     redis_prefix: str = Field(default="streamrec:emb", min_length=1)
+    model_roots: list[str] = Field(
+        default_factory=list,
+        description="save/load paths must lie under one of these (none: save/load refused)",
+    )
+    auth_token_file: str | None = Field(
+        default=None,
+        description="peer token file (default: $STREAMREC_AUTH_TOKEN_FILE, else per-user)",
+    )
+    insecure_no_auth: bool = Field(
+        default=False, description="serve requests without a token (local development only)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ShardConfig:
@@ -74,6 +85,14 @@ class ShardConfig(StrictConfig):
         if dupes:
             raise ValueError(f"duplicate table names: {dupes}")
         return self
+
+    def auth_token(self) -> str | None:
+        """The token requests must carry; None with ``insecure_no_auth`` (no check)."""
+        if self.insecure_no_auth:
+            return None
+        from streamrec.auth import load_token
+
+        return load_token(self.auth_token_file)
 
     def shard_persistent_path(self) -> str | None:
         """This shard's own directory under ``persistent_path`` (None without one)."""

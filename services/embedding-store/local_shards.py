@@ -11,9 +11,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from streamrec.auth import read_token, token_file
 from streamrec.process import spawn, stop_process
 from streamrec.wire import Meta, RpcClient
 
@@ -35,6 +37,12 @@ class LocalShards:
         start_timeout_s: how long to wait for every shard to be ready.
         metrics: serve each shard's Prometheus metrics on a free port (``metrics_ports``).
         endpoint: the address template every shard binds.
+        model_roots: the shards' ``--model-root`` directories; None: the system temporary
+            directory (where pytest's ``tmp_path`` lies), as these shards serve tests and
+            benchmarks of this machine.
+        auth_token_file: the peer token file every shard is started with (and ``ping`` sends);
+            None: ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file (``streamrec.auth``),
+            which an ``EmbeddingStoreClient`` made without one also reads.
 
     Example:
         >>> with LocalShards("tables.yaml", 2) as shards:
@@ -49,6 +57,8 @@ class LocalShards:
         start_timeout_s: float = 60.0,
         metrics: bool = False,
         endpoint: str = "tcp://127.0.0.1:*",
+        model_roots: Sequence[str | Path] | None = None,
+        auth_token_file: str | Path | None = None,
     ) -> None:
         self.tables = str(tables)
         self.endpoint = endpoint
@@ -56,6 +66,9 @@ class LocalShards:
         self.extra_args = list(extra_args or [])
         self.start_timeout_s = start_timeout_s
         self.metrics = metrics
+        roots = [tempfile.gettempdir()] if model_roots is None else model_roots
+        self.model_roots = [str(r) for r in roots]
+        self.auth_token_file = token_file(auth_token_file)
         self.procs: list[subprocess.Popen | None] = [None] * num_shards
         self.endpoints: list[str] = [""] * num_shards
         self.metrics_ports: list[int | None] = [None] * num_shards
@@ -75,6 +88,9 @@ class LocalShards:
             self.endpoint.replace("{shard}", str(shard_id)),
             "--tables",
             self.tables,
+            "--auth-token-file",
+            str(self.auth_token_file),
+            *(arg for root in self.model_roots for arg in ("--model-root", root)),
             *self.extra_args,
         ]
         if self.metrics:
@@ -165,7 +181,8 @@ class LocalShards:
         return proc is not None and proc.poll() is None
 
     def ping(self, shard_id: int, timeout_s: float = 5.0) -> Meta:
-        with RpcClient(self.endpoints[shard_id], timeout_s=timeout_s) as c:
+        token = read_token(self.auth_token_file)
+        with RpcClient(self.endpoints[shard_id], timeout_s=timeout_s, token=token) as c:
             return c.call("ping")[0]
 
     def __enter__(self) -> LocalShards:

@@ -55,6 +55,7 @@ class Shard:
             self.metrics,
             redis_url=config.redis_url,
             redis_prefix=config.redis_prefix,
+            model_roots=config.model_roots,
         )
         self.server = RpcServer(
             config.endpoint,
@@ -62,6 +63,7 @@ class Shard:
             workers=config.workers,
             max_message_bytes=config.max_message_bytes,
             on_request=self.service.on_request,
+            token=config.auth_token(),
         )
         self.metrics_port: int | None = None
 

@@ -33,9 +33,11 @@ A ``push_many`` is validated whole (every table's part, NaN/Inf included) before
 written.
 
 ``save``/``load`` use ``path/shard-K-of-N/`` (each shard its own manifest); ``load`` refuses a
-checkpoint saved by another number of shards. ``converter: "redis"`` sends base/delta rows to
-the serving Redis given by ``--redis-url`` (each shard its own partition, see
-:mod:`~streamrec.embedding_store.redis_converter`) instead of files.
+checkpoint saved by another number of shards. ``path`` must be absolute and lie under one of
+the shard's ``--model-root`` directories (``..`` and symlinks resolved first, see
+:mod:`streamrec.roots`); a shard without one saves and loads nothing. ``converter: "redis"``
+sends base/delta rows to the serving Redis given by ``--redis-url`` (each shard its own
+partition, see :mod:`~streamrec.embedding_store.redis_converter`) instead of files.
 
 Every request is validated (table, dtypes, shapes, shard ownership) before it touches the
 store, so a bad one gets an error naming the field and value, and nothing already stored
@@ -53,6 +55,7 @@ import re
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,8 +70,9 @@ from streamrec.embedding_store.errors import (
     WrongShard,
 )
 from streamrec.embedding_store.metrics import StoreMetrics
-from streamrec.errors import BadRequest, NotFound
+from streamrec.errors import BadRequest, NotFound, quote
 from streamrec.keyhash import shard_of
+from streamrec.roots import confine, resolve_roots
 from streamrec.save_modes import SAVE_MODES
 from streamrec.wire import Arrays, Meta
 
@@ -119,6 +123,7 @@ class StoreService:
         metrics: where to count requests; None counts nothing.
         redis_url: the serving Redis for saves with ``converter: "redis"`` (None: refused).
         redis_prefix: prefix of this store's keys in that Redis.
+        model_roots: the directories ``save``/``load`` paths must lie under (none: refused).
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class StoreService:
         metrics: StoreMetrics | None = None,
         redis_url: str | None = None,
         redis_prefix: str = "streamrec:emb",
+        model_roots: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}")
@@ -141,6 +147,7 @@ class StoreService:
         self.redis_prefix = redis_prefix
         self._redis: Any = None
         self._redis_lock = threading.Lock()
+        self.model_roots = resolve_roots(model_roots)
 
     def handlers(self) -> dict[str, Any]:
         return {op: getattr(self, f"op_{op}") for op in OPS}
@@ -155,10 +162,10 @@ class StoreService:
     def _table(self, meta: Meta) -> tuple[str, int]:
         name = meta.get("table")
         if not isinstance(name, str):
-            raise BadRequest(f"field 'table' must be a table name (string), got {name!r}")
+            raise BadRequest(f"field 'table' must be a table name (string), got {quote(name)}")
         tables = self.store.tables
         if name not in tables:
-            raise UnknownTable(f"unknown table {name!r}; tables: {sorted(tables)}")
+            raise UnknownTable(f"unknown table {quote(name)}; tables: {sorted(tables)}")
         return name, int(tables[name].dim)
 
     @staticmethod
@@ -205,7 +212,7 @@ class StoreService:
         for i, name in enumerate(names):
             if name not in tables:
                 raise UnknownTable(
-                    f"field 'tables'[{i}]: unknown table {name!r}; tables: {sorted(tables)}"
+                    f"field 'tables'[{i}]: unknown table {quote(name)}; tables: {sorted(tables)}"
                 )
         return names, np.array([tables[n].dim for n in names], dtype=np.int64)
 
@@ -236,7 +243,7 @@ class StoreService:
     def _create(meta: Meta) -> bool:
         create = meta.get("create", True)
         if not isinstance(create, bool):
-            raise BadRequest(f"field 'create' must be a bool, got {create!r}")
+            raise BadRequest(f"field 'create' must be a bool, got {quote(create)}")
         return create
 
     @staticmethod
@@ -350,10 +357,12 @@ class StoreService:
         return {}, {}
 
     def _root(self, meta: Meta) -> Path:
-        path = meta.get("path")
-        if not isinstance(path, str) or not path:
-            raise BadRequest(f"field 'path' must be a non-empty string, got {path!r}")
-        return Path(path)
+        """The request's ``path``, resolved and confined to the model roots."""
+        return confine("path", meta.get("path"), self.model_roots)
+
+    def _shard_dir(self, root: Path) -> Path:
+        """This shard's directory under ``root``; a symlink there may not lead out either."""
+        return confine("path", str(root / self.dir_name), self.model_roots)
 
     def _converter(self, meta: Meta) -> Any:
         """None (the store's files) or this shard's RedisConverter (``converter: redis``)."""
@@ -361,7 +370,7 @@ class StoreService:
         if name in (None, "files"):
             return None
         if name != "redis":
-            raise BadRequest(f"field 'converter' must be 'files' or 'redis', got {name!r}")
+            raise BadRequest(f"field 'converter' must be 'files' or 'redis', got {quote(name)}")
         if self.redis_url is None:
             raise BadRequest("field 'converter': 'redis' needs the shard started with --redis-url")
         with self._redis_lock:
@@ -376,8 +385,8 @@ class StoreService:
     def op_save(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
         mode = meta.get("mode", "checkpoint")
         if mode not in SAVE_MODES:
-            raise BadRequest(f"field 'mode' must be one of {list(SAVE_MODES)}, got {mode!r}")
-        target = self._root(meta) / self.dir_name
+            raise BadRequest(f"field 'mode' must be one of {list(SAVE_MODES)}, got {quote(mode)}")
+        target = self._shard_dir(self._root(meta))
         converter = self._converter(meta)
         started = time.perf_counter()
         manifest = self.store.save(
@@ -392,7 +401,7 @@ class StoreService:
 
     def op_load(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
         root = self._root(meta)
-        target = root / self.dir_name
+        target = self._shard_dir(root)
         if not target.is_dir():
             found = (
                 sorted(p.name for p in root.iterdir() if _SHARD_DIR.match(p.name))
@@ -411,7 +420,7 @@ class StoreService:
             )
         verify_only = meta.get("verify_only", False)
         if not isinstance(verify_only, bool):
-            raise BadRequest(f"field 'verify_only' must be a bool, got {verify_only!r}")
+            raise BadRequest(f"field 'verify_only' must be a bool, got {quote(verify_only)}")
         converter = self._converter(meta)
         if verify_only:
             manifest = read_manifest(target)  # every listed file and its sha256

@@ -11,10 +11,11 @@
 
 then submits the job over REST, starts it, prints one row per finished pass (AUC before and
 after training against the best AUC the planted truth allows), and ends with a summary.
-A child that exits is reported; the API and the trainers are restarted (their state is in
-Redis and the checkpoints), the sampler too; Redis and store shards are not (their state
-would be lost), so their loss ends the run. ``--keep-running`` leaves the services up after
-the summary until ``streamrec down`` (or Ctrl-C).
+A child that exits is reported and restarted at the same address (``--max-restarts`` each):
+Redis from its append-only file, a store shard followed by the trainer group (whose warm start
+reloads the last checkpoint into every shard; see ``streamrec.launcher.stack``).
+``--keep-running`` leaves the services up after the summary until ``streamrec down`` (or
+Ctrl-C).
 
     streamrec up --days 2 --split-interval 120 --samples-per-split 10000   # the defaults
     streamrec down

@@ -19,7 +19,7 @@ class Child:
         args: the command line; the stack replaces it before a restart where it must change.
         log: the log file, kept across restarts.
         restartable: whether its death may be answered by a restart (its state lives
-            elsewhere) or ends the run.
+            elsewhere or comes back) or ends the run.
         env: variables added to the launcher's environment.
     """
 
@@ -30,10 +30,16 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    #: the log's size when the current process started: where its own output begins
+    log_offset: int = 0
     #: exited with 0 where that is its job done (datagen, trainers): no longer watched
     done: bool = False
 
     def start(self) -> None:
+        try:
+            self.log_offset = self.log.stat().st_size
+        except OSError:
+            self.log_offset = 0
         self.proc = spawn(self.args, log=self.log, env=self.env)
 
     @property
@@ -49,6 +55,15 @@ class Child:
         torchrun puts each rank in a session of its own)."""
         if self.proc is not None:
             stop_process(self.proc, timeout_s)
+
+    def output(self) -> str:
+        """What the current process wrote to the log (not its predecessors' lines)."""
+        try:
+            with self.log.open("rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def tail(self, n: int = 15) -> str:
         """The last ``n`` lines of its log."""

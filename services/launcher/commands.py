@@ -34,8 +34,17 @@ def redis_command(port: int, directory: Path) -> list[str]:
     ]
 
 
-def store_command(shard: int, num_shards: int, endpoint: str, tables: Path) -> list[str]:
-    """Embedding-store shard ``shard`` of ``num_shards`` on ``endpoint``; prints ``READY``."""
+def store_command(
+    shard: int,
+    num_shards: int,
+    endpoint: str,
+    tables: Path,
+    model_root: Path,
+    auth_token_file: Path,
+) -> list[str]:
+    """Embedding-store shard ``shard`` of ``num_shards`` on ``endpoint``, saving and loading
+    under ``model_root`` only, serving peers holding the token of ``auth_token_file``; prints
+    ``READY``."""
     return [
         bin_path("streamrec-embedding-store"),
         "serve",
@@ -51,18 +60,37 @@ def store_command(shard: int, num_shards: int, endpoint: str, tables: Path) -> l
         "2",
         "--num-threads",
         "1",
+        "--model-root",
+        str(model_root),
+        "--auth-token-file",
+        str(auth_token_file),
     ]
 
 
-def sampler_command(endpoint: str) -> list[str]:
-    return [bin_path("streamrec-sampler"), "serve", "--endpoint", endpoint, "--workers", "1"]
+def sampler_command(endpoint: str, auth_token_file: Path) -> list[str]:
+    """The node's sampler on ``endpoint``, serving peers holding ``auth_token_file``'s token."""
+    return [
+        bin_path("streamrec-sampler"),
+        "serve",
+        "--endpoint",
+        endpoint,
+        "--workers",
+        "1",
+        "--auth-token-file",
+        str(auth_token_file),
+    ]
 
 
 def api_command(
-    port: int, redis_url: str, token_file: Path, data_root: Path, model_root: Path
+    port: int,
+    redis_url: str,
+    token_file: Path,
+    data_root: Path,
+    model_root: Path,
+    store_endpoints: list[str],
 ) -> list[str]:
-    """The control plane, allowed to read jobs' data under ``data_root`` only and to write
-    models under ``model_root`` only."""
+    """The control plane, allowed to read jobs' data under ``data_root`` only, to write
+    models under ``model_root`` only, and to give jobs the ``store_endpoints`` only."""
     return [
         bin_path("streamrec-api"),
         "serve",
@@ -76,6 +104,7 @@ def api_command(
         str(data_root),
         "--model-root",
         str(model_root),
+        *(arg for e in store_endpoints for arg in ("--store-endpoint", e)),
         "--log-level",
         "warning",
     ]

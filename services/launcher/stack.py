@@ -1,9 +1,17 @@
 """``Stack``: brings every service up in a run directory, drives the demo job, supervises the
 children until the job ends, and tears them down.
 
-A child that exits is reported; the API and the trainers are restarted (their state is in
-Redis and the checkpoints), the sampler too; Redis and store shards are not (their state
-would be lost), so their loss ends the run.
+A child that exits is reported and restarted at the same address (port, ipc path, data
+directory), at most ``--max-restarts`` times each (datagen, which lands the data once, is not):
+
+* the API, the sampler and the trainers keep no state of their own (the API's is in Redis,
+  the trainers' in the checkpoints): they are started again;
+* Redis comes back from its append-only file; the API and the trainers reconnect;
+* a store shard comes back empty: the trainer group is stopped *before* the shard is
+  restarted (so no checkpoint can be written holding an empty shard), then started again;
+  its warm start loads the job's last checkpoint (the one the API names) into every shard,
+  and the API hands the pass in flight out again from that checkpoint (the new group's
+  heartbeat replaces the old one's).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any, TextIO
 import redis
 from streamrec.api.client import ApiClient
 from streamrec.api.state import TERMINAL_STATES
+from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
 from streamrec.errors import RemoteError, ServiceUnavailable
 from streamrec.launcher import commands
 from streamrec.launcher.children import Child
@@ -38,8 +47,9 @@ FINITE = ("datagen", "trainers")
 
 
 def _reported_ready(shard: Child) -> bool:
-    """Whether a store shard printed ``READY <endpoint>`` (it serves from then on)."""
-    return "READY" in shard.tail(50)
+    """Whether a store shard printed ``READY <endpoint>`` (it serves from then on); a restarted
+    shard's predecessor's line does not count."""
+    return "READY" in shard.output()
 
 
 class Stack:
@@ -65,6 +75,8 @@ class Stack:
             for k in range(args.store_shards)
         ]
         self.sampler_endpoint = f"ipc://{self.run / 'sampler.sock'}"
+        # the data plane's peer token (streamrec.auth): every child gets it (env and flags)
+        self.peer_token_file = self.run / "peer-token"
         self.token = ""
         self.api: ApiClient | None = None
         self.job_id: str | None = None
@@ -111,13 +123,16 @@ class Stack:
         token_file = self.run / "api-token"
         token_file.write_text(self.token + "\n")
         token_file.chmod(0o600)
+        self.peer_token_file.unlink(missing_ok=True)  # a new token for every run
+        write_token_file(self.peer_token_file)
         tables = tables_config(self.args.slots, self.args.embedding_dim)
         (self.run / "tables.json").write_text(json.dumps(tables, indent=1))
 
     def add(
         self, name: str, args: list[str], restartable: bool, env: dict[str, str] | None = None
     ) -> Child:
-        child = Child(name, args, self.logs / f"{name}.log", restartable, env or {})
+        env = {TOKEN_FILE_ENV: str(self.peer_token_file), **(env or {})}
+        child = Child(name, args, self.logs / f"{name}.log", restartable, env)
         child.start()
         self.children[name] = child
         self.record()
@@ -144,20 +159,33 @@ class Stack:
 
     def start_redis(self) -> None:
         child = self.add(
-            "redis", commands.redis_command(self.redis_port, self.run / "redis"), restartable=False
+            "redis", commands.redis_command(self.redis_port, self.run / "redis"), restartable=True
         )
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1)
-        self.wait_until("redis-server", client.ping, child, 30)
-        client.close()
+        self.wait_redis(child)
         self.say(f"  redis            {self.redis_url}  (appendonly, {self.run / 'redis'})")
+
+    def wait_redis(self, child: Child) -> None:
+        """Until Redis answers a PING (after loading its append-only file on a restart)."""
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            self.wait_until("redis-server", client.ping, child, 30)
+        finally:
+            client.close()
 
     def start_store(self) -> None:
         n = len(self.store_endpoints)
         for k, endpoint in enumerate(self.store_endpoints):
             self.add(
                 f"store-{k}",
-                commands.store_command(k, n, endpoint, self.run / "tables.json"),
-                restartable=False,
+                commands.store_command(
+                    k,
+                    n,
+                    endpoint,
+                    self.run / "tables.json",
+                    self.run / "models",
+                    self.peer_token_file,
+                ),
+                restartable=True,
                 env={"OMP_NUM_THREADS": "1"},
             )
         for k in range(n):
@@ -167,11 +195,14 @@ class Stack:
 
     def start_sampler(self) -> None:
         child = self.add(
-            "sampler", commands.sampler_command(self.sampler_endpoint), restartable=True
+            "sampler",
+            commands.sampler_command(self.sampler_endpoint, self.peer_token_file),
+            restartable=True,
         )
 
         def ping() -> bool:
-            with RpcClient(self.sampler_endpoint, timeout_s=1.0) as c:
+            token = read_token(self.peer_token_file)
+            with RpcClient(self.sampler_endpoint, timeout_s=1.0, token=token) as c:
                 c.call("ping")
             return True
 
@@ -187,6 +218,7 @@ class Stack:
                 self.run / "api-token",
                 self.run / "data",
                 self.run / "models",
+                self.store_endpoints,
             ),
             restartable=True,
         )
@@ -285,11 +317,39 @@ class Stack:
                     )
                 )
             child.restarts += 1
+            t0 = time.monotonic()
+            self.restart(name, child)
+            self.record()
+            self.say(
+                f"  restarted {name} (restart {child.restarts}) in {time.monotonic() - t0:.1f}s"
+            )
+
+    def restart(self, name: str, child: Child) -> None:
+        """Starts ``child`` again at the same address (see the module docstring)."""
+        if name == "redis":
+            child.start()
+            self.wait_redis(child)  # the append-only file is loaded before PING answers
+        elif name.startswith("store-"):
+            trainers = self.children.get("trainers")
+            group = trainers is not None and not trainers.done
+            if group:
+                assert trainers is not None
+                # first: a group still running could checkpoint the empty shard
+                trainers.stop()
+            child.start()
+            self.wait_until(f"store {name}", partial(_reported_ready, child), child, 60)
+            if group:
+                assert trainers is not None
+                trainers.args = self.trainer_args()
+                trainers.start()
+                self.say(
+                    f"  restarted trainers after {name}: their warm start loads the last "
+                    f"checkpoint into every shard"
+                )
+        else:
             if name == "trainers":
                 child.args = self.trainer_args()  # a fresh rendezvous port
             child.start()
-            self.record()
-            self.say(f"  restarted {name} (restart {child.restarts})")
 
     def follow(self, timeout_s: float) -> int:
         """Prints a row per finished pass until the job ends; 0 when it succeeded."""

@@ -3,6 +3,9 @@
 streamrec-sampler serve [--endpoint ipc:///run/x.sock | tcp://0.0.0.0:5560]
                         [--metrics-port 9102] [--workers 1] [--seed 7] ...
 streamrec-sampler ping  [--endpoint ...]
+
+Requests carry the peer token of --auth-token-file (default $STREAMREC_AUTH_TOKEN_FILE, else a
+per-user file); --insecure-no-auth serves without one (local development only).
 """
 
 from __future__ import annotations
@@ -36,10 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-rounds", type=int, help="conflict redraw rounds")
     serve.add_argument("--max-negatives", type=int, help="cap on negatives per request")
     serve.add_argument("--seed", type=int, help="seed of the random streams")
+    serve.add_argument("--auth-token-file", help="file holding the peer token")
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        default=None,
+        help="serve requests without a token: local development only",
+    )
     serve.add_argument("--log-level", default="INFO")
     ping = sub.add_parser("ping", help="ask a running server who it is")
     ping.add_argument("--endpoint")
     ping.add_argument("--timeout", type=float, default=5.0)
+    ping.add_argument("--auth-token-file", help="file holding the peer token")
     return parser
 
 
@@ -60,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
             }
             serve(ServerConfig.parse(fields, source="streamrec-sampler serve"))
             return 0
+        from streamrec.auth import load_token
         from streamrec.wire import RpcClient
 
-        with RpcClient(args.endpoint or default_endpoint(), timeout_s=args.timeout) as client:
+        token = load_token(args.auth_token_file)
+        endpoint = args.endpoint or default_endpoint()
+        with RpcClient(endpoint, timeout_s=args.timeout, token=token) as client:
             meta, _ = client.call("ping")
         print(json.dumps(meta))
         return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from streamrec.auth import read_token, token_file
 from streamrec.errors import BadRequest, RemoteError, RpcTimeout
 from streamrec.process import spawn, stop_process
 from streamrec.ragged import RaggedTensor
@@ -59,6 +61,9 @@ class LocalRpcDataSampler:
             few allowed items; see :meth:`sample_ids`).
         label_name: name of the label column that :meth:`combine` adds.
         server_args: extra ``streamrec-sampler serve`` flags for an auto-started server.
+        auth_token_file: the file holding the server's peer token; None:
+            ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file (:mod:`streamrec.auth`).
+            An auto-started server is given the same file.
     """
 
     def __init__(
@@ -76,6 +81,7 @@ class LocalRpcDataSampler:
         missing_id: int = -1,
         label_name: str = "label",
         server_args: Sequence[str] = (),
+        auth_token_file: str | os.PathLike[str] | None = None,
     ) -> None:
         for name, value in (
             ("sample_tag", sample_tag),
@@ -106,8 +112,10 @@ class LocalRpcDataSampler:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.server_args = list(server_args)
+        self.auth_token_file = token_file(auth_token_file)
+        self._token = read_token(self.auth_token_file)
         self._proc: subprocess.Popen | None = None
-        self._rpc = RpcClient(self.endpoint, timeout_s=timeout_s)
+        self._rpc = RpcClient(self.endpoint, timeout_s=timeout_s, token=self._token)
         self.server_info: dict[str, Any] = {}
         try:
             info = self._try_ping(timeout_s=2.0)
@@ -164,6 +172,8 @@ class LocalRpcDataSampler:
                         "serve",
                         "--endpoint",
                         self.endpoint,
+                        "--auth-token-file",
+                        str(self.auth_token_file),
                         *self.server_args,
                     ],
                     log=Path(f"{base}.log"),
@@ -236,7 +246,7 @@ class LocalRpcDataSampler:
 
     def _reset(self) -> None:
         self._rpc.close()
-        self._rpc = RpcClient(self.endpoint, timeout_s=self.timeout_s)
+        self._rpc = RpcClient(self.endpoint, timeout_s=self.timeout_s, token=self._token)
 
     def ping(self) -> dict[str, Any]:
         return self._call("ping")[0]

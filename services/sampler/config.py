@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from pydantic import Field, field_validator
+from streamrec.auth import load_token, runtime_dir
 from streamrec.config import StrictConfig
-from streamrec.errors import BadRequest, ServiceUnavailable
+from streamrec.errors import BadRequest
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 ENDPOINT_ENV = "STREAMREC_SAMPLER_ENDPOINT"
@@ -23,23 +23,6 @@ ENDPOINT_ENV = "STREAMREC_SAMPLER_ENDPOINT"
 #: ``murmurhash(0)``, RecIS's ``default_value``): ``valid_sample_ids`` and ``pack_feature``.
 MISSING_ITEM_ID = 5533571732986600803
 _ENDPOINT_RE = re.compile(r"^(ipc://.+|tcp://[^:/]+:(\d+|\*))$")
-
-
-def runtime_dir() -> Path:
-    """A private per-user directory for sockets, lock files and the auto-started server's log."""
-    fallback = Path(tempfile.gettempdir()) / f"streamrec-{os.getuid()}"
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    for base in ([Path(xdg) / "streamrec"] if xdg else []) + [fallback]:
-        try:
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError:
-            continue  # e.g. an XDG_RUNTIME_DIR we may not write: use /tmp
-        if os.access(base, os.W_OK):
-            return base
-    raise ServiceUnavailable(
-        f"no writable runtime directory for the sampler socket (tried "
-        f"$XDG_RUNTIME_DIR/streamrec and {fallback})"
-    )
 
 
 def default_endpoint() -> str:
@@ -82,6 +65,9 @@ class ServerConfig(StrictConfig):
         max_rounds: rejection rounds for conflicting draws before the exact fallback.
         max_negatives: cap on ``sum(sample_cnts)`` of one request.
         seed: seed of the server's random streams (``None``: from the OS).
+        auth_token_file: the peer token file requests must match (``None``:
+            ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file; see :mod:`streamrec.auth`).
+        insecure_no_auth: serve requests without a token (local development only).
     """
 
     endpoint: str = Field(default_factory=default_endpoint)
@@ -92,6 +78,12 @@ class ServerConfig(StrictConfig):
     max_rounds: int = Field(default=16, ge=1, le=1000)
     max_negatives: int = Field(default=50_000_000, ge=1)
     seed: int | None = Field(default=None, ge=0)
+    auth_token_file: str | None = None
+    insecure_no_auth: bool = False
+
+    def auth_token(self) -> str | None:
+        """The token requests must carry; None with ``insecure_no_auth`` (no check)."""
+        return None if self.insecure_no_auth else load_token(self.auth_token_file)
 
     @field_validator("endpoint")
     @classmethod

@@ -107,6 +107,7 @@ class SamplerServer:
             workers=self.config.workers,
             max_message_bytes=self.config.max_message_bytes,
             on_request=self._observe,
+            token=self.config.auth_token(),
         ).start()
         return self
 

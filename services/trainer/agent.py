@@ -16,13 +16,22 @@ message). Then, step by step::
     ------                                   ----------
     commands (checkpoint/export/shrink/stop)
     or the next pass from the work stream  ->  broadcast as int64 tensors  ->  run it
-    report the outcome, XACK the pass
+    report the outcome, XACK the pass (a command: XACK once carried out)
 
 Only rank 0 talks to Redis for work (``TrainerChannel``: take, ack, report, heartbeat); the
 step reaches the other ranks as two int64 tensors (a header and the split names as HHMM
-integers), never pickled. Rank 0 renews the group's heartbeat from a thread; when the
-group dies the control plane hands the pass in flight out again, from the last checkpoint,
-to the next group (which warm-starts from it).
+integers), never pickled. Rank 0 renews the group's heartbeat from a thread, with the
+group's progress (last step, last pass, when it last moved); when the group dies the
+control plane hands the pass in flight out again, from the last checkpoint, to the next
+group.
+
+Lineage: a group loads exactly the checkpoint the API names (the job's ``last_checkpoint``
+at start, a work item's ``resume_from`` when its model is not the state after the item's
+``after`` pass), never "the newest on disk". A pass fails on every rank together
+(:class:`~streamrec.trainer.errors.PassFailed`, classified ``data`` or ``transient``); rank 0
+reports it and the group takes the next step. Every rank runs a :class:`Watchdog`: a rank
+that made no progress for ``--stuck-timeout-s`` while working exits (code 4), so its
+supervisor restarts the group.
 """
 
 from __future__ import annotations
@@ -32,8 +41,10 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +63,7 @@ from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer.config import TrainerConfig
+from streamrec.trainer.errors import PassFailed
 
 log = logging.getLogger("streamrec.trainer.agent")
 
@@ -67,7 +79,10 @@ COMMAND_OPS = {
 #: Save mode <-> header[5]: 0 none, then 1 + its index in SAVE_MODES.
 MODES: dict[str | None, int] = {None: 0, **{m: i + 1 for i, m in enumerate(SAVE_MODES)}}
 MODE_NAMES = {v: k for k, v in MODES.items()}
-HEADER = 6  # op, day, pass_id, attempt, n_splits, mode
+#: op, day, pass_id, attempt, n_splits, mode, load day, load pass (0: none), skip bit mask
+HEADER = 9
+#: Exit code of a rank whose watchdog saw no progress for --stuck-timeout-s.
+STUCK_EXIT = 4
 
 
 @dataclass
@@ -78,14 +93,19 @@ class Step:
     spec: layout.PassSpec | None = None
     attempt: int = 1
     mode: str | None = None
+    #: The checkpoint (day, pass_id) to load before the pass; None: go on in memory.
+    load: tuple[str, int] | None = None
+    #: Splits of ``spec`` left out (the job's on_bad_split: skip).
+    skip: tuple[str, ...] = ()
     item: WorkItem | None = None  # rank 0 only: what to ack
-    command: Command | None = None  # rank 0 only: which trigger to report
+    command: Command | None = None  # rank 0 only: which trigger to report and ack
 
 
 def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-    """Header ``(6,) int64`` and splits ``(n,) int64`` (HHMM as integers)."""
+    """Header ``(9,) int64`` and splits ``(n,) int64`` (HHMM as integers)."""
     spec = step.spec
     splits = [int(s) for s in spec.splits] if spec else []
+    skip = sum(1 << i for i, s in enumerate(spec.splits) if s in step.skip) if spec else 0
     header = torch.tensor(
         [
             step.op,
@@ -94,6 +114,9 @@ def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
             step.attempt,
             len(splits),
             MODES[step.mode],
+            int(step.load[0]) if step.load else 0,
+            step.load[1] if step.load else 0,
+            skip,
         ],
         dtype=torch.int64,
     )
@@ -101,11 +124,16 @@ def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
-    op, day, pass_id, attempt, _n, mode = (int(v) for v in header.tolist())
+    op, day, pass_id, attempt, _n, mode, load_day, load_pass, skip = (
+        int(v) for v in header.tolist()
+    )
     spec = None
+    skipped: tuple[str, ...] = ()
     if op == PASS:
         spec = layout.PassSpec(f"{day:08d}", pass_id, tuple(f"{s:04d}" for s in splits.tolist()))
-    return Step(op, spec, attempt, MODE_NAMES[mode])
+        skipped = tuple(s for i, s in enumerate(spec.splits) if skip >> i & 1)
+    load = (f"{load_day:08d}", load_pass) if load_day else None
+    return Step(op, spec, attempt, MODE_NAMES[mode], load, skipped)
 
 
 def broadcast_step(step: Step | None, rank: int) -> Step:
@@ -134,16 +162,24 @@ class Heartbeat:
     group is seen dead and its pass handed to the next group.
     """
 
-    def __init__(self, channel: TrainerChannel, ttl_s: float, **info: Any) -> None:
+    def __init__(
+        self,
+        channel: TrainerChannel,
+        ttl_s: float,
+        progress: Callable[[], dict[str, Any]] | None = None,
+        **info: Any,
+    ) -> None:
         self.channel = channel
         self.period = ttl_s / 3
         self.info = info
+        #: The group's progress, sent with every beat (the API tells stuck from alive).
+        self.progress = progress or dict
         self.parent = os.getppid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agent-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self.channel.heartbeat(**self.info)
+        self.channel.heartbeat(**self.info, **self.progress())
         self._thread.start()
 
     def _run(self) -> None:
@@ -152,13 +188,57 @@ class Heartbeat:
                 log.error("launcher (pid %d) is gone: this rank exits", self.parent)
                 os._exit(3)
             try:
-                self.channel.heartbeat(**self.info)
+                self.channel.heartbeat(**self.info, **self.progress())
             except Exception as exc:  # Redis blip: the next beat may succeed
                 log.warning("heartbeat failed: %s", exc)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+class Watchdog:
+    """Exits the process (code 4) when the rank has been working without progress for
+    ``timeout_s``: a rank stuck outside any bounded call (a collective is bounded by
+    ``distributed.timeout_s``) must not hold its group forever; its supervisor (torchrun,
+    Kubernetes) restarts the group and the API hands the pass out again.
+
+    ``busy_since()`` returns when the current work started (None while idle) and
+    ``progress_at()`` the last progress; both ``time.monotonic()``.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float,
+        busy_since: Callable[[], float | None],
+        progress_at: Callable[[], float],
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.busy_since = busy_since
+        self.progress_at = progress_at
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+            since = self.busy_since()
+            if since is None:
+                continue
+            quiet = time.monotonic() - max(since, self.progress_at())
+            if quiet > self.timeout_s:
+                log.error(
+                    "no progress for %.0f s (stuck timeout %.0f s): this rank exits",
+                    quiet,
+                    self.timeout_s,
+                )
+                logging.shutdown()
+                os._exit(STUCK_EXIT)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class Agent:
@@ -169,6 +249,8 @@ class Agent:
         heartbeat_ttl_s: the group counts as dead this long after rank 0's last beat.
         poll_ms: how long rank 0 waits on the work stream per step.
         store: passed to OnlineTrainer (None: built from the job's store endpoints).
+        stuck_timeout_s: the watchdog's limit on working without progress (None: no
+            watchdog).
     """
 
     def __init__(
@@ -178,6 +260,7 @@ class Agent:
         heartbeat_ttl_s: float = 10.0,
         poll_ms: int = 500,
         store: Any | None = None,
+        stuck_timeout_s: float | None = 300.0,
     ) -> None:
         self.rank, self.world = ddp.env_world()
         self.job_id = job_id
@@ -189,9 +272,14 @@ class Agent:
         self.pending: deque[Step] = deque()
         self.trainer: Any = None
         self.heart: Heartbeat | None = None
-        #: Whether this group trained a pass since its warm start (a requeued pass then
-        #: needs the checkpoint reloaded; a fresh group already loaded it).
-        self.trained = False
+        #: time.monotonic() since when this rank works on a step (None: idle).
+        self.busy_since: float | None = None
+        self.last_progress = time.monotonic()
+        self.watchdog = (
+            Watchdog(stuck_timeout_s, lambda: self.busy_since, self._progress_at)
+            if stuck_timeout_s
+            else None
+        )
 
     # ---- set-up ------------------------------------------------------------------------
     def config(self) -> TrainerConfig:
@@ -208,7 +296,11 @@ class Agent:
             raise
         if self.rank == 0:  # beat from the start: warm start may take a while
             self.heart = Heartbeat(
-                self.channel, self.heartbeat_ttl_s, ranks=self.world, host=socket.gethostname()
+                self.channel,
+                self.heartbeat_ttl_s,
+                self.progress,
+                ranks=self.world,
+                host=socket.gethostname(),
             )
             self.heart.start()
         try:
@@ -216,7 +308,9 @@ class Agent:
         except BadRequest as exc:  # wrong world size or tier, tables the shards refuse
             self._fatal(exc)
             raise
-        resumed = self.trainer.warm_start()
+        if self.watchdog is not None:
+            self.watchdog.start()
+        resumed = self.resume()
         if self.rank == 0:
             self.channel.report(
                 ReportKind.STARTED,
@@ -225,6 +319,34 @@ class Agent:
                 host=socket.gethostname(),
                 resumed_from=layout_key(resumed),
             )
+
+    def resume(self) -> tuple[str, int] | None:
+        """Loads the checkpoint the API names as the job's last (none: a fresh model)."""
+        named = self.channel.job().get("last_checkpoint") if self.rank == 0 else None
+        found = parse_key(named)
+        load = torch.tensor(
+            [int(found[0]) if found else 0, found[1] if found else 0], dtype=torch.int64
+        )
+        if ddp.active():
+            dist.broadcast(load, 0)
+        if not int(load[0]):
+            return None
+        return self.trainer.load_checkpoint(f"{int(load[0]):08d}", int(load[1]))
+
+    def _progress_at(self) -> float:
+        t = self.trainer
+        return max(self.last_progress, t.progress_at if t is not None else 0.0)
+
+    def progress(self) -> dict[str, Any]:
+        """What the heartbeat says of the group's progress (wall-clock ``progress_ts``)."""
+        t = self.trainer
+        quiet = time.monotonic() - self._progress_at()
+        return {
+            "step": t.step if t is not None else 0,
+            "last_pass": layout_key(t.last_pass) if t is not None else None,
+            "busy": self.busy_since is not None,
+            "progress_ts": time.time() - quiet,
+        }
 
     def _fatal(self, exc: Exception) -> None:
         """Rank 0 tells the control plane this group cannot run the job (it fails the job)."""
@@ -239,6 +361,7 @@ class Agent:
                 op = COMMAND_OPS[CommandType(cmd.type)]
             except ValueError:
                 log.warning("unknown command %r ignored", cmd.type)
+                self.channel.ack_command(cmd)
                 continue
             self.pending.append(Step(op, mode=cmd.mode, command=cmd))
         if self.pending:
@@ -252,7 +375,30 @@ class Agent:
         item = self.channel.take_pass(block_ms=self.poll_ms)
         if item is None:
             return Step(IDLE)
-        return Step(PASS, item.spec, item.attempt, item=item)
+        return Step(
+            PASS, item.spec, item.attempt, load=self.load_for(item), skip=item.skip, item=item
+        )
+
+    def load_for(self, item: WorkItem) -> tuple[str, int] | None:
+        """The checkpoint to load before ``item``: none when this group's model is the
+        state after ``item.after``; else the one the API names (``resume_from``, or the
+        job's last checkpoint)."""
+        t = self.trainer
+        here = layout_key(t.last_pass) if t.clean else "dirty"
+        if here == item.after:
+            return None
+        named = item.resume_from or self.channel.job().get("last_checkpoint") or None
+        if named is None:
+            log.warning(
+                "pass %s/%s: the model is at %s, not after %s, and there is no checkpoint "
+                "to go back to: training goes on from the model as it is",
+                item.spec.day,
+                item.spec.pass_id,
+                here,
+                item.after,
+            )
+            return None
+        return None if named == here else parse_key(named)
 
     # ---- every rank: do it --------------------------------------------------------------
     def run(self) -> int:
@@ -264,11 +410,20 @@ class Agent:
                 if step.op in (EXIT, STOP):
                     if step.op == STOP and self.rank == 0:
                         self.channel.report(ReportKind.STOPPED)
+                        if step.command is not None:
+                            self.channel.ack_command(step.command)
                     return 0
-                if step.op == PASS:
-                    self.do_pass(step)
-                elif step.op != IDLE:
-                    self.do_command(step)
+                if step.op == IDLE:
+                    continue
+                self.busy_since = time.monotonic()
+                try:
+                    if step.op == PASS:
+                        self.do_pass(step)
+                    else:
+                        self.do_command(step)
+                finally:
+                    self.busy_since = None
+                    self.last_progress = time.monotonic()
         finally:
             self.close()
 
@@ -285,31 +440,32 @@ class Agent:
                 attempt=step.attempt,
             )
         try:
-            if step.attempt > 1 and self.trained:
-                t.warm_start()  # handed out again: continue from the last checkpoint
-            self.trained = True
-            record = t.run_pass(spec)
+            if step.load is not None:
+                t.load_checkpoint(*step.load)  # exactly the one the API names
+            record = t.run_pass(spec, step.skip)
         except (StreamRecError, OSError, ValueError) as exc:
             log.exception("pass %s/%s failed", spec.day, spec.pass_id)
             if self.rank == 0:
+                failed = exc if isinstance(exc, PassFailed) else None
                 self.channel.report(
                     ReportKind.PASS_FAILED,
                     day=spec.day,
                     pass_id=spec.pass_id,
                     attempt=step.attempt,
                     error=f"{type(exc).__name__}: {exc}",
+                    error_class=failed.kind if failed else "transient",
+                    bad_splits=list(failed.bad_splits) if failed else [],
                 )
                 assert step.item is not None
                 self.channel.ack_pass(step.item)
             return
         if self.rank == 0:
-            newest = layout.newest_checkpoint(t.model_root)
-            if newest is not None and (newest[0], newest[1]) == (spec.day, spec.pass_id):
+            if record.get("checkpoint"):  # written by this pass, complete
                 self.channel.report(
                     ReportKind.CHECKPOINT,
                     day=spec.day,
                     pass_id=spec.pass_id,
-                    path=str(newest[2]),
+                    path=record["checkpoint"],
                 )
             self.channel.report(
                 ReportKind.PASS_DONE,
@@ -328,6 +484,11 @@ class Agent:
         try:
             if t.last_pass is None:
                 raise NotFound("no pass trained or loaded yet: nothing to save or shrink")
+            if not t.clean:  # a checkpoint of it would name a pass it is not the state after
+                raise NotFound(
+                    "the last pass failed: the model is no pass's state until the pass is "
+                    "trained again from its checkpoint; nothing to save or shrink"
+                )
             day, pass_id = t.last_pass
             if step.op == CHECKPOINT:
                 path = t.save_checkpoint(day, pass_id)
@@ -338,24 +499,30 @@ class Agent:
             else:
                 result = {"deleted": t.shrink()}
         except (StreamRecError, OSError, ValueError) as exc:
-            if self.rank == 0 and cmd is not None and cmd.trigger_id:
-                self.channel.report(
-                    ReportKind.TRIGGER_FAILED,
-                    trigger_id=cmd.trigger_id,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+            if self.rank == 0 and cmd is not None:
+                if cmd.trigger_id:
+                    self.channel.report(
+                        ReportKind.TRIGGER_FAILED,
+                        trigger_id=cmd.trigger_id,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                self.channel.ack_command(cmd)
             return
         if self.rank == 0:
             if step.op == CHECKPOINT:
                 self.channel.report(
                     ReportKind.CHECKPOINT, day=day, pass_id=pass_id, path=result["path"]
                 )
-            if cmd is not None and cmd.trigger_id:
-                self.channel.report(
-                    ReportKind.TRIGGER_DONE, trigger_id=cmd.trigger_id, result=result
-                )
+            if cmd is not None:
+                if cmd.trigger_id:
+                    self.channel.report(
+                        ReportKind.TRIGGER_DONE, trigger_id=cmd.trigger_id, result=result
+                    )
+                self.channel.ack_command(cmd)
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.heart is not None:
             self.heart.stop()
             try:
@@ -371,6 +538,14 @@ def layout_key(found: tuple[str, int] | None) -> str | None:
     return None if found is None else f"{found[0]}/{found[1]}"
 
 
+def parse_key(key: str | None) -> tuple[str, int] | None:
+    """``"20190720/3"`` -> ("20190720", 3); None or "" -> None."""
+    if not key:
+        return None
+    day, pass_id = key.split("/")
+    return day, int(pass_id)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="streamrec.trainer.agent", description="trainer rank driven by the control plane"
@@ -379,6 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-id", required=True)
     p.add_argument("--heartbeat-ttl-s", type=float, default=10.0)
     p.add_argument("--poll-ms", type=int, default=500)
+    p.add_argument(
+        "--stuck-timeout-s",
+        type=float,
+        default=300.0,
+        help="exit (code 4) after working this long without progress (0: no watchdog)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -389,7 +570,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s rank{rank} %(name)s %(message)s"
     )
-    agent = Agent(args.redis_url, args.job_id, args.heartbeat_ttl_s, args.poll_ms)
+    agent = Agent(
+        args.redis_url,
+        args.job_id,
+        args.heartbeat_ttl_s,
+        args.poll_ms,
+        stuck_timeout_s=args.stuck_timeout_s or None,
+    )
     try:
         return agent.run()
     except StreamRecError as exc:

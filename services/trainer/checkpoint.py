@@ -30,6 +30,7 @@ import torch
 from streamrec import layout
 from streamrec.layout import MANIFEST_NAME
 from streamrec.save_modes import SaveMode
+from streamrec.trainer import faults
 from streamrec.trainer.errors import CheckpointError, ConfigError
 
 DENSE_NAME = "dense.pt"
@@ -151,6 +152,7 @@ def write_model(
     ``directory``. One process writes it (the store saves every shard)."""
     fresh_dir(directory)
     save_dense(directory / DENSE_NAME, state)
+    faults.checkpoint_write(str(directory))
     store.save(str(directory / SPARSE_NAME), mode=mode)
     write_manifest(directory, dict(info, mode=mode))
     return directory

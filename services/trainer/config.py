@@ -194,7 +194,12 @@ class ModelConfig(StrictConfig):
 
 
 class StoreConfig(StrictConfig):
-    """Where the sparse parameters live: in-process (no endpoints) or store shards."""
+    """Where the sparse parameters live: in-process (no endpoints) or store shards.
+
+    The shards' peer token is not part of a job: it is a deployment secret, read by the
+    trainer's store client from ``$STREAMREC_AUTH_TOKEN_FILE`` (else the per-user file, see
+    ``streamrec.auth``), so a REST job cannot make the trainer read a file and send it.
+    """
 
     #: Shard endpoints in shard order (the REST job's ``store.endpoints``); empty: in-process.
     endpoints: list[str] = Field(default_factory=list)
@@ -224,7 +229,10 @@ class DistributedConfig(StrictConfig):
     """torch.distributed settings; ranks come from env:// (torchrun or Kubernetes)."""
 
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    timeout_s: float = Field(600.0, gt=0)
+    #: How long a collective waits for the other ranks before it raises. A rank that fails
+    #: tells the others at once (distributed.exchange_outcomes); this bounds the wait for a
+    #: rank gone silent (killed, stuck), so keep it well under a minute.
+    timeout_s: float = Field(30.0, gt=0, le=3600)
 
 
 class NegativeSamplingConfig(StrictConfig):

@@ -19,6 +19,9 @@ then ``log(x + 1)``. An empty categorical field is an empty bag (no key) for tha
 
 from __future__ import annotations
 
+import gzip
+import io
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +43,9 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
+#: Every byte a good line of either format can hold; a chunk with another goes to the exact
+#: parser, so a line reads the same whatever chunk it is in.
+_ALPHABET = b"0123456789abcdefABCDEF.-\t\r\n"
 _DEC = np.full(256, 255, dtype=np.uint8)
 _DEC[48:58] = np.arange(10, dtype=np.uint8)
 
@@ -189,7 +195,10 @@ def _parse_columns(
             if kind == "fixed":
                 frac += step & seen_dot
     if kind == "fixed":
+        ok &= ~(seen_dot & (lens == 1))  # "." alone is no number
         return acc.astype(np.float64) / np.power(10.0, frac), ok, empty
+    if kind == "int":
+        ok &= acc <= np.uint64(2**63 - 1)  # 19 digits may pass int64: malformed, not wrapped
     values = acc.view(np.int64)
     if kind == "int":
         values = np.where(neg, -values, values)
@@ -268,7 +277,7 @@ def _arrow_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:
     names = [f"f{i}" for i in range(head + NUM_DENSE + num_slots)]
     types = {n: pa.int64() for n in names}
     if gen:
-        types["f1"] = pa.float64()
+        types["f1"] = pa.binary()  # parsed by _parse_columns: the exact parser's rules
     else:
         for n in names[head + NUM_DENSE :]:
             types[n] = pa.binary()
@@ -289,8 +298,13 @@ def _int_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return pc.fill_null(arr, 0).to_numpy(zero_copy_only=False).astype(np.int64), null
 
 
-def _hex_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Binary column of hex text -> (values (n,) int64, ok (n,) bool, empty (n,) bool)."""
+def _text_column(col: pa.ChunkedArray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Binary column of text -> (values (n,), ok (n,) bool, empty (n,) bool), parsed by
+    :func:`_parse_columns` so that a value reads the same in the exact parser.
+
+    Args:
+        kind: 'hex' (values int64) or 'fixed' (values float64).
+    """
     arr = col.combine_chunks()
     n = len(arr)
     if n == 0:
@@ -305,7 +319,7 @@ def _hex_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     )
     starts = offsets[:-1].astype(np.int64)[:, None]
     ends = offsets[1:].astype(np.int64)[:, None]
-    values, ok, empty = _parse_columns(data, starts, ends, "hex")
+    values, ok, empty = _parse_columns(data, starts, ends, kind)
     return values[:, 0], ok[:, 0], empty[:, 0]
 
 
@@ -343,6 +357,11 @@ def parse_chunk(
     bad_fields = line_index[~field_ok]
     table = None
     if field_ok.any():
+        if data.translate(None, _ALPHABET):
+            # a byte no good line holds: the exact parser decides. pyarrow would read some
+            # such fields as numbers (" 1", "1e-1", "+0.5") and decode a row with the wrong
+            # field count as UTF-8, logging a traceback per row it cannot decode
+            return _parse_chunk_numpy(data, data_format, num_slots, source, first_line)
         try:
             table = _arrow_table(data, gen, num_slots)
         except pa.ArrowInvalid:
@@ -370,14 +389,12 @@ def parse_chunk(
         if gen:
             keys[:, j], empty[:, j] = _int_column(col)
         else:
-            keys[:, j], ok, empty[:, j] = _hex_column(col)
+            keys[:, j], ok, empty[:, j] = _text_column(col, "hex")
             row_ok &= ok
     ptrue = None
     if gen:
-        p = table.column(1).combine_chunks()
-        pnull = p.is_null().to_numpy(zero_copy_only=False)
-        ptrue = pc.fill_null(p, 0.0).to_numpy(zero_copy_only=False)
-        row_ok &= ~pnull & (ptrue >= 0) & (ptrue <= 1)
+        ptrue, p_ok, p_empty = _text_column(table.column(1), "fixed")
+        row_ok &= p_ok & ~p_empty & (ptrue <= 1.0)
     bad_values = line_index[field_ok][~row_ok]
     _record_malformed(stats, bad_fields, bad_values, ncols, source, first_line)
     return _make_batch(label, ints, keys, empty, ptrue, row_ok), stats
@@ -452,34 +469,82 @@ def _parse_chunk_numpy(
     return _make_batch(label[:, 0], ints, keys, key_empty, ptrue, row_ok), stats
 
 
+#: A line longer than this is not buffered whole: it is skipped up to its newline and counted
+#: as one malformed line (a file of binary garbage without newlines costs this much memory).
+MAX_LINE_BYTES = 1 << 20
+#: The first bytes of a gzip file: such a file is decompressed as it is read.
+GZIP_MAGIC = b"\x1f\x8b"
+_OVERLONG = "line longer than max_line_bytes ({} bytes); skipped"
+
+
+def open_data_file(path: Path) -> io.BufferedIOBase:
+    """Opens a data file for reading bytes; a gzip file (by its magic bytes, whatever its name)
+    is decompressed on the fly, so memory stays bounded by the chunk size."""
+    f = path.open("rb")
+    if f.read(2) == GZIP_MAGIC:
+        f.close()
+        return gzip.open(path, "rb")
+    f.seek(0)
+    return f
+
+
 def read_file(
-    path: str | Path, data_format: str, num_slots: int, chunk_bytes: int = 16 << 20
+    path: str | Path,
+    data_format: str,
+    num_slots: int,
+    chunk_bytes: int = 16 << 20,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[Batch, ParseStats]]:
-    """Parses a file chunk by chunk (whole lines each); yields (batch, stats) per chunk."""
+    """Parses a file chunk by chunk (whole lines each); yields (batch, stats) per chunk.
+
+    Memory stays within about ``chunk_bytes + max_line_bytes`` whatever the file holds: a line
+    longer than ``max_line_bytes`` is dropped up to its newline and counted as malformed. A
+    gzip file is read through (:func:`open_data_file`); one that is corrupt or cut short, like
+    an unreadable file, raises DataError naming the file.
+    """
     path = Path(path)
-    line_no = 1
+    gen = data_format == "generated"
+    line_no = 1  # 1-based number of the next line to parse
+    rest = b""  # the start of a line whose newline is not read yet
+    skipping = False  # inside a line longer than max_line_bytes: dropped up to its newline
+
+    def overlong() -> tuple[Batch, ParseStats]:
+        stats = ParseStats(lines=1, malformed=1)
+        stats.first_bad = (str(path), line_no, _OVERLONG.format(max_line_bytes))
+        return _empty_batch(num_slots, gen), stats
+
     try:
-        with path.open("rb") as f:
-            rest = b""
+        with open_data_file(path) as f:
             while True:
                 block = f.read(chunk_bytes)
                 if not block:
                     break
+                if skipping:
+                    nl = block.find(b"\n")
+                    if nl < 0:
+                        continue
+                    yield overlong()
+                    line_no += 1
+                    skipping, block = False, block[nl + 1 :]
                 block = rest + block
                 cut = block.rfind(b"\n")
-                if cut < 0:
-                    rest = block
-                    continue
                 rest = block[cut + 1 :]
-                batch, stats = parse_chunk(
-                    block[: cut + 1], data_format, num_slots, str(path), line_no
-                )
-                line_no += stats.lines
-                yield batch, stats
-            if rest:
+                if cut >= 0:
+                    batch, stats = parse_chunk(
+                        block[: cut + 1], data_format, num_slots, str(path), line_no
+                    )
+                    line_no += block.count(b"\n", 0, cut + 1)
+                    yield batch, stats
+                if len(rest) > max_line_bytes:
+                    skipping, rest = True, b""
+            if skipping:
+                yield overlong()
+            elif rest:
                 yield parse_chunk(rest, data_format, num_slots, str(path), line_no)
-    except OSError as exc:
-        raise DataError(f"cannot read data file {path}: {exc}") from exc
+    except (OSError, EOFError, zlib.error) as exc:
+        # gzip: BadGzipFile (an OSError) on a bad header, EOFError when cut short, zlib.error
+        # on corrupt data
+        raise DataError(f"cannot read data file {path}: {type(exc).__name__}: {exc}") from exc
 
 
 def iter_batches(

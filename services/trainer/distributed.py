@@ -8,12 +8,18 @@ Ranks may hold different numbers of batches in a pass (files are divided ``r::wo
 every training step all-reduces one flat buffer: the dense gradients followed by a 1 when the
 rank had a batch. The summed count tells every rank how many contributed (the gradient is
 their mean) and when all are done (count 0), so collectives always match across ranks.
+
+A failure inside one rank must not leave the others waiting in a collective: the step buffer
+also carries a "failed" count, and :func:`exchange_outcomes` (one small all-reduce) tells every
+rank what every rank's part of a pass or a save came to, so the group fails together, at once.
+A collective that still waits (a rank gone silent) gives up after ``distributed.timeout_s``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -43,7 +49,7 @@ def apply_resources(resources: ResourcesConfig, world: int) -> None:
 
 
 def init_from_env(
-    backend: str = "auto", timeout_s: float = 600.0, device: torch.device | None = None
+    backend: str = "auto", timeout_s: float = 30.0, device: torch.device | None = None
 ) -> tuple[int, int, bool]:
     """Joins the process group when WORLD_SIZE > 1.
 
@@ -84,28 +90,75 @@ def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
             dist.broadcast(t.data, src)
 
 
-def sync_gradients(params: list[torch.nn.Parameter], has_batch: bool) -> int:
-    """Averages gradients over the ranks that had a batch; returns how many had one.
+def sync_gradients(
+    params: list[torch.nn.Parameter], has_batch: bool, failed: bool = False
+) -> tuple[int, int]:
+    """Averages gradients over the ranks that had a batch; returns (ranks with a batch,
+    ranks that failed).
 
     A rank without a batch passes ``has_batch=False``; its gradients are set to the mean of
-    the others so its optimizer takes the same step. Returns 0 when no rank had a batch.
+    the others so its optimizer takes the same step. A rank whose step raised passes
+    ``failed=True`` (and no batch): every rank sees the failed count in the same step and
+    stops (the gradients are then left as they were). Count 0: no rank had a batch.
     """
     device = params[0].device
     grads = [p.grad if (has_batch and p.grad is not None) else torch.zeros_like(p) for p in params]
-    flat = torch.cat(
-        [g.reshape(-1) for g in grads] + [torch.tensor([1.0 if has_batch else 0.0], device=device)]
-    )
+    flags = torch.tensor([1.0 if has_batch else 0.0, 1.0 if failed else 0.0], device=device)
+    flat = torch.cat([g.reshape(-1) for g in grads] + [flags])
     dist.all_reduce(flat)
-    count = int(round(float(flat[-1])))
-    if count == 0:
-        return 0
-    flat = flat[:-1] / count
+    count, nfailed = (int(round(float(v))) for v in flat[-2:])
+    if count == 0 or nfailed:
+        return count, nfailed
+    flat = flat[:-2] / count
     offset = 0
     for p in params:
         n = p.numel()
         p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
-    return count
+    return count, 0
+
+
+#: Bytes of each rank's message carried by exchange_outcomes (a longer one is cut).
+OUTCOME_MESSAGE_BYTES = 512
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """What one rank's part of a group step came to: ``code`` 0 is success (the meaning of
+    other codes and of ``marks`` is the caller's), ``message`` a bounded description."""
+
+    rank: int
+    code: int
+    marks: tuple[int, ...]
+    message: str
+
+
+def exchange_outcomes(code: int, marks: list[int], message: str = "") -> list[RankOutcome]:
+    """Every rank's outcome, on every rank (one all-reduce of a ``(world, 2 + k + 512)``
+    int64 table in which each rank fills its own row; no pickling).
+
+    Every rank must call it at the same point with the same ``len(marks)``.
+    """
+    rank, world = (dist.get_rank(), dist.get_world_size()) if active() else (0, 1)
+    raw = message.encode("utf-8", "replace")[:OUTCOME_MESSAGE_BYTES]
+    width = 2 + len(marks) + OUTCOME_MESSAGE_BYTES
+    table = torch.zeros((world, width), dtype=torch.int64)
+    table[rank, 0] = code
+    table[rank, 1] = len(raw)
+    if marks:
+        table[rank, 2 : 2 + len(marks)] = torch.tensor(marks, dtype=torch.int64)
+    if raw:
+        table[rank, 2 + len(marks) : 2 + len(marks) + len(raw)] = torch.tensor(
+            list(raw), dtype=torch.int64
+        )
+    if world > 1:
+        dist.all_reduce(table)
+    out = []
+    for r, row in enumerate(table.tolist()):
+        n = row[1]
+        text = bytes(row[2 + len(marks) : 2 + len(marks) + n]).decode("utf-8", "replace")
+        out.append(RankOutcome(r, row[0], tuple(row[2 : 2 + len(marks)]), text))
+    return out
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

@@ -36,3 +36,34 @@ class CheckpointError(TrainerError):
     """A checkpoint or exported model is missing, incomplete or inconsistent."""
 
     code = "bad_checkpoint"
+
+
+class GroupError(TrainerError):
+    """Another rank of the group failed the step this rank was in (its message quoted):
+    every rank stops the step together instead of waiting in a collective."""
+
+    code = "group_error"
+
+
+class PassFailed(TrainerError):
+    """A pass failed on at least one rank; raised on every rank of the group alike.
+
+    Args:
+        kind: ``"data"`` (a split's content is bad: a retry cannot pass) or ``"transient"``
+            (disk, network, a peer: a retry from the last checkpoint may).
+        bad_splits: the splits a data error was found in.
+    """
+
+    code = "pass_failed"
+
+    def __init__(self, message: str, kind: str, bad_splits: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.bad_splits = bad_splits
+
+
+class BadSplits(PassFailed, DataError):
+    """A pass failed on bad data (``kind`` "data"): still a :class:`DataError`, naming the
+    file and line, with the splits it was found in (``bad_splits``)."""
+
+    code = "bad_data"

@@ -19,10 +19,20 @@ The pull worker runs ``pull(i+1)`` while batch ``i`` computes and ``push(i)`` wh
 before ``push(i)``: the sparse rows a batch sees are stale by exactly one step, the same in
 every run, so a restart from a checkpoint reproduces the parameters of an uninterrupted run.
 
-At the end of every pass, rank 0 appends a JSON record to ``<model_save_path>/passes.jsonl``.
 Every ``checkpoint_per_pass`` passes (by pass id) a checkpoint is written; every
 ``save_delta_frequency`` passes a delta model; after the last pass of a day: advance_day,
 shrink, base model, batch model and a checkpoint (so a restart continues with the next day).
+Then, and only then, rank 0 records the pass in ``<model_save_path>/passes.jsonl``: a pass
+is recorded once its saves are complete, and a record of a pass after the checkpoint a
+group restarts from is dropped when that pass is trained again (the file is the model's
+lineage, each pass once).
+
+The group fails or succeeds together: each phase of a pass (predict, train, saves) ends with
+every rank learning every rank's outcome (:func:`~.distributed.exchange_outcomes`; inside
+training the per-step all-reduce carries a failed flag), and a failure on any rank raises
+:class:`~.errors.PassFailed` on all of them, classified ``data`` (a bad split: naming it)
+or ``transient``. After a failed pass the model is not the state after any pass
+(:attr:`OnlineTrainer.clean` is False) until a checkpoint is loaded.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +57,15 @@ from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
 from streamrec.trainer.config import TrainerConfig
 from streamrec.trainer.data import Batch, ParseStats, iter_batches
-from streamrec.trainer.errors import ConfigError, TrainerError
+from streamrec.trainer.errors import (
+    BadSplits,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    GroupError,
+    PassFailed,
+    TrainerError,
+)
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
@@ -59,6 +77,8 @@ from streamrec.trainer.store import build_table_options, make_store
 log = logging.getLogger(__name__)
 
 PASSES_FILE = "passes.jsonl"
+#: exchange_outcomes codes of a rank's part of a step.
+OK, DATA_FAILURE, OTHER_FAILURE = 0, 1, 2
 #: What save_model writes (a checkpoint is save_checkpoint's).
 EXPORT_MODES = frozenset(SaveMode) - {SaveMode.CHECKPOINT}
 
@@ -126,7 +146,12 @@ class OnlineTrainer:
         self.model_root = Path(r.model_save_path)
         self.data_root = Path(r.train_data_dir)
         self.last_pass: tuple[str, int] | None = None
+        #: False from the start of a pass until it (and its saves) succeeded: after a failed
+        #: pass the parameters are no pass's state, only a checkpoint load makes them one.
+        self.clean = True
         self.step = 0
+        #: time.monotonic() of the last batch or save done (the agent's watchdog reads it).
+        self.progress_at = time.monotonic()
         self.stop_event = threading.Event()
         #: While run() waits for a pass's donefiles: (that pass, polls that found it not ready).
         self.waiting: tuple[layout.PassSpec, int] | None = None
@@ -159,8 +184,13 @@ class OnlineTrainer:
         return torch.optim.Adam(self.params, lr=hp.learning_rate)
 
     # -- one pass ---------------------------------------------------------------------------
-    def rank_files(self, spec: layout.PassSpec) -> list[Path]:
-        """This rank's share of the pass's files: r::world of the sorted list."""
+    def rank_files(self, spec: layout.PassSpec, skip: tuple[str, ...] = ()) -> list[Path]:
+        """This rank's share of the pass's files (r::world of the sorted list), without the
+        splits in ``skip``."""
+        if skip:
+            spec = layout.PassSpec(
+                spec.day, spec.pass_id, tuple(s for s in spec.splits if s not in skip)
+            )
         files = layout.pass_files(self.data_root, spec, self.config.runner.data_donefile)
         return files[self.rank :: self.world]
 
@@ -217,6 +247,7 @@ class OnlineTrainer:
                     fut = self._pool.submit(self._pull, nxt, False) if nxt is not None else None
                     p = self._forward(batch, pulled)
                     acc.add(p.cpu(), batch.labels)
+                    self.progress_at = time.monotonic()
                     if best is not None and batch.ptrue is not None:
                         best.add(batch.ptrue, batch.labels)
                     n += len(batch)
@@ -227,67 +258,159 @@ class OnlineTrainer:
         return n
 
     def train_files(self, files: list[Path], acc: AucAccumulator, stats: ParseStats) -> int:
-        """Trains on files; returns this rank's sample count. All ranks step together."""
+        """Trains on files; returns this rank's sample count. All ranks step together.
+
+        An error in this rank's step (bad data, a store call) is not raised at once: the
+        rank joins the next gradient all-reduce with its failed flag, every rank stops in
+        that same step, then this rank raises its error and the others :class:`GroupError`.
+        """
         prefetch = self._prefetch(files, stats)
         pipelined = self.config.runner.sparse_pipeline
         n = 0
         pushes: list[Future] = []
+        failure: Exception | None = None
+        peers_failed = 0
+        item: tuple[Batch, SparseBatch] | None = None
+        fut: Future | None = None
         try:
             it = iter(prefetch)
-            item = next(it, None)
-            fut = self._pool.submit(self._pull, item, True) if item is not None else None
+            try:
+                item = next(it, None)
+                fut = self._pool.submit(self._pull, item, True) if item is not None else None
+            except Exception as exc:
+                failure = exc
             while True:
-                if item is None and self.world == 1:
+                if item is None and failure is None and self.world == 1:
                     break
-                pulled = fut.result() if fut is not None else None
-                nxt = next(it, None) if item is not None else None
-                fut = None
-                if nxt is not None and pipelined:
-                    fut = self._pool.submit(self._pull, nxt, True)
-                self.optimizer.zero_grad(set_to_none=True)
+                nxt = None
                 p = None
-                if item is not None:
-                    assert pulled is not None
-                    batch = item[0]
-                    p = self._forward(batch, pulled)
-                    labels = batch.labels.to(self.device)
-                    loss = self.loss_fn(p.view(-1, 1), labels.view(-1, 1))
-                    loss.backward()
-                if self.world > 1 and ddp.sync_gradients(self.params, item is not None) == 0:
+                if failure is None:
+                    try:
+                        pulled = fut.result() if fut is not None else None
+                        nxt = next(it, None) if item is not None else None
+                        fut = None
+                        if nxt is not None and pipelined:
+                            fut = self._pool.submit(self._pull, nxt, True)
+                        self.optimizer.zero_grad(set_to_none=True)
+                        if item is not None:
+                            assert pulled is not None
+                            batch = item[0]
+                            p = self._forward(batch, pulled)
+                            labels = batch.labels.to(self.device)
+                            loss = self.loss_fn(p.view(-1, 1), labels.view(-1, 1))
+                            loss.backward()
+                    except Exception as exc:
+                        failure, item, nxt = exc, None, None
+                if self.world > 1:
+                    count, peers_failed = ddp.sync_gradients(
+                        self.params, item is not None, failure is not None
+                    )
+                    if peers_failed or count == 0:
+                        break
+                elif failure is not None:
                     break
-                self.optimizer.step()
-                self.scheduler.step()
-                self.step += 1
-                if item is not None:
-                    assert p is not None and pulled is not None
-                    # FIFO after pull(i+1): the next pull never sees this push (see module doc)
-                    pushes.append(self._pool.submit(self._push, pulled, batch.labels))
-                    acc.add(p.detach().cpu(), batch.labels)
-                    n += len(batch)
-                    if len(pushes) > 4:
-                        pushes.pop(0).result()
-                if nxt is not None and not pipelined:  # after push(i): no stale rows
-                    fut = self._pool.submit(self._pull, nxt, True)
+                try:
+                    self.optimizer.step()
+                    self.scheduler.step()
+                    self.step += 1
+                    self.progress_at = time.monotonic()
+                    if item is not None:
+                        assert p is not None and pulled is not None
+                        # FIFO after pull(i+1): the next pull never sees this push (module doc)
+                        pushes.append(self._pool.submit(self._push, pulled, batch.labels))
+                        acc.add(p.detach().cpu(), batch.labels)
+                        n += len(batch)
+                        if len(pushes) > 4:
+                            pushes.pop(0).result()
+                    if nxt is not None and not pipelined:  # after push(i): no stale rows
+                        fut = self._pool.submit(self._pull, nxt, True)
+                except Exception as exc:
+                    failure, nxt = exc, None
                 item = nxt
-            for f in pushes:
-                f.result()
+            if failure is None and not peers_failed:
+                try:
+                    for f in pushes:
+                        f.result()
+                except Exception as exc:
+                    failure = exc
         finally:
             prefetch.close()
+            if failure is not None or peers_failed:
+                # a push still queued must not land after a checkpoint is loaded
+                wait([f for f in [*pushes, fut] if f is not None])
+        if failure is not None:
+            raise failure
+        if peers_failed:
+            raise GroupError(f"{peers_failed} other rank(s) failed a training step")
         return n
 
-    def run_pass(self, spec: layout.PassSpec) -> dict[str, Any]:
-        """Predicts then trains one pass; saves what is due; returns the pass record."""
+    def _together(
+        self, spec: layout.PassSpec, failure: Exception | None, files: list[Path]
+    ) -> None:
+        """Every rank learns every rank's outcome of a phase of ``spec``; when any failed,
+        all raise the same :class:`PassFailed` (``data`` when some rank's data was bad)."""
+        code, marks, message = OK, [0] * len(spec.splits), ""
+        if failure is not None and not isinstance(failure, GroupError):
+            code = DATA_FAILURE if isinstance(failure, DataError) else OTHER_FAILURE
+            message = f"{type(failure).__name__}: {failure}"
+            if code == DATA_FAILURE:
+                for path in files:
+                    if str(path) in str(failure) and path.parent.name in spec.splits:
+                        marks[spec.splits.index(path.parent.name)] = 1
+        outcomes = ddp.exchange_outcomes(code, marks, message)
+        failed = [o for o in outcomes if o.code != OK]
+        if not failed and failure is not None:  # only GroupErrors: the culprit said nothing
+            failed = [ddp.RankOutcome(self.rank, OTHER_FAILURE, tuple(marks), str(failure))]
+        if not failed:
+            return
+        self.clean = False
+        kind = "data" if any(o.code == DATA_FAILURE for o in failed) else "transient"
+        bad = tuple(s for i, s in enumerate(spec.splits) if any(o.marks[i] for o in failed))
+        text = "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
+        cls = BadSplits if kind == "data" else PassFailed
+        raise cls(f"pass {spec.day}/{spec.pass_id} failed ({kind}): {text}", kind, bad) from failure
+
+    def _agree(self, failure: Exception | None, what: str) -> None:
+        """Outside a pass (saves, loads): every rank raises when any rank failed ``what`` (its
+        own error, or :class:`GroupError` quoting the failed rank's)."""
+        message = f"{type(failure).__name__}: {failure}" if failure is not None else ""
+        outcomes = ddp.exchange_outcomes(OTHER_FAILURE if failure else OK, [], message)
+        if failure is not None:
+            raise failure
+        failed = [o for o in outcomes if o.code != OK]
+        if failed:
+            raise GroupError(
+                f"{what} failed: " + "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
+            )
+
+    def run_pass(self, spec: layout.PassSpec, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Predicts then trains one pass (without the splits in ``skip``); saves what is
+        due; records the pass; returns its record.
+
+        Raises:
+            PassFailed: on every rank alike, when any rank failed the pass.
+        """
         r = self.config.runner
         started = time.monotonic()
-        files = self.rank_files(spec)
+        self.clean = False
+        files = self.rank_files(spec, skip)
         pred, best, train = AucAccumulator(), AucAccumulator(), AucAccumulator()
         pstats, tstats = ParseStats(), ParseStats()
         predict_s = 0.0
+        failure: Exception | None = None
         if r.predict_before_train:
-            self.predict_files(files, pred, best, pstats)
+            try:
+                self.predict_files(files, pred, best, pstats)
+            except Exception as exc:
+                failure = exc
+            self._together(spec, failure, files)
             predict_s = time.monotonic() - started
         t_train = time.monotonic()
-        self.train_files(files, train, tstats)
+        try:
+            self.train_files(files, train, tstats)
+        except Exception as exc:
+            failure = exc
+        self._together(spec, failure, files)
         train_s = time.monotonic() - t_train
         counts = torch.tensor([tstats.lines, tstats.malformed, len(files)], dtype=torch.float64)
         flat = torch.cat([pred.state(), best.state(), train.state(), counts])
@@ -303,6 +426,7 @@ class OnlineTrainer:
             "day": spec.day,
             "pass_id": spec.pass_id,
             "splits": list(spec.splits),
+            "skipped_splits": list(skip),
             "files": nfiles,
             "lines": lines,
             "samples": tr["samples"],
@@ -322,18 +446,44 @@ class OnlineTrainer:
             "step": self.step,
             "world_size": self.world,
         }
+        self.last_pass = (spec.day, spec.pass_id)
+        try:
+            written = self._save_due(spec)
+            record["checkpoint"] = str(written) if written is not None else None
+            if self.rank == 0:
+                self.record_pass(record)
+        except Exception as exc:
+            failure = exc
+        self._together(spec, failure, files)
+        self.clean = True
         m.observe_pass(
             self.label, record, pstats.malformed + tstats.malformed, r.predict_before_train
         )
-        self.last_pass = (spec.day, spec.pass_id)
-        if self.rank == 0:
-            self.model_root.mkdir(parents=True, exist_ok=True)
-            with (self.model_root / PASSES_FILE).open("a") as f:
-                f.write(json.dumps(record) + "\n")
-        self._save_due(spec)
         return record
 
-    def _save_due(self, spec: layout.PassSpec) -> None:
+    def record_pass(self, record: dict[str, Any]) -> None:
+        """Appends ``record`` to passes.jsonl, dropping any record of this pass or a later
+        one (trained before a restart from an earlier checkpoint): each pass once, in
+        training order. Written via a temporary file, so a failure leaves the old file."""
+        self.model_root.mkdir(parents=True, exist_ok=True)
+        path = self.model_root / PASSES_FILE
+        here = (record["day"], record["pass_id"])
+        kept = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    old = json.loads(line)
+                    if (old["day"], old["pass_id"]) >= here:
+                        continue
+                except (ValueError, KeyError, TypeError):
+                    pass  # not ours to judge: keep it
+                kept.append(line)
+        tmp = path.with_name(f".{PASSES_FILE}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in [*kept, json.dumps(record)]))
+        os.replace(tmp, path)
+
+    def _save_due(self, spec: layout.PassSpec) -> Path | None:
+        """The saves due after ``spec``; returns the checkpoint written (None: none due)."""
         r = self.config.runner
         last_of_day = spec.is_last_of_day(r.split_interval, r.split_per_pass)
         if (
@@ -347,16 +497,23 @@ class OnlineTrainer:
             self.shrink()
             self.save_model(SaveMode.BASE, spec.day)
             self.save_model(SaveMode.BATCH, spec.day)
-            self.save_checkpoint(spec.day, spec.pass_id)
-        elif r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0:
-            self.save_checkpoint(spec.day, spec.pass_id)
+            return self.save_checkpoint(spec.day, spec.pass_id)
+        if r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0:
+            return self.save_checkpoint(spec.day, spec.pass_id)
+        return None
 
     # -- saving and loading -----------------------------------------------------------------
     def _rank0_store(self, fn: Any, *args: Any) -> Any:
-        """Runs a store admin call once (rank 0; the ranks share the store), ranks in step."""
+        """Runs a store admin call once (rank 0; the ranks share the store), ranks in step;
+        a failure raises on every rank (:meth:`_agree`)."""
         ddp.barrier()
-        out = fn(*args) if self.rank == 0 else None
-        ddp.barrier()
+        out, failure = None, None
+        if self.rank == 0:
+            try:
+                out = fn(*args)
+            except Exception as exc:
+                failure = exc
+        self._agree(failure, getattr(fn, "__name__", "store call"))
         return out
 
     def dense_state(self) -> dict[str, Any]:
@@ -375,6 +532,8 @@ class OnlineTrainer:
         mode = SaveMode(mode).value  # plain str on the wire and in labels
         directory = ckpt.model_dir(self.model_root, mode, day, pass_id)
         ddp.barrier()
+        self.progress_at = time.monotonic()  # a save is one long step: its start is progress
+        failure = None
         if self.rank == 0:
             info = {
                 "day": day,
@@ -383,8 +542,12 @@ class OnlineTrainer:
                 "world_size": self.world,
                 "tables": self.config.table_names,
             }
-            ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
-        ddp.barrier()
+            try:
+                ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
+            except Exception as exc:
+                failure = exc
+        self._agree(failure, f"{mode} save to {directory}")
+        self.progress_at = time.monotonic()
         m.SAVE_SECONDS.labels(self.label, mode).observe(time.monotonic() - started)
         return directory
 
@@ -404,23 +567,50 @@ class OnlineTrainer:
         return dict(out or {})
 
     def warm_start(self) -> tuple[str, int] | None:
-        """Loads the newest complete checkpoint; returns its (day, pass_id) or None."""
+        """Loads the newest complete checkpoint; returns its (day, pass_id) or None.
+
+        For a trainer on its own; a group driven by the control plane loads the checkpoint
+        the API names instead (:meth:`load_checkpoint`)."""
         found = layout.newest_checkpoint(self.model_root)
         if found is None:
             return None
-        day, pass_id, directory = found
-        manifest, state = ckpt.read_checkpoint(directory)
-        step = ckpt.restore_dense(state, self.dense, self.optimizer, self.scheduler, directory)
-        ddp.barrier()
+        return self.load_checkpoint(found[0], found[1])
+
+    def load_checkpoint(self, day: str, pass_id: int) -> tuple[str, int]:
+        """Loads exactly the checkpoint after pass ``pass_id`` of ``day`` (every rank its
+        dense part, rank 0 the store's); CheckpointError on every rank when it is missing,
+        incomplete or corrupt on any."""
+        directory = layout.checkpoint_dir(self.model_root, day, pass_id)
+        self.clean = False  # until both parts are in
+        failure: Exception | None = None
+        try:
+            manifest, state = ckpt.read_checkpoint(directory)
+            step = ckpt.restore_dense(state, self.dense, self.optimizer, self.scheduler, directory)
+        except Exception as exc:
+            failure = exc
+        self._agree_checkpoint(failure, directory)
         if self.rank == 0:
-            ckpt.load_sparse(self.store, directory)
-        ddp.barrier()
+            try:
+                ckpt.load_sparse(self.store, directory)
+            except Exception as exc:
+                failure = exc
+        self._agree_checkpoint(failure, directory)
         self.step = step
+        self.clean = True
+        self.progress_at = time.monotonic()
         self.last_pass = (day, pass_id)
         log.info(
             "warm start from %s (step %d, manifest %s)", directory, self.step, manifest.get("mode")
         )
         return self.last_pass
+
+    def _agree_checkpoint(self, failure: Exception | None, directory: Path) -> None:
+        try:
+            self._agree(failure, f"loading checkpoint {directory}")
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"cannot load checkpoint {directory}: {exc}") from exc
 
     def export_serving(self, out_dir: str | Path) -> Path:
         """Dense part int8-quantized + the store's base rows, for :mod:`.export`'s predict."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +16,10 @@ from servers import free_port
 from streamrec.process import spawn, stop_process
 
 TOKEN = "test-token-0123456789"
+#: A store shard address tests start shards on (ipc: no port to race for); allowed below.
+TEST_STORE_ENDPOINT = f"ipc://{tempfile.gettempdir()}/streamrec-test-{uuid.uuid4().hex[:12]}.sock"
+#: The store endpoints the test API allows jobs to name (``--store-endpoint``).
+STORE_ENDPOINTS = ["tcp://127.0.0.1:7701", TEST_STORE_ENDPOINT]
 
 
 @dataclass
@@ -27,6 +33,7 @@ class ApiServer:
     port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
     extra: list[str] = field(default_factory=list)
+    store_endpoints: list[str] = field(default_factory=lambda: list(STORE_ENDPOINTS))
     proc: subprocess.Popen | None = None
     log: Path | None = None
 
@@ -54,6 +61,7 @@ class ApiServer:
             "0.1",
             "--log-level",
             "warning",
+            *(arg for e in self.store_endpoints for arg in ("--store-endpoint", e)),
             *self.extra,
         ]
         env = {"STREAMREC_API_LOCK_TTL_S": "0.5", **self.env}

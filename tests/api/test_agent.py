@@ -7,10 +7,12 @@ started again (the new agent warm-starts from the checkpoint) and finished.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from api_helpers import wait_for
+from api_helpers import TEST_STORE_ENDPOINT, wait_for
 from streamrec.process import spawn, stop_process
 
 SMALL_MODEL = {
@@ -64,7 +66,9 @@ def alive(agent: subprocess.Popen, log: Path) -> None:
         raise AssertionError(f"agent exited {agent.returncode}: {log.read_text()[-3000:]}")
 
 
-def run_agent(redis_url: str, job_id: str, log: Path) -> subprocess.Popen:
+def run_agent(
+    redis_url: str, job_id: str, log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     return spawn(
         [
             sys.executable,
@@ -81,6 +85,7 @@ def run_agent(redis_url: str, job_id: str, log: Path) -> subprocess.Popen:
         ],
         log=log,
         die_with_parent=True,
+        env=env,
     )
 
 
@@ -130,7 +135,19 @@ def test_agent_trains_obeys_triggers_stops_and_resumes(client, roots, redis_serv
         )
         assert job["last_checkpoint"] == "20190720/1"
         assert (model / "20190720" / "1" / "MANIFEST.json").is_file()
-        assert client.get(f"/v1/jobs/{job_id}/workers").json()["alive"] is True
+        # the heartbeat (renewed every ttl/3) carries progress: the API tells stuck from alive
+        workers = wait_for(
+            lambda: (
+                (w := client.get(f"/v1/jobs/{job_id}/workers").json())["heartbeat"]["last_pass"]
+                == "20190720/1"
+                and not w["heartbeat"]["busy"]
+                and w
+            ),
+            what="heartbeat after pass 1",
+        )
+        assert workers["alive"] is True and workers["stuck"] is False
+        beat = workers["heartbeat"]
+        assert beat["step"] == -(-p1["samples"] // 128) and beat["progress_ts"] <= time.time()
         # triggers while the agent idles waiting for pass 2
         made = [
             client.post(f"/v1/jobs/{job_id}/triggers", json=b).json()
@@ -166,7 +183,9 @@ def test_agent_trains_obeys_triggers_stops_and_resumes(client, roots, redis_serv
         assert client.get(f"/v1/jobs/{job_id}/workers").json()["alive"] is False
     finally:
         stop_process(agent)
-    # the rest of the day lands; start again: a new agent warm-starts from 20190720/1
+    # the rest of the day lands; start again: a new agent warm-starts from 20190720/1, the
+    # checkpoint the API names, not from a newer complete one on disk it never reported
+    shutil.copytree(model / "20190720" / "1", model / "20190720" / "2")
     datagen(data)
     assert client.post(f"/v1/jobs/{job_id}/start").json()["state"] == "running"
     agent = run_agent(redis_server.url, job_id, tmp_path / "agent2.log")
@@ -260,7 +279,8 @@ def test_shards_of_another_tier_fail_the_job(client, roots, redis_server, tmp_pa
     (tmp_path / "tables.json").write_text(
         json.dumps({"tables": [t.model_dump(mode="json") for t in tables]})
     )
-    with LocalShards(tmp_path / "tables.json", 1) as shards:  # host tier
+    # host tier, at an endpoint the test API allows
+    with LocalShards(tmp_path / "tables.json", 1, endpoint=TEST_STORE_ENDPOINT) as shards:
         body = small_job(
             "tier",
             roots["data"] / "tier",
@@ -339,3 +359,199 @@ def test_negatives_and_threads_reach_the_trainer_group(client, roots, redis_serv
     events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
     started = [e["data"] for e in events if e["type"] == "trainer"]
     assert [(s["ranks"], s["threads"]) for s in started] == [(1, 2)]
+
+
+def garble(split_dir: Path) -> None:
+    """Replaces the split's data file with binary garbage (every line malformed)."""
+    (part,) = sorted(split_dir.glob("part-*"))
+    part.write_bytes(random.Random(3).randbytes(1 << 15))
+
+
+def finished(client, job_id: str, agent: subprocess.Popen, log: Path, timeout: float = 120):
+    return wait_for(
+        lambda: (
+            alive(agent, log)
+            or (j := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("succeeded", "failed")
+            and j
+        ),
+        timeout=timeout,
+        interval=0.2,
+        what="job finished",
+    )
+
+
+def events_of(client, job_id: str, kind: str) -> list[dict]:
+    events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+    return [e for e in events if e["type"] == kind]
+
+
+def pass_lines(model: Path) -> list[tuple[int, list[str]]]:
+    lines = (model / "passes.jsonl").read_text().splitlines()
+    return [(r["pass_id"], r["skipped_splits"]) for r in map(json.loads, lines)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_bad_split_fails_the_job_at_once(client, roots, redis_server, tmp_path):
+    """on_bad_split: fail (the default): a DataError is not retried (it cannot pass)."""
+    data, model = roots["data"] / "badfail", roots["model"] / "badfail"
+    datagen(data)
+    garble(data / "20190720" / "1200")
+    job_id = started_job(client, small_job("badfail", data, model))
+    agent = run_agent(redis_server.url, job_id, tmp_path / "agent.log")
+    try:
+        job = finished(client, job_id, agent, tmp_path / "agent.log")
+        assert job["state"] == "failed", job
+        assert "bad data (on_bad_split: fail)" in job["error"] and "DataError" in job["error"]
+        assert agent.wait(timeout=60) == 0
+    finally:
+        stop_process(agent)
+    p2 = client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()
+    assert (p2["state"], p2["attempts"], p2["failures"]) == ("failed", 1, 1)
+    assert events_of(client, job_id, "requeue") == []
+    assert pass_lines(model) == [(1, [])]  # pass 2 never recorded
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_bad_split_is_skipped_and_listed(client, roots, redis_server, tmp_path):
+    """on_bad_split: skip: the pass is trained again from the last checkpoint without the bad
+    split, which the pass record (REST and passes.jsonl) and an event list."""
+    data, model = roots["data"] / "badskip", roots["model"] / "badskip"
+    datagen(data)
+    garble(data / "20190720" / "1200")
+    body = small_job("badskip", data, model)
+    body["data"] |= {"split_per_pass": 2, "on_bad_split": "skip"}  # one pass: 0000 + 1200
+    job_id = started_job(client, body)
+    agent = run_agent(redis_server.url, job_id, tmp_path / "agent.log")
+    try:
+        job = finished(client, job_id, agent, tmp_path / "agent.log")
+        assert job["state"] == "succeeded", job
+    finally:
+        stop_process(agent)
+    p1 = client.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()
+    assert p1["skipped_splits"] == ["1200"] and p1["samples"] == 1500  # the good split's
+    assert (p1["state"], p1["attempts"], p1["failures"]) == ("done", 2, 0)
+    (skip,) = events_of(client, job_id, "skip")
+    assert skip["data"]["skipped_splits"] == ["1200"]
+    assert pass_lines(model) == [(1, ["1200"])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_full_disk_is_retried_from_the_checkpoint_and_recorded_once(
+    client, roots, redis_server, tmp_path
+):
+    """ENOSPC while saving pass 2 (its base model, after shrink): a transient failure; pass 2
+    is handed out again from checkpoint 1, which the group loads, and recorded once."""
+    data, model = roots["data"] / "enospc", roots["model"] / "enospc"
+    datagen(data)
+    job_id = started_job(client, small_job("enospc", data, model))
+    # model writes: pass 1's checkpoint (#1), then pass 2's base (#2): it fails
+    log = tmp_path / "agent.log"
+    agent = run_agent(redis_server.url, job_id, log, env={"STREAMREC_FAULT": "checkpoint_enospc#2"})
+    try:
+        job = finished(client, job_id, agent, log)
+        assert job["state"] == "succeeded", job
+    finally:
+        stop_process(agent)
+    p2 = client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()
+    assert (p2["state"], p2["attempts"], p2["failures"]) == ("done", 2, 1)
+    assert p2["resume_from"] == "20190720/1"
+    (requeue,) = events_of(client, job_id, "requeue")
+    assert "[Errno 28]" in requeue["message"] and requeue["data"]["resume_from"] == "20190720/1"
+    assert pass_lines(model) == [(1, []), (2, [])]
+    assert job["passes_done"] == 2 and job["last_checkpoint"] == "20190720/2"
+    assert f"warm start from {model / '20190720' / '1'} " in log.read_text()
+
+
+def run_group(redis_url: str, job_id: str, log: Path, **env: str) -> subprocess.Popen:
+    """Two agent ranks under torchrun (gloo on 127.0.0.1)."""
+    from servers import free_port
+
+    return spawn(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "streamrec.trainer.agent",
+            "--redis-url",
+            redis_url,
+            "--job-id",
+            job_id,
+            "--heartbeat-ttl-s",
+            "3",
+            "--poll-ms",
+            "200",
+        ],
+        log=log,
+        die_with_parent=True,
+        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", **env},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", ["garbage_on_rank1", "enospc_on_rank0"])
+def test_a_failure_in_one_rank_moves_the_two_rank_job_on_fast(
+    client, roots, redis_server, tmp_path, fault
+):
+    """The hang of issue 12, reproduced with two agent ranks: rank 1's split of binary
+    garbage (DataError), or rank 0's full disk while saving pass 2 (ENOSPC). Both ranks learn
+    it at once: the job fails (bad data, on_bad_split: fail) or pass 2 is retried from
+    checkpoint 1 and the job succeeds, each pass recorded once, well within the time rank 0
+    used to wait in a gloo collective (600 s)."""
+    from streamrec.embedding_store import LocalShards
+    from streamrec.trainer.config import TrainerConfig
+    from streamrec.trainer.datagen import StreamParams, generate
+    from streamrec.trainer.store import build_table_options
+
+    data, model = roots["data"] / fault, roots["model"] / fault
+    # two files a split: rank r reads part-0000r
+    generate(data, "20190720", 1, 720, 1500, files_per_split=2, params=StreamParams(4, 300, seed=5))
+    env = {}
+    if fault == "garbage_on_rank1":
+        (data / "20190720" / "0000" / "part-00001").write_bytes(random.Random(3).randbytes(1 << 15))
+    else:
+        env["STREAMREC_FAULT"] = "checkpoint_enospc#2"  # pass 1's checkpoint, then pass 2's base
+    tables = build_table_options(TrainerConfig.parse(SMALL_MODEL))
+    (tmp_path / "tables.json").write_text(
+        json.dumps({"tables": [t.model_dump(mode="json") for t in tables]})
+    )
+    with LocalShards(tmp_path / "tables.json", 1, endpoint=TEST_STORE_ENDPOINT) as shards:
+        store = {"endpoints": shards.endpoints}
+        body = small_job(fault, data, model, store=store, resources={"trainer_ranks": 2})
+        job_id = started_job(client, body)
+        log = tmp_path / "group.log"
+        started = time.monotonic()
+        group = run_group(redis_server.url, job_id, log, **env)
+        try:
+            job = finished(client, job_id, group, log, timeout=150)
+            took = time.monotonic() - started
+            assert group.wait(timeout=60) == 0, log.read_text()[-3000:]  # both ranks left
+        finally:
+            stop_process(group)
+    assert took < 90, took
+    if fault == "garbage_on_rank1":
+        assert job["state"] == "failed", job
+        assert "rank 1: DataError" in job["error"] and "part-00001" in job["error"]
+        p1 = client.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()
+        assert (p1["state"], p1["attempts"]) == ("failed", 1)
+        assert not (model / "passes.jsonl").exists()
+    else:
+        assert job["state"] == "succeeded", job
+        p2 = client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()
+        assert (p2["state"], p2["attempts"], p2["failures"], p2["ranks"]) == ("done", 2, 1, 2)
+        (requeue,) = events_of(client, job_id, "requeue")
+        assert "rank 0: OSError: [Errno 28]" in requeue["message"]
+        assert pass_lines(model) == [(1, []), (2, [])]
+        assert job["last_checkpoint"] == "20190720/2"

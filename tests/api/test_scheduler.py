@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -452,3 +453,95 @@ def test_redis_restart_with_appendonly_loses_nothing(tmp_path, roots):
     finally:
         api.stop()
         server.stop()
+
+
+def test_commands_survive_a_group_death(client, roots, redis_server):
+    """A command read by a group that dies before carrying it out is not lost: the next
+    group takes it over (its trigger does not stay pending forever); once acknowledged it is
+    gone."""
+    job_id = start_job(client, roots, "cmds")
+    made = client.post(f"/v1/jobs/{job_id}/triggers", json={"kind": "checkpoint"}).json()
+    first = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    (cmd,) = first.take_commands()
+    assert (cmd.type, cmd.trigger_id) == ("checkpoint", made["id"])
+    first.close()  # dies with the command read, not carried out
+    second = TrainerChannel(redis_server.url, job_id, "g2", heartbeat_ttl_s=30)
+    (again,) = second.take_commands()
+    assert (again.type, again.trigger_id) == ("checkpoint", made["id"])
+    assert second.take_commands() == []  # not handed twice to the same group
+    second.report("trigger_done", trigger_id=again.trigger_id, result={"path": "/m/x"})
+    second.ack_command(again)
+    second.close()
+    wait_for(
+        lambda: client.get(f"/v1/jobs/{job_id}/triggers/{made['id']}").json()["state"] == "done",
+        what="trigger done",
+    )
+    third = TrainerChannel(redis_server.url, job_id, "g3", heartbeat_ttl_s=30)
+    assert third.take_commands() == []
+    third.close()
+
+
+def test_a_rewound_pass_is_no_failed_attempt(client, roots, redis_server):
+    """With a checkpoint every 2 passes, a group dying on pass 4 re-hands pass 3 (done
+    before): a second death, on pass 3, is its first failure, not its last."""
+    job_id = start_job(client, roots, "rewound")
+    for s in SPLITS:
+        land_split(roots["data"] / "rewound", "20190720", s)
+    ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=0.5)
+    for pid in (1, 2, 3):
+        ch.heartbeat()
+        item = ch.take_pass(block_ms=5000)
+        assert item.spec.pass_id == pid
+        assert item.after == (f"20190720/{pid - 1}" if pid > 1 else None)
+        finish(ch, item)
+        if pid == 2:
+            ch.report("checkpoint", day="20190720", pass_id=2, path="/m/20190720/2")
+    ch.heartbeat()
+    assert ch.take_pass(block_ms=5000).spec.pass_id == 4  # then g1 dies
+    ch2 = TrainerChannel(redis_server.url, job_id, "g2", heartbeat_ttl_s=0.5)
+    ch2.heartbeat()
+    item = ch2.take_pass(block_ms=10000)
+    assert (item.spec.pass_id, item.attempt, item.resume_from) == (3, 2, "20190720/2")
+    assert item.after == "20190720/2"
+    # g2 dies on pass 3 as well: its first failure, the job goes on
+    ch3 = TrainerChannel(redis_server.url, job_id, "g3", heartbeat_ttl_s=30)
+    ch3.heartbeat()
+    item = ch3.take_pass(block_ms=10000)
+    assert (item.spec.pass_id, item.attempt, item.resume_from) == (3, 3, "20190720/2")
+    p3 = client.get(f"/v1/jobs/{job_id}/passes/20190720/3").json()
+    assert (p3["attempts"], p3["failures"], p3["state"]) == (3, 1, "queued")
+    assert client.get(f"/v1/jobs/{job_id}").json()["state"] == "running"
+    finish(ch3, item)
+    item = ch3.take_pass(block_ms=5000)
+    assert (item.spec.pass_id, item.attempt) == (4, 2)
+    finish(ch3, item)
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded")
+    p4 = client.get(f"/v1/jobs/{job_id}/passes/20190720/4").json()
+    assert (p4["attempts"], p4["failures"]) == (2, 1)
+    for c in (ch, ch2, ch3):
+        c.close()
+
+
+def test_a_stuck_group_is_seen_and_its_pass_handed_out_again(client, roots, redis_server):
+    """A group that beats but makes no progress while it works (here: its heartbeat says
+    its last progress was 10 minutes ago) is marked stuck and its pass requeued."""
+    job_id = start_job(client, roots, "stuck")
+    land_split(roots["data"] / "stuck", "20190720", "0000")
+    ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    ch.heartbeat(busy=False, progress_ts=time.time())
+    assert ch.take_pass(block_ms=5000) is not None
+    assert client.get(f"/v1/jobs/{job_id}/workers").json()["stuck"] is False
+    ch.heartbeat(busy=True, step=7, progress_ts=time.time() - 600)
+    requeue = wait_for(
+        lambda: [
+            e
+            for e in client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+            if e["type"] == "requeue"
+        ],
+        what="requeue",
+    )
+    assert "stuck: no progress for 6" in requeue[0]["message"]
+    workers = client.get(f"/v1/jobs/{job_id}/workers").json()
+    assert workers["alive"] is True and workers["stuck"] is True
+    assert client.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()["failures"] == 1
+    ch.close()

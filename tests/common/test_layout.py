@@ -34,6 +34,29 @@ def test_bad_layout_arguments(kwargs, match):
     } | kwargs
     with pytest.raises(ValueError, match=match):
         list(layout.iter_passes(**args))
+    with pytest.raises(ValueError, match=match):
+        layout.count_passes(**args)
+
+
+@pytest.mark.parametrize(
+    "start,end,interval,per_pass",
+    [
+        ("20190720", "20190720", 1440, 1),
+        ("20190720", "20190721", 360, 3),
+        ("20190228", "20190301", 5, 7),  # 288 splits, 7 a pass: a short last pass
+        ("20200228", "20200301", 1, 1440),  # a leap day in the span
+        ("20191231", "20200101", 60, 25),  # more splits a pass than a day holds
+    ],
+)
+def test_count_passes_is_the_length_of_iter_passes(start, end, interval, per_pass):
+    listed = list(layout.iter_passes(start, end, interval, per_pass))
+    assert layout.count_passes(start, end, interval, per_pass) == len(listed)
+    assert layout.day_count(start, end) == len({p.day for p in listed})
+
+
+def test_count_passes_of_two_centuries_is_computed_not_listed():
+    # 73,049 days x 1,440 passes: listing them took ~50 s; computing is instant
+    assert layout.count_passes("19000101", "20991231", 1, 1) == 73_049 * 1440
 
 
 def test_donefile_readiness_and_wait(tmp_path):

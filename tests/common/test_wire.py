@@ -121,3 +121,20 @@ def test_replies_in_any_order_reach_their_receive():
             assert client.receive(a)[0] == {"who": "slow"}
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize(
+    "shape,buffer",
+    [
+        ([False], b""),  # a bool is not a dimension (numpy raised TypeError)
+        ([0, 2**62], b""),  # empty, but too large for numpy (ValueError)
+        ([2**32, 2**32], b""),  # wrapped to 0 bytes in int64 arithmetic
+        ([1] * 33, b"\0" * 8),  # more dimensions than MAX_DIMS
+        ([2**64 - 1], b"\0" * 8),
+    ],
+)
+def test_shapes_found_by_the_fuzzer_are_refused(shape, buffer):
+    """Crashes tests/fuzz/fuzz_wire.py found: each is a BadRequest now, nothing else."""
+    head = msgpack.packb({"v": 1, "op": "echo", "id": 1, "arrays": [["k", "<i8", shape]]})
+    with pytest.raises(BadRequest, match="bad shape"):
+        wire.decode([head, buffer])

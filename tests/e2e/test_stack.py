@@ -7,80 +7,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from streamrec.process import descendants, pid_alive, spawn
+from stack_helpers import STREAMREC, Output, start_stack, stderr_log
+from streamrec.process import descendants, pid_alive
 
 pytestmark = pytest.mark.slow
 DEBUG = os.environ.get("E2E_DEBUG") == "1"
-
-
-class Output:
-    """Collects a child's stdout lines in a thread, so the test can wait for one."""
-
-    def __init__(self, proc: subprocess.Popen, stderr: Path) -> None:
-        self.stderr = stderr
-        self.lines: list[str] = []
-        self.times: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        self._thread.start()
-
-    def _read(self, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self.times.append(time.strftime("%T"))
-
-    def wait_for(self, needle: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if needle in line:
-                    return line
-            time.sleep(0.1)
-        raise AssertionError(
-            f"no {needle!r} in output:\n"
-            + "\n".join(self.lines[-60:])
-            + f"\nstderr:\n{self.stderr.read_text(errors='replace')}"
-        )
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-
-STREAMREC = str(Path(sys.executable).parent / "streamrec")
-
-
-def stderr_log(run: Path) -> Path:
-    return run.parent / "up.stderr"
-
-
-def start_stack(run: Path, *flags: str) -> subprocess.Popen:
-    """`streamrec up` on one day of small planted data in ``run``, with ``flags`` added."""
-    common = [
-        "--run-dir",
-        str(run),
-        "--days",
-        "1",
-        "--split-interval",
-        "240",
-        "--slots",
-        "4",
-        "--rate",
-        "0.3",
-    ]
-    # stderr (``streamrec up: <error>``) beside the run; SIGTERM to it if this test dies
-    return spawn(
-        [STREAMREC, "up", *common, *flags],
-        log=stderr_log(run),
-        die_with_parent=True,
-        stdout_pipe=True,
-    )
 
 
 @pytest.mark.timeout(420)
@@ -169,28 +105,3 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
                 up.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 up.kill()
-
-
-@pytest.mark.timeout(240)
-def test_stack_ends_when_a_store_shard_dies(tmp_path: Path) -> None:
-    """A store shard holds parameters that would be lost: its death ends the run cleanly."""
-    run = tmp_path / "run"
-    up = start_stack(run, "--samples-per-split", "500", "--trainers", "1", "--timeout-s", "120")
-    out = Output(up, stderr_log(run))
-    try:
-        out.wait_for("trainers         1 rank(s)", timeout=120)
-        pids = {
-            n: i["pid"] for n, i in json.loads((run / "stack.json").read_text())["children"].items()
-        }
-        os.kill(pids["store-1"], signal.SIGKILL)
-        assert up.wait(timeout=120) == 1
-        out.wait_for("! store-1 exited with code -9", timeout=5)
-        assert "store-1 died (code -9) and is not safe to restart" in stderr_log(run).read_text()
-        deadline = time.monotonic() + 20
-        while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [n for n, p in pids.items() if pid_alive(p)]
-    finally:
-        if up.poll() is None:
-            up.send_signal(signal.SIGTERM)
-            up.wait(timeout=60)

@@ -212,6 +212,38 @@ def test_params_changed_after_finalize_or_never_finalized_are_refused() -> None:
         _C.initial_weights(torch.tensor([1]), _C.TableParams(), False)
 
 
+# -- misaligned inputs -------------------------------------------------------------------------
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t whose data starts 2 bytes past an aligned address, as an array decoded from
+    a message can (a load through it was undefined behaviour, found by `make sanitize`)."""
+    nbytes = t.numel() * t.element_size()
+    out = torch.frombuffer(bytearray(nbytes + 2), dtype=t.dtype, offset=2, count=t.numel())
+    assert out.data_ptr() % t.element_size() != 0
+    return out.view(t.shape).copy_(t)
+
+
+def test_misaligned_inputs_give_the_results_of_aligned_ones() -> None:
+    p = params()
+    data, row_keys = table(8, 6, p)
+    slots = _C.index_build(16, row_keys[:6])
+    keys = torch.tensor([11, 99, 15, 11])
+    assert torch.equal(_C.find(slots, misaligned(keys)), _C.find(slots, keys))
+    assert _C.find_count(slots, misaligned(keys))[1] == 1
+    out, rows, misses = _C.find_gather(slots, misaligned(keys), data, p, True)
+    assert torch.equal(out, _C.find_gather(slots, keys, data, p, True)[0]) and misses == 1
+    grads, shows, clicks = torch.randn(4, p.dim), torch.rand(4), torch.zeros(4)
+    assert _C.check_push(misaligned(grads), misaligned(shows), misaligned(clicks)) == (0, 0)
+    twin = data.clone()
+    _C.update(data, row_keys, rows, grads, shows, clicks, p)
+    args = (misaligned(row_keys), misaligned(rows), misaligned(grads))
+    _C.update(twin, *args, misaligned(shows), misaligned(clicks), p)
+    assert torch.equal(data, twin)
+    with pytest.raises(RuntimeError, match="data must be aligned to its 4-byte elements"):
+        _C.advance_day(misaligned(data), 8)
+
+
 # -- size arithmetic ---------------------------------------------------------------------------
 
 

@@ -95,7 +95,7 @@ def test_initializers_have_the_asked_distribution() -> None:
 
 
 def uniform_draws(seed: int, keys: np.ndarray, c0: int, c1: int, low: float, high: float):
-    """Plain-numpy uniform initial values of columns [c0, c1) (rows.cpp's scheme): stream =
+    """Plain-numpy uniform initial values of columns [c0, c1) (row_init.cpp's scheme): stream =
     mix64(seed ^ mix64(key)); pair j's hash h = ((stream + (j + 1) G) M) ^ (>> 32); column 2j
     takes h >> 40, column 2j + 1 bits 8..31; value = low + scale * x in float32."""
     from streamrec.keyhash import mix64

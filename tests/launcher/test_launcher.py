@@ -137,3 +137,46 @@ def test_streamrec_down_without_a_stack(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 0 and "no stack recorded" in out.stdout, out.stderr
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def fake_shard(group_pid: int) -> list[str]:
+    """A shard that says whether the trainer group ``group_pid`` still ran when it started."""
+    code = (
+        "import os, time; "
+        f"print('trainers', 'alive' if os.path.exists('/proc/{group_pid}') else 'gone'); "
+        "print('READY', flush=True); time.sleep(60)"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_a_dead_shard_comes_back_after_the_trainers_stop_and_they_start_again(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    out = io.StringIO()
+    stack = Stack(build_parser().parse_args(["up", "--run-dir", str(run)]), out)
+    stack.trainer_args = lambda: SLEEPER  # type: ignore[method-assign]
+    try:
+        trainers = stack.add("trainers", SLEEPER, restartable=True)
+        first_group = trainers.pid
+        assert first_group is not None
+        shard = stack.add("store-0", fake_shard(first_group), restartable=True)
+        stack.wait_until("shard", lambda: "READY" in shard.output(), shard, 30)
+        assert "trainers alive" in shard.output()
+        assert shard.proc is not None
+        shard.proc.kill()
+        shard.proc.wait(timeout=10)
+        stack.check_children()  # restarts the shard: the group stopped first, then again
+        assert shard.restarts == 1 and shard.exited() is None
+        assert "trainers gone" in shard.output()  # the restarted shard's own output only
+        assert "alive" not in shard.output()
+        assert trainers.pid != first_group and trainers.exited() is None
+        assert trainers.restarts == 0  # not a failure of the group
+        assert "restarted store-0 (restart 1)" in out.getvalue()
+        assert read_state(run)["children"]["store-0"]["pid"] == shard.pid
+    finally:
+        stack.down()

@@ -3,11 +3,12 @@
 # into build/sanitize/lib (setup.py's STREAMREC_SANITIZE switch; the installed optimized build
 # is never touched) and runs the store's and the sampler's tests against that build: this
 # directory's sitecustomize.py points the two `_C` imports there, for the test processes and
-# every process they spawn. A sanitizer finding stops the process that hit it (its report
-# goes to build/sanitize/logs) and fails the run.
+# every process they spawn. A finding stops the process that hit it and fails the run: its
+# report is in build/sanitize/logs (ASan), on this output (UBSan in a test process: pytest
+# captures Python's streams only), or in the failing test's server log (a spawned server).
 #
 #   tests/sanitize/run.sh [pytest args]   default: tests/embedding_store tests/sampler
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PY=${PY:-.venv/bin/python}
@@ -32,7 +33,8 @@ export PYTHONPATH=$ROOT/tests/sanitize${PYTHONPATH:+:$PYTHONPATH}
 # torch refuses huge allocations by raising, which needs malloc to return null, not abort.
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
 export ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:log_path=$LOGS/asan
-export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:log_path=$LOGS/ubsan
+# (UBSan next to ASan ignores log_path: its reports go to stderr)
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
 "$PY" - <<'EOF'
 from streamrec.embedding_store import _C
@@ -42,13 +44,18 @@ for ext in (_C, sampler_C):
     assert "/build/sanitize/lib/" in ext.__file__, ext.__file__
 print("sanitized extensions:", _C.__file__, sampler_C.__file__, sep="\n  ")
 EOF
+[ $? -eq 0 ] || exit 1
 
 status=0
-"$PY" -m pytest -q -p no:cacheprovider "${args[@]}" || status=$?
+"$PY" -m pytest -q -p no:cacheprovider --capture=sys "${args[@]}" 2>&1 | tee "$OUT/pytest.log" ||
+  status=$?
 unset LD_PRELOAD
+# a report is an error; a warning (an allocation refused, returned as null) is only shown
 if compgen -G "$LOGS/*" >/dev/null; then
-  echo "== sanitizer reports (build/sanitize/logs):"
-  for f in "$LOGS"/*; do echo "-- $f"; cat "$f"; done
+  for f in "$LOGS"/*; do echo "-- $f"; head -c 20000 "$f"; done
+fi
+if grep -q -l -E "ERROR: AddressSanitizer|runtime error:|CHECK failed" "$LOGS"/* "$OUT/pytest.log" 2>/dev/null; then
+  echo "sanitizers: reports above (build/sanitize/logs)"
   exit 1
 fi
 echo "sanitizers: no report"

@@ -137,3 +137,36 @@ def test_batches_span_files_and_malformed_share_fails(tmp_path):
     stats = ParseStats()
     list(iter_batches([*files, bad], "generated", 3, 100, stats, 0.05))
     assert stats.malformed == 10
+
+
+def _gen_line(label="1", p="0.5", first_int="3", key="7") -> bytes:
+    ints = "\t".join([first_int] + ["3"] * 12)
+    return f"{label}\t{p}\t{ints}\t{key}\t8\n".encode()
+
+
+@pytest.mark.parametrize(
+    "line,good",
+    [
+        (_gen_line(p="1e-1"), False),  # pyarrow read these as numbers; the format does not
+        (_gen_line(p="+0.5"), False),
+        (_gen_line(p="-0"), False),
+        (_gen_line(p=" 0.5"), False),
+        (_gen_line(p="."), False),
+        (_gen_line(label=" 1"), False),
+        (_gen_line(first_int="9223372036854775808"), False),  # int64 + 1: not wrapped
+        (_gen_line(key="9999999999999999999"), False),
+        (_gen_line(p=".5"), True),
+        (_gen_line(p="1."), True),
+        (_gen_line(key="9223372036854775807"), True),
+        (_gen_line(key="-7"), True),
+    ],
+)
+def test_a_line_reads_the_same_whatever_chunk_it_is_in(line, good):
+    """Found by tests/fuzz/fuzz_lines.py: the fast path and the exact parser disagreed, so a
+    line counted as good or malformed depending on the lines around it."""
+    garbage = b"\xff not a line\n"
+    for text in (line, line + garbage, garbage + line):
+        for parse in (parse_chunk, _parse_chunk_numpy):
+            batch, stats = parse(text, "generated", 2)
+            assert len(batch) == int(good), (parse.__name__, text)
+            assert stats.malformed == stats.lines - int(good)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,84 @@ def test_two_ranks_same_dense_parameters(tmp_path):
     ]  # rank 0 alone writes, with every rank's samples
     ckpt = tmp_path / "model" / "20190720" / "2"
     assert (ckpt / "MANIFEST.json").is_file() and (ckpt / "sparse").is_dir()
+
+
+def torchrun(script: str, job_yaml: Path, out: Path, timeout: float, **env: str):
+    """Two ranks of ``script`` under torchrun (gloo on 127.0.0.1)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(HERE / script),
+            str(job_yaml),
+            str(out),
+        ],
+        env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "fault",
+    ["garbage_split_predict", "garbage_split_train", "checkpoint_enospc"],
+)
+def test_a_failure_in_one_rank_fails_the_group_fast(tmp_path, fault):
+    """Rank 1's split of binary garbage (DataError while predicting or while training), or
+    rank 0's checkpoint hitting a full disk (ENOSPC): both ranks raise PassFailed within
+    seconds, naming the failed rank, instead of rank 0 waiting in a collective (600 s)."""
+    data = tmp_path / "data"
+    generate(
+        data, "20190720", 1, 720, 900, files_per_split=2, params=StreamParams(slots=SLOTS, seed=5)
+    )
+    env = {}
+    if fault.startswith("garbage"):
+        # rank r reads files r::2: part-00001 of the first split is rank 1's
+        garbage = random.Random(7).randbytes(1 << 16)
+        (data / "20190720" / "0000" / "part-00001").write_bytes(garbage)
+    else:
+        env["STREAMREC_FAULT"] = "checkpoint_enospc"
+    config = small_config(
+        data,
+        tmp_path / "model",
+        end_day="20190720",
+        predict_before_train=fault != "garbage_split_train",
+    )
+    with LocalShards(tables_file(config, tmp_path / "tables.json"), 1) as shards:
+        job = config.model_dump(mode="json")
+        job["store"]["endpoints"] = shards.endpoints
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+        started = time.monotonic()
+        proc = torchrun("two_rank_failing_worker.py", tmp_path / "job.yaml", tmp_path, 120, **env)
+        took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert took < 60, took
+    assert all(o["seconds"] < 15 and o["clean"] is False for o in outs), outs
+    if fault.startswith("garbage"):
+        assert {o["raised"] for o in outs} == {"BadSplits"}
+        assert all(o["kind"] == "data" and o["bad_splits"] == ["0000"] for o in outs), outs
+        assert all(
+            "rank 1: DataError" in o["message"] and "part-00001" in o["message"] for o in outs
+        )
+    else:
+        assert {o["raised"] for o in outs} == {"PassFailed"}
+        assert all(o["kind"] == "transient" and o["bad_splits"] == [] for o in outs), outs
+        assert all("rank 0: OSError: [Errno 28]" in o["message"] for o in outs), outs
+        assert not (tmp_path / "model" / "passes.jsonl").exists()  # recorded after its save
+        assert not (tmp_path / "model" / "20190720" / "1" / "MANIFEST.json").exists()
 
 
 @pytest.mark.parametrize("shards", [2])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
-from streamrec.api.deps import ReadAuth, RepoDep, WriteAuth
+from streamrec.api.deps import ReadAuth, RepoDep, SettingsDep, WriteAuth
 from streamrec.api.models import JobCreate, JobPublic, JobsPublic, WorkerPublic
 from streamrec.api.state import JobState
 
@@ -67,6 +67,7 @@ def delete_job(job_id: JobId, repo: RepoDep) -> Response:
 
 
 @router.get("/{job_id}/workers", dependencies=[ReadAuth])
-def get_workers(job_id: JobId, repo: RepoDep) -> WorkerPublic:
-    """The trainer group's last heartbeat (absent once its TTL expired)."""
-    return repo.worker(job_id)
+def get_workers(job_id: JobId, repo: RepoDep, settings: SettingsDep) -> WorkerPublic:
+    """The trainer group's last heartbeat (absent once its TTL expired) and whether it is
+    stuck (beating without progress while it works)."""
+    return repo.worker(job_id, settings.trainer_stuck_s)

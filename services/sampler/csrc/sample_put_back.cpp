@@ -26,6 +26,13 @@ void check_1d(const torch::Tensor& t, const char* name, at::ScalarType dtype, in
               t.scalar_type(), " of shape ", t.sizes());
 }
 
+// Arrays decoded from a message may start at any byte (a ZeroMQ frame can sit inside its
+// receive buffer), and a load through a misaligned int64_t* is undefined behaviour: such an
+// input is read from an aligned copy (these are small; large frames get buffers of their own).
+torch::Tensor aligned(const torch::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % t.element_size() == 0 ? t : t.clone();
+}
+
 struct Params {
   const AliasSlot* table;
   const int64_t* start;
@@ -121,29 +128,33 @@ int64_t draw_range(const Params& p, int64_t lo, int64_t hi) {
 }  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back(
-    const torch::Tensor& slots, const torch::Tensor& start, const torch::Tensor& count,
-    const torch::Tensor& group, const torch::Tensor& offsets,
-    const std::optional<torch::Tensor>& own_ids, const std::optional<torch::Tensor>& banned,
+    const torch::Tensor& slots, const torch::Tensor& start_in, const torch::Tensor& count_in,
+    const torch::Tensor& group_in, const torch::Tensor& offsets_in,
+    const std::optional<torch::Tensor>& own_ids_in, const std::optional<torch::Tensor>& banned,
     int64_t seed, int64_t max_rounds, int64_t missing_id, int64_t threads) {
   TORCH_CHECK(slots.dim() == 2 && slots.size(1) == 4 && slots.scalar_type() == at::kLong &&
                   slots.is_contiguous(),
               "slots must be a contiguous (m, 4) int64 tensor, got ", slots.scalar_type(),
               " of shape ", slots.sizes());
   TORCH_CHECK(max_rounds >= 1, "max_rounds must be >= 1, got ", max_rounds);
-  TORCH_CHECK(!(own_ids.has_value() && banned.has_value()),
+  TORCH_CHECK(!(own_ids_in.has_value() && banned.has_value()),
               "give own_ids or banned, not both (the mask covers the own ids)");
   const int64_t m = slots.size(0);
-  const int64_t g = start.numel();
-  const int64_t b = group.numel();
-  check_1d(start, "start", at::kLong, g);
-  check_1d(count, "count", at::kLong, g);
-  check_1d(group, "group", at::kLong, b);
-  check_1d(offsets, "offsets", at::kLong, b + 1);
-  if (own_ids.has_value()) check_1d(*own_ids, "own_ids", at::kLong, b);
+  const int64_t g = start_in.numel();
+  const int64_t b = group_in.numel();
+  check_1d(start_in, "start", at::kLong, g);
+  check_1d(count_in, "count", at::kLong, g);
+  check_1d(group_in, "group", at::kLong, b);
+  check_1d(offsets_in, "offsets", at::kLong, b + 1);
+  if (own_ids_in.has_value()) check_1d(*own_ids_in, "own_ids", at::kLong, b);
   if (banned.has_value()) check_1d(*banned, "banned", at::kBool, m);
+  const torch::Tensor table = aligned(slots), start = aligned(start_in), count = aligned(count_in),
+                      group = aligned(group_in), offsets = aligned(offsets_in);
+  const std::optional<torch::Tensor> own_ids =
+      own_ids_in.has_value() ? std::optional<torch::Tensor>(aligned(*own_ids_in)) : std::nullopt;
 
   Params p{};
-  p.table = reinterpret_cast<const AliasSlot*>(slots.data_ptr<int64_t>());
+  p.table = reinterpret_cast<const AliasSlot*>(table.data_ptr<int64_t>());
   p.start = start.data_ptr<int64_t>();
   p.count = count.data_ptr<int64_t>();
   p.group = group.data_ptr<int64_t>();

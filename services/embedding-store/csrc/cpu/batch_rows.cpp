@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "checks.h"
 #include "ops.h"
 
 namespace streamrec {
@@ -21,13 +22,16 @@ void check_rows(const torch::Tensor& t, const char* name) {
               " must be a contiguous (rows, d) float32 tensor");
 }
 
-void check_positions(const torch::Tensor& idx, int64_t bound, const char* name) {
-  TORCH_CHECK(idx.dtype() == torch::kInt64 && idx.is_contiguous() && idx.dim() == 1, name,
+// idx checked, then returned aligned (checks.h).
+torch::Tensor check_positions(const torch::Tensor& idx_in, int64_t bound, const char* name) {
+  TORCH_CHECK(idx_in.dtype() == torch::kInt64 && idx_in.is_contiguous() && idx_in.dim() == 1, name,
               " must be a contiguous (n,) int64 tensor");
+  const torch::Tensor idx = aligned(idx_in);
   const int64_t* v = idx.data_ptr<int64_t>();
   const auto [lo, hi] = std::minmax_element(v, v + idx.numel());
   TORCH_CHECK(idx.numel() == 0 || (*lo >= 0 && *hi < bound), name, " holds a value outside [0, ",
               bound, ")");
+  return idx;
 }
 
 // sum_rows when few positions repeat a row: the rows copied from their first positions in
@@ -73,7 +77,7 @@ bool all_finite(const torch::Tensor& t) {
   return finite.load();
 }
 
-torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Tensor& idx) {
+torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Tensor& idx_in) {
   TORCH_CHECK(!parts.empty(), "take_rows needs at least one part");
   const int64_t d = parts[0].size(1);
   std::vector<const float*> base;
@@ -84,7 +88,8 @@ torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Te
     base.push_back(part.data_ptr<float>());
     offsets.push_back(offsets.back() + part.size(0));
   }
-  check_positions(idx, offsets.back(), "idx");
+  // parts are copied with memcpy (any alignment), idx read as int64
+  const torch::Tensor idx = check_positions(idx_in, offsets.back(), "idx");
   const int64_t n = idx.numel();
   auto out = step_buffer({n, d}, parts[0].options());
   const int64_t* x = idx.data_ptr<int64_t>();
@@ -102,13 +107,14 @@ torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Te
   return out;
 }
 
-std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src, const torch::Tensor& inverse,
-                                         int64_t u) {
-  check_rows(src, "src");
-  TORCH_CHECK(inverse.numel() == src.size(0), "inverse and src differ in length");
+std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src_in,
+                                         const torch::Tensor& inverse_in, int64_t u) {
+  check_rows(src_in, "src");
+  const torch::Tensor src = aligned(src_in);  // summed as floats
+  TORCH_CHECK(inverse_in.numel() == src.size(0), "inverse and src differ in length");
   // every row of [0, u) has a position: u <= n (and the scratch below is sized by u)
   TORCH_CHECK(u >= 0 && u <= src.size(0), "u = ", u, " outside [0, ", src.size(0), "]");
-  check_positions(inverse, u, "inverse");
+  const torch::Tensor inverse = check_positions(inverse_in, u, "inverse");
   const int64_t n = src.size(0), d = src.size(1);
   const float* s = src.data_ptr<float>();
   const int64_t* inv = inverse.data_ptr<int64_t>();

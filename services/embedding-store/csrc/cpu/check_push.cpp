@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "checks.h"
 #include "ops.h"
 
 namespace streamrec {
@@ -16,9 +17,11 @@ std::tuple<int64_t, int64_t> check_push(const torch::Tensor& grads, const torch:
   TORCH_CHECK(shows.dtype() == torch::kFloat32 && shows.numel() == n && shows.is_contiguous() &&
                   clicks.dtype() == torch::kFloat32 && clicks.numel() == n &&
                   clicks.is_contiguous(), "shows and clicks must be contiguous (n,) float32");
+  // grads are read by all_finite (any alignment); shows and clicks as floats
+  const torch::Tensor shows_a = aligned(shows), clicks_a = aligned(clicks);
   const float* g = grads.data_ptr<float>();
-  const float* sh = shows.data_ptr<float>();
-  const float* cl = clicks.data_ptr<float>();
+  const float* sh = shows_a.data_ptr<float>();
+  const float* cl = clicks_a.data_ptr<float>();
   std::atomic<int64_t> bad_rows{0}, bad_counts{0};
   at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
     int64_t rows = 0, counts = 0;

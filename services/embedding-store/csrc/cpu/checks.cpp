@@ -8,7 +8,6 @@
 namespace streamrec {
 
 void check_rows_below(const torch::Tensor& rows, int64_t R, const char* op) {
-  check_ids(rows, op, "rows");
   const int64_t n = rows.numel();
   const int64_t* r = rows.data_ptr<int64_t>();
   std::atomic<int64_t> most{-1};

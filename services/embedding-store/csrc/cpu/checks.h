@@ -21,10 +21,34 @@ inline int64_t checked_mul(int64_t a, int64_t b, const char* op) {
   return out;
 }
 
+// Alignment. Arrays decoded from a message may start at any byte (a ZeroMQ frame can sit
+// inside its receive buffer); a load through a misaligned int64_t* or float* is undefined
+// behaviour, and vectorised code may rely on the alignment. So an input an op only reads is
+// taken as it is when aligned to its element size, else as an aligned copy (small arrays:
+// large frames get buffers of their own); a tensor an op writes must be aligned.
+inline bool is_aligned(const torch::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % t.element_size() == 0;
+}
+inline torch::Tensor aligned(const torch::Tensor& t) { return is_aligned(t) ? t : t.clone(); }
+inline void check_aligned(const torch::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(is_aligned(t), op, ": ", name, " must be aligned to its ", t.element_size(),
+              "-byte elements (it is written in place)");
+}
+
 // A (n,) int64 contiguous tensor (keys, rows, row ids).
 inline void check_ids(const torch::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.defined() && t.scalar_type() == torch::kInt64 && t.dim() == 1 && t.is_contiguous(),
               op, ": ", name, " must be a contiguous (n,) int64 tensor");
+}
+// check_ids of an input the op only reads, which it then reads aligned.
+inline torch::Tensor input_ids(const torch::Tensor& t, const char* op, const char* name) {
+  check_ids(t, op, name);
+  return aligned(t);
+}
+// check_ids of a tensor the op writes.
+inline void check_output_ids(const torch::Tensor& t, const char* op, const char* name) {
+  check_ids(t, op, name);
+  check_aligned(t, op, name);
 }
 
 // Params finalized for the dim and rules they hold now (a dim changed after finalize() would
@@ -40,11 +64,17 @@ inline void check_data(const torch::Tensor& data, const TableParams& p, const ch
   TORCH_CHECK(data.defined() && data.scalar_type() == torch::kFloat32 && data.is_contiguous() &&
                   data.dim() == 2 && data.size(1) == p.width,
               op, ": data must be a contiguous (R, ", p.width, ") float32 tensor");
+  check_aligned(data, op, "data");
 }
 
 // Every rows[i] < R, rows < 0 being absent keys the ops skip: one pass (parallel when long),
-// then a raise naming the first offending position, its row and R.
+// then a raise naming the first offending position, its row and R. rows: checked, aligned.
 void check_rows_below(const torch::Tensor& rows, int64_t R, const char* op);
+
+// Whether a row id lies in [0, R): one unsigned compare covers both ends.
+inline bool row_in(int64_t row, int64_t R) {
+  return static_cast<uint64_t>(row) < static_cast<uint64_t>(R);
+}
 
 // Lowers `target` to `v` (the first of several positions found by parallel threads).
 inline void atomic_min(std::atomic<int64_t>& target, int64_t v) {

@@ -11,25 +11,24 @@
 
 namespace streamrec {
 
-torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows, const TableParams& p) {
+torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& rows_in,
+                     const TableParams& p) {
   constexpr const char* kOp = "gather";
   check_data(data, p, kOp);
-  check_ids(rows, kOp, "rows");
+  const torch::Tensor rows = input_ids(rows_in, kOp, "rows");
   const int64_t n = rows.numel(), dim = p.dim, width = p.width, R = data.size(0);
   auto out = step_buffer({n, dim}, data.options());
   const float* d = data.data_ptr<float>();
   const int64_t* r = rows.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
-  // a row in [0, R): one unsigned compare covers both ends
-  auto in_table = [R](int64_t row) { return static_cast<uint64_t>(row) < static_cast<uint64_t>(R); };
   // only `out` is written, so a row >= R is found in the copy loop (no pass of its own) and
   // raised after it
   std::atomic<int64_t> outside{n};
   at::parallel_for(0, n, 1024, [&](int64_t b, int64_t e) {
     int64_t bad = n;
     for (int64_t i = b; i < e; ++i) {
-      if (i + 8 < e && in_table(r[i + 8])) prefetch_lines(d + r[i + 8] * width + kEmbedW, 4 * dim);
-      if (in_table(r[i])) {
+      if (i + 8 < e && row_in(r[i + 8], R)) prefetch_lines(d + r[i + 8] * width + kEmbedW, 4 * dim);
+      if (row_in(r[i], R)) {
         std::memcpy(o + i * dim, d + r[i] * width + kEmbedW, sizeof(float) * dim);
       } else {
         if (r[i] >= 0) bad = std::min(bad, i);

@@ -8,9 +8,9 @@
 
 namespace streamrec {
 
-torch::Tensor index_build(int64_t capacity, const torch::Tensor& keys) {
+torch::Tensor index_build(int64_t capacity, const torch::Tensor& keys_in) {
   constexpr const char* kOp = "index_build";
-  check_ids(keys, kOp, "keys");
+  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
   // more slots than keys: a probe always meets an empty slot, so the loop below ends
   TORCH_CHECK(capacity > 0 && (capacity & (capacity - 1)) == 0, kOp,
               ": index capacity must be a power of two, got ", capacity);

@@ -17,10 +17,10 @@ namespace {
 // Row per key and the number of absent keys; an absent key reads -1, or -2 - slot (the empty
 // slot its probe reached) with kSlotHints. keys: (n,) int64 -> (n,) int64.
 template <bool kSlotHints>
-std::tuple<torch::Tensor, int64_t> lookup(const torch::Tensor& slots, const torch::Tensor& keys,
-                                          const char* op) {
+std::tuple<torch::Tensor, int64_t> lookup(const torch::Tensor& slots,
+                                          const torch::Tensor& keys_in, const char* op) {
   check_index(slots, op);
-  check_ids(keys, op, "keys");
+  const torch::Tensor keys = input_ids(keys_in, op, "keys");
   const int64_t n = keys.numel();
   auto out = torch::empty({n}, keys.options());
   const int64_t* s = slots.data_ptr<int64_t>();
@@ -52,13 +52,13 @@ std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
 }
 
 std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tensor& slots,
-                                                              const torch::Tensor& keys,
+                                                              const torch::Tensor& keys_in,
                                                               const torch::Tensor& data,
                                                               const TableParams& p,
                                                               bool zero_misses) {
   constexpr const char* kOp = "find_gather";
   check_index(slots, kOp);
-  check_ids(keys, kOp, "keys");
+  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
   check_data(data, p, kOp);
   const int64_t n = keys.numel(), dim = p.dim, width = p.width, R = data.size(0);
   auto rows = torch::empty({n}, keys.options());
@@ -69,8 +69,6 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tenso
   int64_t* r = rows.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
   const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
-  // a row id of the index in [0, R): one unsigned compare covers both ends
-  auto in_table = [R](int64_t row) { return static_cast<uint64_t>(row) < static_cast<uint64_t>(R); };
   std::atomic<int64_t> misses{0};
   std::atomic<int64_t> outside{n};  // first position whose row lies outside data
   // Stage 1 prefetches the slot of key i + 2 * kAhead; stage 2 finds key i + kAhead (its
@@ -84,10 +82,10 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tenso
       if (i + kIndexAhead < e) {
         const int64_t ra = lookup_row<true>(s, mask, k[i + kIndexAhead]);
         r[i + kIndexAhead] = ra;
-        if (in_table(ra)) prefetch_lines(d + ra * width + kEmbedW, 4 * dim);
+        if (row_in(ra, R)) prefetch_lines(d + ra * width + kEmbedW, 4 * dim);
       }
       const int64_t ri = r[i];
-      if (in_table(ri)) {
+      if (row_in(ri, R)) {
         std::memcpy(o + i * dim, d + ri * width + kEmbedW, sizeof(float) * dim);
       } else {
         if (ri >= 0) bad = std::min(bad, i);

@@ -13,11 +13,11 @@
 namespace streamrec {
 
 std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
-                                                        const torch::Tensor& keys,
+                                                        const torch::Tensor& keys_in,
                                                         int64_t next_row) {
   constexpr const char* kOp = "find_or_insert";
   check_index(slots, kOp);
-  check_ids(keys, kOp, "keys");
+  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
   const int64_t n = keys.numel();
   // row ids >= 0 (a negative one reads as absent), and next_row + n fits in int64
   TORCH_CHECK(next_row >= 0 && next_row <= std::numeric_limits<int64_t>::max() - n, kOp,
@@ -48,11 +48,12 @@ std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
   return {rows, new_keys};
 }
 
-void insert_or_assign(torch::Tensor slots, const torch::Tensor& keys, const torch::Tensor& vals) {
+void insert_or_assign(torch::Tensor slots, const torch::Tensor& keys_in,
+                      const torch::Tensor& vals_in) {
   constexpr const char* kOp = "insert_or_assign";
   check_index(slots, kOp);
-  check_ids(keys, kOp, "keys");
-  check_ids(vals, kOp, "vals");
+  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
+  const torch::Tensor vals = input_ids(vals_in, kOp, "vals");
   const int64_t n = keys.numel();
   TORCH_CHECK(vals.numel() == n, kOp, ": keys and vals differ in length (", n, " and ",
               vals.numel(), ")");

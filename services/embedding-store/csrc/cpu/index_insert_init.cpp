@@ -28,9 +28,9 @@ inline int64_t claim(int64_t j) { return -3 - j; }  // a slot's row claimed by m
 int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   constexpr const char* kOp = "insert_init";
   check_index(a.slots, kOp);
-  check_ids(a.keys, kOp, "keys");
-  check_ids(a.rows, kOp, "rows");
-  check_ids(a.row_keys, kOp, "row_keys");
+  const torch::Tensor keys = input_ids(a.keys, kOp, "keys");
+  check_output_ids(a.rows, kOp, "rows");
+  check_output_ids(a.row_keys, kOp, "row_keys");
   check_data(a.data, p, kOp);
   const int64_t n = a.keys.numel(), dim = p.dim, width = p.width;
   TORCH_CHECK(a.rows.numel() == n, kOp, ": rows and keys differ in length (", a.rows.numel(),
@@ -40,8 +40,9 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
     TORCH_CHECK(a.out.scalar_type() == torch::kFloat32 && a.out.is_contiguous() &&
                     a.out.dim() == 2 && a.out.size(0) == n && a.out.size(1) == dim,
                 kOp, ": out must be a contiguous (", n, ", ", dim, ") float32 tensor");
+  if (with_out) check_aligned(a.out, kOp, "out");
   int64_t* s = a.slots.data_ptr<int64_t>();
-  const int64_t* k = a.keys.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
   int64_t* r = a.rows.data_ptr<int64_t>();
   float* d = a.data.data_ptr<float>();
   int64_t* rk = a.row_keys.data_ptr<int64_t>();
@@ -65,7 +66,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
               " rows");
   int64_t need = m;
   if (m > R - start) {
-    auto missing = torch::empty({m}, a.keys.options());
+    auto missing = torch::empty({m}, keys.options());
     int64_t* mk = missing.data_ptr<int64_t>();
     for (int64_t j = 0; j < m; ++j) mk[j] = k[miss[j]];
     need = std::get<0>(unique(missing)).numel();
@@ -210,7 +211,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
       if (won[j]) continue;
       const int64_t i = miss[j];
       r[i] = s[2 * slot_of[j] + 1];
-      if (static_cast<uint64_t>(r[i]) >= static_cast<uint64_t>(R)) {
+      if (!row_in(r[i], R)) {
         atomic_min(outside, j);
         continue;
       }

@@ -26,8 +26,10 @@ inline void check_index(const torch::Tensor& slots, const char* op) {
                   slots.dim() == 2 && slots.size(1) == 2,
               op, ": the index must be a contiguous (capacity, 2) int64 tensor");
   const int64_t cap = slots.size(0);
-  TORCH_CHECK(cap > 0 && (cap & (cap - 1)) == 0, op, ": index capacity must be a power of two, got ",
-              cap);
+  TORCH_CHECK(cap > 0 && (cap & (cap - 1)) == 0, op,
+              ": index capacity must be a power of two, got ", cap);
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(slots.data_ptr()) % sizeof(int64_t) == 0, op,
+              ": the index must be aligned to its 8-byte elements");
 }
 
 // Raises the error of a key that finds neither its slot nor an empty one.
@@ -65,13 +67,14 @@ template <bool kSlotHints>
 inline int64_t lookup_row(const int64_t* s, uint64_t mask, int64_t key) {
   uint64_t i = home(key, mask);
   const uint64_t first = i;
-  for (;;) {
-    const int64_t row = s[2 * i + 1];
-    if (row == kEmptyRow) return kSlotHints ? -2 - static_cast<int64_t>(i) : kEmptyRow;
-    if (s[2 * i] == key) return row;
+  int64_t row;
+  // the loop, then a select: measured as fast as the unbounded probe (early returns inside
+  // the loop cost 4% on absent keys)
+  while ((row = s[2 * i + 1]) != kEmptyRow && s[2 * i] != key) {
     i = (i + 1) & mask;
     if (i == first) return -1;
   }
+  return row == kEmptyRow && kSlotHints ? -2 - static_cast<int64_t>(i) : row;
 }
 
 }  // namespace streamrec

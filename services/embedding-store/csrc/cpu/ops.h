@@ -10,8 +10,10 @@
 // Errors: every op checks its arguments before it writes anything and raises c10::Error
 // (RuntimeError in Python) naming the op and the value: a full index (no empty slot for a new
 // key; the index is left as it was), a row id outside the table, params not finalized, a size
-// that overflows int64. One file per op or op family, named in each section below; the
-// argument checks they share are in checks.h, the index's probing in index_probe.h.
+// that overflows int64. Inputs an op only reads may start at any byte (a message's arrays):
+// a misaligned one is read from an aligned copy; tensors an op writes must be aligned.
+// One file per op or op family, named in each section below; the argument checks they share
+// are in checks.h, the index's probing in index_probe.h.
 //
 // Shapes: (n,) is one value per key or position, (R, width) the table's row matrix (R rows
 // of TableParams::width floats), (capacity, 2) the index.
@@ -48,7 +50,8 @@ torch::Tensor step_buffer(at::IntArrayRef sizes, const torch::TensorOptions& opt
 torch::Tensor find(const torch::Tensor& slots, const torch::Tensor& keys);
 // Row id per key and the number of absent keys, in one pass.
 // keys: (n,) int64 -> (rows (n,) int64, -2 - slot where absent; misses).
-std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots, const torch::Tensor& keys);
+std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
+                                              const torch::Tensor& keys);
 // Fused find + gather (one pass, two-stage prefetch of slot then row): weights of each key,
 // zeros where absent (left unwritten unless zero_misses: a pull that creates them fills them).
 // keys: (n,) int64; data: (R, width) float32

@@ -180,23 +180,24 @@ void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start,
                const TableParams& p) {
   constexpr const char* kOp = "init_rows";
   check_data(data, p, kOp);
-  check_ids(row_keys, kOp, "row_keys");
+  const torch::Tensor keys = input_ids(row_keys, kOp, "row_keys");
   const int64_t R = std::min(data.size(0), row_keys.numel());
   // count <= R - start, not start + count <= R: the sum could overflow
   TORCH_CHECK(start >= 0 && count >= 0 && start <= R && count <= R - start, kOp, ": rows [",
               start, ", ", start, " + ", count, ") outside the table's ", R, " rows");
   float* d = data.data_ptr<float>();
-  const int64_t* k = row_keys.data_ptr<int64_t>();
+  const int64_t* k = keys.data_ptr<int64_t>();
   const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
   at::parallel_for(start, start + count, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) init_row(d + r * p.width, k[r], p, expand);
   });
 }
 
-torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, bool with_embedx) {
+torch::Tensor initial_weights(const torch::Tensor& keys_in, const TableParams& p,
+                              bool with_embedx) {
   constexpr const char* kOp = "initial_weights";
   check_params(p, kOp);
-  check_ids(keys, kOp, "keys");
+  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
   const int64_t n = keys.numel();
   auto out = torch::empty({n, p.dim}, torch::kFloat32);
   const int64_t* k = keys.data_ptr<int64_t>();

@@ -17,6 +17,7 @@ void check_rows_in_use(const torch::Tensor& data, int64_t size, const char* op) 
               op, ": data must be a contiguous (R, width) float32 tensor");
   TORCH_CHECK(size >= 0 && size <= data.size(0), op, ": size ", size, " outside [0, ",
               data.size(0), "]");
+  check_aligned(data, op, "data");
 }
 
 }  // namespace

@@ -32,8 +32,8 @@ bool TableParams::finalized() const {
   if (dim < 1 || dim > kMaxDim) return false;
   const int64_t ws1 = state_width(embed_rule.kind, 1);
   const int64_t ws2 = state_width(embedx_rule.kind, dim - 1);
-  return ws1 >= 0 && ws2 >= 0 && embed_state == kEmbedW + dim && embedx_state == embed_state + ws1 &&
-         width == embedx_state + ws2;
+  return ws1 >= 0 && ws2 >= 0 && embed_state == kEmbedW + dim &&
+         embedx_state == embed_state + ws1 && width == embedx_state + ws2;
 }
 
 }  // namespace streamrec

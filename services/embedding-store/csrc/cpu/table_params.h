@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace streamrec {
 
@@ -106,11 +107,16 @@ inline void prefetch_lines(const void* p, int64_t bytes, bool write = false) {
 }
 
 // Whether none of count floats is NaN or Inf: those are the floats whose exponent bits are
-// all ones; testing the bits vectorises where std::isfinite does not.
+// all ones; testing the bits vectorises where std::isfinite does not. Read through memcpy,
+// which is a plain load at any alignment (a message's array may start at any byte).
 inline bool all_finite(const float* v, int64_t count) {
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(v);
+  const char* bytes = reinterpret_cast<const char*>(v);
   uint32_t bad = 0;
-  for (int64_t c = 0; c < count; ++c) bad |= (bits[c] & 0x7f800000u) == 0x7f800000u;
+  for (int64_t c = 0; c < count; ++c) {
+    uint32_t bits;
+    std::memcpy(&bits, bytes + 4 * c, sizeof bits);
+    bad |= (bits & 0x7f800000u) == 0x7f800000u;
+  }
   return bad == 0;
 }
 

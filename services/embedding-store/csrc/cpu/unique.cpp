@@ -9,8 +9,8 @@
 
 namespace streamrec {
 
-std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys) {
-  check_ids(keys, "unique", "keys");
+std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys_in) {
+  const torch::Tensor keys = input_ids(keys_in, "unique", "keys");
   const int64_t n = keys.numel();
   int64_t cap = 16;
   while (cap < 2 * n) cap <<= 1;  // at least n empty slots: a probe never meets a full table

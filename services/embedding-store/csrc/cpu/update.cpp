@@ -135,8 +135,8 @@ struct RowCounts {
 int64_t update(const PushArgs& a, const TableParams& p) {
   constexpr const char* kOp = "update";
   check_data(a.data, p, kOp);
-  check_ids(a.rows, kOp, "rows");
-  const int64_t n = a.rows.numel();
+  const torch::Tensor rows = input_ids(a.rows, kOp, "rows");
+  const int64_t n = rows.numel();
   TORCH_CHECK(a.grads.scalar_type() == torch::kFloat32 && a.grads.is_contiguous() &&
                   a.grads.dim() == 2 && a.grads.size(0) == n && a.grads.size(1) == p.dim,
               kOp, ": grads must be a contiguous (", n, ", ", p.dim, ") float32 tensor");
@@ -144,17 +144,19 @@ int64_t update(const PushArgs& a, const TableParams& p) {
                   a.shows.is_contiguous() && a.clicks.scalar_type() == torch::kFloat32 &&
                   a.clicks.numel() == n && a.clicks.is_contiguous(),
               kOp, ": shows and clicks must be contiguous (", n, ",) float32 tensors");
-  check_ids(a.row_keys, kOp, "row_keys");
-  TORCH_CHECK(a.row_keys.numel() >= a.data.size(0), kOp, ": row_keys must be (R,) int64, R = ",
+  const torch::Tensor row_keys = input_ids(a.row_keys, kOp, "row_keys");
+  TORCH_CHECK(row_keys.numel() >= a.data.size(0), kOp, ": row_keys must be (R,) int64, R = ",
               a.data.size(0));
   const int64_t R = a.data.size(0);
-  check_rows_below(a.rows, R, kOp);  // before any write; rows < 0 (absent) are skipped
+  check_rows_below(rows, R, kOp);  // before any write; rows < 0 (absent) are skipped
+  const torch::Tensor grads = aligned(a.grads), shows = aligned(a.shows),
+                      clicks = aligned(a.clicks);
   float* d = a.data.data_ptr<float>();
-  const int64_t* k = a.row_keys.data_ptr<int64_t>();
-  const int64_t* r = a.rows.data_ptr<int64_t>();
-  const float* g = a.grads.data_ptr<float>();
-  const float* sh = a.shows.data_ptr<float>();
-  const float* cl = a.clicks.data_ptr<float>();
+  const int64_t* k = row_keys.data_ptr<int64_t>();
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const float* g = grads.data_ptr<float>();
+  const float* sh = shows.data_ptr<float>();
+  const float* cl = clicks.data_ptr<float>();
 
   // Parallel updates of one row would race, so each thread owns the rows that hash to it
   // (no atomics, no shared cache lines between threads on hot rows): it lists its positions,

@@ -1,0 +1,84 @@
+"""What the end-to-end tests share: `streamrec up` started as a child, its output followed
+line by line, and the run's children looked up in ``RUN/stack.json``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from streamrec.process import spawn
+
+STREAMREC = str(Path(sys.executable).parent / "streamrec")
+
+
+class Output:
+    """Collects a child's stdout lines in a thread, so the test can wait for one."""
+
+    def __init__(self, proc: subprocess.Popen, stderr: Path) -> None:
+        self.stderr = stderr
+        self.lines: list[str] = []
+        self.times: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self.times.append(time.strftime("%T"))
+
+    def wait_for(self, needle: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            time.sleep(0.1)
+        raise AssertionError(
+            f"no {needle!r} in output:\n"
+            + "\n".join(self.lines[-60:])
+            + f"\nstderr:\n{self.stderr.read_text(errors='replace')}"
+        )
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def stderr_log(run: Path) -> Path:
+    return run.parent / "up.stderr"
+
+
+def start_stack(
+    run: Path, *flags: str, split_interval: int = 240, rate: float = 0.3
+) -> subprocess.Popen:
+    """`streamrec up` on one day of small planted data (4 slots) in ``run``, ``flags`` added."""
+    common = [
+        "--run-dir",
+        str(run),
+        "--days",
+        "1",
+        "--split-interval",
+        str(split_interval),
+        "--slots",
+        "4",
+        "--rate",
+        str(rate),
+    ]
+    # stderr (``streamrec up: <error>``) beside the run; SIGTERM to it if this test dies
+    return spawn(
+        [STREAMREC, "up", *common, *flags],
+        log=stderr_log(run),
+        die_with_parent=True,
+        stdout_pipe=True,
+    )
+
+
+def child_pids(run: Path) -> dict[str, int]:
+    """The pid of each child of the stack now (a restart changes it)."""
+    state = json.loads((run / "stack.json").read_text())
+    return {name: info["pid"] for name, info in state["children"].items()}

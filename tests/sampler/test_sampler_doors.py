@@ -1,0 +1,95 @@
+"""Peer auth on the sampler: a real server process over a real socket refuses requests without
+its token (or with another) and keeps serving good clients; an auto-started server gets the
+token file of the client that started it."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+import zmq
+from sampler_workers import TAGS, start_server
+from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
+from streamrec.errors import RemoteError
+from streamrec.sampler import LocalRpcDataSampler
+from streamrec.sampler.client import stop_server
+from streamrec.wire import PROTOCOL_VERSION, RpcClient
+
+
+def table(n: int = 50) -> dict:
+    j = np.arange(n)
+    return {
+        "item": torch.from_numpy(j * 100),
+        "cat": torch.from_numpy(j % 5),
+        "w": torch.from_numpy(np.ones(n, np.float32)),
+        "skey": [""] * n,
+    }
+
+
+def raw(endpoint: str, header: dict) -> dict:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(
+            [msgpack.packb({"v": PROTOCOL_VERSION, "meta": {}, "arrays": [], **header})]
+        )
+        assert sock.poll(10_000), "no reply"
+        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
+    finally:
+        sock.close()
+
+
+@pytest.fixture
+def token_server(short_dir, monkeypatch):
+    """A server started with its own token file (through the environment, as a Kubernetes
+    Secret would be), and that file."""
+    token = write_token_file(f"{short_dir}/token")
+    monkeypatch.setenv(TOKEN_FILE_ENV, str(token))
+    srv = start_server(short_dir)
+    yield srv, token
+    stop_server(srv.proc.pid)
+    srv.proc.wait(timeout=10)
+
+
+def test_requests_without_the_token_are_refused_and_good_clients_served(token_server, tmp_path):
+    srv, token = token_server
+    good = LocalRpcDataSampler(*TAGS, endpoint=srv.endpoint, auto_start=False)
+    good.reload(table())
+    before = good.stats()["generation"]
+    for header in (
+        {"op": "reload", "id": 1, "meta": {"tags": {}}},  # no token
+        {"op": "ping", "id": 2, "auth": "not-the-token-but-long-enough"},
+        {"op": "stats", "id": 3, "auth": None},
+    ):
+        reply = raw(srv.endpoint, header)
+        assert reply["error"]["code"] == "unauthorized", (header, reply)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("another-token-of-enough-length-0000")
+    with pytest.raises(RemoteError) as err:
+        LocalRpcDataSampler(*TAGS, endpoint=srv.endpoint, auto_start=False, auth_token_file=wrong)
+    assert err.value.code == "unauthorized"
+    ids = good.sample_ids(torch.tensor([0, 100]), 3, torch.tensor([0, 1]))
+    assert ids.numel() == 6
+    assert good.stats()["generation"] == before  # nothing reloaded by the refused peers
+    good.close()
+
+
+def test_an_auto_started_server_gets_the_clients_token_file(short_dir, monkeypatch):
+    monkeypatch.delenv(TOKEN_FILE_ENV, raising=False)
+    token = write_token_file(f"{short_dir}/own-token")
+    endpoint = f"ipc://{short_dir}/auto.sock"
+    s = LocalRpcDataSampler(*TAGS, endpoint=endpoint, auth_token_file=token, timeout_s=30)
+    try:
+        s.reload(table())
+        assert s.sample_ids(torch.tensor([0]), 4, torch.tensor([0])).numel() == 4
+        with RpcClient(endpoint, timeout_s=10, token="x" * 40) as other:
+            with pytest.raises(RemoteError) as err:
+                other.call("ping")
+            assert err.value.code == "unauthorized"
+        with RpcClient(endpoint, timeout_s=10, token=read_token(token)) as same:
+            assert same.call("ping")[0]["pid"] == s.server_pid
+    finally:
+        stop_server(s.server_pid)
+        s.close()

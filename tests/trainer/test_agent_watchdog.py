@@ -1,0 +1,49 @@
+"""The agent's watchdog and the group outcome exchange, in small real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from streamrec.layout import PassSpec
+from streamrec.trainer import distributed as ddp
+from streamrec.trainer.agent import PASS, STUCK_EXIT, Step, decode, encode
+
+STUCK = textwrap.dedent("""
+    import sys, time
+    from streamrec.trainer.agent import Watchdog
+    t0 = time.monotonic()
+    busy = float(sys.argv[1])
+    dog = Watchdog(0.5, lambda: t0 if busy else None, lambda: t0)
+    dog.start()
+    time.sleep(5)  # a rank stuck (busy) or idle; no progress either way
+    print("still here", flush=True)
+""")
+
+
+@pytest.mark.parametrize(("busy", "code"), [(1, STUCK_EXIT), (0, 0)])
+def test_a_rank_busy_without_progress_exits(busy, code):
+    proc = subprocess.run(
+        [sys.executable, "-c", STUCK, str(busy)], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == code, proc.stderr
+    if busy:
+        assert "still here" not in proc.stdout  # it left long before its 5 s sleep ended
+        assert "no progress for" in proc.stderr
+
+
+def test_a_step_crosses_as_tensors_with_its_load_and_skips():
+    spec = PassSpec("20190720", 3, ("0000", "0600", "1200"))
+    step = Step(PASS, spec, attempt=2, load=("20190720", 1), skip=("0600",))
+    back = decode(*encode(step))
+    assert (back.spec, back.attempt, back.load, back.skip) == (spec, 2, ("20190720", 1), ("0600",))
+    plain = decode(*encode(Step(PASS, spec)))
+    assert (plain.load, plain.skip) == (None, ())
+
+
+def test_outcomes_of_one_rank_round_trip():
+    (out,) = ddp.exchange_outcomes(1, [0, 1], "DataError: é" + "x" * 600)
+    assert (out.rank, out.code, out.marks) == (0, 1, (0, 1))
+    assert out.message.startswith("DataError: é") and len(out.message.encode()) <= 512

@@ -1,0 +1,36 @@
+"""One trainer rank under torchrun (used by test_distributed.py) whose job is expected to
+fail: runs it and writes OUT/rank<r>.json with what it raised and how long it took.
+
+It leaves with os._exit(0) after closing the trainer (process group destroyed): about one
+run in ten, interpreter finalization after a failed pass aborted in a C++ destructor
+("terminate called without an active exception", no Python frame), after both ranks had
+written their outcome; that teardown is not what this worker measures (see the issue 12
+report).
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from streamrec.trainer.config import TrainerConfig
+from streamrec.trainer.errors import PassFailed
+from streamrec.trainer.runner import OnlineTrainer
+
+config, out = TrainerConfig.from_yaml(sys.argv[1]), Path(sys.argv[2])
+with OnlineTrainer(config) as t:
+    started = time.monotonic()
+    try:
+        t.run()
+        result = {"raised": None}
+    except PassFailed as exc:
+        result = {
+            "raised": type(exc).__name__,
+            "kind": exc.kind,
+            "bad_splits": list(exc.bad_splits),
+            "message": str(exc),
+        }
+    result |= {"seconds": time.monotonic() - started, "clean": t.clean, "rank": t.rank}
+    (out / f"rank{t.rank}.json").write_text(json.dumps(result))
+os._exit(0)
