@@ -50,14 +50,16 @@ fuzz: install
 sanitize: install
 	tests/sanitize/run.sh
 
-# The CUDA extension (issue #14) with plain nvcc, for sm_80 and sm_90, warnings as errors:
+# The CUDA extension (issue #14) with plain nvcc, for sm_80 and sm_90, warnings as errors
+# (nvcc's and the host compiler's -Wall -Wextra):
 # build/cuda/libstreamrec_cuda.so (loaded by services/embedding-store/cuda_ext.py). Needs no
 # GPU to build. -fmad=false: no fused multiply-add, as the CPU core's -ffp-contract=off, so
 # the two give the same floats. One nvcc process (the files compile one after another).
 NVCC ?= nvcc
 CUDA_DIR := services/embedding-store/csrc/cuda
 CUDA_SOURCES := $(sort $(wildcard $(CUDA_DIR)/*.cu))
-NVCCFLAGS := -std=c++17 -O3 -fmad=false -Xcompiler -fPIC -Werror all-warnings \
+NVCCFLAGS := -std=c++17 -O3 -fmad=false -Xcompiler -fPIC -Xcompiler -Wall,-Wextra,-Werror \
+  -Werror all-warnings \
   -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 cuda: build/cuda/libstreamrec_cuda.so
 

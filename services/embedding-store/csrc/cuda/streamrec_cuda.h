@@ -1,0 +1,221 @@
+// The whole C API of the CUDA extension (issue #14): the sparse-table ops of csrc/cpu/ops.h over
+// raw device pointers, for Python's ctypes (services/embedding-store/cuda_ext.py). One kernel
+// family per .cu file; this header is the contract (HierarchicalKV's style: argument structs
+// with a comment per field, every pointer with its shape and memory space, the stream last).
+//
+// Conventions:
+// - Every function returns 0 (STREAMREC_CUDA_OK) or an error code below; the message of the
+//   last error of the calling host thread is streamrec_cuda_last_error(). No C++ exception
+//   crosses this boundary. Launches are asynchronous on `stream`: an error a kernel finds
+//   (a full index) is reported by streamrec_cuda_status() after a synchronisation, through
+//   the device flag the call was given.
+// - "device" pointers are CUDA global memory (torch CUDA tensors' data_ptr()); "host"
+//   pointers are CPU memory. All arrays are contiguous.
+// - Row layout (csrc/cpu/table_params.h): row r of data (R, width) float32 is
+//   [show, click, unseen_days, flags, embed_w, embedx_w (dim-1), embed_state, embedx_state].
+//
+// Hash index: the CPU core's layout, (capacity, 2) int64 [key, row] slots, capacity a power of
+// two, a key's probe starting at mix64(key) & (capacity - 1) and walking forward (linear
+// probing) at most capacity slots. Every int64 is a valid key, so a slot's state lives in its
+// row word: >= 0 a row id, -1 empty, -2 being written (an insert claimed it with atomicCAS and
+// is writing the key), -3 erased (a tombstone: probes walk past it, inserts reuse it). A full
+// index sets STREAMREC_CUDA_ERR_INDEX_FULL in the call's error flag and never loops; keys that
+// found a slot are inserted (the index stays consistent), the others read -1, and a retry
+// after a rebuild into a larger index (streamrec_cuda_index_rebuild) is idempotent.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- error codes ----
+#define STREAMREC_CUDA_OK 0
+#define STREAMREC_CUDA_ERR_CUDA 1          // a CUDA runtime call failed (message names it)
+#define STREAMREC_CUDA_ERR_ARGUMENT 2      // a bad argument (null pointer, size, capacity)
+#define STREAMREC_CUDA_ERR_INDEX_FULL 3    // no empty slot for a new key (kernel flag)
+#define STREAMREC_CUDA_ERR_ROWS_FULL 4     // no free row for a new key (kernel flag)
+#define STREAMREC_CUDA_ERR_ROW_OUTSIDE 5   // a row id >= R (kernel flag)
+
+// Message of the calling thread's last error ("" when none); valid until its next call.
+const char* streamrec_cuda_last_error(void);
+// Version of this API (bumped when a signature changes): the loader checks it.
+int streamrec_cuda_api_version(void);
+// Number of CUDA devices the runtime sees (0 when none or no driver); never fails.
+int streamrec_cuda_device_count(void);
+// Reads the kernel error flag `flag` (device, one int32, 0 = no error) after synchronising
+// `stream`, resets it to 0 and returns its code (0, or an ERR_* code a kernel set); the
+// message names what the kernel found.
+int streamrec_cuda_status(int32_t* flag, cudaStream_t stream);
+
+// ---- table parameters (csrc/cpu/table_params.h, finalized on the host) ----
+// Rule kinds: 0 naive SGD, 1 AdaGrad, 2 StdAdaGrad, 3 Adam. Init kinds: 0 zeros,
+// 1 uniform [a, b), 2 normal (mean a, std b).
+typedef struct {
+  int64_t kind;          // rule kind
+  double learning_rate;  // step size
+  double initial_g2sum;  // AdaGrad / StdAdaGrad: g2sum offset
+  double lower_bound;    // weight_bounds[0]: weights clipped below
+  double upper_bound;    // weight_bounds[1]: weights clipped above
+  double beta1;          // Adam first-moment decay
+  double beta2;          // Adam second-moment decay
+  double epsilon;        // Adam denominator offset
+} StreamrecRule;
+
+typedef struct {
+  int64_t kind;  // init kind
+  double a;      // uniform low / normal mean
+  double b;      // uniform high / normal std
+} StreamrecInit;
+
+typedef struct {
+  int64_t dim;                      // weights per row: 1 embed + dim-1 embedx
+  int64_t width;                    // floats per row (TableParams::width)
+  int64_t embed_state;              // first column of the embed rule's state
+  int64_t embedx_state;             // first column of the embedx rule's state
+  StreamrecRule embed_rule;         // rule of column kEmbedW
+  StreamrecRule embedx_rule;        // rule of the embedx columns
+  StreamrecInit embed_init;         // initializer of the embed weight
+  StreamrecInit embedx_init;        // initializer of the embedx weights
+  double nonclk_coeff;              // score = nonclk_coeff (show - click) + click_coeff click
+  double click_coeff;               // see nonclk_coeff
+  double embedx_threshold;          // a row expands once its score reaches this
+  double show_click_decay_rate;     // shrink multiplies show and click by this
+  double delete_threshold;          // shrink drops rows scoring below this
+  double delete_after_unseen_days;  // shrink drops rows unseen for more days than this
+  double base_threshold;            // a base save takes rows scoring at least this
+  double delta_threshold;           // a delta save takes dirty rows scoring at least this
+  double delta_keep_days;           // ... and unseen for at most this many days
+  uint64_t seed;                    // initializer seed (store seed mixed with the table name)
+} StreamrecTableParams;
+
+// ---- hash index (index.cu) ----
+typedef struct {
+  int64_t* slots;    // (capacity, 2) int64 device: [key, row] pairs
+  int64_t capacity;  // slots, a power of two >= 1
+} StreamrecIndex;
+
+// Empties every slot (row = -1).
+int streamrec_cuda_index_init(StreamrecIndex index, cudaStream_t stream);
+// Row per key, -1 where absent; *misses (device int64, may be NULL) += the absent keys.
+// keys: (n,) int64 device; rows: (n,) int64 device, written.
+int streamrec_cuda_find(StreamrecIndex index, const int64_t* keys, int64_t n, int64_t* rows,
+                        int64_t* misses, cudaStream_t stream);
+
+// Where new rows go: ids come from *next_row (device int64, atomically incremented), each
+// below max_rows; when data is not NULL a new row is initialised at once (as init_rows).
+typedef struct {
+  int64_t* next_row;       // (1,) int64 device: the next free row id, updated
+  int64_t max_rows;        // R: a new id must be < R (else ERR_ROWS_FULL in flag)
+  int64_t* row_keys;       // (R,) int64 device: row_keys[id] = key for every new row
+  float* data;             // (R, width) float32 device, or NULL: new rows left unwritten
+  int64_t* created;        // (1,) int64 device or NULL: += rows this call created
+  int32_t* flag;           // (1,) int32 device: set to an ERR_* code by a failing key
+} StreamrecNewRows;
+
+// Row per key, inserting absent keys (duplicates in keys share one row). New ids are
+// next_row, next_row + 1, ... in an unspecified order (the CPU's are in order of first
+// occurrence): compare tables by key, not by row id. After ERR_ROWS_FULL *next_row may exceed
+// max_rows (ids drawn past it were given back): the rows in use are min(*next_row, max_rows).
+// keys: (n,) int64 device; rows: (n,) int64 device, written (-1 for a key that failed).
+int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t* keys, int64_t n,
+                                  int64_t* rows, StreamrecNewRows new_rows,
+                                  const StreamrecTableParams* params, cudaStream_t stream);
+// Sets key -> val (insert or assign). Duplicate keys in one call: one of their values wins
+// (unspecified which; the CPU's last wins). keys, vals: (n,) int64 device, vals >= 0 (a key
+// with a val < 0 is skipped and sets ERR_ARGUMENT in flag); flag: (1,) int32 device.
+int streamrec_cuda_insert_or_assign(StreamrecIndex index, const int64_t* keys,
+                                    const int64_t* vals, int64_t n, int32_t* flag,
+                                    cudaStream_t stream);
+// Erases keys (their slots become tombstones; their rows stay in data until the caller
+// compacts). keys: (n,) int64 device; erased: (1,) int64 device or NULL, += keys erased.
+int streamrec_cuda_erase(StreamrecIndex index, const int64_t* keys, int64_t n, int64_t* erased,
+                         cudaStream_t stream);
+// Live entries of the index into *size (device int64, overwritten).
+int streamrec_cuda_size(StreamrecIndex index, int64_t* size, cudaStream_t stream);
+// Every live [key, row] pair, in an unspecified order (an atomic counter places them).
+// keys, rows: (capacity,) int64 device, the first *count written; count: (1,) int64 device,
+// overwritten.
+int streamrec_cuda_export(StreamrecIndex index, int64_t* keys, int64_t* rows, int64_t* count,
+                          cudaStream_t stream);
+// Growth: inserts every live pair of src into dst (emptied first); dst.capacity must exceed
+// src's live entries (else ERR_INDEX_FULL in flag). flag: (1,) int32 device.
+int streamrec_cuda_index_rebuild(StreamrecIndex src, StreamrecIndex dst, int32_t* flag,
+                                 cudaStream_t stream);
+
+// ---- row creation (row_init.cu): the CPU core's counter-based draws ----
+// Initialises rows [start, start + count) of data from row_keys (stats zero, dirty, weights
+// drawn per (seed, key, column), optimizer state initial, embedx expanded at once when
+// score(0, 0) >= embedx_threshold). data: (R, width) float32 device; row_keys: (R,) int64
+// device; start + count <= R (checked by the caller).
+int streamrec_cuda_init_rows(float* data, const int64_t* row_keys, int64_t start, int64_t count,
+                             const StreamrecTableParams* params, cudaStream_t stream);
+// Initial weights of keys as init_rows draws them (embedx zeros unless with_embedx).
+// keys: (n,) int64 device; out: (n, dim) float32 device.
+int streamrec_cuda_initial_weights(const int64_t* keys, int64_t n, int with_embedx,
+                                   float* out, const StreamrecTableParams* params,
+                                   cudaStream_t stream);
+
+// ---- gather and bag pooling (gather.cu) ----
+// Weights of rows, zeros where rows[i] < 0; a row >= R sets ERR_ROW_OUTSIDE in flag (and
+// reads zeros). data: (R, width) float32 device; rows: (n,) int64 device; out: (n, dim)
+// float32 device; flag: (1,) int32 device.
+int streamrec_cuda_gather(const float* data, int64_t R, const int64_t* rows, int64_t n,
+                          float* out, int32_t* flag, const StreamrecTableParams* params,
+                          cudaStream_t stream);
+// Pooled bags: out[b] = sum (mode 0) or mean (mode 1) of the weights of rows[offsets[b] ..
+// offsets[b + 1]) (absent rows count as zeros; an empty bag pools to zeros), as
+// torch.nn.functional.embedding_bag. rows: (nnz,) int64 device; offsets: (bags + 1,) int64
+// device, rising from 0 to nnz; out: (bags, dim) float32 device; flag as gather.
+int streamrec_cuda_gather_pooled(const float* data, int64_t R, const int64_t* rows,
+                                 const int64_t* offsets, int64_t bags, int mode, float* out,
+                                 int32_t* flag, const StreamrecTableParams* params,
+                                 cudaStream_t stream);
+
+// ---- the fused push (update.cu) ----
+typedef struct {
+  float* data;              // (R, width) float32 device, updated in place
+  int64_t R;                // rows of data
+  const int64_t* row_keys;  // (R,) int64 device: an expansion draws embedx from the key
+  const int64_t* rows;      // (n,) int64 device: row per position, < 0 skipped
+  const float* grads;       // (n, dim) float32 device
+  const float* shows;       // (n,) float32 device
+  const float* clicks;      // (n,) float32 device
+  int64_t n;                // positions
+  int64_t* expanded;        // (1,) int64 device or NULL: += rows expanded
+  int32_t* flag;            // (1,) int32 device, 0 on entry: ERR_ROW_OUTSIDE if a row >= R
+                            // (then nothing is written)
+} StreamrecPush;
+// The CPU core's update: repeated rows summed first (in position order, in float64), then
+// per row show/click, unseen_days = 0, dirty, the embed rule, the embedx rule on expanded
+// rows, or the expansion of rows whose score reached embedx_threshold. Temporary memory comes
+// from cudaMallocAsync on the stream.
+int streamrec_cuda_update(StreamrecPush push, const StreamrecTableParams* params,
+                          cudaStream_t stream);
+
+// ---- day advance, shrink, save selection, dirty marks (shrink.cu) ----
+// data: (R, width) float32 device; size: the rows in use, 0 <= size <= R.
+// unseen_days += 1 on rows [0, size).
+int streamrec_cuda_advance_day(float* data, int64_t size, const StreamrecTableParams* params,
+                               cudaStream_t stream);
+// Decays show/click of rows [0, size); keep: (size,) uint8 device, 0 where score <
+// delete_threshold or unseen_days > delete_after_unseen_days.
+int streamrec_cuda_shrink(float* data, int64_t size, uint8_t* keep,
+                          const StreamrecTableParams* params, cudaStream_t stream);
+// Rows a save mode takes: mode 0 all, 1 base, 2 delta (csrc/cpu/shrink.cpp's select_rows).
+// sel: (size,) uint8 device.
+int streamrec_cuda_select_rows(const float* data, int64_t size, int mode, uint8_t* sel,
+                               const StreamrecTableParams* params, cudaStream_t stream);
+// Clears the changed-since-save flag of rows [0, size).
+int streamrec_cuda_clear_dirty(float* data, int64_t size, const StreamrecTableParams* params,
+                               cudaStream_t stream);
+// Sets the changed-since-save flag of the given rows (< 0 skipped, >= R ignored).
+// rows: (n,) int64 device.
+int streamrec_cuda_mark_dirty(float* data, int64_t R, const int64_t* rows, int64_t n,
+                              const StreamrecTableParams* params, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,208 @@
+"""The device tier: every row of a table in GPU memory (issue #14), over the CUDA ops.
+
+The same layout as the host tier (``tier.py``) on the GPU: a row matrix ``_data`` (rows,
+width) float32, the row keys ``_row_keys`` (rows,) int64 and the CUDA hash index, all CUDA
+tensors; rows ``[0, size)`` are in use. Keys, gradients and results cross the interface as
+CPU tensors (the store's contract); the rows never leave the GPU except for ``export``,
+``inspect`` and the weights a pull returns.
+
+Differences from the host tier, by design: new rows are numbered by an atomic counter (a
+table's row order differs from the host tier's; keys, weights and statistics do not), and
+admission (``admission_score``, ``admission_probability``) is refused by name until the
+device tier implements it.
+
+Not yet wired into :class:`~streamrec.embedding_store.store.EmbeddingStore` (its ``tier=
+"device"`` still raises ``TierUnavailable``): the tests of this module need a GPU and have not
+run on one yet.
+"""
+
+from __future__ import annotations
+
+import streamrec.embedding_store._C as _C
+import torch
+from streamrec.embedding_store import cuda_ext
+from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
+from streamrec.embedding_store.options import TableOptions
+from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+
+
+class DeviceTable(TableTier):
+    """All rows in GPU memory, indexed by the CUDA hash index.
+
+    Args:
+        options: the table.
+        seed: the store's initializer seed.
+        capacity: most rows this table may hold (None: bounded by GPU memory).
+
+    Raises:
+        TierUnavailable: no CUDA GPU here (or the CUDA extension cannot be built).
+        InvalidInput: an option the device tier does not implement yet (admission).
+    """
+
+    def __init__(self, options: TableOptions, seed: int = 0, capacity: int | None = None) -> None:
+        super().__init__(options, seed)
+        if options.admission_score is not None or options.admission_probability < 1.0:
+            raise InvalidInput(
+                f"table {options.name!r}: admission_score / admission_probability are not "
+                "implemented by the device tier yet; use tier 'host' or 'ssd'"
+            )
+        self._ops = cuda_ext.load()
+        self._gp = cuda_ext.TableParams.of(self.params)
+        self.capacity = capacity
+        rows = max(MIN_ROWS, options.init_capacity)
+        if capacity is not None:
+            rows = max(MIN_ROWS, min(rows, capacity))
+        self._init_rows = rows
+        self._data = torch.empty((rows, self.width), dtype=torch.float32, device="cuda")
+        self._row_keys = torch.empty(rows, dtype=torch.int64, device="cuda")
+        self._slots = self._ops.index_new(index_slots(rows))
+        self._next = torch.zeros(1, dtype=torch.int64, device="cuda")  # the next row id
+        self._size = 0
+
+    # -- growth and creation ------------------------------------------------------------
+    def _reserve(self, extra: int) -> None:
+        """Room for ``extra`` more rows: a larger row matrix (row ids kept) and index."""
+        need = self._size + extra
+        if need > self._data.shape[0]:
+            rows = max(need, 2 * self._data.shape[0])
+            if self.capacity is not None:
+                rows = max(min(rows, self.capacity), need)
+            data = torch.empty((rows, self.width), dtype=torch.float32, device="cuda")
+            keys = torch.empty(rows, dtype=torch.int64, device="cuda")
+            data[: self._size] = self._data[: self._size]
+            keys[: self._size] = self._row_keys[: self._size]
+            self._data, self._row_keys = data, keys
+        if need > MAX_LOAD * self._slots.shape[0]:
+            self._slots = self._ops.rebuild(self._slots, index_slots(need))
+
+    def _find_or_create(self, keys: torch.Tensor, why: str) -> tuple[torch.Tensor, int]:
+        """Rows (n,) int64 cuda of keys (n,) int64 cuda, absent ones created (initial
+        values); the count created. Refuses (nothing written) past ``capacity``."""
+        rows = self._ops.find(self._slots, keys)
+        missing = keys[rows < 0]
+        if missing.numel() == 0:
+            return rows, 0
+        distinct = int(torch.unique(missing).numel())
+        if self.capacity is not None and self._size + distinct > self.capacity:
+            raise CapacityExceeded(
+                f"table {self.options.name!r}: {why} {distinct} new rows would exceed "
+                f"capacity {self.capacity} (holds {self._size})"
+            )
+        self._reserve(distinct)
+        rows = self._ops.find_or_insert(
+            self._slots, keys, self._next, self._row_keys, self._data, self._gp
+        )
+        size = int(self._next.item())
+        created, self._size = size - self._size, size
+        return rows, created
+
+    def _compact(self, idx: torch.Tensor) -> None:
+        """Keeps rows ``idx`` (m,) int64 cuda, ascending, renumbered 0..m-1."""
+        m = idx.numel()
+        self._data[:m] = self._data.index_select(0, idx)
+        self._row_keys[:m] = self._row_keys.index_select(0, idx)
+        self._size = m
+        self._next.fill_(m)
+        self._slots = self._ops.index_new(index_slots(max(m, self._init_rows)))
+        if m:
+            ids = torch.arange(m, dtype=torch.int64, device="cuda")
+            self._ops.insert_or_assign(self._slots, self._row_keys[:m], ids)
+
+    @staticmethod
+    def _cuda(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return t.to(device="cuda", dtype=dtype, non_blocking=True).contiguous()
+
+    # -- the tier interface ---------------------------------------------------------------
+    def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
+        kd = self._cuda(keys, torch.int64)
+        if create:
+            rows, created = self._find_or_create(kd, "creating")
+            self.counters["rows_created"] += created
+        else:
+            rows = self._ops.find(self._slots, kd)
+        return self._ops.gather(self._data, rows, self._gp).cpu()
+
+    def push(
+        self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
+    ) -> bool:
+        rows, created = self._find_or_create(self._cuda(keys, torch.int64), "creating")
+        self.counters["rows_created"] += created
+        self.counters["rows_expanded"] += self._ops.update(
+            self._data,
+            self._row_keys,
+            rows,
+            self._cuda(grads, torch.float32),
+            self._cuda(shows, torch.float32),
+            self._cuda(clicks, torch.float32),
+            self._gp,
+        )
+        return True
+
+    def size(self) -> int:
+        return self._size
+
+    def inspect(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
+        full = self._data.index_select(0, rows.clamp(min=0)).cpu()
+        return self._stats_of(rows.cpu(), full)
+
+    def advance_day(self) -> None:
+        self._ops.advance_day(self._data, self._size, self._gp)
+
+    def shrink(self) -> int:
+        keep = self._ops.shrink(self._data, self._size, self._gp)
+        idx = keep.nonzero().squeeze(1)
+        deleted = self._size - idx.numel()
+        if deleted:
+            self._compact(idx)
+        self.counters["rows_deleted"] += deleted
+        return deleted
+
+    def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = self._ops.select_rows(self._data, self._size, select, self._gp)
+        idx = mask.nonzero().squeeze(1)
+        return self._row_keys.index_select(0, idx).cpu(), self._data.index_select(0, idx).cpu()
+
+    def clear_dirty(self) -> None:
+        self._ops.clear_dirty(self._data, self._size, self._gp)
+
+    def import_rows(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        if rows.dim() != 2 or rows.shape[1] != self.width or rows.shape[0] != keys.numel():
+            raise InvalidInput(
+                f"table {self.options.name!r}: rows must be ({keys.numel()}, {self.width}), "
+                f"got {tuple(rows.shape)}"
+            )
+        where, _ = self._find_or_create(self._cuda(keys, torch.int64), "loading")
+        self._data[where] = self._cuda(rows, torch.float32)
+
+    def import_weights(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if values.dim() != 2 or values.shape != (keys.numel(), self.dim):
+            raise InvalidInput(
+                f"table {self.options.name!r}: values must be ({keys.numel()}, {self.dim}), "
+                f"got {tuple(values.shape)}"
+            )
+        rows, _ = self._find_or_create(self._cuda(keys, torch.int64), "loading")
+        v = self._cuda(values, torch.float32)
+        self._data[rows, _C.EMBED_W : _C.EMBED_W + self.dim] = v
+        expanded = (v[:, 1:] != 0).any(dim=1).to(torch.int64) * _C.FLAG_EXPANDED
+        flags = self._data[rows, _C.FLAGS].to(torch.int64) | expanded
+        self._data[rows, _C.FLAGS] = flags.to(torch.float32)
+
+    def mark_dirty(self, keys: torch.Tensor) -> None:
+        rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
+        self._ops.mark_dirty(self._data, rows, self._gp)  # absent (-1) skipped
+
+    def reset(self) -> None:
+        self._size = 0
+        self._next.zero_()
+        self._slots = self._ops.index_new(index_slots(self._init_rows))
+
+    def bytes_used(self) -> dict[str, int]:
+        n = self._data.numel() * 4 + self._row_keys.numel() * 8 + self._slots.numel() * 8
+        return {"device": int(n)}
+
+    def close(self) -> None:
+        self._size = 0
+        self._data = torch.empty((0, self.width), dtype=torch.float32, device="cuda")
+        self._row_keys = torch.empty(0, dtype=torch.int64, device="cuda")
+        self._slots = self._ops.index_new(1)
