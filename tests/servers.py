@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,27 @@ from pathlib import Path
 import redis
 from streamrec.process import free_port, spawn, stop_process
 
-__all__ = ["RedisServer", "free_port"]
+
+def torchrun_command(nproc: int, *target: str) -> list[str]:
+    """``nproc`` ranks of ``target`` (a script and its args, or ``-m module ...``) under
+    torchrun on this machine, with a fresh rendezvous port."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        *target,
+    ]
+
+
+__all__ = ["RedisServer", "free_port", "torchrun_command"]
 
 
 @dataclass

@@ -70,23 +70,25 @@ def run_agent(
     redis_url: str, job_id: str, log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     return spawn(
-        [
-            sys.executable,
-            "-m",
-            "streamrec.trainer.agent",
-            "--redis-url",
-            redis_url,
-            "--job-id",
-            job_id,
-            "--heartbeat-ttl-s",
-            "3",
-            "--poll-ms",
-            "200",
-        ],
+        [sys.executable, "-m", "streamrec.trainer.agent", *agent_args(redis_url, job_id)],
         log=log,
         die_with_parent=True,
         env=env,
     )
+
+
+def agent_args(redis_url: str, job_id: str) -> list[str]:
+    """The agent's flags in these tests: short heartbeats and polls."""
+    return [
+        "--redis-url",
+        redis_url,
+        "--job-id",
+        job_id,
+        "--heartbeat-ttl-s",
+        "3",
+        "--poll-ms",
+        "200",
+    ]
 
 
 @pytest.mark.timeout(240)
@@ -467,31 +469,12 @@ def test_a_full_disk_is_retried_from_the_checkpoint_and_recorded_once(
 
 def run_group(redis_url: str, job_id: str, log: Path, **env: str) -> subprocess.Popen:
     """Two agent ranks under torchrun (gloo on 127.0.0.1)."""
-    from servers import free_port
+    from servers import torchrun_command
 
     return spawn(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "streamrec.trainer.agent",
-            "--redis-url",
-            redis_url,
-            "--job-id",
-            job_id,
-            "--heartbeat-ttl-s",
-            "3",
-            "--poll-ms",
-            "200",
+            *torchrun_command(2, "-m", "streamrec.trainer.agent"),
+            *agent_args(redis_url, job_id),
         ],
         log=log,
         die_with_parent=True,

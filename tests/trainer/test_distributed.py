@@ -6,14 +6,13 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from servers import free_port
+from servers import torchrun_command
 from streamrec.embedding_store import LocalShards
 from streamrec.trainer.datagen import StreamParams, generate
 from streamrec.trainer.errors import ConfigError
@@ -51,17 +50,7 @@ def test_two_ranks_same_dense_parameters(tmp_path):
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         proc = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "1",
-                "--nproc-per-node",
-                "2",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(free_port()),
+                *torchrun_command(2),
                 str(HERE / "two_rank_worker.py"),
                 str(tmp_path / "job.yaml"),
                 str(tmp_path),
@@ -97,17 +86,7 @@ def torchrun(script: str, job_yaml: Path, out: Path, timeout: float, **env: str)
     """Two ranks of ``script`` under torchrun (gloo on 127.0.0.1)."""
     return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
+            *torchrun_command(2),
             str(HERE / script),
             str(job_yaml),
             str(out),
