@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamrec.embedding_store.errors import EmbeddingStoreError, TierUnavailable
+from streamrec.embedding_store.tier import TABLE_SCALARS
 
 if TYPE_CHECKING:
     import torch
@@ -101,19 +102,6 @@ class Init(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int64), ("a", ctypes.c_double), ("b", ctypes.c_double)]
 
 
-_SCALARS = (
-    "nonclk_coeff",
-    "click_coeff",
-    "embedx_threshold",
-    "show_click_decay_rate",
-    "delete_threshold",
-    "delete_after_unseen_days",
-    "base_threshold",
-    "delta_threshold",
-    "delta_keep_days",
-)
-
-
 class TableParams(ctypes.Structure):
     """StreamrecTableParams: a finalized ``_C.TableParams`` copied field by field."""
 
@@ -126,7 +114,7 @@ class TableParams(ctypes.Structure):
         ("embedx_rule", Rule),
         ("embed_init", Init),
         ("embedx_init", Init),
-        *[(name, ctypes.c_double) for name in _SCALARS],
+        *[(name, ctypes.c_double) for name in TABLE_SCALARS],
         ("seed", ctypes.c_uint64),
     ]
 
@@ -134,7 +122,7 @@ class TableParams(ctypes.Structure):
     def of(cls, p: Any) -> TableParams:
         """From the CPU core's finalized TableParams (``tier.table_params``)."""
         out = cls()
-        for name in ("dim", "width", "embed_state", "embedx_state", "seed", *_SCALARS):
+        for name in ("dim", "width", "embed_state", "embedx_state", "seed", *TABLE_SCALARS):
             setattr(out, name, getattr(p, name))
         for part in ("embed", "embedx"):
             rule, src = getattr(out, f"{part}_rule"), getattr(p, f"{part}_rule")

@@ -38,6 +38,21 @@ def index_slots(rows: int) -> int:
     return 1 << max(at_least - 1, 1).bit_length()
 
 
+#: The float knobs of TableOptions that TableParams carries as they are (the C++ and CUDA
+#: cores read them by these names).
+TABLE_SCALARS: tuple[str, ...] = (
+    "nonclk_coeff",
+    "click_coeff",
+    "embedx_threshold",
+    "show_click_decay_rate",
+    "delete_threshold",
+    "delete_after_unseen_days",
+    "base_threshold",
+    "delta_threshold",
+    "delta_keep_days",
+)
+
+
 def table_params(options: TableOptions, seed: int = 0) -> _C.TableParams:
     """The C++ parameters of a table; initializer seed = f(store seed, table name)."""
     p = _C.TableParams()
@@ -61,17 +76,7 @@ def table_params(options: TableOptions, seed: int = 0) -> _C.TableParams:
         else:
             init.kind, init.a, init.b = 0, 0.0, 0.0
         setattr(p, f"{part}_init", init)
-    for name in (
-        "nonclk_coeff",
-        "click_coeff",
-        "embedx_threshold",
-        "show_click_decay_rate",
-        "delete_threshold",
-        "delete_after_unseen_days",
-        "base_threshold",
-        "delta_threshold",
-        "delta_keep_days",
-    ):
+    for name in TABLE_SCALARS:
         setattr(p, name, float(getattr(options, name)))
     digest = hashlib.blake2b(options.name.encode(), digest_size=8).digest()
     p.seed = (int.from_bytes(digest, "little") ^ (seed * 0x9E3779B97F4A7C15)) % 2**64
