@@ -20,6 +20,9 @@ split's files, optionally paced at ``--rate`` splits per second::
 
     streamrec-datagen --out data --start-day 20190720 --days 2 --split-interval 360 \\
         --samples-per-split 20000 --slots 8
+
+``--from-criteo FILE [FILE ...]`` lays real Criteo files into the same layout instead
+(:mod:`streamrec.trainer.criteo_layout`, with its own flags).
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ import argparse
 import datetime as dt
 import json
 import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from streamrec.keyhash import mix64
@@ -238,15 +244,39 @@ def to_criteo_text(
     return format_lines(cols)
 
 
+def part_name(index: int) -> str:
+    """The name of a split's data file number ``index`` (0-based): ``part-00003``."""
+    return f"part-{index:05d}"
+
+
+@contextmanager
+def open_part(split_dir: Path, index: int) -> Iterator[BinaryIO]:
+    """Opens a split's data file for writing under a temporary ``.``-prefixed name (readers
+    skip it) and renames it into place once the block ends: a reader never sees half a file.
+    A block that raises leaves no file behind."""
+    tmp = split_dir / f".{part_name(index)}.tmp"
+    try:
+        with tmp.open("wb") as f:
+            yield f
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, split_dir / part_name(index))
+
+
+def mark_split_done(split_dir: Path, donefile: str | None) -> None:
+    """Writes the split's donefile (when one is configured): call it after the split's files."""
+    if donefile:
+        (split_dir / donefile).touch()
+
+
 def write_split(split_dir: Path, text_parts: list[bytes], donefile: str | None) -> None:
     """Writes a split's files (each via a temporary name), then its donefile."""
     split_dir.mkdir(parents=True, exist_ok=True)
     for i, text in enumerate(text_parts):
-        tmp = split_dir / f".part-{i:05d}.tmp"
-        tmp.write_bytes(text)
-        os.replace(tmp, split_dir / f"part-{i:05d}")
-    if donefile:
-        (split_dir / donefile).touch()
+        with open_part(split_dir, i) as f:
+            f.write(text)
+    mark_split_done(split_dir, donefile)
 
 
 def generate(
@@ -301,8 +331,98 @@ def generate(
     return {"splits": splits, "samples": samples}
 
 
+def main_from_criteo(argv: list[str]) -> int:
+    """``streamrec-datagen --from-criteo FILE [FILE ...]``: real Criteo files into the layout
+    (:mod:`streamrec.trainer.criteo_layout`); the planted stream's own flags are refused."""
+    # imported here: it imports this module, and torch (its gzip opener is data.py's)
+    from streamrec.trainer import criteo_layout
+
+    ap = argparse.ArgumentParser(
+        prog="streamrec-datagen",
+        description="Lays Criteo Kaggle (train.txt) or Terabyte (day_N, day_N.gz) files, read "
+        "in order as one stream, into OUT/YYYYMMDD/HHMM/part-* with a donefile per split; "
+        "lines are copied byte for byte. The last split holds the lines left (fewer than "
+        "--samples-per-split; its later parts may be empty files). A file's last line without "
+        "a newline gets one.",
+    )
+    ap.add_argument(
+        "--from-criteo",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="read in order; plain or gzip (by its magic bytes)",
+    )
+    ap.add_argument("--out", required=True, help="data root (train_data_dir)")
+    ap.add_argument("--start-day", required=True, help="YYYYMMDD of the first split")
+    ap.add_argument("--split-interval", type=int, default=60, help="minutes per split")
+    ap.add_argument("--samples-per-split", type=int, default=10000, help="lines per split")
+    ap.add_argument(
+        "--files-per-split",
+        type=int,
+        default=1,
+        help="part files per split, each a contiguous block of the split's lines",
+    )
+    ap.add_argument("--donefile", default="to.hadoop.done", help="'' for none")
+    ap.add_argument("--max-splits", type=int, default=None, help="stop after this many splits")
+    ap.add_argument(
+        "--block-bytes",
+        type=int,
+        default=criteo_layout.DEFAULT_BLOCK_BYTES,
+        help="bytes read at a time; memory stays within about 9x this",
+    )
+    args = ap.parse_args(argv)
+    try:
+        parse_day(args.start_day)
+    except ValueError:
+        ap.error(f"--start-day {args.start_day!r}: must be a date YYYYMMDD")
+    try:
+        split_names(args.split_interval)
+    except ValueError:
+        ap.error(
+            f"--split-interval {args.split_interval}: must be minutes dividing 1440 (a day), "
+            "e.g. 5, 60, 360"
+        )
+    for flag in ("samples_per_split", "files_per_split", "max_splits", "block_bytes"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    for path in args.from_criteo:
+        if not Path(path).is_file():
+            ap.error(f"--from-criteo: no such file: {path}")
+    try:
+        counts = criteo_layout.lay_out_criteo(
+            args.from_criteo,
+            args.out,
+            args.start_day,
+            args.split_interval,
+            args.samples_per_split,
+            args.files_per_split,
+            args.donefile or None,
+            args.max_splits,
+            args.block_bytes,
+        )
+    except FileExistsError as exc:
+        ap.error(f"--out: {exc}")
+    except ValueError as exc:  # DataError is one: no lines, an unreadable file
+        ap.error(f"--from-criteo: {exc}")
+    print(json.dumps(counts))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--from-criteo", nargs="*")
+    if pre.parse_known_args(argv)[0].from_criteo is not None:
+        return main_from_criteo(argv)
     ap = argparse.ArgumentParser(prog="streamrec-datagen", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--from-criteo",
+        nargs="+",
+        metavar="FILE",
+        help="lay real Criteo files out instead of generating (its flags: "
+        "streamrec-datagen --from-criteo FILE --help)",
+    )
     ap.add_argument("--out", required=True, help="data root (train_data_dir)")
     ap.add_argument("--start-day", required=True, help="YYYYMMDD")
     ap.add_argument("--days", type=int, default=1)
