@@ -48,11 +48,24 @@ def _parser() -> argparse.ArgumentParser:
         help="ZeroMQ bind address (tcp://127.0.0.1:5555, tcp://127.0.0.1:*, ipc://..)",
     )
     s.add_argument("--tables", required=True, help="tables file, YAML or JSON")
-    s.add_argument("--tier", default="host", choices=["host", "ssd", "device"])
+    s.add_argument(
+        "--tier",
+        default="host",
+        choices=["host", "ssd", "device"],
+        help="where rows live: RAM, a file with a RAM cache, or GPU memory (needs a CUDA GPU)",
+    )
     s.add_argument(
         "--persistent-path", default=None, help="ssd tier root; this shard uses <path>/shard-K-of-N"
     )
-    s.add_argument("--cache-budget-mb", type=float, default=None)
+    s.add_argument(
+        "--cache-budget-mb", type=float, default=None, help="RAM cache of each table (ssd tier)"
+    )
+    s.add_argument(
+        "--gpu-cache-budget-mb",
+        type=float,
+        default=None,
+        help="GPU memory caching each table's hot rows (tiers host and ssd; needs a CUDA GPU)",
+    )
     s.add_argument("--capacity", type=int, default=None, help="upper bound on rows (ssd tier)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--num-threads", type=int, default=None, help="compute threads of the store")
@@ -114,6 +127,7 @@ def serve(args: argparse.Namespace) -> int:
             "tier": args.tier,
             "persistent_path": args.persistent_path,
             "cache_budget_mb": args.cache_budget_mb,
+            "gpu_cache_budget_mb": args.gpu_cache_budget_mb,
             "capacity": args.capacity,
             "seed": args.seed,
             "num_threads": args.num_threads,

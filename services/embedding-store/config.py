@@ -48,7 +48,12 @@ class ShardConfig(StrictConfig):
     tables: list[TableOptions] = Field(min_length=1)
     tier: Literal["host", "ssd", "device"] = "host"
     persistent_path: str | None = None
-    cache_budget_mb: float | None = Field(default=None, gt=0)
+    cache_budget_mb: float | None = Field(
+        default=None, gt=0, description="RAM cache of each ssd table, MiB"
+    )
+    gpu_cache_budget_mb: float | None = Field(
+        default=None, gt=0, description="GPU cache of each host or ssd table's hot rows, MiB"
+    )
     capacity: int | None = Field(default=None, gt=0)
     seed: int = 0
     num_threads: int | None = Field(default=None, ge=1)

@@ -11,9 +11,10 @@ table's row order differs from the host tier's; keys, weights and statistics do 
 admission (``admission_score``, ``admission_probability``) is refused by name until the
 device tier implements it.
 
-Not yet wired into :class:`~streamrec.embedding_store.store.EmbeddingStore` (its ``tier=
-"device"`` still raises ``TierUnavailable``): the tests of this module need a GPU and have not
-run on one yet.
+``EmbeddingStore(..., tier="device")`` and ``streamrec-embedding-store serve --tier device``
+build one per table; where there is no CUDA GPU that raises ``TierUnavailable`` saying so.
+:meth:`DeviceTable.pull_resident` hands the weights over as CUDA tensors (the store's ``pull(...,
+device="cuda")``, for a trainer on the same GPU): no copy through host memory.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ class DeviceTable(TableTier):
 
     def __init__(self, options: TableOptions, seed: int = 0, capacity: int | None = None) -> None:
         super().__init__(options, seed)
+        self._ops = cuda_ext.load()  # first: without a GPU, that is what the caller hears
         if options.admission_score is not None or options.admission_probability < 1.0:
             raise InvalidInput(
                 f"table {options.name!r}: admission_score / admission_probability are not "
                 "implemented by the device tier yet; use tier 'host' or 'ssd'"
             )
-        self._ops = cuda_ext.load()
         self._gp = cuda_ext.TableParams.of(self.params)
         self.capacity = capacity
         rows = max(MIN_ROWS, options.init_capacity)
@@ -58,6 +59,8 @@ class DeviceTable(TableTier):
         self._slots = self._ops.index_new(index_slots(rows))
         self._next = torch.zeros(1, dtype=torch.int64, device="cuda")  # the next row id
         self._size = 0
+        #: where :meth:`pull_resident` returns the weights
+        self.resident_device = torch.device("cuda", torch.cuda.current_device())
 
     # -- growth and creation ------------------------------------------------------------
     def _reserve(self, extra: int) -> None:
@@ -113,14 +116,18 @@ class DeviceTable(TableTier):
         return t.to(device="cuda", dtype=dtype, non_blocking=True).contiguous()
 
     # -- the tier interface ---------------------------------------------------------------
-    def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
+    def pull_resident(self, keys: torch.Tensor, create: bool) -> torch.Tensor:
+        """Weights (n, dim) float32 cuda of keys (n,) int64 (CPU or cuda), left on the GPU."""
         kd = self._cuda(keys, torch.int64)
         if create:
             rows, created = self._find_or_create(kd, "creating")
             self.counters["rows_created"] += created
         else:
             rows = self._ops.find(self._slots, kd)
-        return self._ops.gather(self._data, rows, self._gp).cpu()
+        return self._ops.gather(self._data, rows, self._gp)
+
+    def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
+        return self.pull_resident(keys, create).cpu()
 
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor

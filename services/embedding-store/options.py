@@ -201,8 +201,15 @@ class TableOptions(StrictConfig):
 
 
 def check_tier_options(options: object) -> None:
-    """Raises ValueError naming what the ``ssd`` tier lacks (``options`` has the tier fields)."""
-    if getattr(options, "tier", None) == "ssd":
+    """Raises ValueError naming what the ``ssd`` tier lacks, or a GPU cache asked of the
+    ``device`` tier (``options`` has the tier fields)."""
+    tier = getattr(options, "tier", None)
+    if tier == "device" and getattr(options, "gpu_cache_budget_mb", None) is not None:
+        raise ValueError(
+            "gpu_cache_budget_mb caches rows of tier 'host' or 'ssd' in GPU memory; tier "
+            "'device' keeps every row there already"
+        )
+    if tier == "ssd":
         missing = [
             f
             for f in ("persistent_path", "cache_budget_mb", "capacity")
@@ -217,13 +224,19 @@ class StoreOptions(StrictConfig):
 
     ``host``: rows in RAM. ``ssd``: rows in files under ``persistent_path`` with a RAM cache of
     at most ``cache_budget_mb`` MiB per table; ``capacity`` bounds the rows of each table
-    (required for ssd, optional for host). ``device``: GPU memory (the CUDA extension, a
-    separate issue).
+    (required for ssd, optional for host). ``device``: every row in GPU memory (the CUDA
+    extension). ``gpu_cache_budget_mb`` (host and ssd): the hot rows of each table also in a
+    write-back cache of that many MiB on ``gpu_cache_device``
+    (:mod:`~streamrec.embedding_store.device_cache`).
     """
 
     tier: Literal["host", "ssd", "device"] = "host"
     persistent_path: str | None = None
     cache_budget_mb: float | None = Field(None, gt=0.0)
+    #: GPU cache of hot rows per table of tier host or ssd, MiB (None: no GPU cache)
+    gpu_cache_budget_mb: float | None = Field(None, gt=0.0)
+    #: where that cache lives: a CUDA device; "cpu" runs the same cache in RAM (tests)
+    gpu_cache_device: str = Field("cuda", pattern=r"^(cuda(:\d+)?|cpu)$")
     capacity: int | None = Field(None, ge=1)
     seed: int = Field(0, ge=0, lt=2**63)
     num_threads: int | None = Field(None, ge=1, le=1024)

@@ -29,6 +29,7 @@ def build_store(config: ShardConfig) -> Any:
         tier=config.tier,
         persistent_path=config.shard_persistent_path(),
         cache_budget_mb=config.cache_budget_mb,
+        gpu_cache_budget_mb=config.gpu_cache_budget_mb,
         capacity=config.capacity,
         seed=config.seed,
         num_threads=config.num_threads,

@@ -37,22 +37,32 @@ import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import lookup as lookups
 from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.device_cache import CachedTable
+from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.errors import (
     InvalidInput,
     NonFiniteGradient,
     StoreClosed,
-    TierUnavailable,
     UnknownTable,
 )
 from streamrec.embedding_store.host_tier import HostTable
 from streamrec.embedding_store.locks import RWLock
 from streamrec.embedding_store.options import StoreOptions, TableOptions
+from streamrec.embedding_store.ssd_tier import SsdTable
 from streamrec.embedding_store.tier import TableTier
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
 from streamrec.malloc import keep_freed_memory
 
 #: called after each table of pull_many/push_many with (table, keys, seconds)
 TableHook = Callable[[str, int, float], None]
+
+
+def _resident(tier: TableTier) -> torch.device | None:
+    """The device whose memory a tier pulls rows from when it is not the CPU (a DeviceTable,
+    a CachedTable on a GPU), else None."""
+    if isinstance(tier, DeviceTable | CachedTable) and tier.resident_device.type != "cpu":
+        return tier.resident_device
+    return None
 
 
 class _Push(NamedTuple):
@@ -73,10 +83,14 @@ class EmbeddingStore:
         tables: one :class:`TableOptions` per table (names unique).
         tier: ``"host"`` (RAM), ``"ssd"`` (files under ``persistent_path`` with a RAM cache of
             ``cache_budget_mb`` MiB per table, at most ``capacity`` rows per table) or
-            ``"device"`` (GPU memory: raises TierUnavailable until the store has a CUDA
-            extension; only the CPU one exists today).
+            ``"device"`` (every row in GPU memory, the CUDA extension; TierUnavailable where
+            there is no CUDA GPU).
         persistent_path: directory of the ssd tier's files.
         cache_budget_mb: RAM cache per table of the ssd tier, MiB.
+        gpu_cache_budget_mb: tiers host and ssd: a write-back cache of each table's hot rows
+            in GPU memory, MiB (:mod:`~streamrec.embedding_store.device_cache`); None: none.
+        gpu_cache_device: where that cache lives (``"cuda"``, ``"cuda:N"``; ``"cpu"`` runs
+            the same cache in RAM, for tests).
         capacity: most rows per table (required for ssd; host: unbounded when None).
         seed: initializer seed; initial values are a function of (seed, table, key, column).
         num_threads: threads of the C++ ops (sets torch's intra-op threads, process-wide).
@@ -91,6 +105,8 @@ class EmbeddingStore:
         capacity: int | None = None,
         seed: int = 0,
         num_threads: int | None = None,
+        gpu_cache_budget_mb: float | None = None,
+        gpu_cache_device: str = "cuda",
     ) -> None:
         self.options = StoreOptions.parse(
             {
@@ -100,6 +116,8 @@ class EmbeddingStore:
                 "capacity": capacity,
                 "seed": seed,
                 "num_threads": num_threads,
+                "gpu_cache_budget_mb": gpu_cache_budget_mb,
+                "gpu_cache_device": gpu_cache_device,
             },
             source="store options",
         )
@@ -114,7 +132,14 @@ class EmbeddingStore:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self._tables: dict[str, TableOptions] = {t.name: t for t in opts}
-        self._tiers: dict[str, TableTier] = {t.name: self._make_tier(t) for t in opts}
+        self._tiers: dict[str, TableTier] = {}
+        try:
+            for t in opts:
+                self._tiers[t.name] = self._make_tier(t)
+        except BaseException:
+            for made in self._tiers.values():  # an ssd table holds a lock file
+                made.close()
+            raise
         self._locks: dict[str, RWLock] = {t.name: RWLock() for t in opts}
         self._counts = {n: {"pull_keys": 0, "push_keys": 0} for n in names}
         self._count_lock = threading.Lock()
@@ -124,19 +149,23 @@ class EmbeddingStore:
         self._admin = threading.Lock()  # serialises save/load/shrink/advance_day
 
     def _make_tier(self, t: TableOptions) -> TableTier:
+        """The table's tier; TierUnavailable for tier 'device' (or a GPU cache) without a
+        CUDA GPU, saying so."""
         o = self.options
+        if o.tier == "device":
+            return DeviceTable(t, o.seed, o.capacity)
+        backing: HostTable | SsdTable
         if o.tier == "host":
-            return HostTable(t, o.seed, o.capacity)
-        if o.tier == "ssd":
-            from streamrec.embedding_store.ssd_tier import SsdTable
-
-            return SsdTable(t, o.seed, o.capacity, o.cache_budget_mb, o.persistent_path)
-        cuda = torch.cuda.is_available()
-        raise TierUnavailable(
-            "tier 'device' needs the CUDA extension of the embedding store (the CUDA issue, "
-            "not built yet) and a CUDA GPU "
-            f"(torch.cuda.is_available() = {cuda}); use tier 'host' or 'ssd'"
-        )
+            backing = HostTable(t, o.seed, o.capacity)
+        else:
+            backing = SsdTable(t, o.seed, o.capacity, o.cache_budget_mb, o.persistent_path)
+        if o.gpu_cache_budget_mb is None:
+            return backing
+        try:
+            return CachedTable(backing, o.gpu_cache_budget_mb, o.gpu_cache_device)
+        except BaseException:
+            backing.close()
+            raise
 
     # -- accessors ----------------------------------------------------------------------
     @property
@@ -178,13 +207,18 @@ class EmbeddingStore:
             yield tier
 
     # -- pull / push --------------------------------------------------------------------
-    def pull(self, table: str, keys: Any, create: bool = True) -> torch.Tensor:
+    def pull(
+        self, table: str, keys: Any, create: bool = True, device: Any | None = None
+    ) -> torch.Tensor:
         """Weights of keys.
 
         Args:
             table: table name.
             keys: (n,) int64 tensor or ndarray (duplicates allowed).
             create: create absent keys (training); False reads them as zeros (prediction).
+            device: where the weights are wanted (None: CPU). When the table's rows live
+                there (tier device, or a GPU cache: :meth:`resident_device`), they are
+                gathered there, with no copy through host memory.
 
         Returns:
             (n, dim) float32 tensor (a copy; column 0 embed, columns 1.. embedx, zeros until
@@ -195,6 +229,28 @@ class EmbeddingStore:
         lock = self._locks[table]
         with self._count_lock:
             self._counts[table]["pull_keys"] += keys.numel()
+        if device is not None and torch.device(device).type != "cpu":
+            want = torch.device(device)
+            if want.type == "cuda" and want.index is None:
+                want = torch.device("cuda", torch.cuda.current_device())
+            if isinstance(tier, DeviceTable | CachedTable) and _resident(tier) == want:
+                with lock.write():
+                    return tier.pull_resident(keys, create)
+            return self._pull_host(tier, lock, keys, create).to(want)
+        return self._pull_host(tier, lock, keys, create)
+
+    def resident_device(self) -> torch.device | None:
+        """The CUDA device every table's rows are pulled from (tier device or a GPU cache),
+        where :meth:`pull` with that ``device`` hands them over without a host copy; None
+        when the rows live in host memory."""
+        devices = {_resident(tier) for _name, tier in self._each_tier()}
+        return devices.pop() if len(devices) == 1 else None
+
+    def _pull_host(
+        self, tier: TableTier, lock: RWLock, keys: torch.Tensor, create: bool
+    ) -> torch.Tensor:
+        """:meth:`pull` into host memory: present keys under the shared lock where the tier
+        allows it, else (or to create rows) under the exclusive one."""
         hint, epoch = None, -1
         if tier.concurrent_reads:  # present keys (or a read-only pull) under a shared lock
             with lock.read():
@@ -292,6 +348,7 @@ class EmbeddingStore:
         keys: Sequence[Any],
         create: bool = True,
         on_table: TableHook | None = None,
+        device: Any | None = None,
     ) -> list[torch.Tensor]:
         """:meth:`pull` of each table in order; every table and key array is checked first,
         so a bad one refuses the call before any row is created.
@@ -300,6 +357,7 @@ class EmbeddingStore:
             tables: T table names (a name may repeat).
             keys: T arrays, ``keys[t]`` (n_t,) int64 for ``tables[t]``.
             create: as in :meth:`pull`.
+            device: as in :meth:`pull`.
             on_table: called after each table with (table, n_t, seconds) (the service's
                 per-table metrics).
 
@@ -313,7 +371,7 @@ class EmbeddingStore:
         out = []
         for table, k in zip(tables, keys, strict=True):
             started = time.perf_counter()
-            out.append(self.pull(table, k, create))
+            out.append(self.pull(table, k, create, device))
             if on_table is not None:
                 on_table(table, k.numel(), time.perf_counter() - started)
         return out

@@ -106,6 +106,9 @@ class SparseTables:
         self.store = store
         self.tables = list(tables)
         self.dim = int(dim)
+        # an in-process store whose rows live on a GPU hands them over there (no host copy)
+        resident = getattr(store, "resident_device", None)
+        self.device: torch.device | None = resident() if callable(resident) else None
         self._unique = unique_keys
         # one call per batch for every table (one request per shard with the service)
         self._many = hasattr(store, "pull_many") and hasattr(store, "push_many")
@@ -158,14 +161,15 @@ class SparseTables:
 
         create: create absent keys (training), or read them as zeros (prediction).
         """
+        on = {} if self.device is None else {"device": self.device}
         if self._many:
-            parts = self.store.pull_many(self.tables, sb.keys, create=create)
+            parts = self.store.pull_many(self.tables, sb.keys, create=create, **on)
         else:
             parts = self._map(
                 lambda name, k: (
-                    self.store.pull(name, k, create=create)
+                    self.store.pull(name, k, create=create, **on)
                     if k.numel()
-                    else torch.zeros(0, self.dim)
+                    else torch.zeros(0, self.dim, device=self.device)
                 ),
                 list(zip(self.tables, sb.keys, strict=True)),
             )
@@ -173,14 +177,16 @@ class SparseTables:
         return sb
 
     def forward(self, sb: SparseBatch) -> torch.Tensor:
-        """Sum-pooled embeddings (B, S, dim) float32, differentiable w.r.t. ``sb.weights``."""
+        """Sum-pooled embeddings (B, S, dim) float32, differentiable w.r.t. ``sb.weights``,
+        on the weights' device (a GPU when the store's rows live there)."""
         assert sb.weights is not None, "pull before forward"
+        device = sb.weights.device
+        index = sb.index.to(device, non_blocking=True)  # no-op on the CPU
         if sb.offsets is None:
-            return _Gather.apply(sb.weights, sb.index.t())
+            return _Gather.apply(sb.weights, index.t())
         s = len(sb.keys)
-        pooled = F.embedding_bag(
-            sb.index, sb.weights, sb.offsets, mode="sum", include_last_offset=True
-        )
+        offsets = sb.offsets.to(device, non_blocking=True)
+        pooled = F.embedding_bag(index, sb.weights, offsets, mode="sum", include_last_offset=True)
         return pooled.view(s, sb.batch, self.dim).transpose(0, 1)
 
     def push(self, sb: SparseBatch, labels: torch.Tensor, grad_scale: float = 1.0) -> None:

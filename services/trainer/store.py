@@ -1,9 +1,11 @@
 """The trainer's embedding store: one table per sparse slot, in-process or the store service.
 
-``store.endpoints`` empty: an in-process ``EmbeddingStore`` (host memory, this rank only);
-otherwise an ``EmbeddingStoreClient`` of those shards, which every rank shares. The shards own
-their tier (``--tier`` when each was started); ``store.tier`` set, every shard is asked for
-it at start and a mismatch is a :class:`ConfigError` naming the shard, before any pass runs.
+``store.endpoints`` empty: an in-process ``EmbeddingStore`` (this rank only), in host memory,
+or in GPU memory with ``store.tier: device`` (the trainer then pulls rows as CUDA tensors,
+see :class:`~streamrec.trainer.sparse.SparseTables`); otherwise an ``EmbeddingStoreClient`` of
+those shards, which every rank shares. The shards own their tier (``--tier`` when each was
+started); ``store.tier`` set, every shard is asked for it at start and a mismatch is a
+:class:`ConfigError` naming the shard, before any pass runs.
 """
 
 from __future__ import annotations
@@ -56,8 +58,14 @@ def make_store(config: TrainerConfig, tables: list[Any]) -> Any:
         store: Any = EmbeddingStoreClient(sc.endpoints, tables, timeout_s=sc.timeout_s)
     else:
         from streamrec.embedding_store import EmbeddingStore
+        from streamrec.errors import StreamRecError
 
-        store = EmbeddingStore(tables, seed=config.hyper_parameters.numpy_rand_seed)
+        # in-process: host memory, or every row on this node's GPU (tier device)
+        tier = "device" if sc.tier == "device" else "host"
+        try:
+            store = EmbeddingStore(tables, tier=tier, seed=config.hyper_parameters.numpy_rand_seed)
+        except StreamRecError as exc:
+            raise ConfigError(f"store.tier is 'device' with the store in-process: {exc}") from exc
     try:
         check_tier(store, sc.tier, sc.endpoints)
     except BaseException:

@@ -142,3 +142,28 @@ def test_capacity_and_admission_are_refused_by_name() -> None:
     assert device.size() == before
     with pytest.raises(InvalidInput, match="admission"):
         tables(admission_probability=0.5)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_checkpoints_round_trip_between_the_device_and_host_tiers(tmp_path: Any) -> None:
+    from streamrec.embedding_store import EmbeddingStore
+
+    options = TableOptions(name="t", dim=8, embedx_threshold=2.0)
+    device = EmbeddingStore([options], seed=3, tier="device")
+    host = EmbeddingStore([options], seed=3)
+    keys = keys_of(3000, 2000, seed=11)
+    grads = torch.randn((keys.numel(), 8)) * 0.1
+    for s in (device, host):
+        s.pull("t", keys)
+        s.push("t", keys, grads, torch.ones(keys.numel()) * 3, torch.ones(keys.numel()))
+    device.save(str(tmp_path / "from-device"), "checkpoint")
+    host.save(str(tmp_path / "from-host"), "checkpoint")
+    loaded_host, loaded_device = (
+        EmbeddingStore([options], seed=3),
+        EmbeddingStore([options], seed=3, tier="device"),
+    )
+    loaded_host.load(str(tmp_path / "from-device"))
+    loaded_device.load(str(tmp_path / "from-host"))
+    for s in (loaded_host, loaded_device, device):
+        torch.testing.assert_close(s.pull("t", keys, create=False), host.pull("t", keys, False))
