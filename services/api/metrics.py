@@ -1,12 +1,20 @@
 """Prometheus metrics of the control plane, named ``streamrec_api_..._<unit>``.
 
 Each app gets its own registry (several apps may live in one test process); ``/metrics``
-serves it.
+serves it, with the process collector's ``process_*`` series beside the API's own.
+
+Counters the alerts read start at 0: the trigger outcomes here, a job's counters when the
+scheduler first sees it active (:meth:`ApiMetrics.start_job`), so ``rate()`` and
+``increase()`` have a series before the first event.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from streamrec.api.client import CommandType
+from streamrec.api.state import TriggerState
 from streamrec.metrics import LATENCY_BUCKETS
 
 
@@ -16,6 +24,7 @@ class ApiMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         reg = self.registry
+        ProcessCollector(registry=reg)
         self.requests = Counter(
             "streamrec_api_requests_total",
             "HTTP requests by route template and status",
@@ -67,6 +76,7 @@ class ApiMetrics:
         self.pass_seconds = Histogram(
             "streamrec_api_pass_seconds",
             "Duration of a pass as reported by the trainers",
+            ["job"],
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
@@ -102,3 +112,56 @@ class ApiMetrics:
             ["job"],
             registry=reg,
         )
+        self.redis_up = Gauge(
+            "streamrec_api_redis_up",
+            "1 when the last scheduler tick reached Redis, else 0",
+            registry=reg,
+        )
+        self.heartbeat_age = Gauge(
+            "streamrec_api_trainer_heartbeat_age_seconds",
+            "Seconds since the running job's trainer group last sent a heartbeat (since the "
+            "job became running when none has been seen)",
+            ["job"],
+            registry=reg,
+        )
+        self.progress_age = Gauge(
+            "streamrec_api_trainer_progress_age_seconds",
+            "Seconds since the running job's trainer group last made progress (the progress "
+            "time of its heartbeat)",
+            ["job"],
+            registry=reg,
+        )
+        self.work_queue_depth = Gauge(
+            "streamrec_api_work_queue_depth",
+            "Passes on the job's work stream not yet taken by a trainer group",
+            ["job"],
+            registry=reg,
+        )
+        self.checkpoint_failures = Counter(
+            "streamrec_api_checkpoint_failures_total",
+            "Passes whose checkpoint or save failed, and checkpoint triggers that failed",
+            ["job"],
+            registry=reg,
+        )
+        for kind in (CommandType.CHECKPOINT, CommandType.EXPORT, CommandType.SHRINK):
+            for state in (TriggerState.DONE, TriggerState.FAILED):
+                self.triggers.labels(kind.value, state.value)
+
+    def start_job(self, job: str) -> None:
+        """Creates ``job``'s counters at 0 (idempotent)."""
+        for counter in (
+            self.passes_handed_out,
+            self.passes_done,
+            self.passes_requeued,
+            self.pass_samples,
+            self.checkpoints,
+            self.trainers_dead,
+            self.checkpoint_failures,
+        ):
+            counter.labels(job)
+
+    def forget_running(self, job: str) -> None:
+        """Drops the gauges that exist for running jobs only."""
+        for gauge in (self.heartbeat_age, self.progress_age, self.work_queue_depth):
+            with contextlib.suppress(KeyError):  # never set
+                gauge.remove(job)

@@ -38,7 +38,7 @@ from typing import Any
 
 import redis
 from streamrec.api import keys, redis_io
-from streamrec.api.client import ReportKind
+from streamrec.api.client import CommandType, ReportKind
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError
 from streamrec.api.metrics import ApiMetrics
@@ -96,6 +96,9 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._plans: dict[str, tuple[str, list[PassSpec]]] = {}
+        #: Per running job: (heartbeat ts, progress ts) of the last heartbeat seen, so the
+        #: ages keep growing once the heartbeat key has expired.
+        self._beats: dict[str, tuple[float, float]] = {}
         self._last_probe: dict[str, float] = {}
         self._lease = self.r.register_script(_LEASE)
         self._release = self.r.register_script(_RELEASE)
@@ -121,7 +124,9 @@ class Scheduler:
             t0 = time.perf_counter()
             try:
                 self.tick()
+                self.metrics.redis_up.set(1)
             except redis.RedisError as exc:
+                self.metrics.redis_up.set(0)
                 self.metrics.redis_errors.inc()
                 log.warning("scheduler: redis unavailable: %s", exc)
             except Exception:  # keep scheduling other jobs; the error is logged
@@ -139,13 +144,61 @@ class Scheduler:
             return False
         for state in sorted(ACTIVE_STATES):
             for job_id in sorted(redis_io.smembers(self.r, keys.jobs_in_state(state))):
+                self.metrics.start_job(job_id)
                 try:
                     self.step(job_id)
                 except ApiError as exc:  # deleted or changed under us: next tick sees it
                     log.info("scheduler: job %s: %s", job_id, exc)
         for state in JobState:
             self.metrics.jobs.labels(state.value).set(self.r.scard(keys.jobs_in_state(state.value)))
+        self.observe_running(sorted(redis_io.smembers(self.r, keys.jobs_in_state("running"))))
         return True
+
+    # ---- running jobs' gauges ---------------------------------------------------------
+    def observe_running(self, running: list[str]) -> None:
+        """Sets the heartbeat and progress ages and the work queue depth of every running
+        job; drops those gauges for jobs no longer running."""
+        now = time.time()
+        for job_id in running:
+            beat_ts, progress_ts = self._last_beat(job_id)
+            self.metrics.heartbeat_age.labels(job_id).set(max(now - beat_ts, 0.0))
+            self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
+            self.metrics.work_queue_depth.labels(job_id).set(self.queue_depth(job_id))
+        for job_id in set(self._beats) - set(running):
+            del self._beats[job_id]
+            self.metrics.forget_running(job_id)
+
+    def _last_beat(self, job_id: str) -> tuple[float, float]:
+        """(heartbeat ts, progress ts), wall clock: the live heartbeat's, else the last one
+        seen, else when the job became running (no group has beaten since)."""
+        raw = redis_io.get(self.r, keys.heartbeat(job_id))
+        beat: Any = None
+        if raw is not None:
+            with contextlib.suppress(ValueError):
+                beat = json.loads(raw)
+        ts = beat.get("ts") if isinstance(beat, dict) else None
+        if isinstance(ts, int | float):
+            progress = beat.get("progress_ts")
+            found = (float(ts), float(progress) if isinstance(progress, int | float) else float(ts))
+            self._beats[job_id] = found
+            return found
+        if job_id not in self._beats:
+            since = float(redis_io.hget(self.r, keys.job(job_id), "updated_at") or time.time())
+            self._beats[job_id] = (since, since)
+        return self._beats[job_id]
+
+    def queue_depth(self, job_id: str) -> int:
+        """Entries of the job's work stream not yet delivered to the trainers' group."""
+        stream = keys.work(job_id)
+        try:
+            groups = self.r.xinfo_groups(stream)
+        except redis.ResponseError:  # no work stream yet: nothing handed out
+            return 0
+        for group in groups:
+            if group["name"] == keys.TRAINER_GROUP:
+                last = group["last-delivered-id"]
+                return len(self.r.xrange(stream, min=f"({last}", max="+") or [])
+        return int(self.r.xlen(stream))
 
     def step(self, job_id: str) -> None:
         """Reports, dead-group check, then hand-out, for one job."""
@@ -551,7 +604,7 @@ class Scheduler:
             if isinstance(record.get(name), int | float):
                 self.metrics.pass_logloss.labels(job_id, kind).set(record[name])
         if isinstance(record.get("seconds"), int | float):
-            self.metrics.pass_seconds.observe(record["seconds"])
+            self.metrics.pass_seconds.labels(job_id).observe(record["seconds"])
         if isinstance(record.get("samples"), int) and record["samples"] >= 0:
             self.metrics.pass_samples.labels(job_id).inc(record["samples"])
 
@@ -562,6 +615,8 @@ class Scheduler:
         if f.get("in_flight") != pk or self._stale(job_id, rec, data):
             return
         error = f"trainer error: {str(data.get('error', ''))[:500]}"
+        if data.get("phase") == "save":
+            self.metrics.checkpoint_failures.labels(job_id).inc()
         if data.get("error_class") != "data":  # transient: retried from the last checkpoint
             self.requeue(job_id, f, error)
             return
@@ -596,6 +651,8 @@ class Scheduler:
             fields["error"] = str(data.get("error", ""))[:2000]
         redis_io.hset(self.r, key, fields)
         self.metrics.triggers.labels(kind, state.value).inc()
+        if kind == CommandType.CHECKPOINT and state == TriggerState.FAILED:
+            self.metrics.checkpoint_failures.labels(job_id).inc()
         self._event(
             job_id,
             "trigger",

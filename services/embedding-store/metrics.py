@@ -5,17 +5,23 @@ as requests go by. Store-side figures (rows per table and tier, bytes per tier, 
 hit rate, rows created/expanded/deleted/refused) are read from ``store.stats()`` at scrape
 time by :class:`StoreCollector`, so they are never stale and cost nothing between scrapes.
 
-Each :class:`StoreMetrics` owns its registry, so several shards (or tests) in one process do
-not collide.
+The shard's memory (``resident_bytes``, the process's RSS, against ``memory_limit_bytes``,
+its cgroup's ``memory.max`` else the machine's ``MemTotal``) is read at scrape time by
+:class:`MemoryCollector`: ``resident / limit`` says how near capacity the shard is.
+
+Each :class:`StoreMetrics` owns its registry (with the process collector's ``process_*``
+series), so several shards (or tests) in one process do not collide.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from streamrec.metrics import LATENCY_BUCKETS, serve_metrics
@@ -111,6 +117,73 @@ def _families(stats: dict[str, Any], shard: str) -> Iterator[Any]:
     yield from counters.values()
 
 
+#: Where a process's memory limit is written: cgroup v2, then cgroup v1.
+CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+
+
+def resident_bytes(statm: Path = Path("/proc/self/statm")) -> int:
+    """This process's resident set size (RSS) in bytes."""
+    pages = int(statm.read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_limit_bytes(
+    cgroup_files: tuple[Path, ...] = CGROUP_LIMITS, meminfo: Path = Path("/proc/meminfo")
+) -> int:
+    """The memory this process may use: its cgroup's limit, else the machine's MemTotal (a
+    cgroup without a limit says ``max``, or a huge number in cgroup v1)."""
+    total = 0
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) * 1024  # kB
+            break
+    for path in cgroup_files:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (total == 0 or int(text) < total):
+            return int(text)
+        break  # the first file found is this process's cgroup version
+    return total
+
+
+class MemoryCollector(Collector):
+    """``resident_bytes`` and ``memory_limit_bytes`` of this shard, read at scrape time.
+
+    Args:
+        shard: label value naming this shard (``K-of-N``).
+    """
+
+    def __init__(self, shard: str) -> None:
+        self._shard = shard
+        self._limit: int | None = None
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            if self._limit is None:  # fixed for the process's life
+                self._limit = memory_limit_bytes()
+            rss = resident_bytes()
+        except (OSError, ValueError, IndexError):  # no /proc: no memory series
+            log.exception("cannot read the shard's memory for a metrics scrape")
+            return
+        limit = GaugeMetricFamily(
+            f"{PREFIX}_memory_limit_bytes",
+            "Memory the shard may use (cgroup memory.max, else MemTotal)",
+            labels=["shard"],
+        )
+        limit.add_metric([self._shard], float(self._limit))
+        resident = GaugeMetricFamily(
+            f"{PREFIX}_resident_bytes", "Resident memory (RSS) of the shard", labels=["shard"]
+        )
+        resident.add_metric([self._shard], float(rss))
+        yield limit
+        yield resident
+
+
 class StoreMetrics:
     """The metrics of one shard, in their own registry.
 
@@ -123,6 +196,8 @@ class StoreMetrics:
         self.registry = CollectorRegistry()
         self.shard = shard
         r = self.registry
+        ProcessCollector(registry=r)
+        r.register(MemoryCollector(shard))
         self.request_seconds = Histogram(
             f"{PREFIX}_request_seconds",
             "Time to serve one request, by op",

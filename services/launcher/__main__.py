@@ -3,11 +3,17 @@
 ``streamrec up`` starts, as local processes in a run directory (logs under ``RUN/logs``)::
 
     redis-server        append-only file under RUN/redis, free local port
-    embedding-store     --store-shards shards (streamrec-embedding-store serve)
+    embedding-store     --store-shards shards (streamrec-embedding-store serve), on the
+                        --store-tier (ssd: files under RUN/store behind a RAM cache)
     sampler             streamrec-sampler serve on an ipc socket
     streamrec-api       the control plane (token in RUN/api-token)
+    prometheus          with --prometheus: scrapes them all, evaluates the alert rules
     streamrec-datagen   a planted stream under RUN/data (optionally paced: --rate)
     trainers            torchrun --nproc-per-node --trainers -m streamrec.trainer.agent
+
+Every service serves Prometheus /metrics on a local port (the API on its own); RUN/stack.json
+lists them (``metrics``: job name -> host:port list) and the Prometheus URL
+(``prometheus_url``).
 
 then submits the job over REST, starts it, prints one row per finished pass (AUC before and
 after training against the best AUC the planted truth allows), and ends with a summary.
@@ -49,6 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="first store shard port (shard k: +k); 0: free ports",
     )
     up.add_argument("--store-shards", type=int, default=2)
+    up.add_argument(
+        "--store-tier",
+        choices=["host", "ssd"],
+        default="host",
+        help="where the shards keep the rows (ssd: files under RUN/store, a RAM cache)",
+    )
+    up.add_argument(
+        "--cache-budget-mb",
+        type=float,
+        default=None,
+        help="RAM cache per table of the ssd tier, MiB (default 1)",
+    )
     up.add_argument("--trainers", type=int, default=2, help="trainer ranks (torchrun)")
     up.add_argument("--start-day", default="20190720")
     up.add_argument("--days", type=int, default=2)
@@ -67,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--seed", type=int, default=7)
     up.add_argument("--timeout-s", type=float, default=600, help="give up after this long")
     up.add_argument("--max-restarts", type=int, default=2, help="per restartable child")
+    up.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also run Prometheus (/usr/bin/prometheus) scraping every service, with the "
+        "alert rules; its URL is printed and in RUN/stack.json",
+    )
     up.add_argument(
         "--keep-running",
         action="store_true",
@@ -102,6 +126,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise StackError(f"--start-day: {exc}") from None
     if not (0 < args.split_interval <= 1440 and 1440 % args.split_interval == 0):
         raise StackError(f"--split-interval must divide 1440, got {args.split_interval}")
+    if args.cache_budget_mb is not None:
+        if args.store_tier != "ssd":
+            raise StackError("--cache-budget-mb applies to --store-tier ssd only")
+        if args.cache_budget_mb <= 0:
+            raise StackError(f"--cache-budget-mb must be > 0, got {args.cache_budget_mb}")
     if args.rate < 0 or args.timeout_s <= 0:
         raise StackError(
             f"--rate must be >= 0 and --timeout-s > 0, got {args.rate}, {args.timeout_s}"

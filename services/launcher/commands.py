@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from streamrec.launcher.prometheus import prometheus_binary
 from streamrec.process import bin_path, free_port
 
 
@@ -34,6 +35,10 @@ def redis_command(port: int, directory: Path) -> list[str]:
     ]
 
 
+#: Rows per table of the ssd tier (its file is sparse: the bound costs no disk).
+SSD_CAPACITY = 1 << 20
+
+
 def store_command(
     shard: int,
     num_shards: int,
@@ -41,10 +46,29 @@ def store_command(
     tables: Path,
     model_root: Path,
     auth_token_file: Path,
+    metrics_port: int | None = None,
+    tier: str = "host",
+    persistent_path: Path | None = None,
+    cache_budget_mb: float = 1.0,
 ) -> list[str]:
     """Embedding-store shard ``shard`` of ``num_shards`` on ``endpoint``, saving and loading
-    under ``model_root`` only, serving peers holding the token of ``auth_token_file``; prints
-    ``READY``."""
+    under ``model_root`` only, serving peers holding the token of ``auth_token_file``, its
+    /metrics on ``metrics_port`` (None: none); prints ``READY``. ``tier`` ``ssd`` keeps the
+    rows in files under ``persistent_path`` behind a RAM cache of ``cache_budget_mb`` MiB per
+    table."""
+    tier_args = ["--tier", tier]
+    if tier == "ssd":
+        if persistent_path is None:
+            raise ValueError("tier 'ssd' needs a persistent_path")
+        tier_args += [
+            "--persistent-path",
+            str(persistent_path),
+            "--cache-budget-mb",
+            str(cache_budget_mb),
+            "--capacity",
+            str(SSD_CAPACITY),
+        ]
+    metrics = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
     return [
         bin_path("streamrec-embedding-store"),
         "serve",
@@ -64,11 +88,16 @@ def store_command(
         str(model_root),
         "--auth-token-file",
         str(auth_token_file),
+        *tier_args,
+        *metrics,
     ]
 
 
-def sampler_command(endpoint: str, auth_token_file: Path) -> list[str]:
-    """The node's sampler on ``endpoint``, serving peers holding ``auth_token_file``'s token."""
+def sampler_command(
+    endpoint: str, auth_token_file: Path, metrics_port: int | None = None
+) -> list[str]:
+    """The node's sampler on ``endpoint``, serving peers holding ``auth_token_file``'s token,
+    its /metrics on ``metrics_port`` (None: none)."""
     return [
         bin_path("streamrec-sampler"),
         "serve",
@@ -78,6 +107,7 @@ def sampler_command(endpoint: str, auth_token_file: Path) -> list[str]:
         "1",
         "--auth-token-file",
         str(auth_token_file),
+        *([] if metrics_port is None else ["--metrics-port", str(metrics_port)]),
     ]
 
 
@@ -146,9 +176,22 @@ def datagen_command(
     ]
 
 
-def trainer_command(ranks: int, redis_url: str, job_id: str) -> list[str]:
-    """A trainer group of ``ranks`` processes (torchrun) taking ``job_id``'s passes. Each call
-    picks a fresh rendezvous port, so a restarted group does not meet the old one's."""
+def prometheus_command(config: Path, data: Path, port: int) -> list[str]:
+    """Prometheus on 127.0.0.1:``port`` with ``config``, its TSDB under ``data``."""
+    return [
+        prometheus_binary(),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+
+
+def trainer_command(
+    ranks: int, redis_url: str, job_id: str, metrics_port: int | None = None
+) -> list[str]:
+    """A trainer group of ``ranks`` processes (torchrun) taking ``job_id``'s passes, rank r
+    serving /metrics on ``metrics_port`` + r (None: none). Each call picks a fresh rendezvous
+    port, so a restarted group does not meet the old one's."""
     return [
         bin_path("torchrun"),
         "--nproc-per-node",
@@ -169,4 +212,5 @@ def trainer_command(ranks: int, redis_url: str, job_id: str) -> list[str]:
         "300",
         "--log-level",
         "WARNING",
+        *([] if metrics_port is None else ["--metrics-port", str(metrics_port)]),
     ]

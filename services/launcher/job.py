@@ -76,7 +76,7 @@ def job_spec(args: argparse.Namespace, run: Path, store_endpoints: list[str]) ->
         "sampler": {"neg_num": 0},
         "store": {
             "endpoints": store_endpoints,
-            "tier": "host",
+            "tier": args.store_tier,  # the shards' (the trainers check it)
             "table_parameters": TABLE_PARAMETERS,
         },
         "resources": {"trainer_ranks": args.trainers, "device": "cpu"},

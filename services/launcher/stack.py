@@ -21,8 +21,10 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -33,10 +35,11 @@ from streamrec.api.client import ApiClient
 from streamrec.api.state import TERMINAL_STATES
 from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
 from streamrec.errors import RemoteError, ServiceUnavailable
-from streamrec.launcher import commands
+from streamrec.launcher import commands, prometheus
 from streamrec.launcher.children import Child
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.job import job_spec, tables_config
+from streamrec.launcher.plot import write_auc_png
 from streamrec.launcher.report import PASS_HEADER, pass_row, summary_lines
 from streamrec.launcher.state import read_state, remove_state, write_state
 from streamrec.process import free_port, pid_alive
@@ -44,6 +47,23 @@ from streamrec.wire import RpcClient
 
 #: Children that end by themselves when their work is done: an exit code 0 is not a death.
 FINITE = ("datagen", "trainers")
+
+
+def free_port_run(n: int, attempts: int = 50) -> int:
+    """The first of ``n`` consecutive TCP ports on 127.0.0.1 free at the time of the call
+    (the trainer ranks serve /metrics on base + rank)."""
+    for _ in range(attempts):
+        base = free_port()
+        if base + n > 65536:
+            continue
+        try:
+            for port in range(base + 1, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise StackError(f"no {n} consecutive free ports found for the trainers' /metrics")
 
 
 def _reported_ready(shard: Child) -> bool:
@@ -75,6 +95,11 @@ class Stack:
             for k in range(args.store_shards)
         ]
         self.sampler_endpoint = f"ipc://{self.run / 'sampler.sock'}"
+        # every service serves /metrics: the API on its own port, the others on these
+        self.store_metrics_ports = [free_port() for _ in range(args.store_shards)]
+        self.sampler_metrics_port = free_port()
+        self.trainer_metrics_port = free_port_run(args.trainers)
+        self.prometheus_port = free_port() if args.prometheus else None
         # the data plane's peer token (streamrec.auth): every child gets it (env and flags)
         self.peer_token_file = self.run / "peer-token"
         self.token = ""
@@ -85,8 +110,24 @@ class Stack:
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
+    @property
+    def prometheus_url(self) -> str | None:
+        return None if self.prometheus_port is None else f"http://127.0.0.1:{self.prometheus_port}"
+
+    def metrics_targets(self) -> dict[str, list[str]]:
+        """``host:port`` of every /metrics of the stack, by Prometheus job name."""
+        local = "127.0.0.1:{}".format
+        return {
+            prometheus.API_JOB: [local(self.api_port)],
+            prometheus.STORE_JOB: [local(p) for p in self.store_metrics_ports],
+            prometheus.SAMPLER_JOB: [local(self.sampler_metrics_port)],
+            prometheus.TRAINER_JOB: [
+                local(self.trainer_metrics_port + r) for r in range(self.args.trainers)
+            ],
+        }
+
     def record(self) -> None:
-        """Writes the run state ``streamrec down`` reads."""
+        """Writes the run state ``streamrec down`` reads (and where to scrape the stack)."""
         write_state(
             self.run,
             {
@@ -94,7 +135,11 @@ class Stack:
                 "redis_url": self.redis_url,
                 "api_url": self.api_url,
                 "token_file": str(self.run / "api-token"),
+                "peer_token_file": str(self.peer_token_file),
+                "sampler_endpoint": self.sampler_endpoint,
                 "job_id": self.job_id,
+                "metrics": self.metrics_targets(),
+                "prometheus_url": self.prometheus_url,
                 "children": {
                     n: {"pid": c.pid, "cmd": Path(c.args[0]).name}
                     for n, c in self.children.items()
@@ -114,7 +159,7 @@ class Stack:
                 f"{existing['supervisor_pid']}): `streamrec down --run-dir "
                 f"{self.run}` first"
             )
-        for sub in ("data", "models", "redis", "logs", "store"):
+        for sub in ("data", "models", "redis", "logs", "store", "prometheus"):
             shutil.rmtree(self.run / sub, ignore_errors=True)
         for sub in ("data", "models", "redis", "logs", "store"):
             (self.run / sub).mkdir(parents=True)
@@ -184,6 +229,10 @@ class Stack:
                     self.run / "tables.json",
                     self.run / "models",
                     self.peer_token_file,
+                    metrics_port=self.store_metrics_ports[k],
+                    tier=self.args.store_tier,
+                    persistent_path=self.run / "store",
+                    cache_budget_mb=self.args.cache_budget_mb or 1.0,
                 ),
                 restartable=True,
                 env={"OMP_NUM_THREADS": "1"},
@@ -191,12 +240,17 @@ class Stack:
         for k in range(n):
             child = self.children[f"store-{k}"]
             self.wait_until(f"store shard {k}", partial(_reported_ready, child), child, 60)
-        self.say(f"  embedding-store  {n} shard(s): {', '.join(self.store_endpoints)}")
+        self.say(
+            f"  embedding-store  {n} shard(s), {self.args.store_tier} tier: "
+            f"{', '.join(self.store_endpoints)}"
+        )
 
     def start_sampler(self) -> None:
         child = self.add(
             "sampler",
-            commands.sampler_command(self.sampler_endpoint, self.peer_token_file),
+            commands.sampler_command(
+                self.sampler_endpoint, self.peer_token_file, self.sampler_metrics_port
+            ),
             restartable=True,
         )
 
@@ -225,6 +279,28 @@ class Stack:
         self.api = ApiClient(self.api_url, self.token)
         self.wait_until("api", self.api.ready, child, 60)
         self.say(f"  api              {self.api_url}/docs  (token in {self.run / 'api-token'})")
+
+    def start_prometheus(self) -> None:
+        """Prometheus scraping every /metrics of the stack, with the alert rules."""
+        assert self.prometheus_port is not None
+        directory = self.run / "prometheus"
+        command = commands.prometheus_command(
+            prometheus.write_files(directory, self.metrics_targets()),
+            directory / "data",
+            self.prometheus_port,
+        )
+        child = self.add("prometheus", command, restartable=True)
+        ready = f"{self.prometheus_url}/-/ready"
+        self.wait_until(
+            "prometheus",
+            lambda: urllib.request.urlopen(ready, timeout=1).status == 200,
+            child,
+            60,
+        )
+        self.say(
+            f"  prometheus       {self.prometheus_url}  (scrapes every /metrics each "
+            f"{prometheus.INTERVAL}; rules {directory / prometheus.RULES_FILE})"
+        )
 
     def start_datagen(self) -> None:
         a = self.args
@@ -263,7 +339,9 @@ class Stack:
 
     def trainer_args(self) -> list[str]:
         assert self.job_id is not None
-        return commands.trainer_command(self.args.trainers, self.redis_url, self.job_id)
+        return commands.trainer_command(
+            self.args.trainers, self.redis_url, self.job_id, self.trainer_metrics_port
+        )
 
     def start_trainers(self) -> None:
         self.add("trainers", self.trainer_args(), restartable=True, env={"OMP_NUM_THREADS": "1"})
@@ -280,6 +358,10 @@ class Stack:
         self.start_store()
         self.start_sampler()
         self.start_api()
+        for job, hosts in self.metrics_targets().items():
+            self.say(f"  /metrics         {job}: {', '.join(hosts)}")
+        if self.prometheus_port is not None:
+            self.start_prometheus()
         self.start_datagen()
         self.submit()
         self.start_trainers()
@@ -401,6 +483,10 @@ class Stack:
         self.say("")
         for line in summary_lines(passes):
             self.say(line)
+        try:
+            self.say(f"AUC picture: {write_auc_png(passes, self.run / 'auc.png')}")
+        except (ValueError, RuntimeError) as exc:  # no AUC yet, or no matplotlib
+            self.say(f"no AUC picture: {exc}")
         self.say(f"models under {self.run / 'models'}, logs under {self.logs}")
 
     # ---- tear-down ---------------------------------------------------------------------
@@ -408,6 +494,7 @@ class Stack:
         """Stops the children, the trainers first and Redis last."""
         order = [
             "trainers",
+            "prometheus",
             "datagen",
             "api",
             "sampler",

@@ -1,9 +1,10 @@
 """The run state ``streamrec up`` keeps in ``RUN/stack.json``, and ``streamrec down``, which
 stops what it records.
 
-The file holds the launcher's pid (``supervisor_pid``), the Redis and API addresses, the
-token file, the job id and, per child, its pid and command name. It is replaced atomically on
-every change and removed when the stack is down.
+The file holds the launcher's pid (``supervisor_pid``), the Redis, API and sampler addresses,
+the token files, the job id, every /metrics address by Prometheus job name (``metrics``), the
+Prometheus URL (``prometheus_url``, None without ``--prometheus``) and, per child, its pid and
+command name. It is replaced atomically on every change and removed when the stack is down.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""Prometheus metrics of the sampler server (all ``streamrec_sampler_...``)."""
+"""Prometheus metrics of the sampler server (all ``streamrec_sampler_...``), in the process's
+default registry (which carries the process collector's ``process_*`` series too)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 from streamrec.metrics import LATENCY_BUCKETS
@@ -29,6 +32,14 @@ RELOAD_SECONDS = Histogram(
     "Time to validate and build a table.",
     buckets=LATENCY_BUCKETS,
 )
+
+
+def start(ops: Iterable[str]) -> None:
+    """Creates every op's request series at 0 (``unknown`` too), so ``rate()`` and the latency
+    alert have a series before the first request of an op."""
+    for op in (*ops, "unknown"):
+        REQUESTS.labels(op)
+        REQUEST_SECONDS.labels(op)
 
 
 def observe_request(op: str, seconds: float, code: str | None) -> None:

@@ -77,6 +77,7 @@ class SamplerServer:
             "pack_feature": self.pack_feature,
             "stats": self.stats,
         }
+        metrics.start(self.handlers)
         self.rpc: RpcServer | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------

@@ -251,6 +251,9 @@ class Agent:
         store: passed to OnlineTrainer (None: built from the job's store endpoints).
         stuck_timeout_s: the watchdog's limit on working without progress (None: no
             watchdog).
+        metrics_port: overrides the job's ``runner.metrics_port`` (local rank r serves
+            /metrics on this port + r; 0: a free port); None: the job's.
+        metrics_host: overrides the job's ``runner.metrics_host``; None: the job's.
     """
 
     def __init__(
@@ -261,8 +264,17 @@ class Agent:
         poll_ms: int = 500,
         store: Any | None = None,
         stuck_timeout_s: float | None = 300.0,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
     ) -> None:
         self.rank, self.world = ddp.env_world()
+        #: runner fields this process sets over the job's (where its /metrics is: a
+        #: property of the node it runs on, not of the job)
+        self.runner_overrides: dict[str, Any] = {
+            k: v
+            for k, v in (("metrics_port", metrics_port), ("metrics_host", metrics_host))
+            if v is not None
+        }
         self.job_id = job_id
         self.poll_ms = poll_ms
         consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -284,7 +296,12 @@ class Agent:
     # ---- set-up ------------------------------------------------------------------------
     def config(self) -> TrainerConfig:
         """The job's trainer config (every rank reads it; only rank 0 takes work)."""
-        return TrainerConfig.parse(self.channel.trainer_config(), source=f"job {self.job_id}")
+        data = self.channel.trainer_config()
+        if self.runner_overrides:
+            runner = data.get("runner")
+            data = {**data, "runner": {**(runner if isinstance(runner, dict) else {})}}
+            data["runner"].update(self.runner_overrides)
+        return TrainerConfig.parse(data, source=f"job {self.job_id}")
 
     def start(self) -> None:
         from streamrec.trainer.runner import OnlineTrainer
@@ -454,6 +471,7 @@ class Agent:
                     attempt=step.attempt,
                     error=f"{type(exc).__name__}: {exc}",
                     error_class=failed.kind if failed else "transient",
+                    phase=failed.phase if failed else "train",
                     bad_splits=list(failed.bad_splits) if failed else [],
                 )
                 assert step.item is not None
@@ -560,6 +578,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="exit (code 4) after working this long without progress (0: no watchdog)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics on this port + the local rank (0: a free port; default: the "
+        "job's runner.metrics_port)",
+    )
+    p.add_argument("--metrics-host", default=None, help="address /metrics binds")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -576,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         args.heartbeat_ttl_s,
         args.poll_ms,
         stuck_timeout_s=args.stuck_timeout_s or None,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     try:
         return agent.run()

@@ -102,7 +102,7 @@ class RunnerConfig(StrictConfig):
     predict_before_train: bool = True
     #: Shrink + base + batch model at the last pass of each day.
     save_base_at_day_end: bool = True
-    #: Port for Prometheus /metrics (0: any free port, None: not served).
+    #: Prometheus /metrics of local rank r on this port + r (0: any free port, None: none).
     metrics_port: int | None = None
     #: Address /metrics binds (0.0.0.0 in a container).
     metrics_host: str = "127.0.0.1"

@@ -52,14 +52,19 @@ class PassFailed(TrainerError):
         kind: ``"data"`` (a split's content is bad: a retry cannot pass) or ``"transient"``
             (disk, network, a peer: a retry from the last checkpoint may).
         bad_splits: the splits a data error was found in.
+        phase: ``"train"`` (predicting or training) or ``"save"`` (the saves due after the
+            pass: the control plane counts those as checkpoint failures).
     """
 
     code = "pass_failed"
 
-    def __init__(self, message: str, kind: str, bad_splits: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message: str, kind: str, bad_splits: tuple[str, ...] = (), phase: str = "train"
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.bad_splits = bad_splits
+        self.phase = phase
 
 
 class BadSplits(PassFailed, DataError):

@@ -170,8 +170,10 @@ class OnlineTrainer:
                 ddp.barrier()
         self.metrics_port: int | None = None
         if r.metrics_port is not None:
+            # one port per rank of this node: a rank per pod (Kubernetes) serves the base port
+            local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
             self.metrics_port = serve_metrics(
-                r.metrics_port + self.rank if r.metrics_port else 0, r.metrics_host
+                r.metrics_port + local_rank if r.metrics_port else 0, r.metrics_host
             )
 
     # -- construction helpers -------------------------------------------------------------
@@ -345,9 +347,13 @@ class OnlineTrainer:
         return n
 
     def _together(
-        self, spec: layout.PassSpec, failure: Exception | None, files: list[Path]
+        self,
+        spec: layout.PassSpec,
+        failure: Exception | None,
+        files: list[Path],
+        phase: str = "train",
     ) -> None:
-        """Every rank learns every rank's outcome of a phase of ``spec``; when any failed,
+        """Every rank learns every rank's outcome of a ``phase`` of ``spec``; when any failed,
         all raise the same :class:`PassFailed` (``data`` when some rank's data was bad)."""
         code, marks, message = OK, [0] * len(spec.splits), ""
         if failure is not None and not isinstance(failure, GroupError):
@@ -368,7 +374,9 @@ class OnlineTrainer:
         bad = tuple(s for i, s in enumerate(spec.splits) if any(o.marks[i] for o in failed))
         text = "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
         cls = BadSplits if kind == "data" else PassFailed
-        raise cls(f"pass {spec.day}/{spec.pass_id} failed ({kind}): {text}", kind, bad) from failure
+        raise cls(
+            f"pass {spec.day}/{spec.pass_id} failed ({kind}): {text}", kind, bad, phase
+        ) from failure
 
     def _agree(self, failure: Exception | None, what: str) -> None:
         """Outside a pass (saves, loads): every rank raises when any rank failed ``what`` (its
@@ -454,7 +462,7 @@ class OnlineTrainer:
                 self.record_pass(record)
         except Exception as exc:
             failure = exc
-        self._together(spec, failure, files)
+        self._together(spec, failure, files, "save")
         self.clean = True
         m.observe_pass(
             self.label, record, pstats.malformed + tstats.malformed, r.predict_before_train

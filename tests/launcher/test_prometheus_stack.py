@@ -1,0 +1,278 @@
+"""End to end: ``streamrec up --prometheus`` runs a short job with a real Prometheus scraping
+every service; then every dashboard panel and every alert has data.
+
+How the expressions are evaluated, through Prometheus's HTTP API:
+
+- A dashboard panel is a graph over a time range, so each expression runs as Grafana runs
+  it: a range query (``/api/v1/query_range``) over the whole run, step 2 s. It passes when
+  it returns a series with at least one finite point (one Grafana would draw). The trainers
+  (and the running-only gauges of the control plane) end with the job, so an instant query
+  after the job would miss them.
+- Grafana's variables are replaced before the query: the interval variables
+  (``$__rate_interval``, ``$__interval``, ``$__range`` ...) by ``1m``; every template variable
+  (``$job``, ``${job}``, ``[[job]]``) by ``.*``, Grafana's "All" (the dashboards use them in
+  regex matchers, ``=~"$job"``).
+- An alert's ``signals`` are range queries like the panels; its ``expr`` must be accepted by
+  an instant query (status ``success``): it need not fire in a healthy stack.
+- Scrape targets: the API's, the shards' and the sampler's are up at the end (``up == 1``);
+  each trainer rank's target was up during the run (``max_over_time(up[...]) == 1``): the
+  ranks exit when the job is done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from streamrec.api.client import ApiClient
+from streamrec.launcher.prometheus import API_JOB, JOBS, SAMPLER_JOB, STORE_JOB, TRAINER_JOB
+from streamrec.launcher.state import read_state
+from streamrec.observability import alerts
+from streamrec.process import bin_path, pid_alive, spawn, stop_process
+from streamrec.ragged import RaggedTensor
+from streamrec.sampler import LocalRpcDataSampler
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARDS = REPO / "deploy" / "k8s" / "base" / "dashboards"
+#: A short job: 1 day of 4 splits (4 passes), one shard on the ssd tier, one trainer rank; a
+#: split lands every 4 s, so the trainers live (and are scraped) for a while.
+UP_FLAGS = [
+    "--prometheus",
+    "--store-tier",
+    "ssd",
+    "--keep-running",
+    "--days",
+    "1",
+    "--split-interval",
+    "360",
+    "--samples-per-split",
+    "600",
+    "--slots",
+    "4",
+    "--batch-size",
+    "128",
+    "--store-shards",
+    "1",
+    "--trainers",
+    "1",
+    "--rate",
+    "0.25",
+    "--timeout-s",
+    "200",
+]
+INTERVAL_VARIABLE = re.compile(r"\$\{?__(rate_interval|interval|range)(_ms|_s)?\}?")
+TEMPLATE_VARIABLE = re.compile(r"\$\{\w+(:\w+)?\}|\$\w+|\[\[\w+\]\]")
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, up: Any) -> T:
+    """Polls ``probe`` until it returns a truthy value; fails after ``timeout_s`` or as soon as
+    the ``streamrec up`` process exits, with the end of its output."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if up.proc.poll() is not None:
+            pytest.fail(f"streamrec up exited ({up.proc.returncode}) before {what}:\n{up.tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {timeout_s:.0f}s:\n{up.tail()}")
+        time.sleep(0.5)
+
+
+class Up:
+    """The ``streamrec up`` process and its output."""
+
+    def __init__(self, run: Path, log: Path) -> None:
+        self.run, self.log = run, log
+        self.proc = spawn(
+            [bin_path("streamrec"), "up", "--run-dir", str(run), *UP_FLAGS],
+            log=log,
+            die_with_parent=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.output().splitlines()[-n:])
+
+
+class Prometheus:
+    """Queries of the stack's Prometheus over its HTTP API."""
+
+    def __init__(self, url: str, start: float) -> None:
+        self.http = httpx.Client(base_url=url, timeout=10)
+        self.start = start
+
+    def instant(self, expr: str) -> dict[str, Any]:
+        resp = self.http.get("/api/v1/query", params={"query": expr})
+        return resp.json()
+
+    def series(self, expr: str) -> list[dict[str, Any]]:
+        """The series of an instant query (none when it fails)."""
+        body = self.instant(expr)
+        return body["data"]["result"] if body.get("status") == "success" else []
+
+    def drawn(self, expr: str) -> list[dict[str, Any]]:
+        """The series of ``expr`` over the run (a range query) with at least one finite
+        point; raises AssertionError naming the expression when the query fails."""
+        end, step = time.time(), 2
+        # the last point is evaluated at ``end`` itself: the newest scrape counts
+        start = end - math.ceil((end - self.start) / step) * step
+        resp = self.http.get(
+            "/api/v1/query_range",
+            params={"query": expr, "start": start, "end": end, "step": step},
+        )
+        body = resp.json()
+        assert body.get("status") == "success", f"{expr!r} refused: {body.get('error')}"
+        return [
+            s
+            for s in body["data"]["result"]
+            if any(math.isfinite(float(v)) for _t, v in s.get("values", []))
+        ]
+
+
+def grafana_to_promql(expr: str) -> str:
+    """A panel's expression as Grafana would send it with every variable at "All" (see the
+    module docstring)."""
+    return TEMPLATE_VARIABLE.sub(".*", INTERVAL_VARIABLE.sub("1m", expr))
+
+
+def panel_exprs(panels: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
+    """(panel title, expr) of every target of ``panels``, rows' nested panels included."""
+    for panel in panels:
+        for target in panel.get("targets") or []:
+            if target.get("expr"):
+                yield str(panel.get("title", "?")), str(target["expr"])
+        yield from panel_exprs(panel.get("panels") or [])
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(dashboard file / panel title, expr) of every dashboard JSON of the base."""
+    files = sorted(DASHBOARDS.glob("*.json"))
+    assert files, f"no dashboard JSON under {DASHBOARDS}"
+    out = []
+    for path in files:
+        board = json.loads(path.read_text())
+        found = [(f"{path.name} / {title}", e) for title, e in panel_exprs(board["panels"])]
+        assert found, f"{path.name}: no panel with a PromQL expression"
+        out += found
+    return out
+
+
+def drive_the_sampler(state: dict[str, Any], requests: int = 20) -> None:
+    """Loads a small negative table into the node's sampler and draws negatives, as a trainer
+    with negative sampling would (the demo job samples none)."""
+    n = 200
+    j = np.arange(n)
+    table = {
+        "item": torch.from_numpy(j * 10 + 1),
+        "cat": RaggedTensor.from_lengths(torch.from_numpy(j % 4), torch.ones(n, dtype=torch.int64)),
+        "w": torch.from_numpy((1 + j % 7).astype(np.float32)),
+        "skey": [""] * n,
+    }
+    with LocalRpcDataSampler(
+        "cat",
+        "item",
+        "w",
+        "skey",
+        endpoint=state["sampler_endpoint"],
+        auto_start=False,
+        timeout_s=30,
+        auth_token_file=state["peer_token_file"],
+    ) as sampler:
+        assert sampler.reload(table)["rows"] == n
+        for i in range(requests):
+            positives = torch.from_numpy(j[i : i + 8] * 10 + 1)
+            got = sampler.sample_ids(positives, 3, torch.from_numpy(j[i : i + 8] % 4))
+            assert got.numel() == 24
+
+
+def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> None:
+    queries = dashboard_queries()  # fail first, and fast, when there are none
+    run = tmp_path / "run"
+    start = time.time() - 5
+    up = Up(run, tmp_path / "up.log")
+    prom: Prometheus | None = None
+    try:
+        state = wait_for(
+            "Prometheus in stack.json",
+            lambda: (s := read_state(run)) and s.get("prometheus_url") and s.get("job_id") and s,
+            120,
+            up,
+        )
+        targets = state["metrics"]
+        assert set(targets) == set(JOBS)
+        assert len(targets[STORE_JOB]) == 1 and len(targets[TRAINER_JOB]) == 1
+        assert f"prometheus       {state['prometheus_url']}" in up.output()
+        wait_for("the end of the job", lambda: "services stay up" in up.output(), 240, up)
+        token = Path(state["token_file"]).read_text().strip()
+        api = ApiClient(state["api_url"], token)
+        try:
+            job = api.job(state["job_id"])
+        finally:
+            api.close()
+        assert job["state"] == "succeeded", up.tail()
+        drive_the_sampler(state)
+        prom = Prometheus(state["prometheus_url"], start)
+        p = prom
+        wait_for(
+            "a scrape of the sampler's requests",
+            lambda: p.series('streamrec_sampler_requests_total{op="sample_ids"} >= 20'),
+            30,
+            up,
+        )
+        # (a) every target of every job
+        for job_name in (API_JOB, STORE_JOB, SAMPLER_JOB):
+            values = {
+                s["metric"]["instance"]: s["value"][1] for s in p.series(f'up{{job="{job_name}"}}')
+            }
+            assert values == {t: "1" for t in targets[job_name]}, job_name
+        window = f"{int(time.time() - start) + 1}s"
+        ranks = {
+            s["metric"]["instance"]: s["value"][1]
+            for s in p.series(f'max_over_time(up{{job="{TRAINER_JOB}"}}[{window}])')
+        }
+        assert ranks == {t: "1" for t in targets[TRAINER_JOB]}
+        # (b) every panel of every dashboard
+        empty = [
+            f"{where}: {expr}" for where, expr in queries if not p.drawn(grafana_to_promql(expr))
+        ]
+        assert not empty, "panel expressions without data:\n" + "\n".join(empty)
+        # (c) every alert: its signals have data, its expression is valid
+        for alert in alerts.ALERTS:
+            for signal in alert.signals:
+                assert p.drawn(signal), f"{alert.name}: signal {signal!r} returned no data"
+            body = p.instant(alert.expr)
+            assert body.get("status") == "success", f"{alert.name}: {body.get('error')}"
+    finally:
+        if prom is not None:
+            prom.http.close()
+        recorded = read_state(run) or {}
+        down = spawn(
+            [bin_path("streamrec"), "down", "--run-dir", str(run)], log=tmp_path / "down.log"
+        )
+        try:
+            assert down.wait(timeout=90) == 0
+            assert up.proc.wait(timeout=60) is not None
+        finally:
+            stop_process(down, timeout_s=5)
+            stop_process(up.proc, timeout_s=30)
+    pids = [c["pid"] for c in (recorded.get("children") or {}).values()]
+    assert pids and not [pid for pid in pids if pid_alive(pid)], "children left running"
+    assert read_state(run) is None
+    assert not os.path.exists(run / "stack.json")
