@@ -56,18 +56,23 @@ def figure(
     baseline: float | None = None,
     baseline_name: str = "",
     floor: float | None = None,
+    digits: int = 1,
     **extra: float,
 ) -> None:
-    """Prints one figure (with its baseline and ratio) and keeps it for --json."""
-    line = f"{name:<52} {value:>12,.1f} {unit}"
+    """Prints one figure (with its baseline and ratio) and keeps it for --json. ``floor``:
+    the least ratio to the baseline, or the least value where there is no baseline."""
+    line = f"{name:<56} {value:>12,.{digits}f} {unit}"
     row = {"name": name, "value": value, "unit": unit, **extra}
     if baseline is not None:
         ratio = value / baseline if baseline else float("nan")
-        line += f" | {baseline_name} {baseline:,.1f} {unit} | ratio {ratio:.2f}x"
+        line += f" | {baseline_name} {baseline:,.{digits}f} {unit} | ratio {ratio:.2f}x"
         row.update(baseline=baseline, baseline_name=baseline_name, ratio=ratio)
         if floor is not None:
             line += f" (floor {floor:.1f}x: {'met' if ratio >= floor else 'NOT met'})"
             row["floor"] = floor
+    elif floor is not None:
+        line += f" (floor {floor:,.{digits}f}: {'met' if value >= floor else 'NOT met'})"
+        row["floor"] = floor
     for k, v in extra.items():
         line += f" | {k} {v:.3g}"
     print(line, flush=True)

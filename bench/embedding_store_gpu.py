@@ -30,42 +30,23 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+
+# the figures' printing and --json rows are the CPU store bench's (bench/ is on sys.path)
+from embedding_store import RESULTS
+from embedding_store import figure as cpu_figure
 from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.options import TableOptions
 
 KEYS_PER_CALL = 1 << 20
-RESULTS: list[dict] = []
 
 
-def figure(
-    name: str,
-    value: float,
-    unit: str,
-    baseline: float | None = None,
-    baseline_name: str = "",
-    floor: float | None = None,
-    **extra: float,
-) -> None:
-    """Prints one figure (with its baseline and ratio) and keeps it for --json."""
-    line = f"{name:<56} {value:>12,.3f} {unit}"
-    row = {"name": name, "value": value, "unit": unit, **extra}
-    if baseline is not None:
-        ratio = value / baseline if baseline else float("nan")
-        line += f" | {baseline_name} {baseline:,.3f} {unit} | ratio {ratio:.2f}x"
-        row.update(baseline=baseline, baseline_name=baseline_name, ratio=ratio)
-        if floor is not None:
-            line += f" (floor {floor:.1f}x: {'met' if ratio >= floor else 'NOT met'})"
-            row["floor"] = floor
-    elif floor is not None:
-        line += f" (floor {floor:,.3f}: {'met' if value >= floor else 'NOT met'})"
-        row["floor"] = floor
-    for k, v in extra.items():
-        line += f" | {k} {v:.3g}"
-    print(line, flush=True)
-    RESULTS.append(row)
+def figure(name: str, value: float, unit: str, **kw: Any) -> None:
+    """A figure with three decimals (billions of keys/s, GB/s)."""
+    cpu_figure(name, value, unit, digits=3, **kw)
 
 
 def gpu_timed(step: Callable[[int], object], steps: int) -> float:
