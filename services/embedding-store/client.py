@@ -26,6 +26,13 @@ or at :meth:`EmbeddingStoreClient.close`, which closes those of every thread.
 Failures: a request that fails on one shard raises after every shard has answered; the other
 shards may have applied their part (a push is then partly applied, as with any parameter
 server; the client refuses malformed input before sending to avoid that in the common case).
+
+Restarts: the client holds the incarnation each shard first answered with
+(:mod:`~streamrec.embedding_store.incarnation`). A shard restarted empty at the same address
+answers its next data op (pull, push, shrink, advance_day, save) with
+:class:`~streamrec.embedding_store.errors.ShardRestarted` and does nothing; ``ping``,
+``size``, ``stats`` and ``load`` run. A full :meth:`EmbeddingStoreClient.load` (a checkpoint)
+takes the new incarnation, as :meth:`EmbeddingStoreClient.accept_restarts` does.
 """
 
 from __future__ import annotations
@@ -42,7 +49,13 @@ import torch
 from streamrec.auth import load_token
 from streamrec.embedding_store.config import shard_dir_name
 from streamrec.embedding_store.dedup import DedupPolicy
-from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, UnknownTable
+from streamrec.embedding_store.errors import (
+    InvalidInput,
+    NonFiniteGradient,
+    ShardRestarted,
+    UnknownTable,
+)
+from streamrec.embedding_store.incarnation import Incarnations, restarted_message
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.routing import (
     MAX_REQUEST_KEYS,
@@ -55,7 +68,7 @@ from streamrec.embedding_store.stats import sum_stats
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
 from streamrec.errors import BadRequest, RemoteError
 from streamrec.malloc import keep_freed_memory
-from streamrec.save_modes import SAVE_MODES
+from streamrec.save_modes import FULL_MODES, SAVE_MODES
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta, RpcClient
 
 
@@ -124,6 +137,7 @@ class EmbeddingStoreClient:
         self._all_clients: weakref.WeakSet[RpcClient] = weakref.WeakSet()
         self._clients_lock = threading.Lock()
         self._closed = False
+        self._incarnations = Incarnations(self.endpoints)
         try:
             self._tables = self._check_shards(tables, check)
         except BaseException:
@@ -176,41 +190,56 @@ class EmbeddingStoreClient:
             self._local.sockets = held
         return held.clients
 
-    def _exchange(self, requests: list[tuple[int, str, Meta, Arrays]]) -> list[tuple[Meta, Arrays]]:
+    def _exchange(
+        self, requests: list[tuple[int, str, Meta, Arrays]], adopt: bool = False
+    ) -> list[tuple[Meta, Arrays]]:
         """Sends every (shard, op, meta, arrays) at once, then receives every reply in order.
 
-        Raises the first error only after every reply is in (or timed out), so no reply is
-        left behind on a socket.
+        Each reply's shard incarnation is checked (``adopt``: taken as the one to expect, see
+        :class:`~streamrec.embedding_store.incarnation.Incarnations`). Raises the first error
+        (a :class:`ShardRestarted` before any other) only after every reply is in (or timed
+        out), so no reply is left behind on a socket.
         """
         clients = self._clients()
-        sent: list[tuple[int, int | None, BaseException | None]] = []
+        known = self._incarnations
+        sent: list[tuple[int, str, int | None, BaseException | None]] = []
         for shard, op, meta, arrays in requests:
             try:
-                sent.append((shard, clients[shard].send(op, meta, arrays), None))
+                sent_id = clients[shard].send(op, known.expect(shard, op, meta), arrays)
+                sent.append((shard, op, sent_id, None))
             except Exception as exc:  # refused before sending (e.g. over the size cap)
-                sent.append((shard, None, exc))
+                sent.append((shard, op, None, exc))
         replies: list[tuple[Meta, Arrays]] = []
         error: BaseException | None = None
-        for shard, request_id, failure in sent:
+        for shard, op, request_id, failure in sent:
             if failure is None and request_id is not None:
                 try:
-                    replies.append(clients[shard].receive(request_id))
+                    reply = clients[shard].receive(request_id)
+                    known.check(shard, op, reply[0], adopt)
+                    replies.append(reply)
                     continue
                 except Exception as exc:
                     failure = exc
             replies.append(({}, {}))
-            if error is None:
+            if isinstance(failure, RemoteError) and failure.code == ShardRestarted.code:
+                failure = ShardRestarted(
+                    restarted_message(shard, self.endpoints[shard], failure.remote_message)
+                )
+            elif isinstance(failure, RemoteError):
+                failure.args = (f"shard {shard} ({self.endpoints[shard]}): {failure}",)
+            if error is None or (
+                isinstance(failure, ShardRestarted) and not isinstance(error, ShardRestarted)
+            ):
                 error = failure
-                if isinstance(failure, RemoteError):
-                    failure.args = (f"shard {shard} ({self.endpoints[shard]}): {failure}",)
         if error is not None:
             raise error
         return replies
 
-    def _broadcast(self, op: str, meta: Meta | None = None) -> list[Meta]:
-        return [
-            m for m, _ in self._exchange([(k, op, meta or {}, {}) for k in range(self.num_shards)])
+    def _broadcast(self, op: str, meta: Meta | None = None, adopt: bool = False) -> list[Meta]:
+        requests: list[tuple[int, str, Meta, Arrays]] = [
+            (k, op, meta or {}, {}) for k in range(self.num_shards)
         ]
+        return [m for m, _ in self._exchange(requests, adopt)]
 
     def _fetch_tables(self) -> dict[str, TableOptions]:
         meta, _ = self._exchange([(0, "tables", {}, {})])[0]
@@ -479,10 +508,43 @@ class EmbeddingStoreClient:
 
         Two phases: every shard first checks its directory (manifest, files, checksums, shard
         count) and only when all are good do they load, so a bad checkpoint changes no shard.
+
+        A full save (``checkpoint``/``batch``: every row of its tables) loaded into every
+        shard is the recovery from a shard restart: the client then expects the shards'
+        current incarnations (:class:`~streamrec.embedding_store.errors.ShardRestarted`).
         """
         meta = {"path": str(path), **self._converter_meta(converter)}
-        self._broadcast("load", {**meta, "verify_only": True})
-        self._broadcast("load", meta)
+        modes = {m.get("mode") for m in self._broadcast("load", {**meta, "verify_only": True})}
+        self._broadcast("load", meta, adopt=modes <= FULL_MODES)
+
+    def accept_restarts(self, incarnations: list[int | None] | None = None) -> list[str]:
+        """Goes on with the shards as they are: a restarted (empty) shard is served again.
+
+        For a job with no checkpoint to reload (after one, :meth:`load` does this itself).
+
+        Args:
+            incarnations: shard K's incarnation to expect (another client's
+                :meth:`incarnations`, e.g. of the rank that loaded the checkpoint); None
+                asks every shard now.
+
+        Returns:
+            the endpoints of the shards that had restarted.
+        """
+        if incarnations is not None:
+            return self._incarnations.adopt(incarnations)
+        before = self._incarnations.known()
+        self._broadcast("ping", adopt=True)
+        after = self._incarnations.known()
+        return [
+            e
+            for e, old, new in zip(self.endpoints, before, after, strict=True)
+            if old is not None and new is not None and old != new
+        ]
+
+    def incarnations(self) -> list[int | None]:
+        """Shard K's incarnation this client expects (None: not known yet, or a shard that
+        sends none)."""
+        return self._incarnations.known()
 
     @staticmethod
     def _converter_meta(converter: Any) -> Meta:

@@ -63,3 +63,12 @@ class StoreClosed(EmbeddingStoreError):
     """The store was closed."""
 
     code = "store_closed"
+
+
+class ShardRestarted(EmbeddingStoreError):
+    """A shard answered from another process than the one the client trained against (it
+    was restarted, empty, at the same address): its rows are gone. Data ops are refused until
+    the job reloads its last checkpoint (``EmbeddingStoreClient.load``) or accepts the shards
+    as they are (``accept_restarts``); see :mod:`~streamrec.embedding_store.incarnation`."""
+
+    code = "shard_restarted"

@@ -21,6 +21,11 @@ arrays -> reply meta and arrays)::
     load         {path, [converter, verify_only]}    -> {dir}
     stats        {}                                  -> {shard_id, num_shards, stats}
 
+Every successful reply's meta also carries ``incarnation``, the id this shard process drew
+at start; a data op (pull, push, their ``_many`` forms, shrink, advance_day, save) sent
+with ``expect_incarnation`` set to another id is refused (``shard_restarted``) before it
+touches the store: the shard restarted empty (:mod:`~streamrec.embedding_store.incarnation`).
+
 ``pull_many``/``push_many`` carry several tables in one request (the trainer's one request
 per shard and batch): table t owns ``counts[t]`` keys of the concatenated ``keys`` (and of
 ``shows``/``clicks``) and ``counts[t] * dim_t`` values of the flattened ``grads``/``values``::
@@ -69,12 +74,13 @@ from streamrec.embedding_store.errors import (
     UnknownTable,
     WrongShard,
 )
+from streamrec.embedding_store.incarnation import REPLY_FIELD, check_request, new_incarnation
 from streamrec.embedding_store.metrics import StoreMetrics
 from streamrec.errors import BadRequest, NotFound, quote
 from streamrec.keyhash import shard_of
 from streamrec.roots import confine, resolve_roots
 from streamrec.save_modes import SAVE_MODES
-from streamrec.wire import Arrays, Meta
+from streamrec.wire import Arrays, Handler, Meta
 
 # A push's arrays reach the store as zero-copy views of the received frames, which are
 # read-only; the store never writes a push's inputs (see EmbeddingStore.push), so torch's
@@ -124,6 +130,7 @@ class StoreService:
         redis_url: the serving Redis for saves with ``converter: "redis"`` (None: refused).
         redis_prefix: prefix of this store's keys in that Redis.
         model_roots: the directories ``save``/``load`` paths must lie under (none: refused).
+        incarnation: this shard process's id, sent in every reply; None draws a new one.
     """
 
     def __init__(
@@ -135,6 +142,7 @@ class StoreService:
         redis_url: str | None = None,
         redis_prefix: str = "streamrec:emb",
         model_roots: Sequence[str | os.PathLike[str]] = (),
+        incarnation: int | None = None,
     ) -> None:
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}")
@@ -148,9 +156,19 @@ class StoreService:
         self._redis: Any = None
         self._redis_lock = threading.Lock()
         self.model_roots = resolve_roots(model_roots)
+        self.incarnation = new_incarnation() if incarnation is None else incarnation
 
-    def handlers(self) -> dict[str, Any]:
-        return {op: getattr(self, f"op_{op}") for op in OPS}
+    def handlers(self) -> dict[str, Handler]:
+        """Op name -> handler: the op checked against this incarnation, its reply stamped."""
+        return {op: self._stamped(op, getattr(self, f"op_{op}")) for op in OPS}
+
+    def _stamped(self, op: str, handler: Handler) -> Handler:
+        def handle(meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+            check_request(op, meta, self.incarnation)
+            out, out_arrays = handler(meta, arrays)
+            return {**out, REPLY_FIELD: self.incarnation}, out_arrays
+
+        return handle
 
     def on_request(self, op: str, seconds: float, code: str | None) -> None:
         if self.metrics is not None:

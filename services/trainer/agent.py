@@ -459,6 +459,8 @@ class Agent:
         try:
             if step.load is not None:
                 t.load_checkpoint(*step.load)  # exactly the one the API names
+            elif not t.clean:  # no checkpoint to go back to (load_for): on as the shards are
+                t.accept_store_restarts()
             record = t.run_pass(spec, step.skip)
         except (StreamRecError, OSError, ValueError) as exc:
             log.exception("pass %s/%s failed", spec.day, spec.pass_id)

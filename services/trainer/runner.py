@@ -603,6 +603,7 @@ class OnlineTrainer:
             except Exception as exc:
                 failure = exc
         self._agree_checkpoint(failure, directory)
+        self.accept_store_restarts(ask=False)  # rank 0's client took them in the load
         self.step = step
         self.clean = True
         self.progress_at = time.monotonic()
@@ -611,6 +612,34 @@ class OnlineTrainer:
             "warm start from %s (step %d, manifest %s)", directory, self.step, manifest.get("mode")
         )
         return self.last_pass
+
+    def accept_store_restarts(self, ask: bool = True) -> list[str]:
+        """Every rank's store client expects the shard incarnations rank 0's holds (asked of
+        the shards first when ``ask``), so shards restarted empty are served again instead
+        of failing every pass with ``ShardRestarted``: after rank 0 loaded a checkpoint into
+        every shard, or when there is none to go back to. Returns the restarted shards'
+        endpoints (rank 0). The in-process store has no shards: nothing to do."""
+        store = self.store
+        if not hasattr(store, "accept_restarts"):
+            return []
+        restarted: list[str] = []
+        failure: Exception | None = None
+        if self.rank == 0 and ask:
+            try:
+                restarted = store.accept_restarts()
+            except Exception as exc:
+                failure = exc
+        if ask:  # the same on every rank
+            self._agree(failure, "accepting the store's shards as they are")
+        if restarted:
+            log.warning("store shards %s restarted empty: going on with them", restarted)
+        if ddp.active():  # rank 0's ids to every rank (a sum: the others send zeros)
+            ids = [0 if i is None else i - (1 << 64) * (i >> 63) for i in store.incarnations()]
+            shared = torch.tensor(ids if self.rank == 0 else [0] * len(ids), dtype=torch.int64)
+            ddp.all_reduce_sum(shared)
+            if self.rank != 0:
+                store.accept_restarts([(int(v) % (1 << 64)) or None for v in shared.tolist()])
+        return restarted
 
     def _agree_checkpoint(self, failure: Exception | None, directory: Path) -> None:
         try:
