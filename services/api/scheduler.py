@@ -3,9 +3,8 @@
 One API at a time schedules (a lease in Redis, renewed every tick), so several API replicas or
 a restarted one never hand out a pass twice. Each tick, for every job that may be at work:
 
-1. **Reports.** Read the job's report stream with consumer group ``api`` (first this
-   consumer's pending entries, left by a crash, then new ones); apply each, then XACK it.
-   Applying is idempotent (a pass already done stays done).
+1. **Reports.** Apply the job's trainer reports (``reports.py``: pass outcomes,
+   checkpoints, trigger outcomes; idempotent, a pass already done stays done).
 2. **Dead group.** A pass in flight that a trainer took (pending in the work group) while the
    group's heartbeat key has expired (or is renewed without progress for
    ``trainer_stuck_s`` while it works: stuck) means the group died: the job's cursor goes
@@ -22,7 +21,8 @@ checkpoint without the bad splits (``skipped_splits`` of the pass record, a ``sk
 Work items name ``after`` (the previous pass) and ``resume_from`` so a group loads exactly
 the checkpoint the API knows, never a newer one it never reported.
 
-Every pass, requeue, checkpoint, trigger outcome and state change is an event.
+Every pass, requeue, checkpoint, trigger outcome and state change is an event. The running
+jobs' heartbeat and progress ages and queue depths are gauges (``job_gauges.py``).
 """
 
 from __future__ import annotations
@@ -33,22 +33,20 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 import redis
 from streamrec.api import keys, redis_io
-from streamrec.api.client import CommandType, ReportKind
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError
+from streamrec.api.job_gauges import RunningJobGauges
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.repo import Repo, stuck_for
+from streamrec.api.reports import ReportApplier
 from streamrec.api.state import (
     ACTIVE_STATES,
     JobState,
     PassState,
-    TriggerState,
     change_state,
     event_fields,
 )
@@ -65,16 +63,6 @@ _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
-#: Metric fields a trainer reports for a pass (OnlineTrainer.run_pass record).
-PASS_METRICS = (
-    "predict_auc",
-    "train_auc",
-    "logloss",
-    "best_auc",
-    "samples",
-    "malformed_lines",
-    "seconds",
-)
 MAX_ATTEMPTS = 2
 
 
@@ -96,16 +84,11 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._plans: dict[str, tuple[str, list[PassSpec]]] = {}
-        #: Per running job: (heartbeat ts, progress ts) of the last heartbeat seen, so the
-        #: ages keep growing once the heartbeat key has expired.
-        self._beats: dict[str, tuple[float, float]] = {}
         self._last_probe: dict[str, float] = {}
         self._lease = self.r.register_script(_LEASE)
         self._release = self.r.register_script(_RELEASE)
-        #: ``_on_<kind>`` for every report kind (streamrec.api.client.ReportKind).
-        self._handlers: dict[ReportKind, Callable[[str, dict[str, Any]], None]] = {
-            kind: getattr(self, f"_on_{kind.value}") for kind in ReportKind
-        }
+        self.gauges = RunningJobGauges(self.r, metrics)
+        self.reports = ReportApplier(repo, metrics, self.requeue, self._ack_work)
 
     # ---- thread -----------------------------------------------------------------------
     def start(self) -> None:
@@ -151,58 +134,12 @@ class Scheduler:
                     log.info("scheduler: job %s: %s", job_id, exc)
         for state in JobState:
             self.metrics.jobs.labels(state.value).set(self.r.scard(keys.jobs_in_state(state.value)))
-        self.observe_running(sorted(redis_io.smembers(self.r, keys.jobs_in_state("running"))))
+        self.gauges.observe(sorted(redis_io.smembers(self.r, keys.jobs_in_state("running"))))
         return True
-
-    # ---- running jobs' gauges ---------------------------------------------------------
-    def observe_running(self, running: list[str]) -> None:
-        """Sets the heartbeat and progress ages and the work queue depth of every running
-        job; drops those gauges for jobs no longer running."""
-        now = time.time()
-        for job_id in running:
-            beat_ts, progress_ts = self._last_beat(job_id)
-            self.metrics.heartbeat_age.labels(job_id).set(max(now - beat_ts, 0.0))
-            self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
-            self.metrics.work_queue_depth.labels(job_id).set(self.queue_depth(job_id))
-        for job_id in set(self._beats) - set(running):
-            del self._beats[job_id]
-            self.metrics.forget_running(job_id)
-
-    def _last_beat(self, job_id: str) -> tuple[float, float]:
-        """(heartbeat ts, progress ts), wall clock: the live heartbeat's, else the last one
-        seen, else when the job became running (no group has beaten since)."""
-        raw = redis_io.get(self.r, keys.heartbeat(job_id))
-        beat: Any = None
-        if raw is not None:
-            with contextlib.suppress(ValueError):
-                beat = json.loads(raw)
-        ts = beat.get("ts") if isinstance(beat, dict) else None
-        if isinstance(ts, int | float):
-            progress = beat.get("progress_ts")
-            found = (float(ts), float(progress) if isinstance(progress, int | float) else float(ts))
-            self._beats[job_id] = found
-            return found
-        if job_id not in self._beats:
-            since = float(redis_io.hget(self.r, keys.job(job_id), "updated_at") or time.time())
-            self._beats[job_id] = (since, since)
-        return self._beats[job_id]
-
-    def queue_depth(self, job_id: str) -> int:
-        """Entries of the job's work stream not yet delivered to the trainers' group."""
-        stream = keys.work(job_id)
-        try:
-            groups = self.r.xinfo_groups(stream)
-        except redis.ResponseError:  # no work stream yet: nothing handed out
-            return 0
-        for group in groups:
-            if group["name"] == keys.TRAINER_GROUP:
-                last = group["last-delivered-id"]
-                return len(self.r.xrange(stream, min=f"({last}", max="+") or [])
-        return int(self.r.xlen(stream))
 
     def step(self, job_id: str) -> None:
         """Reports, dead-group check, then hand-out, for one job."""
-        self.apply_reports(job_id)
+        self.reports.apply(job_id)
         f = self.repo.job_fields(job_id)
         if f["state"] in ACTIVE_STATES:
             self.check_dead(job_id, f)
@@ -457,224 +394,3 @@ class Scheduler:
         ids = [row["message_id"] for row in rows]
         if ids:
             self.r.xack(keys.work(job_id), keys.TRAINER_GROUP, *ids)
-
-    # ---- reports ----------------------------------------------------------------------
-    def apply_reports(self, job_id: str, max_batches: int = 10) -> int:
-        """Applies the trainers' reports (own pending first, then new); returns how many."""
-        n = 0
-        for start in ("0", ">"):
-            for _ in range(max_batches):
-                msgs = redis_io.read_group(
-                    self.r, keys.API_GROUP, keys.API_CONSUMER, keys.reports(job_id), start, 100
-                )
-                if not msgs:
-                    break
-                for msg_id, fields in msgs:
-                    if fields:
-                        self._apply_one(job_id, msg_id, fields)
-                    self.r.xack(keys.reports(job_id), keys.API_GROUP, msg_id)
-                    n += 1
-                if start == "0":
-                    break  # pending ones are re-read only once per tick
-        return n
-
-    def _apply_one(self, job_id: str, msg_id: str, fields: dict[str, str]) -> None:
-        kind = fields.get("type", "")
-        try:
-            data = json.loads(fields.get("data") or "{}")
-            if not isinstance(data, dict):
-                raise ValueError(f"data must be an object, got {type(data).__name__}")
-            try:
-                handler = self._handlers[ReportKind(kind)]
-            except ValueError:
-                raise ValueError(f"unknown report type {kind!r}") from None
-            handler(job_id, data)
-        except (ValueError, KeyError, TypeError) as exc:
-            redis_io.xadd(
-                self.r,
-                keys.events(job_id),
-                event_fields(
-                    "bad_report", f"report {msg_id} ({kind!r}) ignored: {exc}", {"id": msg_id}
-                ),
-            )
-        except ApiError as exc:  # e.g. a transition no longer allowed: record it, go on
-            redis_io.xadd(
-                self.r,
-                keys.events(job_id),
-                event_fields(
-                    "bad_report", f"report {msg_id} ({kind!r}) not applied: {exc}", {"id": msg_id}
-                ),
-            )
-
-    def _event(self, job_id: str, kind: str, message: str, data: dict[str, Any]) -> None:
-        redis_io.xadd(self.r, keys.events(job_id), event_fields(kind, message, data))
-
-    def _on_started(self, job_id: str, data: dict[str, Any]) -> None:
-        self._event(job_id, "trainer", f"trainer group up: {data.get('ranks')} rank(s)", data)
-
-    def _stale(self, job_id: str, rec: str, data: dict[str, Any]) -> bool:
-        """A report about an earlier attempt of a pass that was handed out again."""
-        if "attempt" not in data:
-            return False
-        current_raw, retired_raw = redis_io.hmget(self.r, rec, ["attempts", "retired"])
-        current, retired = int(current_raw or 0), int(retired_raw or 0)
-        if int(data["attempt"]) == current and int(data["attempt"]) > retired:
-            return False
-        self._event(
-            job_id,
-            "stale_report",
-            f"report for attempt {data['attempt']} of "
-            f"{rec.rsplit(':', 1)[-1]} ignored (attempt {current} is current)",
-            data,
-        )
-        return True
-
-    def _on_claimed(self, job_id: str, data: dict[str, Any]) -> None:
-        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
-        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
-        if (
-            self._stale(job_id, rec, data)
-            or redis_io.hget(self.r, rec, "state") != PassState.QUEUED.value
-        ):
-            return
-        redis_io.hset(
-            self.r,
-            rec,
-            {
-                "state": PassState.RUNNING.value,
-                "started_at": f"{time.time():.3f}",
-                "ranks": str(int(data.get("ranks", 1))),
-            },
-        )
-        self._event(
-            job_id, "pass", f"pass {pk} started on {data.get('ranks', 1)} rank(s)", {"pass": pk}
-        )
-
-    def _on_pass_done(self, job_id: str, data: dict[str, Any]) -> None:
-        day, pid = str(data["day"]), int(data["pass_id"])
-        pk = keys.pass_key(day, pid)
-        rec = keys.pass_record(job_id, day, pid)
-        current = redis_io.hget(self.r, rec, "state")
-        if current is None or current == PassState.DONE.value or self._stale(job_id, rec, data):
-            return
-        record = data.get("record") or {}
-        values = {}
-        for name in PASS_METRICS:
-            v = record.get(name)
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                values[name] = repr(float(v)) if isinstance(v, float) else str(v)
-        f = self.repo.job_fields(job_id)
-        with self.r.pipeline() as pipe:
-            redis_io.hset(
-                pipe,
-                rec,
-                {
-                    **values,
-                    "state": PassState.DONE.value,
-                    "error": "",
-                    "finished_at": f"{time.time():.3f}",
-                    "ranks": str(int(data.get("ranks", 1))),
-                },
-            )
-            pipe.hincrby(keys.job(job_id), "passes_done", 1)
-            if f.get("in_flight") == pk:
-                pipe.hset(keys.job(job_id), "in_flight", "")
-            shown = ", ".join(
-                f"{k}={record[k]:.4f}"
-                for k in ("predict_auc", "train_auc", "logloss")
-                if isinstance(record.get(k), int | float)
-            )
-            redis_io.xadd(
-                pipe,
-                keys.events(job_id),
-                event_fields(
-                    "pass",
-                    f"pass {pk} done" + (f": {shown}" if shown else ""),
-                    {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
-                ),
-            )
-            pipe.execute()
-        self._ack_work(job_id)
-        self.metrics.passes_done.labels(job_id).inc()
-        for kind in ("predict", "train", "best"):
-            v = record.get(f"{kind}_auc")
-            if isinstance(v, int | float):
-                self.metrics.pass_auc.labels(job_id, kind).set(v)
-        for kind, name in (("predict", "predict_logloss"), ("train", "logloss")):
-            if isinstance(record.get(name), int | float):
-                self.metrics.pass_logloss.labels(job_id, kind).set(record[name])
-        if isinstance(record.get("seconds"), int | float):
-            self.metrics.pass_seconds.labels(job_id).observe(record["seconds"])
-        if isinstance(record.get("samples"), int) and record["samples"] >= 0:
-            self.metrics.pass_samples.labels(job_id).inc(record["samples"])
-
-    def _on_pass_failed(self, job_id: str, data: dict[str, Any]) -> None:
-        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
-        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
-        f = self.repo.job_fields(job_id)
-        if f.get("in_flight") != pk or self._stale(job_id, rec, data):
-            return
-        error = f"trainer error: {str(data.get('error', ''))[:500]}"
-        if data.get("phase") == "save":
-            self.metrics.checkpoint_failures.labels(job_id).inc()
-        if data.get("error_class") != "data":  # transient: retried from the last checkpoint
-            self.requeue(job_id, f, error)
-            return
-        policy = stored_spec(f["spec"]).data.on_bad_split
-        bad = [str(s) for s in data.get("bad_splits") or []][:64]
-        if policy == "skip" and bad:
-            self.requeue(job_id, f, f"bad data, skipped: {error}", failure=False, skip=bad)
-        else:  # a retry cannot pass
-            self.requeue(job_id, f, f"bad data (on_bad_split: {policy}): {error}", fatal=True)
-
-    def _on_checkpoint(self, job_id: str, data: dict[str, Any]) -> None:
-        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
-        self.r.hset(keys.job(job_id), "last_checkpoint", pk)
-        self.metrics.checkpoints.labels(job_id).inc()
-        self._event(
-            job_id,
-            "checkpoint",
-            f"checkpoint {pk} at {data.get('path')}",
-            {"pass": pk, "path": data.get("path")},
-        )
-
-    def _finish_trigger(self, job_id: str, data: dict[str, Any], state: TriggerState) -> None:
-        tid = str(data["trigger_id"])
-        key = keys.trigger(job_id, tid)
-        kind = redis_io.hget(self.r, key, "kind")
-        if kind is None:
-            raise ValueError(f"unknown trigger {tid!r}")
-        fields = {"state": state.value, "finished_at": f"{time.time():.3f}"}
-        if state == TriggerState.DONE:
-            fields["result"] = json.dumps(data.get("result") or {})
-        else:
-            fields["error"] = str(data.get("error", ""))[:2000]
-        redis_io.hset(self.r, key, fields)
-        self.metrics.triggers.labels(kind, state.value).inc()
-        if kind == CommandType.CHECKPOINT and state == TriggerState.FAILED:
-            self.metrics.checkpoint_failures.labels(job_id).inc()
-        self._event(
-            job_id,
-            "trigger",
-            f"trigger {tid} ({kind}) {state.value}",
-            {"trigger_id": tid, **{k: v for k, v in fields.items() if k != "state"}},
-        )
-
-    def _on_trigger_done(self, job_id: str, data: dict[str, Any]) -> None:
-        self._finish_trigger(job_id, data, TriggerState.DONE)
-
-    def _on_trigger_failed(self, job_id: str, data: dict[str, Any]) -> None:
-        self._finish_trigger(job_id, data, TriggerState.FAILED)
-
-    def _on_stopped(self, job_id: str, data: dict[str, Any]) -> None:
-        if redis_io.hget(self.r, keys.job(job_id), "state") == JobState.STOPPING.value:
-            change_state(self.r, job_id, "stopped", reason="trainers stopped")
-
-    def _on_error(self, job_id: str, data: dict[str, Any]) -> None:
-        self._event(job_id, "failure", f"trainer error: {str(data.get('message'))[:2000]}", data)
-
-    def _on_fatal(self, job_id: str, data: dict[str, Any]) -> None:
-        """A trainer cannot run this job at all (e.g. its config is invalid): fail it."""
-        msg = str(data.get("message"))[:2000]
-        self.r.hset(keys.job(job_id), "error", msg)
-        change_state(self.r, job_id, "fail", reason=msg)

@@ -1,0 +1,78 @@
+"""The running jobs' liveness gauges: heartbeat age, progress age and work queue depth.
+
+Set each scheduler tick for every running job, dropped when a job stops running. The ages
+keep growing once a group's heartbeat key has expired (the last heartbeat seen is kept), and
+start from the moment the job became running when no group has beaten yet, so the alerts
+on them (services/observability/alerts.py) fire for a group that never came up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import Any
+
+import redis
+from streamrec.api import keys, redis_io
+from streamrec.api.metrics import ApiMetrics
+
+
+class RunningJobGauges:
+    """The gauges of running jobs, from Redis.
+
+    Args:
+        r: the API's Redis client.
+        metrics: where the gauges live.
+    """
+
+    def __init__(self, r: redis.Redis, metrics: ApiMetrics) -> None:
+        self.r = r
+        self.metrics = metrics
+        #: Per running job: (heartbeat ts, progress ts) of the last heartbeat seen.
+        self._beats: dict[str, tuple[float, float]] = {}
+
+    def observe(self, running: list[str]) -> None:
+        """Sets the heartbeat and progress ages and the work queue depth of every running
+        job; drops those gauges for jobs no longer running."""
+        now = time.time()
+        for job_id in running:
+            beat_ts, progress_ts = self._last_beat(job_id)
+            self.metrics.heartbeat_age.labels(job_id).set(max(now - beat_ts, 0.0))
+            self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
+            self.metrics.work_queue_depth.labels(job_id).set(self.queue_depth(job_id))
+        for job_id in set(self._beats) - set(running):
+            del self._beats[job_id]
+            self.metrics.forget_running(job_id)
+
+    def _last_beat(self, job_id: str) -> tuple[float, float]:
+        """(heartbeat ts, progress ts), wall clock: the live heartbeat's, else the last one
+        seen, else when the job became running (no group has beaten since)."""
+        raw = redis_io.get(self.r, keys.heartbeat(job_id))
+        beat: Any = None
+        if raw is not None:
+            with contextlib.suppress(ValueError):
+                beat = json.loads(raw)
+        ts = beat.get("ts") if isinstance(beat, dict) else None
+        if isinstance(ts, int | float):
+            progress = beat.get("progress_ts")
+            found = (float(ts), float(progress) if isinstance(progress, int | float) else float(ts))
+            self._beats[job_id] = found
+            return found
+        if job_id not in self._beats:
+            since = float(redis_io.hget(self.r, keys.job(job_id), "updated_at") or time.time())
+            self._beats[job_id] = (since, since)
+        return self._beats[job_id]
+
+    def queue_depth(self, job_id: str) -> int:
+        """Entries of the job's work stream not yet delivered to the trainers' group."""
+        stream = keys.work(job_id)
+        try:
+            groups = self.r.xinfo_groups(stream)
+        except redis.ResponseError:  # no work stream yet: nothing handed out
+            return 0
+        for group in groups:
+            if group["name"] == keys.TRAINER_GROUP:
+                last = group["last-delivered-id"]
+                return len(self.r.xrange(stream, min=f"({last}", max="+") or [])
+        return int(self.r.xlen(stream))
