@@ -58,15 +58,14 @@ from streamrec.trainer import metrics as m
 from streamrec.trainer.config import TrainerConfig
 from streamrec.trainer.data import Batch, ParseStats, iter_batches
 from streamrec.trainer.errors import (
-    BadSplits,
     CheckpointError,
     ConfigError,
-    DataError,
     GroupError,
     PassFailed,
     TrainerError,
 )
 from streamrec.trainer.evaluation import AucAccumulator
+from streamrec.trainer.group_outcome import agree, share_pass_outcome
 from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
@@ -77,8 +76,6 @@ from streamrec.trainer.store import build_table_options, make_store
 log = logging.getLogger(__name__)
 
 PASSES_FILE = "passes.jsonl"
-#: exchange_outcomes codes of a rank's part of a step.
-OK, DATA_FAILURE, OTHER_FAILURE = 0, 1, 2
 #: What save_model writes (a checkpoint is save_checkpoint's).
 EXPORT_MODES = frozenset(SaveMode) - {SaveMode.CHECKPOINT}
 
@@ -353,43 +350,13 @@ class OnlineTrainer:
         files: list[Path],
         phase: str = "train",
     ) -> None:
-        """Every rank learns every rank's outcome of a ``phase`` of ``spec``; when any failed,
-        all raise the same :class:`PassFailed` (``data`` when some rank's data was bad)."""
-        code, marks, message = OK, [0] * len(spec.splits), ""
-        if failure is not None and not isinstance(failure, GroupError):
-            code = DATA_FAILURE if isinstance(failure, DataError) else OTHER_FAILURE
-            message = f"{type(failure).__name__}: {failure}"
-            if code == DATA_FAILURE:
-                for path in files:
-                    if str(path) in str(failure) and path.parent.name in spec.splits:
-                        marks[spec.splits.index(path.parent.name)] = 1
-        outcomes = ddp.exchange_outcomes(code, marks, message)
-        failed = [o for o in outcomes if o.code != OK]
-        if not failed and failure is not None:  # only GroupErrors: the culprit said nothing
-            failed = [ddp.RankOutcome(self.rank, OTHER_FAILURE, tuple(marks), str(failure))]
-        if not failed:
-            return
-        self.clean = False
-        kind = "data" if any(o.code == DATA_FAILURE for o in failed) else "transient"
-        bad = tuple(s for i, s in enumerate(spec.splits) if any(o.marks[i] for o in failed))
-        text = "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
-        cls = BadSplits if kind == "data" else PassFailed
-        raise cls(
-            f"pass {spec.day}/{spec.pass_id} failed ({kind}): {text}", kind, bad, phase
-        ) from failure
-
-    def _agree(self, failure: Exception | None, what: str) -> None:
-        """Outside a pass (saves, loads): every rank raises when any rank failed ``what`` (its
-        own error, or :class:`GroupError` quoting the failed rank's)."""
-        message = f"{type(failure).__name__}: {failure}" if failure is not None else ""
-        outcomes = ddp.exchange_outcomes(OTHER_FAILURE if failure else OK, [], message)
-        if failure is not None:
-            raise failure
-        failed = [o for o in outcomes if o.code != OK]
-        if failed:
-            raise GroupError(
-                f"{what} failed: " + "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
-            )
+        """Every rank learns every rank's outcome of a ``phase`` of ``spec``
+        (:func:`~.group_outcome.share_pass_outcome`); a failed pass leaves the model unclean."""
+        try:
+            share_pass_outcome(self.rank, spec, failure, files, phase)
+        except PassFailed:
+            self.clean = False
+            raise
 
     def run_pass(self, spec: layout.PassSpec, skip: tuple[str, ...] = ()) -> dict[str, Any]:
         """Predicts then trains one pass (without the splits in ``skip``); saves what is
@@ -521,7 +488,7 @@ class OnlineTrainer:
                 out = fn(*args)
             except Exception as exc:
                 failure = exc
-        self._agree(failure, getattr(fn, "__name__", "store call"))
+        agree(failure, getattr(fn, "__name__", "store call"))
         return out
 
     def dense_state(self) -> dict[str, Any]:
@@ -554,7 +521,7 @@ class OnlineTrainer:
                 ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
             except Exception as exc:
                 failure = exc
-        self._agree(failure, f"{mode} save to {directory}")
+        agree(failure, f"{mode} save to {directory}")
         self.progress_at = time.monotonic()
         m.SAVE_SECONDS.labels(self.label, mode).observe(time.monotonic() - started)
         return directory
@@ -630,7 +597,7 @@ class OnlineTrainer:
             except Exception as exc:
                 failure = exc
         if ask:  # the same on every rank
-            self._agree(failure, "accepting the store's shards as they are")
+            agree(failure, "accepting the store's shards as they are")
         if restarted:
             log.warning("store shards %s restarted empty: going on with them", restarted)
         if ddp.active():  # rank 0's ids to every rank (a sum: the others send zeros)
@@ -643,7 +610,7 @@ class OnlineTrainer:
 
     def _agree_checkpoint(self, failure: Exception | None, directory: Path) -> None:
         try:
-            self._agree(failure, f"loading checkpoint {directory}")
+            agree(failure, f"loading checkpoint {directory}")
         except CheckpointError:
             raise
         except Exception as exc:
