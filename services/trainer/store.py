@@ -15,14 +15,29 @@ from typing import Any
 from streamrec.trainer.config import TrainerConfig
 from streamrec.trainer.errors import ConfigError
 
+#: The sparse rule of every column: PaddleRec's StdAdaGradSGDRule at PaddleRec's defaults. It
+#: does not step like torch's Adagrad (the quality bench's baseline): its step is
+#: ``lr * g * sqrt(initial_g2sum / (initial_g2sum + g2sum))`` with ``g2sum`` summed before
+#: ``g``, so the first step is plain SGD on the batch-summed gradient
+#: (``scale_sparse_gradient_with_batch_size``), tiny for a rare key and large for a hot one,
+#: where torch's is ``lr * sign(g)``; later steps match torch's at rate
+#: ``lr * sqrt(initial_g2sum)`` (tests/trainer/test_table_defaults.py). With the dense default
+#: (adagrad 0.02, see ``ModelConfig``) it matches torch Adagrad at 0.05 on the planted streams
+#: without tuning (BENCHMARKS.md, "Defaults (issue 15)").
+DEFAULT_RULE: dict[str, Any] = {
+    "name": "StdAdaGradSGDRule",
+    "learning_rate": 0.05,
+    "initial_g2sum": 3.0,
+}
+
 #: Table options the trainer uses unless ``table_parameters`` says otherwise: a plain
-#: embedding table (every row trained from the start), PaddleRec's StdAdaGrad, small init
-#: (the settings bench/trainer.py's quality run uses).
+#: embedding table (every row trained from the start), :data:`DEFAULT_RULE` on every column,
+#: small init (uniform +-0.005, about the reference's +-sqrt(1 / rows) for 40k-row tables).
 DEFAULT_TABLE_PARAMETERS: dict[str, Any] = {
     "embedx_threshold": 0,
     "initializer": {"type": "uniform", "low": -0.005, "high": 0.005},
-    "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
-    "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0},
+    "embed_sgd_param": dict(DEFAULT_RULE),
+    "embedx_sgd_param": dict(DEFAULT_RULE),
 }
 
 
