@@ -1,9 +1,13 @@
-"""Trainer benchmark: StreamRec end to end against a plain-PyTorch DLRM step, and quality.
+"""Trainer benchmark: StreamRec end to end against the reference DLRM step, and quality.
 
 Throughput, for each setup (a: the seed 004 CPU table, b: Criteo-Kaggle-like)::
 
-    baseline     the reference DLRM step (nn.EmbeddingBag sparse=True + SGD, the same MLPs,
-                 dot interaction) on batches built before timing starts: only the step is timed
+    baseline     the reference's DLRM step (facebookresearch/dlrm ``DLRM_Net``: nn.EmbeddingBag
+                 sparse=True + SGD, the same MLPs, dot interaction) as reproduced by
+                 bench/reference_dlrm.py, in a process of its own with the reference's
+                 defaults (none of StreamRec's process settings: OMP_WAIT_POLICY and
+                 STREAMREC_* are taken out of its environment); batches built before timing
+                 starts, only the step is timed
     in-process   StreamRec end to end: Criteo TSV files in the streaming layout read from disk,
                  parsed, pulled/pushed through the in-process embedding store, trained
     service      the same through embedding-store shard processes (ZeroMQ on 127.0.0.1)
@@ -27,12 +31,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+# bench/ is the script's directory, first on sys.path: the baseline shares its setups
+from reference_dlrm import LR, SETUPS
 from streamrec import layout
 from streamrec.trainer.config import TrainerConfig
 from streamrec.trainer.data import ParseStats, iter_batches
@@ -40,23 +46,8 @@ from streamrec.trainer.datagen import StreamParams, generate, to_criteo_text
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.model import DLRM
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.store import build_table_options
+from streamrec.trainer.store import DEFAULT_TABLE_PARAMETERS, build_table_options
 
-SETUPS = {
-    "a": {
-        "ln_emb": [100] * 12 + [1000] * 3,
-        "bot": [13, 512, 256, 64, 16],
-        "top": [512, 256, 1],
-        "batch": 128,
-    },
-    "b": {
-        "ln_emb": [100_000] * 26,
-        "bot": [13, 512, 256, 64, 16],
-        "top": [512, 256, 1],
-        "batch": 2048,
-    },
-}
-LR = 0.01
 DAY = "20190720"
 
 
@@ -79,36 +70,6 @@ def write_pass(root: Path, data: dict[str, np.ndarray], files: int) -> None:
             to_criteo_text(data["label"][a:b], data["ints"][a:b], data["keys"][a:b])
         )
     (split / "to.hadoop.done").touch()
-
-
-def baseline_step_rate(setup: dict, data: dict[str, np.ndarray], steps: int) -> float:
-    """Samples/s of the reference training step alone, batches prepared beforehand."""
-    bs = setup["batch"]
-    model = DLRM(13, setup["ln_emb"], setup["bot"][-1], setup["bot"], setup["top"])
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    loss_fn = torch.nn.BCELoss()
-    batches = []
-    n_tables = len(setup["ln_emb"])
-    for i in range(min(steps, len(data["label"]) // bs)):
-        sl = slice(i * bs, (i + 1) * bs)
-        dense = torch.log1p(torch.from_numpy(data["ints"][sl].astype(np.float32)))
-        idx = [torch.from_numpy(np.ascontiguousarray(data["keys"][sl, j])) for j in range(n_tables)]
-        offs = [torch.arange(bs, dtype=torch.int64)] * n_tables
-        y = torch.from_numpy(data["label"][sl].astype(np.float32)).view(-1, 1)
-        batches.append((dense, offs, idx, y))
-
-    def step(b):
-        opt.zero_grad()
-        loss = loss_fn(model(b[0], b[1], b[2]), b[3])
-        loss.backward()
-        opt.step()
-
-    for b in batches[:3]:
-        step(b)
-    started = time.perf_counter()
-    for b in batches:
-        step(b)
-    return len(batches) * bs / (time.perf_counter() - started)
 
 
 def streamrec_config(
@@ -159,9 +120,6 @@ def streamrec_rate(config: TrainerConfig) -> tuple[float, float]:
 def measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict:
     """One figure in the current process (the parent runs each in a fresh process)."""
     setup = SETUPS[name]
-    if kind == "baseline":
-        data = make_data(setup, samples)
-        return {"rate": baseline_step_rate(setup, data, samples // setup["batch"])}
     cfg = streamrec_config(setup, root / "data", root / f"model-{kind}", [])
     if kind == "inproc":
         first, second = streamrec_rate(cfg)
@@ -179,11 +137,14 @@ def measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict
 
 
 def run_measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict:
-    """Runs :func:`measure` in a fresh interpreter. Baseline and StreamRec get the same
-    OpenMP setting (OMP_WAIT_POLICY=PASSIVE unless set, as every StreamRec process has, see
-    services/common/__init__.py), so the comparison is like for like."""
+    """Runs :func:`measure` in a fresh interpreter. In-process, the trainer owns the machine's
+    cores, as a rank in its pod (``OMP_WAIT_POLICY=ACTIVE`` in the trainer images): its OpenMP
+    threads run the step's gemms and spin between them, as the reference's do. Through the
+    service the shards share the same 2 cores, so everything keeps StreamRec's default
+    (PASSIVE, services/common/__init__.py), as on a node the trainer shares."""
     env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # set, not setdefault: `import streamrec` put PASSIVE in this process's environment
+    env["OMP_WAIT_POLICY"] = "ACTIVE" if kind == "inproc" else "PASSIVE"
     out = subprocess.run(
         [
             sys.executable,
@@ -209,14 +170,47 @@ def run_measure(kind: str, name: str, samples: int, root: Path, shards: int) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def reference_env() -> dict[str, str]:
+    """This environment without the process settings StreamRec makes (OMP_WAIT_POLICY, set by
+    ``import streamrec``; STREAMREC_*): the reference runs with its own defaults."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k != "OMP_WAIT_POLICY" and not k.startswith("STREAMREC_")
+    }
+
+
+def run_baseline(name: str, steps: int) -> dict:
+    """The reference step's samples/s (bench/reference_dlrm.py) in a process of its own."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("reference_dlrm.py")),
+            "--setup",
+            name,
+            "--steps",
+            str(steps),
+            "--json",
+        ],
+        env=reference_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"baseline measurement failed:\n{out.stderr[-3000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"rate": res["samples_per_s"], **res}
+
+
 def throughput(name: str, samples: int, files: int, service_shards: int) -> dict:
     setup = SETUPS[name]
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         root = Path(tmp)
         write_pass(root / "data", make_data(setup, samples), files)
-        kinds = ["baseline", "inproc"] + (["service"] if service_shards else [])
-        for kind in kinds:
+        out["baseline"] = run_baseline(name, samples // setup["batch"])
+        for kind in ["inproc"] + (["service"] if service_shards else []):
             out[kind] = run_measure(kind, name, samples, root, service_shards)
     b = out["baseline"]["rate"]
     print(
@@ -224,7 +218,12 @@ def throughput(name: str, samples: int, files: int, service_shards: int) -> dict
         f"{setup['bot'][-1]}, bottom {'-'.join(map(str, setup['bot']))}, top "
         f"{'-'.join(map(str, setup['top']))}, batch {setup['batch']}, {samples} samples"
     )
-    print(f"  baseline step alone          {b:10.0f} samples/s")
+    base = out["baseline"]
+    print(
+        f"  reference step alone         {b:10.0f} samples/s  ({base['steps']} steps, "
+        f"{base['threads']} threads, OMP_WAIT_POLICY {base['omp_wait_policy'] or 'unset'}, "
+        f"{base['loss']} loss, own process: bench/reference_dlrm.py)"
+    )
     for key, label in (("inproc", "in-process store"), ("service", "store service")):
         if key in out:
             r = out[key]
@@ -239,26 +238,63 @@ def throughput(name: str, samples: int, files: int, service_shards: int) -> dict
 # -- quality ------------------------------------------------------------------------------
 @dataclass
 class QualityKnobs:
-    """The quality run's training settings (CLI flags of the same names)."""
+    """The quality run's settings (CLI flags of the same names).
 
-    dense_lr: float = 0.05
-    sparse_lr: float = 0.05
-    sparse_rule: str = "std_adagrad"
-    initial_g2sum: float = 3.0
-    init_range: float = 0.005
-    pipeline: bool = True
-    vocab: int = 300
-    baseline_sparse_lr: float = 0.05
-    #: None keeps the table defaults (PaddleRec's: embedx_threshold 10, delete_threshold 0.8)
+    StreamRec's are None unless a flag sets them, and None keeps the trainer's own default
+    (``ModelConfig`` for the dense optimizer, ``DEFAULT_TABLE_PARAMETERS`` for the tables): a run
+    with no flags measures the product as a user gets it. The baseline's are the reference
+    side's (torch Adagrad on dense and sparse parameters).
+    """
+
+    dense_optimizer: str | None = None
+    dense_lr: float | None = None
+    sparse_rule: str | None = None
+    sparse_lr: float | None = None
+    initial_g2sum: float | None = None
+    #: StreamRec rows start uniform in +-init_range (None: the trainer's initializer)
+    init_range: float | None = None
     embedx_threshold: float | None = None
     delete_threshold: float | None = None
+    pipeline: bool = True
+    vocab: int = 300
+    #: Seeds the planted stream and both models' initial values (another draw of the same
+    #: experiment, to see how much of a difference is luck); None: the fixed ones.
+    seed: int | None = None
+    baseline_dense_lr: float = 0.05
+    baseline_sparse_lr: float = 0.05
+
+    def hyper_parameters(self) -> dict:
+        """The dense optimizer settings flagged (the others: ModelConfig's defaults)."""
+        named = (("optimizer", self.dense_optimizer), ("learning_rate", self.dense_lr))
+        return {k: v for k, v in named if v is not None}
+
+    def table_parameters(self) -> dict:
+        """The table settings flagged (the others: the trainer's DEFAULT_TABLE_PARAMETERS)."""
+        out: dict = {}
+        named = (
+            ("name", self.sparse_rule),
+            ("learning_rate", self.sparse_lr),
+            ("initial_g2sum", self.initial_g2sum),
+        )
+        rule = {k: v for k, v in named if v is not None}
+        if rule:
+            for part in ("embed_sgd_param", "embedx_sgd_param"):
+                out[part] = dict(DEFAULT_TABLE_PARAMETERS[part], **rule)
+        if self.init_range is not None:
+            r = self.init_range
+            out["initializer"] = {"type": "uniform", "low": -r, "high": r}
+        for name in ("embedx_threshold", "delete_threshold"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
 
 def quality(
     days: int, samples_per_split: int, split_interval: int, slots: int, k: QualityKnobs
 ) -> dict:
     params = StreamParams(slots=slots, vocab=k.vocab, drift=0.05)
-    rule = {"name": k.sparse_rule, "learning_rate": k.sparse_lr, "initial_g2sum": k.initial_g2sum}
+    if k.seed is not None:
+        params.seed = k.seed
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         root = Path(tmp)
         generate(root / "data", DAY, days, split_interval, samples_per_split, 2, params)
@@ -284,22 +320,10 @@ def quality(
                     "arch_sparse_feature_size": 16,
                     "arch_mlp_bot": "13-64-16",
                     "arch_mlp_top": "64-1",
-                    "optimizer": "adagrad",
-                    "learning_rate": k.dense_lr,
+                    **k.hyper_parameters(),
+                    **({} if k.seed is None else {"numpy_rand_seed": k.seed}),
                 },
-                "table_parameters": {
-                    "initializer": {"type": "uniform", "low": -k.init_range, "high": k.init_range},
-                    "embed_sgd_param": rule,
-                    "embedx_sgd_param": rule,
-                    **{
-                        name: value
-                        for name, value in (
-                            ("embedx_threshold", k.embedx_threshold),
-                            ("delete_threshold", k.delete_threshold),
-                        )
-                        if value is not None
-                    },
-                },
+                "table_parameters": k.table_parameters(),
             }
         )
         recs = []
@@ -307,7 +331,7 @@ def quality(
             specs = t.passes_todo()
             for spec in specs:
                 recs.append(t.run_pass(spec))
-        base_recs = baseline_online(cfg, specs, 1 << 16, k.baseline_sparse_lr)
+        base_recs = baseline_online(cfg, specs, 1 << 16, k.baseline_dense_lr, k.baseline_sparse_lr)
     last = [r for r in recs if r["day"] == end]
     last_base = [r for r in base_recs if r["day"] == end]
     w = np.array([r["samples"] for r in last], dtype=float)
@@ -316,12 +340,17 @@ def quality(
         "baseline": float(np.average([r["predict_auc"] for r in last_base], weights=w)),
         "best": float(np.average([r["best_auc"] for r in last], weights=w)),
     }
+    hp, table = cfg.hyper_parameters, build_table_options(cfg)[0]
+    rule, init = table.embedx_sgd_param, table.initializer
+    source = "flags" if k.hyper_parameters() or k.table_parameters() else "trainer defaults"
     print(
         f"quality: planted stream, {days} days x {1440 // split_interval} passes x "
         f"{samples_per_split} samples, {slots} slots, vocab {params.vocab}, drift "
-        f"{params.drift}/day; dense adagrad lr {k.dense_lr}, sparse {k.sparse_rule} lr "
-        f"{k.sparse_lr} initial_g2sum {k.initial_g2sum}, init +-{k.init_range}; baseline: "
-        f"torch Adagrad, sparse lr {k.baseline_sparse_lr}"
+        f"{params.drift}/day; StreamRec ({source}): dense {hp.optimizer} lr "
+        f"{hp.learning_rate}, sparse {rule.name} lr {rule.learning_rate} initial_g2sum "
+        f"{rule.initial_g2sum}, init {init.model_dump() if init else rule.initial_range}; "
+        f"baseline: torch Adagrad, dense lr {k.baseline_dense_lr}, sparse lr "
+        f"{k.baseline_sparse_lr}"
     )
     for i, (r, b) in enumerate(zip(recs, base_recs, strict=True)):
         if i % max(1, len(recs) // 8) == 0 or i == len(recs) - 1:
@@ -338,8 +367,11 @@ def quality(
     return res
 
 
-def baseline_online(cfg: TrainerConfig, specs: list, rows: int, sparse_lr: float) -> list[dict]:
-    """The reference DLRM (keys hashed into `rows` rows per table), predict then train."""
+def baseline_online(
+    cfg: TrainerConfig, specs: list, rows: int, dense_lr: float, sparse_lr: float
+) -> list[dict]:
+    """The reference DLRM (keys hashed into `rows` rows per table), predict then train, with
+    torch Adagrad at ``dense_lr`` / ``sparse_lr`` (not StreamRec's optimizer settings)."""
     hp = cfg.hyper_parameters
     model = DLRM(
         13,
@@ -349,7 +381,7 @@ def baseline_online(cfg: TrainerConfig, specs: list, rows: int, sparse_lr: float
         hp.arch_mlp_top,
         seed=hp.numpy_rand_seed,
     )
-    dense_opt = torch.optim.Adagrad(model.dense.parameters(), lr=hp.learning_rate)
+    dense_opt = torch.optim.Adagrad(model.dense.parameters(), lr=dense_lr)
     sparse_opt = torch.optim.Adagrad(model.emb_l.parameters(), lr=sparse_lr)
     loss_fn = torch.nn.BCELoss()
     out = []
@@ -403,31 +435,25 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=None, help="samples per throughput pass")
     ap.add_argument("--service-shards", type=int, default=1, help="0 skips the service run")
     ap.add_argument("--quality", action="store_true")
-    ap.add_argument("--measure", choices=["baseline", "inproc", "service"], help=argparse.SUPPRESS)
+    ap.add_argument("--measure", choices=["inproc", "service"], help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--quality-days", type=int, default=None)
     ap.add_argument("--quality-samples", type=int, default=None, help="samples per split")
     knobs = QualityKnobs()
-    ap.add_argument("--dense-lr", type=float, default=knobs.dense_lr)
-    ap.add_argument("--sparse-lr", type=float, default=knobs.sparse_lr)
-    ap.add_argument(
-        "--initial-g2sum",
-        type=float,
-        default=knobs.initial_g2sum,
-        help="the store rule's initial_g2sum (quality)",
-    )
+    unset = "(quality; unset: the trainer's default)"
+    ap.add_argument("--dense-optimizer", choices=["sgd", "adagrad", "adam"], help=unset)
+    ap.add_argument("--dense-lr", type=float, help=unset)
+    ap.add_argument("--sparse-rule", help=f"the store's rule {unset}")
+    ap.add_argument("--sparse-lr", type=float, help=unset)
+    ap.add_argument("--initial-g2sum", type=float, help=f"the store rule's {unset}")
+    ap.add_argument("--init-range", type=float, help=f"rows start uniform in +-this {unset}")
+    ap.add_argument("--embedx-threshold", type=float, help=unset)
+    ap.add_argument("--delete-threshold", type=float, help=unset)
     ap.add_argument("--no-pipeline", action="store_true", help="pull after the last push")
-    ap.add_argument("--sparse-rule", default=knobs.sparse_rule, help="the store's rule (quality)")
-    ap.add_argument("--baseline-sparse-lr", type=float, default=knobs.baseline_sparse_lr)
-    ap.add_argument(
-        "--init-range",
-        type=float,
-        default=knobs.init_range,
-        help="StreamRec rows start uniform in +-this",
-    )
     ap.add_argument("--vocab", type=int, default=knobs.vocab, help="ids per slot and day")
-    ap.add_argument("--embedx-threshold", type=float, default=None, help="table default if unset")
-    ap.add_argument("--delete-threshold", type=float, default=None, help="table default if unset")
+    ap.add_argument("--seed", type=int, help="stream and init seed (quality; unset: fixed)")
+    ap.add_argument("--baseline-dense-lr", type=float, default=knobs.baseline_dense_lr)
+    ap.add_argument("--baseline-sparse-lr", type=float, default=knobs.baseline_sparse_lr)
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.measure:
@@ -444,6 +470,7 @@ def main() -> None:
         samples = args.samples or (SETUPS[name]["batch"] * (400 if args.full else 60))
         throughput(name, samples, 4, args.service_shards)
     knobs = QualityKnobs(
+        dense_optimizer=args.dense_optimizer,
         dense_lr=args.dense_lr,
         sparse_lr=args.sparse_lr,
         sparse_rule=args.sparse_rule,
@@ -451,6 +478,8 @@ def main() -> None:
         init_range=args.init_range,
         pipeline=not args.no_pipeline,
         vocab=args.vocab,
+        seed=args.seed,
+        baseline_dense_lr=args.baseline_dense_lr,
         baseline_sparse_lr=args.baseline_sparse_lr,
         embedx_threshold=args.embedx_threshold,
         delete_threshold=args.delete_threshold,
