@@ -1,10 +1,12 @@
-"""Helpers shared by the test directories: a free local port and a real redis-server."""
+"""Helpers shared by the test directories: a free local port, a real redis-server, and
+Prometheus's text format read from a live /metrics."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,3 +86,20 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format -> ``{'name{labels}': value}``."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """The samples a live ``/metrics`` on 127.0.0.1:``port`` serves now."""
+    return parse_metrics(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    )

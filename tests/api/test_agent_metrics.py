@@ -9,18 +9,9 @@ from pathlib import Path
 
 import pytest
 from api_helpers import free_port, wait_for
+from servers import parse_metrics
 from streamrec.process import spawn, stop_process
 from test_agent import agent_args, alive, datagen, finished, small_job, started_job
-
-
-def parse(text: str) -> dict[str, float]:
-    """Prometheus text format -> ``name{labels}``: value."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 @pytest.mark.timeout(240)
@@ -57,18 +48,18 @@ def test_the_rank_serves_metrics_and_a_failed_save_is_a_checkpoint_failure(
             what="pass 1 done",
         )
         url = f"http://127.0.0.1:{port}/metrics"  # rank 0 (no LOCAL_RANK): the port itself
-        rank = parse(urllib.request.urlopen(url, timeout=10).read().decode())
+        rank = parse_metrics(urllib.request.urlopen(url, timeout=10).read().decode())
         assert rank['streamrec_trainer_passes_total{rank="0"}'] == 1
         assert rank['streamrec_trainer_pass_id{rank="0"}'] == 1
         assert rank["process_resident_memory_bytes"] > 0
-        api = parse(client.get("/metrics").text)
+        api = parse_metrics(client.get("/metrics").text)
         assert api[f'streamrec_api_checkpoint_failures_total{{job="{job_id}"}}'] == 1
         assert api[f'streamrec_api_passes_requeued_total{{job="{job_id}"}}'] == 1
         datagen(data)  # pass 2 lands
         job = finished(client, job_id, agent, log)
         assert job["state"] == "succeeded", job
         assert agent.wait(timeout=60) == 0
-        api = parse(client.get("/metrics").text)
+        api = parse_metrics(client.get("/metrics").text)
         assert api[f'streamrec_api_checkpoint_failures_total{{job="{job_id}"}}'] == 1
     finally:
         stop_process(agent)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from servers import scrape_metrics
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
 from streamrec.embedding_store.metrics import memory_limit_bytes, resident_bytes
 
@@ -25,23 +25,13 @@ TABLES = [
 MEMINFO = "MemTotal:       16384 kB\nMemFree:         1024 kB\n"
 
 
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
 def test_a_shard_exports_its_resident_bytes_and_limit(tmp_path: Path) -> None:
     tables = tmp_path / "tables.json"
     tables.write_text(json.dumps({"tables": TABLES}))
     with LocalShards(str(tables), 2, metrics=True) as shards:
         for k, port in enumerate(shards.metrics_ports):
             assert port is not None
-            got = scrape(port)
+            got = scrape_metrics(port)
             shard = f'shard="{k}-of-2"'
             resident = got[f"streamrec_embedding_store_resident_bytes{{{shard}}}"]
             limit = got[f"streamrec_embedding_store_memory_limit_bytes{{{shard}}}"]
@@ -53,10 +43,10 @@ def test_a_shard_exports_its_resident_bytes_and_limit(tmp_path: Path) -> None:
         # rows arriving grow the shard's resident memory
         port = shards.metrics_ports[0]
         assert port is not None
-        before = scrape(port)['streamrec_embedding_store_resident_bytes{shard="0-of-2"}']
+        before = scrape_metrics(port)['streamrec_embedding_store_resident_bytes{shard="0-of-2"}']
         with EmbeddingStoreClient(shards.endpoints, timeout_s=60) as client:
             client.pull("user", torch.arange(400_000, dtype=torch.int64))
-        after = scrape(port)['streamrec_embedding_store_resident_bytes{shard="0-of-2"}']
+        after = scrape_metrics(port)['streamrec_embedding_store_resident_bytes{shard="0-of-2"}']
         assert after > before
 
 

@@ -11,13 +11,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import urllib.request
 
 import msgpack
 import numpy as np
 import pytest
 import torch
 import zmq
+from servers import scrape_metrics
 from streamrec import wire
 from streamrec.embedding_store import (
     EmbeddingStore,
@@ -185,9 +185,9 @@ def test_auto_dedup_sends_nearly_distinct_keys_as_they_are(two_shards):
 
     def keys_sent(table: str, keys: np.ndarray) -> int:
         name = f'streamrec_embedding_store_pull_keys_total{{table="{table}"}}'
-        before = sum(_scrape(p).get(name, 0.0) for p in two_shards.metrics_ports)
+        before = sum(scrape_metrics(p).get(name, 0.0) for p in two_shards.metrics_ports)
         client.pull(table, keys)
-        return int(sum(_scrape(p)[name] for p in two_shards.metrics_ports) - before)
+        return int(sum(scrape_metrics(p)[name] for p in two_shards.metrics_ports) - before)
 
     def batch(start: int, distinct: int, repeats: int) -> np.ndarray:
         keys = np.arange(start, start + distinct, dtype=np.int64)
@@ -480,20 +480,10 @@ def test_checkpoint_round_trip_through_the_service(tables_file, tmp_path):
         c.close()
 
 
-def _scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
 def test_metrics_count_what_the_shard_did(two_shards, client, tmp_path):
     keys = np.arange(5_000_000, 5_000_300, dtype=np.int64)
     part = shard_of(keys, 2)
-    before = [_scrape(p) for p in two_shards.metrics_ports]
+    before = [scrape_metrics(p) for p in two_shards.metrics_ports]
     client.pull("item", keys)
     client.push("item", keys, torch.zeros(keys.size, 4), torch.ones(keys.size), None)
     client.save(str(tmp_path / "ckpt"), "checkpoint")
@@ -503,7 +493,7 @@ def test_metrics_count_what_the_shard_did(two_shards, client, tmp_path):
     with pytest.raises(RemoteError):
         _raw_call(two_shards.endpoints[0], "pull", {"table": "nope"}, {"keys": keys[:0]})
     for k, port in enumerate(two_shards.metrics_ports):
-        after = _scrape(port)
+        after = scrape_metrics(port)
         n = int((part == k).sum())
         label = 'table="item"'
         for metric in ("pull_keys_total", "push_keys_total", "optimizer_steps_total"):
@@ -613,7 +603,7 @@ def test_ssd_tier_shard_beyond_its_cache_budget(tables_file, tmp_path):
         assert table["rows"] == keys.size and table["cache_misses"] > 0
         assert 0.0 < table["cache_hit_rate"] < 1.0
         assert any((root / "shard-0-of-1").rglob("*")), "no files under the shard's directory"
-        scraped = _scrape(shards.metrics_ports[0])
+        scraped = scrape_metrics(shards.metrics_ports[0])
         rate = [
             v
             for name, v in scraped.items()
