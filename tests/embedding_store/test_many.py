@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from servers import scrape_metrics
 from streamrec import wire
 from streamrec.embedding_store import (
     EmbeddingStore,
@@ -22,7 +23,6 @@ from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient, Un
 from streamrec.errors import RemoteError
 from streamrec.keyhash import shard_of
 from test_service import TABLES as SERVICE_TABLES
-from test_service import _scrape
 
 #: three tables of different dims and rules: the service tests' two and one with Adam
 TABLES = [
@@ -186,7 +186,7 @@ def _requests(scrape: dict[str, float], op: str) -> float:
 def test_service_many_equals_per_table_calls_in_one_request_per_shard(two_shards, client):
     ref = make_store()
     rng = np.random.default_rng(3)
-    before = [_scrape(p) for p in two_shards.metrics_ports]
+    before = [scrape_metrics(p) for p in two_shards.metrics_ports]
     seen = []
     steps = 4
     for step in range(steps):
@@ -199,7 +199,7 @@ def test_service_many_equals_per_table_calls_in_one_request_per_shard(two_shards
         client.push_many(NAMES, keys, grads, shows, clicks)
         for args in zip(NAMES, keys, grads, shows, clicks, strict=True):
             ref.push(*args)
-    scraped = [_scrape(p) for p in two_shards.metrics_ports]
+    scraped = [scrape_metrics(p) for p in two_shards.metrics_ports]
     all_keys = [torch.unique(torch.cat([s[t] for s in seen])) for t in range(len(NAMES))]
     assert_same_rows(client, ref, all_keys)
     # many tables, one pull_many and one push_many request per shard and step
