@@ -37,10 +37,13 @@ class RunningJobGauges:
         job; drops those gauges for jobs no longer running."""
         now = time.time()
         for job_id in running:
+            # the Redis reads first, then the three sets together: a scrape in between would
+            # see only some of a job's gauges
             beat_ts, progress_ts = self._last_beat(job_id)
+            depth = self.queue_depth(job_id)
             self.metrics.heartbeat_age.labels(job_id).set(max(now - beat_ts, 0.0))
             self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
-            self.metrics.work_queue_depth.labels(job_id).set(self.queue_depth(job_id))
+            self.metrics.work_queue_depth.labels(job_id).set(depth)
         for job_id in set(self._beats) - set(running):
             del self._beats[job_id]
             self.metrics.forget_running(job_id)
