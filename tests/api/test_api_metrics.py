@@ -20,6 +20,18 @@ def scrape(client) -> dict[str, float]:
     return out
 
 
+def scrape_holding(client, names: list[str], timeout_s: float = 10.0) -> dict[str, float]:
+    """The first scrape in which every one of ``names`` appears (gauges set on a tick)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = scrape(client)
+        missing = [name for name in names if name not in metrics]
+        if not missing:
+            return metrics
+        assert time.monotonic() < deadline, f"never in one scrape: {missing}"
+        time.sleep(0.05)
+
+
 def sample(client, name: str) -> float | None:
     return scrape(client).get(name)
 
@@ -35,12 +47,15 @@ def start_job(client, roots, name: str) -> str:
 def test_a_running_jobs_gauges_follow_its_trainer_group(client, roots, redis_server):
     job_id = start_job(client, roots, "gauges")
     job = f'job="{job_id}"'
-    # counters the alerts read exist at 0 from the job's start
-    wait_for(
-        lambda: sample(client, f"streamrec_api_checkpoint_failures_total{{{job}}}") == 0,
-        what="checkpoint failures counter at 0",
-    )
-    metrics = scrape(client)
+    # counters the alerts read exist at 0 from the job's start; the liveness gauges follow
+    # at the scheduler's first tick, so wait for one scrape that holds them all
+    wanted = [
+        f"streamrec_api_checkpoint_failures_total{{{job}}}",
+        f"streamrec_api_work_queue_depth{{{job}}}",
+        f"streamrec_api_trainer_heartbeat_age_seconds{{{job}}}",
+    ]
+    metrics = scrape_holding(client, wanted)
+    assert metrics[f"streamrec_api_checkpoint_failures_total{{{job}}}"] == 0
     assert metrics[f"streamrec_api_trainer_groups_dead_total{{{job}}}"] == 0
     assert metrics['streamrec_api_triggers_total{kind="checkpoint",state="failed"}'] == 0
     assert metrics["streamrec_api_redis_up"] == 1
