@@ -17,6 +17,8 @@ dimension ``d`` (= ``arch_sparse_feature_size`` = the bottom MLP's last size)::
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from streamrec.trainer.errors import ModelShapeError
@@ -56,6 +58,36 @@ def make_mlp(sizes: list[int], sigmoid_layer: int, rng: np.random.RandomState) -
     return nn.Sequential(*layers)
 
 
+class _PairDots(torch.autograd.Function):
+    """The dot interaction's pairs: ``(T T^T)[:, i, j]`` for the pairs ``(i, j)``.
+
+    The reference takes them with advanced indexing, whose backward is an accumulating
+    ``index_put_`` (serial on the CPU), and its ``bmm``'s backward costs two batched
+    products. Here the pairs are one ``index_select`` of the flattened products, and since
+    ``Z = T T^T`` the gradient is ``(G + G^T) T``: ``G + G^T`` is one ``index_add_`` of the
+    pairs' gradients at ``i * n + j`` and ``j * n + i`` (twice on the diagonal, as it should),
+    then one ``bmm``. Setup b (B 2048, 27 vectors of 16): 4.4 ms -> 1.1 ms a step.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, pairs: torch.Tensor, both: torch.Tensor) -> torch.Tensor:
+        """t: (B, n, d) float32; pairs: (P,) int64 ``i * n + j``; both: (2P,) int64, pairs
+        then ``j * n + i`` -> (B, P)."""
+        batch, n, _ = t.shape
+        ctx.save_for_backward(t, both)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return z.view(batch, n * n).index_select(1, pairs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        t, both = ctx.saved_tensors
+        batch, n, _ = t.shape
+        g2 = torch.cat([grad, grad], dim=1)
+        gz = torch.zeros(batch, n * n, dtype=grad.dtype, device=grad.device)
+        gz = gz.index_add_(1, both, g2).view(batch, n, n)
+        return torch.bmm(gz, t), None, None
+
+
 class DLRMDense(nn.Module):
     """The dense part of DLRM: bottom MLP, interaction, top MLP (+ sigmoid).
 
@@ -75,10 +107,11 @@ class DLRMDense(nn.Module):
         ModelShapeError: on the reference's dimension mismatches.
     """
 
-    #: (num_int,) int64 row and column of each interaction in the (S+1, S+1) dot products
-    #: (buffers, registered in ``__init__``)
-    li: torch.Tensor
-    lj: torch.Tensor
+    #: (P,) int64 position ``i * (S + 1) + j`` of each pair (j < i, or j <= i with
+    #: self-interaction) in the flattened (S+1, S+1) dot products; ``mirrored``: (2P,) those
+    #: then ``j * (S + 1) + i`` (buffers, registered in ``__init__``)
+    pairs: torch.Tensor
+    mirrored: torch.Tensor
 
     def __init__(
         self,
@@ -120,10 +153,13 @@ class DLRMDense(nn.Module):
         self.top_l = make_mlp(self.ln_top, len(self.ln_top) - 2, rng)
         offset = 1 if interaction_itself else 0
         n = num_sparse + 1
-        li = [i for i in range(n) for _ in range(i + offset)]
-        lj = [j for i in range(n) for j in range(i + offset)]
-        self.register_buffer("li", torch.tensor(li, dtype=torch.int64), persistent=False)
-        self.register_buffer("lj", torch.tensor(lj, dtype=torch.int64), persistent=False)
+        pairs = [(i, j) for i in range(n) for j in range(i + offset)]
+        flat = [i * n + j for i, j in pairs]
+        mirrored = flat + [j * n + i for i, j in pairs]
+        self.register_buffer("pairs", torch.tensor(flat, dtype=torch.int64), persistent=False)
+        self.register_buffer(
+            "mirrored", torch.tensor(mirrored, dtype=torch.int64), persistent=False
+        )
 
     def interact(self, x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """x: (B, d), ly: S x (B, d) or (B, S, d) -> R: (B, num_int) float32."""
@@ -136,8 +172,7 @@ class DLRMDense(nn.Module):
             return torch.cat([x, *ly], dim=1)
         else:
             t = torch.cat([x, *ly], dim=1).view(batch, -1, d)
-        z = torch.bmm(t, t.transpose(1, 2))
-        return torch.cat([x, z[:, self.li, self.lj]], dim=1)
+        return torch.cat([x, _PairDots.apply(t, self.pairs, self.mirrored)], dim=1)
 
     def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """dense_x: (B, D) float32, ly: S x (B, d) or (B, S, d) float32 -> click probability

@@ -138,3 +138,31 @@ def test_losses():
     assert make_loss("mse")(p, t).item() == pytest.approx((0.01 + 0.04 + 0.36) / 3, rel=1e-5)
     wbce = -(2.0 * np.log(0.9) + 0.5 * np.log(0.8) + 0.5 * np.log(0.4)) / 3
     assert make_loss("wbce", [0.5, 2.0])(p, t).item() == pytest.approx(wbce, rel=1e-5)
+
+
+@pytest.mark.parametrize("itself", [False, True])
+def test_dot_interaction_gradients_match_the_references_indexing(itself):
+    """The fused pairs (one index_select; backward (G + G^T) T) give the reference's values and
+    gradients: ``bmm`` then ``z[:, li, lj]`` under autograd, in float64."""
+    torch.manual_seed(0)
+    m = DLRMDense(4, 5, 3, [4, 8, 3], [6, 1], "dot", itself).double()
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    ly = torch.randn(7, 5, 3, dtype=torch.float64, requires_grad=True)
+    ours = m.interact(x, ly)
+
+    x2 = x.detach().clone().requires_grad_(True)
+    ly2 = ly.detach().clone().requires_grad_(True)
+    t = torch.cat([x2.unsqueeze(1), ly2], dim=1)
+    z = torch.bmm(t, t.transpose(1, 2))
+    n, offset = 6, int(itself)
+    li = torch.tensor([i for i in range(n) for _ in range(i + offset)])
+    lj = torch.tensor([j for i in range(n) for j in range(i + offset)])
+    ref = torch.cat([x2, z[:, li, lj]], dim=1)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+
+    g = torch.randn_like(ref)
+    ours.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ly.grad, ly2.grad, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: m.interact(a, b), (x, ly))
