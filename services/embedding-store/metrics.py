@@ -248,6 +248,25 @@ class StoreMetrics:
         )
         if stats is not None:
             r.register(StoreCollector(stats, shard))
+        # (kind, table) -> that table's series: ``labels()`` is a locked lookup, too slow for
+        # every table of every request; tables are the store's own, so this stays bounded
+        self._table_series: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+
+    def table_series(self, kind: str, table: str) -> tuple[Any, Any, Any]:
+        """(seconds histogram, keys counter, optimizer steps counter or None) of ``table``'s
+        pulls (``kind`` 'pull') or pushes ('push')."""
+        series = self._table_series.get((kind, table))
+        if series is None:
+            if kind == "pull":
+                series = (self.pull_seconds.labels(table), self.pull_keys.labels(table), None)
+            else:
+                series = (
+                    self.push_seconds.labels(table),
+                    self.push_keys.labels(table),
+                    self.optimizer_steps.labels(table),
+                )
+            self._table_series[(kind, table)] = series
+        return series
 
     def on_request(self, op: str, seconds: float, code: str | None) -> None:
         """The RpcServer callback: one observation per request, one error count if any."""

@@ -116,7 +116,8 @@ def _jsonable(value: Any) -> Any:
 
 def _split(arr: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     """``arr`` cut into consecutive parts of ``sizes`` (T,) elements (views; [] when T = 0)."""
-    return np.split(arr, np.cumsum(sizes)[:-1]) if sizes.size else []
+    ends = np.cumsum(sizes).tolist()
+    return [arr[a:b] for a, b in zip([0, *ends], ends, strict=False)]
 
 
 class StoreService:
@@ -280,13 +281,11 @@ class StoreService:
         def record(table: str, n: int, seconds: float) -> None:
             if n == 0:  # a table with no keys on this shard did nothing here
                 return
-            if kind == "pull":
-                m.pull_seconds.labels(table).observe(seconds)
-                m.pull_keys.labels(table).inc(n)
-            else:
-                m.push_seconds.labels(table).observe(seconds)
-                m.push_keys.labels(table).inc(n)
-                m.optimizer_steps.labels(table).inc()
+            seconds_of, keys_of, steps_of = m.table_series(kind, table)
+            seconds_of.observe(seconds)
+            keys_of.inc(n)
+            if steps_of is not None:
+                steps_of.inc()
 
         return record
 

@@ -45,6 +45,11 @@ def as_keys(keys: Any, field: str = "keys") -> torch.Tensor:
         InvalidInput: not an integer 1-D tensor, array or list of ints; the message names
             ``field``, the dtype and the shape.
     """
+    # the common case first: no message text built (pull/push check every table's keys)
+    if isinstance(keys, torch.Tensor) and keys.dtype == torch.int64 and keys.dim() == 1:
+        return keys.detach().to("cpu").contiguous()
+    if isinstance(keys, np.ndarray) and keys.dtype == np.int64 and keys.ndim == 1:
+        return torch.from_numpy(_contiguous(keys))
     if isinstance(keys, torch.Tensor):
         dtype, shape = str(keys.dtype), tuple(keys.shape)
         integer = keys.dtype in _INTEGER
