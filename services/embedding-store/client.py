@@ -83,6 +83,32 @@ class _ThreadSockets:
             c.close()
 
 
+def _values_ok(arrays: Arrays) -> bool:
+    """Whether a push request's values are all finite and its shows/clicks >= 0."""
+    for name in ("grads", "shows", "clicks"):
+        arr = arrays.get(name)
+        if arr is None:
+            continue
+        v = torch.from_numpy(arr)
+        if not _C.all_finite(v) or (name != "grads" and bool((v < 0).any())):
+            return False
+    return True
+
+
+def _check_columns(table: str, columns: dict[str, torch.Tensor]) -> None:
+    """Raises when a table's push columns hold NaN/Inf, or negative shows/clicks."""
+    for name, v in columns.items():
+        if name == "keys":
+            continue
+        if not _C.all_finite(v):
+            raise NonFiniteGradient(
+                f"{name}: holds NaN or Inf (after summing duplicate keys); "
+                f"nothing was pushed to table {table!r}"
+            )
+        if name != "grads" and bool((v < 0).any()):
+            raise InvalidInput(f"{name}: must be >= 0; nothing was pushed to table {table!r}")
+
+
 class EmbeddingStoreClient:
     """The embedding store served by N shard processes, behind the in-process interface.
 
@@ -398,8 +424,9 @@ class EmbeddingStoreClient:
         count = check_aligned(tables, keys=keys, grads=grads, shows=shows, clicks=clicks)
         shows = [None] * count if shows is None else shows
         clicks = [None] * count if clicks is None else clicks
+        # the tables' values are checked below, once over every table's concatenation
         checked = [
-            self._push_columns(*part)
+            self._push_columns(*part, check=False)
             for part in zip(tables, keys, grads, shows, clicks, strict=True)
         ]
         kept = [(t, c) for t, c in zip(tables, checked, strict=True) if c is not None]
@@ -410,22 +437,25 @@ class EmbeddingStoreClient:
             if any(name in cols for _, (_, cols) in kept):
                 for _, (r, cols) in kept:
                     cols.setdefault(name, fill(r.keys.numel(), dtype=torch.float32))
-        self._exchange(
-            self._many_requests(
-                "push_many",
-                {},
-                [t for t, _ in kept],
-                [r for _, (r, _) in kept],
-                [c for _, (_, c) in kept],
-            )
+        requests = self._many_requests(
+            "push_many",
+            {},
+            [t for t, _ in kept],
+            [r for _, (r, _) in kept],
+            [c for _, (_, c) in kept],
         )
+        if not all(_values_ok(arrays) for _, _, _, arrays in requests):
+            for t, (_, cols) in kept:  # the first bad table, named in the error
+                _check_columns(t, cols)
+        self._exchange(requests)
 
     def _push_columns(
-        self, table: str, keys: Any, grads: Any, shows: Any, clicks: Any
+        self, table: str, keys: Any, grads: Any, shows: Any, clicks: Any, check: bool = True
     ) -> tuple[Route, dict[str, torch.Tensor]] | None:
         """One table's push checked, duplicates summed and rows grouped by shard: the route
         and the columns ``keys`` (u,), ``grads`` (u, dim), [``shows``, ``clicks``] (u,); None
-        when there are no keys. Raises before anything is sent."""
+        when there are no keys. Raises before anything is sent; ``check`` False leaves the
+        values (NaN/Inf, negative counts) to the caller."""
         dim = self._table(table).checked_dim()
         keys_t = as_keys(keys, f"table {table!r}: keys")
         n = keys_t.numel()
@@ -440,23 +470,15 @@ class EmbeddingStoreClient:
         r = self._router.route(table, keys_t)
         u = r.keys.numel()
         columns = {"grads": g, **extra}
-        finite = {}
-        for name, v in columns.items():
-            if r.identity:
-                finite[name] = _C.all_finite(v)
-            else:  # sum duplicates into, and order by, the routed rows (C++, every core)
-                summed, finite[name] = _C.sum_rows(v.view(n, -1), r.inverse, u)
+        if not r.identity:
+            for name, v in columns.items():
+                # sum duplicates into, and order by, the routed rows (C++, every core)
+                summed, _finite = _C.sum_rows(v.view(n, -1), r.inverse, u)
                 columns[name] = summed.view((u, *v.shape[1:]))
         if u < n and "shows" not in columns:  # the store's 1 show per occurrence
             columns["shows"] = torch.bincount(r.inverse, minlength=u).to(torch.float32)
-        for name, v in columns.items():
-            if not finite.get(name, True):
-                raise NonFiniteGradient(
-                    f"{name}: holds NaN or Inf (after summing duplicate keys); "
-                    f"nothing was pushed to table {table!r}"
-                )
-            if name != "grads" and bool((v < 0).any()):
-                raise InvalidInput(f"{name}: must be >= 0; nothing was pushed to table {table!r}")
+        if check:
+            _check_columns(table, columns)
         return r, {"keys": r.keys, **columns}
 
     def size(self, table: str) -> int:
