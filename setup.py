@@ -4,6 +4,8 @@ C++ CPU extensions, compiled with torch's cpp_extension and OpenMP:
 
 - ``streamrec.embedding_store._C`` from ``services/embedding-store/csrc/cpu/*.cpp``
 - ``streamrec.sampler._C`` from ``services/sampler/csrc/*.cpp``
+- ``streamrec.trainer._C`` from ``services/trainer/csrc/*.cpp`` (the line parser:
+  single-threaded, no OpenMP use, so it does not compete with torch's threads)
 
 Install with ``pip install -e . --no-build-isolation`` so the build sees the installed torch
 (an isolated build would download another one).
@@ -23,6 +25,7 @@ ROOT = Path(__file__).parent
 EXTENSIONS = {
     "streamrec.embedding_store._C": ROOT / "services/embedding-store/csrc/cpu",
     "streamrec.sampler._C": ROOT / "services/sampler/csrc",
+    "streamrec.trainer._C": ROOT / "services/trainer/csrc",
 }
 
 COMPILE_ARGS = ["-O3", "-fopenmp", "-std=c++17", "-ffp-contract=off", "-fvisibility=hidden"]

@@ -1,17 +1,19 @@
-"""Reading pass data: vectorised TSV parsing (Criteo and the generator's format) and batching.
+"""Reading pass data: TSV parsing (Criteo and the generator's format) and batching.
 
 Both formats are tab-separated text, one sample a line::
 
     criteo     label  I1..I13 (decimal ints, may be empty or negative)  C1..C26 (hex, may be empty)
     generated  label  p_true (decimal, the planted click probability)  I1..I13  C1..C{S} (decimal)
 
-Parsing works on whole chunks of a file at once with numpy (no per-line Python): newline and
-tab positions are found in the byte buffer, lines with the wrong number of fields are set
-aside as malformed, and each block of columns is converted character position by
-character position over all lines together. A line whose label is not 0/1 or whose fields
-hold a character that does not belong there is malformed too; malformed lines are counted,
-skipped, and the first one is remembered (file, 1-based line) for the error a pass raises
-when their share is too high.
+Parsing works on whole chunks of a file at once: :func:`parse_chunk` hands a chunk to the
+compiled parser (``streamrec.trainer._C.parse_lines``, one pass, single-threaded so it does
+not compete with torch's threads, without the GIL), which writes the columns of the good
+lines straight into the batch's tensors. A line with the wrong number of fields, a label
+that is not 0/1, or a field holding a character that does not belong there is malformed;
+malformed lines are counted, skipped, and the first one is remembered (file, 1-based line)
+for the error a pass raises when their share is too high. :func:`_parse_chunk_numpy` states
+the same rules in numpy, column by column over all lines together; it is the reference the
+tests hold the compiled parser to.
 
 Integer features follow the reference's Criteo preprocessing: empty -> 0, negative -> 0,
 then ``log(x + 1)``. An empty categorical field is an empty bag (no key) for that slot.
@@ -27,11 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import torch
 from streamrec.ragged import RaggedTensor
+from streamrec.trainer import _C
 from streamrec.trainer.errors import DataError
 
 NUM_DENSE = 13
@@ -43,9 +43,6 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
-#: Every byte a good line of either format can hold; a chunk with another goes to the exact
-#: parser, so a line reads the same whatever chunk it is in.
-_ALPHABET = b"0123456789abcdefABCDEF.-\t\r\n"
 _DEC = np.full(256, 255, dtype=np.uint8)
 _DEC[48:58] = np.arange(10, dtype=np.uint8)
 
@@ -261,66 +258,9 @@ def _line_scan(buf: np.ndarray, ncols: int) -> tuple[np.ndarray, np.ndarray]:
     return tabs[nonblank] == ncols - 1, line_index
 
 
-_PARSE_OPTIONS = pacsv.ParseOptions(
-    delimiter="\t",
-    quote_char=False,
-    double_quote=False,
-    escape_char=False,
-    newlines_in_values=False,
-    invalid_row_handler=lambda row: "skip",
-)
-
-
-def _arrow_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:
-    """Typed columns of the lines with the right field count (C++, multi-threaded)."""
-    head = 2 if gen else 1
-    names = [f"f{i}" for i in range(head + NUM_DENSE + num_slots)]
-    types = {n: pa.int64() for n in names}
-    if gen:
-        types["f1"] = pa.binary()  # parsed by _parse_columns: the exact parser's rules
-    else:
-        for n in names[head + NUM_DENSE :]:
-            types[n] = pa.binary()
-    return pacsv.read_csv(
-        pa.py_buffer(data),
-        read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 22),
-        parse_options=_PARSE_OPTIONS,
-        convert_options=pacsv.ConvertOptions(
-            column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False
-        ),
-    )
-
-
-def _int_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """(values (n,) int64 with nulls as 0, null (n,) bool)."""
-    arr = col.combine_chunks()
-    null = arr.is_null().to_numpy(zero_copy_only=False)
-    return pc.fill_null(arr, 0).to_numpy(zero_copy_only=False).astype(np.int64), null
-
-
-def _text_column(col: pa.ChunkedArray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Binary column of text -> (values (n,), ok (n,) bool, empty (n,) bool), parsed by
-    :func:`_parse_columns` so that a value reads the same in the exact parser.
-
-    Args:
-        kind: 'hex' (values int64) or 'fixed' (values float64).
-    """
-    arr = col.combine_chunks()
-    n = len(arr)
-    if n == 0:
-        z = np.zeros(0, dtype=np.int64)
-        return z, z.astype(bool), z.astype(bool)
-    _, offs_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offs_buf, dtype=np.int32)[arr.offset : arr.offset + n + 1]
-    data = (
-        np.frombuffer(data_buf, dtype=np.uint8)
-        if data_buf is not None and (data_buf.size)
-        else np.zeros(1, dtype=np.uint8)
-    )
-    starts = offsets[:-1].astype(np.int64)[:, None]
-    ends = offsets[1:].astype(np.int64)[:, None]
-    values, ok, empty = _parse_columns(data, starts, ends, kind)
-    return values[:, 0], ok[:, 0], empty[:, 0]
+def _check_format(data_format: str) -> None:
+    if data_format not in ("criteo", "generated"):
+        raise ValueError(f"data_format must be 'criteo' or 'generated', got {data_format!r}")
 
 
 def _frame(
@@ -328,8 +268,7 @@ def _frame(
 ) -> tuple[bytes, np.ndarray, bool, int, int]:
     """Checks the format and ends the text with a newline: (data, its bytes as uint8, whether
     it is the generated format, the leading columns before the dense ones, columns per line)."""
-    if data_format not in ("criteo", "generated"):
-        raise ValueError(f"data_format must be 'criteo' or 'generated', got {data_format!r}")
+    _check_format(data_format)
     if data and not data.endswith(b"\n"):
         data = data + b"\n"
     gen = data_format == "generated"
@@ -338,7 +277,11 @@ def _frame(
 
 
 def parse_chunk(
-    data: bytes, data_format: str, num_slots: int, source: str = "<bytes>", first_line: int = 1
+    data: bytes | bytearray | memoryview,
+    data_format: str,
+    num_slots: int,
+    source: str = "<bytes>",
+    first_line: int = 1,
 ) -> tuple[Batch, ParseStats]:
     """Parses whole lines of text into a Batch; malformed lines are counted and skipped.
 
@@ -346,58 +289,31 @@ def parse_chunk(
     a label other than 0/1, or a field that is not a number of its column's kind.
 
     Args:
-        data: text of whole lines (a missing final newline is tolerated).
+        data: text of whole lines (a missing final newline is tolerated); any contiguous
+            buffer (bytes, bytearray, memoryview), read in place.
         data_format: 'criteo' or 'generated'.
         num_slots: S, categorical fields per line (26 for Criteo).
         source, first_line: file name and line number of ``data``'s first line, for errors.
     """
-    data, buf, gen, head, ncols = _frame(data, data_format, num_slots)
-    field_ok, line_index = _line_scan(buf, ncols)
-    stats = ParseStats(lines=int(field_ok.size))
-    bad_fields = line_index[~field_ok]
-    table = None
-    if field_ok.any():
-        if data.translate(None, _ALPHABET):
-            # a byte no good line holds: the exact parser decides. pyarrow would read some
-            # such fields as numbers (" 1", "1e-1", "+0.5") and decode a row with the wrong
-            # field count as UTF-8, logging a traceback per row it cannot decode
-            return _parse_chunk_numpy(data, data_format, num_slots, source, first_line)
-        try:
-            table = _arrow_table(data, gen, num_slots)
-        except pa.ArrowInvalid:
-            table = None  # a value that is not a number: the slower exact parser finds it
-        if table is None or table.num_rows != int(field_ok.sum()):
-            return _parse_chunk_numpy(data, data_format, num_slots, source, first_line)
-    if table is None:
-        stats.malformed = int(bad_fields.size)
-        if bad_fields.size:
-            stats.first_bad = (
-                source,
-                first_line + int(bad_fields[0]),
-                f"expected {ncols} tab-separated fields",
-            )
-        return _empty_batch(num_slots, gen), stats
-    label, label_null = _int_column(table.column(0))
-    row_ok = ~label_null & ((label == 0) | (label == 1))
-    ints = np.empty((table.num_rows, NUM_DENSE), dtype=np.int64)
-    for j in range(NUM_DENSE):
-        ints[:, j] = _int_column(table.column(head + j))[0]
-    keys = np.empty((table.num_rows, num_slots), dtype=np.int64)
-    empty = np.zeros((table.num_rows, num_slots), dtype=bool)
-    for j in range(num_slots):
-        col = table.column(head + NUM_DENSE + j)
-        if gen:
-            keys[:, j], empty[:, j] = _int_column(col)
-        else:
-            keys[:, j], ok, empty[:, j] = _text_column(col, "hex")
-            row_ok &= ok
-    ptrue = None
-    if gen:
-        ptrue, p_ok, p_empty = _text_column(table.column(1), "fixed")
-        row_ok &= p_ok & ~p_empty & (ptrue <= 1.0)
-    bad_values = line_index[field_ok][~row_ok]
-    _record_malformed(stats, bad_fields, bad_values, ncols, source, first_line)
-    return _make_batch(label, ints, keys, empty, ptrue, row_ok), stats
+    _check_format(data_format)
+    gen = data_format == "generated"
+    dense, labels, keys, present, ptrue, lines, malformed, bad_fields, bad_value = _C.parse_lines(
+        data, gen, num_slots
+    )
+    # log1p is numpy's, as in _make_batch: numpy's float32 log1p (SIMD where the CPU has it)
+    # and the C library's log1pf differ in the last bit for some inputs
+    values = dense.numpy()
+    np.log1p(values, out=values)
+    stats = ParseStats(lines=lines, malformed=malformed)
+    ncols = (2 if gen else 1) + NUM_DENSE + num_slots
+    stats.first_bad = _first_bad(
+        bad_fields if bad_fields >= 0 else None,
+        bad_value if bad_value >= 0 else None,
+        ncols,
+        source,
+        first_line,
+    )
+    return Batch(dense, labels, keys, present, ptrue), stats
 
 
 def _empty_batch(num_slots: int, gen: bool) -> Batch:
@@ -436,7 +352,8 @@ def _make_batch(
 def _parse_chunk_numpy(
     data: bytes, data_format: str, num_slots: int, source: str = "<bytes>", first_line: int = 1
 ) -> tuple[Batch, ParseStats]:
-    """The exact numpy parser, used when a chunk holds a value pyarrow cannot convert.
+    """The reference parser, in numpy: what :func:`parse_chunk` (compiled) must give, field
+    for field and count for count. Only the tests and tests/fuzz/fuzz_lines.py call it.
 
     Args:
         data: text of whole lines (a missing final newline is tolerated).
@@ -583,6 +500,31 @@ def iter_batches(
         yield Batch.concat(pending)
 
 
+#: Why a line is malformed, by kind (the first one of a chunk is named in ParseStats).
+_BAD_FIELDS = "expected {} tab-separated fields"
+_BAD_VALUE = "bad label (not 0/1) or a field that is not a number of its column's kind"
+
+
+def _first_bad(
+    bad_fields: int | None, bad_value: int | None, ncols: int, source: str, first_line: int
+) -> tuple[str, int, str] | None:
+    """(file, 1-based line, reason) of the earlier of the two kinds' first malformed lines.
+
+    Args:
+        bad_fields, bad_value: 0-based index in the chunk of the first line with the wrong
+            number of fields, and of the first one with a bad value; None: no such line.
+    """
+    firsts = []
+    if bad_fields is not None:
+        firsts.append((bad_fields, _BAD_FIELDS.format(ncols)))
+    if bad_value is not None:
+        firsts.append((bad_value, _BAD_VALUE))
+    if not firsts:
+        return None
+    line, reason = min(firsts)
+    return (source, first_line + line, reason)
+
+
 def _record_malformed(
     stats: ParseStats,
     bad_fields: np.ndarray,
@@ -598,16 +540,10 @@ def _record_malformed(
         bad_values: (m,) int64 line indices whose fields do not parse as their column's kind.
     """
     stats.malformed = int(bad_fields.size + bad_values.size)
-    firsts = []
-    if bad_fields.size:
-        firsts.append((int(bad_fields[0]), f"expected {ncols} tab-separated fields"))
-    if bad_values.size:
-        firsts.append(
-            (
-                int(bad_values[0]),
-                "bad label (not 0/1) or a field that is not a number of its column's kind",
-            )
-        )
-    if firsts:
-        line, reason = min(firsts)
-        stats.first_bad = (source, first_line + line, reason)
+    stats.first_bad = _first_bad(
+        int(bad_fields[0]) if bad_fields.size else None,
+        int(bad_values[0]) if bad_values.size else None,
+        ncols,
+        source,
+        first_line,
+    )

@@ -3,7 +3,7 @@
 One pass (seed 002)::
 
     files of the pass (rank r takes files r::world)
-      -> prefetch thread: read + parse (pyarrow/numpy on whole chunks), cut into batches,
+      -> prefetch thread: read + parse (the compiled parser, whole chunks), cut into batches,
          dedup the keys of every slot into one fused row index (:mod:`.sparse`)
       -> pull worker (one thread, FIFO): one store pull per table -> one (U, dim) leaf
       -> main thread: one gather of every slot, DLRM forward/backward, dense all-reduce,

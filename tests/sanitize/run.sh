@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# make sanitize: builds both C++ extensions with AddressSanitizer + UndefinedBehaviorSanitizer
+# make sanitize: builds the C++ extensions with AddressSanitizer + UndefinedBehaviorSanitizer
 # into build/sanitize/lib (setup.py's STREAMREC_SANITIZE switch; the installed optimized build
-# is never touched) and runs the store's and the sampler's tests against that build: this
-# directory's sitecustomize.py points the two `_C` imports there, for the test processes and
-# every process they spawn. A finding stops the process that hit it and fails the run: its
-# report is in build/sanitize/logs (ASan), on this output (UBSan in a test process: pytest
-# captures Python's streams only), or in the failing test's server log (a spawned server).
+# is never touched) and runs the store's, the sampler's and the trainer's parser tests against
+# that build: this directory's sitecustomize.py points the three `_C` imports there, for the
+# test processes and every process they spawn. A finding stops the process that hit it and
+# fails the run: its report is in build/sanitize/logs (ASan), on this output (UBSan in a test
+# process: pytest captures Python's streams only), or in the failing test's server log (a
+# spawned server).
 #
-#   tests/sanitize/run.sh [pytest args]   default: tests/embedding_store tests/sampler (no CUDA)
+#   tests/sanitize/run.sh [pytest args]   default: tests/embedding_store tests/sampler
+#       tests/trainer/test_data.py tests/trainer/test_line_parser.py (no CUDA)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -17,8 +19,9 @@ LOGS=$OUT/logs
 
 args=("$@")
 # The CUDA tests are left out: they run nvcc and the host compiler, which the preloaded ASan
-# runtime breaks, and test no code of the two C++ extensions.
+# runtime breaks, and test no code of the CPU C++ extensions.
 [ ${#args[@]} -gt 0 ] || args=(tests/embedding_store tests/sampler
+  tests/trainer/test_data.py tests/trainer/test_line_parser.py
   "--ignore-glob=tests/embedding_store/test_cuda_*.py")
 
 mkdir -p "$OUT"
@@ -42,10 +45,11 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 "$PY" - <<'EOF'
 from streamrec.embedding_store import _C
 from streamrec.sampler import _C as sampler_C
+from streamrec.trainer import _C as trainer_C
 
-for ext in (_C, sampler_C):
+for ext in (_C, sampler_C, trainer_C):
     assert "/build/sanitize/lib/" in ext.__file__, ext.__file__
-print("sanitized extensions:", _C.__file__, sampler_C.__file__, sep="\n  ")
+print("sanitized extensions:", _C.__file__, sampler_C.__file__, trainer_C.__file__, sep="\n  ")
 EOF
 [ $? -eq 0 ] || exit 1
 
