@@ -54,7 +54,8 @@ def make_mlp(sizes: list[int], sigmoid_layer: int, rng: np.random.RandomState) -
             layer.weight.copy_(torch.from_numpy(w))
             layer.bias.copy_(torch.from_numpy(b))
         layers.append(layer)
-        layers.append(nn.Sigmoid() if i == sigmoid_layer else nn.ReLU())
+        # in place: the ReLU backward reads only its output, not the Linear output it replaces
+        layers.append(nn.Sigmoid() if i == sigmoid_layer else nn.ReLU(inplace=True))
     return nn.Sequential(*layers)
 
 
