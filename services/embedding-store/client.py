@@ -67,6 +67,7 @@ from streamrec.embedding_store.routing import (
 from streamrec.embedding_store.stats import sum_stats
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
 from streamrec.errors import BadRequest, RemoteError
+from streamrec.keyhash import shard_of
 from streamrec.malloc import keep_freed_memory
 from streamrec.save_modes import FULL_MODES, SAVE_MODES
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta, RpcClient
@@ -93,6 +94,15 @@ def _values_ok(arrays: Arrays) -> bool:
         if not _C.all_finite(v) or (name != "grads" and bool((v < 0).any())):
             return False
     return True
+
+
+def _check_rows(shard: int, values: np.ndarray, n: int, dim: int) -> None:
+    """Raises ``bad_reply`` unless a shard's reply holds (n, dim) float32 values."""
+    if values.dtype != np.float32 or values.size != n * dim:
+        raise RemoteError(
+            "bad_reply",
+            f"shard {shard} sent {values.size} {values.dtype} values, expected {n} x {dim} float32",
+        )
 
 
 def _check_columns(table: str, columns: dict[str, torch.Tensor]) -> None:
@@ -385,6 +395,139 @@ class EmbeddingStoreClient:
             for t, v in enumerate(np.split(values, cuts[:-1])):
                 parts[t].append((k, int(arrays["counts"][t]), v))
         return [self._assemble(t, r, p) for t, r, p in zip(tables, routes, parts, strict=True)]
+
+    # -- every table of a batch as one block of rows (the trainer's fused path) ---------
+    def pull_rows(
+        self, tables: list[str], keys: Any, counts: list[int], create: bool = True
+    ) -> torch.Tensor:
+        """The rows of several tables' keys as ONE tensor, one ``pull_many`` request per shard.
+
+        The trainer's path (:class:`streamrec.trainer.sparse.SparseTables`): the keys of every
+        table come concatenated, table-major, and the rows go back the same way, so routing
+        is one vectorised pass over all of them (no per-table work on the caller's thread)
+        and each shard's reply is written straight into the result. Keys may repeat.
+
+        Args:
+            tables: T table names, all of one dim.
+            keys: (n,) int64, ``counts[t]`` keys of ``tables[t]`` after those of tables < t.
+            counts: T ints summing to n.
+            create: as in :meth:`pull`.
+
+        Returns:
+            (n, dim) float32, row i the row of ``keys[i]`` in its table.
+        """
+        dim, keys_t, plan = self._rows_plan(tables, keys, counts)
+        meta = {"create": bool(create), "tables": list(tables)}
+        requests = [(k, "pull_many", meta, {"counts": c, "keys": kk}) for k, c, kk, _ in plan]
+        replies = self._exchange(requests)
+        out = None
+        if len(plan) == 1 and plan[0][3] is None:  # one shard, the caller's order
+            values = np.asarray(replies[0][1].get("values"))
+            _check_rows(plan[0][0], values, keys_t.numel(), dim)
+            out = torch.from_numpy(values if values.flags.writeable else values.copy())
+            return out.view(keys_t.numel(), dim)
+        out = torch.empty(keys_t.numel(), dim)
+        for (k, _, kk, where), (_, reply) in zip(plan, replies, strict=True):
+            values = np.asarray(reply.get("values"))
+            _check_rows(k, values, kk.size, dim)
+            out.index_copy_(0, where, torch.from_numpy(values).view(kk.size, dim))
+        return out
+
+    def push_rows(
+        self,
+        tables: list[str],
+        keys: Any,
+        counts: list[int],
+        grads: Any,
+        shows: Any = None,
+        clicks: Any = None,
+    ) -> None:
+        """:meth:`push_many` of keys, gradients, shows and clicks laid out as
+        :meth:`pull_rows` takes them: one request per shard, nothing done per table.
+
+        Every value is checked (NaN/Inf, shows and clicks >= 0) before anything is sent, so a
+        bad push writes nothing; the error names the first bad table. Repeated keys are summed
+        by the shards (as the store's push does).
+
+        Args:
+            tables: T table names, all of one dim.
+            keys: (n,) int64, table-major (see :meth:`pull_rows`); counts: T ints.
+            grads: (n, dim) float32.
+            shows: (n,) float32 or None (1 per key occurrence); clicks: (n,) or None (0).
+        """
+        dim, keys_t, plan = self._rows_plan(tables, keys, counts)
+        n = keys_t.numel()
+        columns = {"grads": as_floats(grads, "grads", (n, dim))}
+        for name, value, fill in (("shows", shows, 1.0), ("clicks", clicks, 0.0)):
+            columns[name] = (
+                torch.full((n,), fill) if value is None else as_floats(value, name, (n,))
+            )
+        bounds = np.cumsum(counts)
+
+        def table_of(row: int) -> str:
+            return tables[int(np.searchsorted(bounds, row, side="right"))]
+
+        for name, v in columns.items():
+            if not _C.all_finite(v):
+                finite = torch.isfinite(v) if v.dim() == 1 else torch.isfinite(v).all(dim=1)
+                row = int((~finite).nonzero()[0, 0])
+                raise NonFiniteGradient(
+                    f"{name}: holds NaN or Inf (key {row} of {n}); nothing was pushed to "
+                    f"table {table_of(row)!r}"
+                )
+            if name != "grads" and bool((v < 0).any()):
+                row = int((v < 0).nonzero()[0, 0])
+                raise InvalidInput(
+                    f"{name}: must be >= 0 (key {row} of {n}); nothing was pushed to "
+                    f"table {table_of(row)!r}"
+                )
+        requests = []
+        for k, c, kk, where in plan:
+            arrays: Arrays = {"counts": c, "keys": kk}
+            for name, v in columns.items():
+                part = v if where is None else v.index_select(0, where)
+                arrays[name] = part.reshape(-1).numpy()
+            requests.append((k, "push_many", {"tables": list(tables)}, arrays))
+        self._exchange(requests)
+
+    def _rows_plan(
+        self, tables: list[str], keys: Any, counts: list[int]
+    ) -> tuple[int, torch.Tensor, list[tuple[int, np.ndarray, np.ndarray, torch.Tensor | None]]]:
+        """Checks a :meth:`pull_rows`/:meth:`push_rows` call and routes its keys: (dim, keys,
+        per shard with keys (shard, counts (T,) int64, its keys, their positions among the
+        caller's keys, None when they are all of them in order))."""
+        check_aligned(tables, counts=counts)
+        dims = {self._table(t).checked_dim() for t in tables}
+        if len(dims) > 1:
+            raise InvalidInput(f"tables must share one dim for one block of rows, got {dims}")
+        keys_t = as_keys(keys)
+        if (
+            any(not isinstance(c, int | np.integer) or isinstance(c, bool) or c < 0 for c in counts)
+            or sum(counts) != keys_t.numel()
+        ):
+            raise InvalidInput(
+                f"counts must be T ints >= 0 summing to the {keys_t.numel()} keys, got "
+                f"{list(counts)!r:.200}"
+            )
+        dim = dims.pop() if dims else 0
+        counts_arr = np.asarray(counts, dtype=np.int64)
+        if keys_t.numel() == 0:
+            return dim, keys_t, []
+        if self.num_shards == 1:
+            return dim, keys_t, [(0, counts_arr, keys_t.numpy(), None)]
+        arr = keys_t.numpy()
+        owner = shard_of(arr, self.num_shards)
+        table_of = np.repeat(np.arange(len(tables)), counts_arr)
+        per = np.bincount(owner * len(tables) + table_of, minlength=self.num_shards * len(tables))
+        per = per.reshape(self.num_shards, len(tables))
+        order = np.argsort(owner, kind="stable")  # table-major within each shard
+        bounds = np.concatenate([[0], np.cumsum(per.sum(axis=1))])
+        plan = []
+        for k in range(self.num_shards):
+            where = order[bounds[k] : bounds[k + 1]]
+            if where.size:
+                plan.append((k, per[k], arr[where], torch.from_numpy(where)))
+        return dim, keys_t, plan
 
     def push(
         self, table: str, keys: Any, grads: Any, shows: Any = None, clicks: Any = None

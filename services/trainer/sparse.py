@@ -1,7 +1,8 @@
 """``SparseTables``: every slot's embedding rows for a batch as one tensor, one op per step.
 
 The store is called once per batch for every table (``pull_many``/``push_many``, one
-request per shard with the service; stores without them: one ``pull``/``push`` per table);
+request per shard with the service, whose client takes every table's keys and rows as one
+block: ``pull_rows``/``push_rows``; stores without them: one ``pull``/``push`` per table);
 everything around those calls is fused over the tables, so a batch costs a fixed number of
 torch ops whatever the number of slots. For ``S`` slots of a batch of ``B`` samples::
 
@@ -110,8 +111,10 @@ class SparseTables:
         resident = getattr(store, "resident_device", None)
         self.device: torch.device | None = resident() if callable(resident) else None
         self._unique = unique_keys
-        # one call per batch for every table (one request per shard with the service)
+        # one call per batch for every table (one request per shard with the service); the
+        # service client also takes every table's keys as one block (no per-table work here)
         self._many = hasattr(store, "pull_many") and hasattr(store, "push_many")
+        self._rows = hasattr(store, "pull_rows") and hasattr(store, "push_rows")
         self._pool = (
             ThreadPoolExecutor(max_workers=threads, thread_name_prefix="trainer-table")
             if threads > 1 and not self._many
@@ -162,6 +165,11 @@ class SparseTables:
         create: create absent keys (training), or read them as zeros (prediction).
         """
         on = {} if self.device is None else {"device": self.device}
+        if self._rows:
+            counts = [b - a for a, b in zip(sb.bounds[:-1], sb.bounds[1:], strict=True)]
+            weights = self.store.pull_rows(self.tables, torch.cat(sb.keys), counts, create=create)
+            sb.weights = weights.detach().requires_grad_(True)
+            return sb
         if self._many:
             parts = self.store.pull_many(self.tables, sb.keys, create=create, **on)
         else:
@@ -215,6 +223,11 @@ class SparseTables:
             value_labels = labels[sb.value_rows]
         shows = torch.bincount(index, minlength=u).to(torch.float32)
         clicks = torch.zeros(u).index_add_(0, index, value_labels)
+        if self._rows:
+            counts = [b - a for a, b in zip(sb.bounds[:-1], sb.bounds[1:], strict=True)]
+            self.store.push_rows(self.tables, torch.cat(sb.keys), counts, grad, shows, clicks)
+            sb.weights.grad = None
+            return
         used = [t for t in range(len(self.tables)) if sb.bounds[t + 1] > sb.bounds[t]]
         rows = [slice(sb.bounds[t], sb.bounds[t + 1]) for t in used]
         if self._many:

@@ -346,3 +346,68 @@ def test_service_many_edge_cases(two_shards, client):
         ref.pull("user", one_shard, create=False),
     )
     ref.close()
+
+
+def test_service_rows_equal_the_many_calls(two_shards, client):
+    """pull_rows/push_rows (every table's keys and rows as one block: the trainer's path) give
+    what pull_many/push_many give on an in-process store: keys on both shards, repeats, a
+    table listed twice, a table with no keys, shows/clicks given or defaulted."""
+    ref = make_store()
+    rng = np.random.default_rng(7)
+    tables = ["item", "item", "item"]  # one dim for one block; a table more than once
+    seen = []
+    for step in range(3):
+        parts = [rng.integers(0, 150, n).astype(np.int64) * 31 + 2**42 for n in (120, 0, 75)]
+        counts = [p.size for p in parts]
+        keys = torch.from_numpy(np.concatenate(parts))
+        split = list(keys.split(counts))
+        rows = client.pull_rows(tables, keys, counts)
+        assert rows.shape == (keys.numel(), DIMS["item"]) and rows.dtype == torch.float32
+        torch.testing.assert_close(rows, torch.cat(ref.pull_many(tables, split)))
+        grads = torch.from_numpy(rng.standard_normal((keys.numel(), 4)).astype(np.float32))
+        if step % 2:
+            shows = torch.from_numpy(rng.integers(1, 3, keys.numel()).astype(np.float32))
+            clicks = torch.from_numpy((rng.random(keys.numel()) < 0.3).astype(np.float32))
+            client.push_rows(tables, keys, counts, grads, shows, clicks)
+            ref.push_many(
+                tables, split, list(grads.split(counts)), list(shows.split(counts)),
+                list(clicks.split(counts)),
+            )  # fmt: skip
+        else:
+            client.push_rows(tables, keys, counts, grads)
+            ref.push_many(tables, split, list(grads.split(counts)))
+        seen.append(keys)
+    every = torch.unique(torch.cat(seen))
+    torch.testing.assert_close(
+        client.pull_rows(["item"], every, [every.numel()], create=False),
+        ref.pull("item", every, create=False),
+    )
+
+
+def test_service_bad_rows_calls_are_refused_before_sending(client):
+    keys = torch.arange(2**43, 2**43 + 10)
+    before = client.pull_rows(["item"], keys, [10], create=False)
+    grads = torch.zeros(10, 4)
+    bad = grads.clone()
+    bad[7, 2] = float("nan")  # the second table's part
+    for call, exc, text in [
+        (
+            lambda: client.push_rows(["item", "item"], keys, [5, 5], bad),
+            NonFiniteGradient,
+            r"grads: holds NaN or Inf \(key 7 of 10\); nothing was pushed to table 'item'",
+        ),
+        (
+            lambda: client.push_rows(["item"], keys, [10], grads, shows=-torch.ones(10)),
+            InvalidInput,
+            "shows: must be >= 0",
+        ),
+        (lambda: client.pull_rows(["item"], keys, [9]), InvalidInput, "summing to the 10 keys"),
+        (lambda: client.pull_rows(["item"], keys, [10.0]), InvalidInput, "counts must be"),
+        (lambda: client.pull_rows(["item", "user"], keys, [5, 5]), InvalidInput, "one dim"),
+        (lambda: client.pull_rows(["nope"], keys, [10]), UnknownTable, "nope"),
+        (lambda: client.push_rows(["item"], keys, [10], torch.zeros(10, 9)), InvalidInput, "grads"),
+    ]:
+        with pytest.raises(exc, match=text):
+            call()
+    torch.testing.assert_close(client.pull_rows(["item"], keys, [10], create=False), before)
+    assert client.pull_rows(["item"], torch.zeros(0, dtype=torch.int64), [0]).shape == (0, 4)
