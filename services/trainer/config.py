@@ -36,7 +36,7 @@ Every section has defaults, so ``TrainerConfig.parse({})`` is a small valid job.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from streamrec.config import StrictConfig
@@ -226,8 +226,11 @@ class ResourcesConfig(StrictConfig):
 
     #: Ranks (WORLD_SIZE) the job needs; a group of another size refuses it. None: any.
     trainer_ranks: int | None = Field(None, ge=1)
-    #: torch intra-op threads per rank (torch.set_num_threads). None: torch's default.
-    threads_per_rank: int | None = Field(None, ge=1)
+    #: torch intra-op threads per rank (torch.set_num_threads). None: torch's default (runs
+    #: repeat to the last bit). "auto": a single CPU rank times its first steps with torch's
+    #: default and with 1 thread and keeps the faster (thread_tuner.py; more threads help big
+    #: batches, 1 helps small ones beside a store shard on the same cores).
+    threads_per_rank: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
 
 
 class DistributedConfig(StrictConfig):

@@ -44,7 +44,7 @@ def apply_resources(resources: ResourcesConfig, world: int) -> None:
             f"resources.trainer_ranks is {want} but this trainer group has {world} rank(s) "
             f"(WORLD_SIZE): start it with {want} ranks, or change resources.trainer_ranks"
         )
-    if resources.threads_per_rank is not None:
+    if isinstance(resources.threads_per_rank, int):  # "auto": the runner's ThreadTuner
         torch.set_num_threads(resources.threads_per_rank)
 
 

@@ -72,6 +72,7 @@ from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.negsampling import NegativeSampler
 from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.store import build_table_options, make_store
+from streamrec.trainer.thread_tuner import ThreadTuner
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,15 @@ class OnlineTrainer:
         )
         _, world = ddp.env_world()
         ddp.apply_resources(config.resources, world)
+        # one CPU rank alone: its own step times decide its threads (ranks in lockstep time
+        # each other's waits, a GPU step does not run on these threads)
+        self.thread_tuner = (
+            ThreadTuner()
+            if config.resources.threads_per_rank == "auto"
+            and world == 1
+            and self.device.type == "cpu"
+            else None
+        )
         if world > 1 and store is None and not config.store.endpoints:
             raise ConfigError(
                 f"WORLD_SIZE={world}: ranks must share their sparse parameters; set "
@@ -313,6 +323,8 @@ class OnlineTrainer:
                     self.scheduler.step()
                     self.step += 1
                     self.progress_at = time.monotonic()
+                    if self.thread_tuner is not None:
+                        self.thread_tuner.step_done()
                     if item is not None:
                         assert p is not None and pulled is not None
                         # FIFO after pull(i+1): the next pull never sees this push (module doc)
@@ -417,6 +429,7 @@ class OnlineTrainer:
             "predict_seconds": predict_s,
             "train_seconds": train_s,
             "samples_per_second": tr["samples"] / train_s if train_s > 0 else None,
+            "intra_op_threads": torch.get_num_threads(),
             "lr": self.optimizer.param_groups[0]["lr"],
             "step": self.step,
             "world_size": self.world,
