@@ -96,6 +96,11 @@ def _values_ok(arrays: Arrays) -> bool:
     return True
 
 
+#: One shard's part of a pull_rows/push_rows call: (shard, counts (T,) int64, its keys, their
+#: positions among the caller's keys, or None when they are all of them in order).
+_ShardPart = tuple[int, np.ndarray, np.ndarray, torch.Tensor | None]
+
+
 def _check_rows(shard: int, values: np.ndarray, n: int, dim: int) -> None:
     """Raises ``bad_reply`` unless a shard's reply holds (n, dim) float32 values."""
     if values.dtype != np.float32 or values.size != n * dim:
@@ -428,6 +433,7 @@ class EmbeddingStoreClient:
             return out.view(keys_t.numel(), dim)
         out = torch.empty(keys_t.numel(), dim)
         for (k, _, kk, where), (_, reply) in zip(plan, replies, strict=True):
+            assert where is not None  # several shards: each part has its positions
             values = np.asarray(reply.get("values"))
             _check_rows(k, values, kk.size, dim)
             out.index_copy_(0, where, torch.from_numpy(values).view(kk.size, dim))
@@ -492,7 +498,7 @@ class EmbeddingStoreClient:
 
     def _rows_plan(
         self, tables: list[str], keys: Any, counts: list[int]
-    ) -> tuple[int, torch.Tensor, list[tuple[int, np.ndarray, np.ndarray, torch.Tensor | None]]]:
+    ) -> tuple[int, torch.Tensor, list[_ShardPart]]:
         """Checks a :meth:`pull_rows`/:meth:`push_rows` call and routes its keys: (dim, keys,
         per shard with keys (shard, counts (T,) int64, its keys, their positions among the
         caller's keys, None when they are all of them in order))."""
@@ -522,7 +528,7 @@ class EmbeddingStoreClient:
         per = per.reshape(self.num_shards, len(tables))
         order = np.argsort(owner, kind="stable")  # table-major within each shard
         bounds = np.concatenate([[0], np.cumsum(per.sum(axis=1))])
-        plan = []
+        plan: list[_ShardPart] = []
         for k in range(self.num_shards):
             where = order[bounds[k] : bounds[k + 1]]
             if where.size:

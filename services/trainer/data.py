@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import streamrec.trainer._C as _C
 import torch
 from streamrec.ragged import RaggedTensor
-from streamrec.trainer import _C
 from streamrec.trainer.errors import DataError
 
 NUM_DENSE = 13
