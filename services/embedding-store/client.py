@@ -425,12 +425,11 @@ class EmbeddingStoreClient:
         meta = {"create": bool(create), "tables": list(tables)}
         requests = [(k, "pull_many", meta, {"counts": c, "keys": kk}) for k, c, kk, _ in plan]
         replies = self._exchange(requests)
-        out = None
         if len(plan) == 1 and plan[0][3] is None:  # one shard, the caller's order
             values = np.asarray(replies[0][1].get("values"))
             _check_rows(plan[0][0], values, keys_t.numel(), dim)
-            out = torch.from_numpy(values if values.flags.writeable else values.copy())
-            return out.view(keys_t.numel(), dim)
+            rows = torch.from_numpy(values if values.flags.writeable else values.copy())
+            return rows.view(keys_t.numel(), dim)
         out = torch.empty(keys_t.numel(), dim)
         for (k, _, kk, where), (_, reply) in zip(plan, replies, strict=True):
             assert where is not None  # several shards: each part has its positions

@@ -29,10 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import streamrec.trainer._C as _C
 import torch
 from streamrec.ragged import RaggedTensor
 from streamrec.trainer.errors import DataError
+
+# isort: off
+# after torch: the compiled parser links against libtorch's libraries, which torch loads
+import streamrec.trainer._C as _C
+
+# isort: on
 
 NUM_DENSE = 13
 CRITEO_SLOTS = 26
