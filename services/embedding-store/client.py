@@ -41,7 +41,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import streamrec.embedding_store._C as _C
@@ -84,16 +84,31 @@ class _ThreadSockets:
             c.close()
 
 
-def _values_ok(arrays: Arrays) -> bool:
-    """Whether a push request's values are all finite and its shows/clicks >= 0."""
+def _bad_value(columns: Mapping[str, Any]) -> tuple[str, int, bool] | None:
+    """The first value of push columns that may not be applied: (column, row, whether it is
+    NaN/Inf rather than negative), or None. grads must be finite, shows and clicks finite and
+    >= 0; a column is (n,) or (n, dim), a tensor or an array; other columns are skipped."""
     for name in ("grads", "shows", "clicks"):
-        arr = arrays.get(name)
-        if arr is None:
+        value = columns.get(name)
+        if value is None:
             continue
-        v = torch.from_numpy(arr)
-        if not _C.all_finite(v) or (name != "grads" and bool((v < 0).any())):
-            return False
-    return True
+        v = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        if not _C.all_finite(v):
+            finite = torch.isfinite(v.reshape(v.shape[0], -1)).all(dim=1)
+            return name, int((~finite).nonzero()[0, 0]), True
+        if name != "grads" and bool((v < 0).any()):
+            return name, int((v < 0).nonzero()[0, 0]), False
+    return None
+
+
+def _refuse(bad: tuple[str, int, bool], table: str, where: str) -> NoReturn:
+    """Raises the error for :func:`_bad_value`'s finding in ``table`` (``where``: which row)."""
+    name, _row, non_finite = bad
+    if non_finite:
+        raise NonFiniteGradient(
+            f"{name}: holds NaN or Inf ({where}); nothing was pushed to table {table!r}"
+        )
+    raise InvalidInput(f"{name}: must be >= 0 ({where}); nothing was pushed to table {table!r}")
 
 
 #: One shard's part of a pull_rows/push_rows call: (shard, counts (T,) int64, its keys, their
@@ -108,20 +123,6 @@ def _check_rows(shard: int, values: np.ndarray, n: int, dim: int) -> None:
             "bad_reply",
             f"shard {shard} sent {values.size} {values.dtype} values, expected {n} x {dim} float32",
         )
-
-
-def _check_columns(table: str, columns: dict[str, torch.Tensor]) -> None:
-    """Raises when a table's push columns hold NaN/Inf, or negative shows/clicks."""
-    for name, v in columns.items():
-        if name == "keys":
-            continue
-        if not _C.all_finite(v):
-            raise NonFiniteGradient(
-                f"{name}: holds NaN or Inf (after summing duplicate keys); "
-                f"nothing was pushed to table {table!r}"
-            )
-        if name != "grads" and bool((v < 0).any()):
-            raise InvalidInput(f"{name}: must be >= 0; nothing was pushed to table {table!r}")
 
 
 class EmbeddingStoreClient:
@@ -467,25 +468,10 @@ class EmbeddingStoreClient:
             columns[name] = (
                 torch.full((n,), fill) if value is None else as_floats(value, name, (n,))
             )
-        bounds = np.cumsum(counts)
-
-        def table_of(row: int) -> str:
-            return tables[int(np.searchsorted(bounds, row, side="right"))]
-
-        for name, v in columns.items():
-            if not _C.all_finite(v):
-                finite = torch.isfinite(v) if v.dim() == 1 else torch.isfinite(v).all(dim=1)
-                row = int((~finite).nonzero()[0, 0])
-                raise NonFiniteGradient(
-                    f"{name}: holds NaN or Inf (key {row} of {n}); nothing was pushed to "
-                    f"table {table_of(row)!r}"
-                )
-            if name != "grads" and bool((v < 0).any()):
-                row = int((v < 0).nonzero()[0, 0])
-                raise InvalidInput(
-                    f"{name}: must be >= 0 (key {row} of {n}); nothing was pushed to "
-                    f"table {table_of(row)!r}"
-                )
+        bad = _bad_value(columns)
+        if bad is not None:
+            table = tables[int(np.searchsorted(np.cumsum(counts), bad[1], side="right"))]
+            _refuse(bad, table, f"key {bad[1]} of {n}")
         requests = []
         for k, c, kk, where in plan:
             arrays: Arrays = {"counts": c, "keys": kk}
@@ -592,9 +578,11 @@ class EmbeddingStoreClient:
             [r for _, (r, _) in kept],
             [c for _, (_, c) in kept],
         )
-        if not all(_values_ok(arrays) for _, _, _, arrays in requests):
+        if any(_bad_value(arrays) for _, _, _, arrays in requests):
             for t, (_, cols) in kept:  # the first bad table, named in the error
-                _check_columns(t, cols)
+                bad = _bad_value(cols)
+                if bad is not None:
+                    _refuse(bad, t, "after summing duplicate keys")
         self._exchange(requests)
 
     def _push_columns(
@@ -625,8 +613,9 @@ class EmbeddingStoreClient:
                 columns[name] = summed.view((u, *v.shape[1:]))
         if u < n and "shows" not in columns:  # the store's 1 show per occurrence
             columns["shows"] = torch.bincount(r.inverse, minlength=u).to(torch.float32)
-        if check:
-            _check_columns(table, columns)
+        bad = _bad_value(columns) if check else None
+        if bad is not None:
+            _refuse(bad, table, "after summing duplicate keys")
         return r, {"keys": r.keys, **columns}
 
     def size(self, table: str) -> int:

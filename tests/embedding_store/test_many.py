@@ -302,7 +302,8 @@ def test_service_bad_many_requests_are_refused_and_nothing_is_written(two_shards
                 shows=[torch.ones(m), -torch.ones(m)],
             ),
             InvalidInput,
-            "shows: must be >= 0; nothing was pushed to table 'item'",
+            r"shows: must be >= 0 \(after summing duplicate keys\); "
+            "nothing was pushed to table 'item'",
         ),
         (lambda: client.push_many(["user", "nope"], [fresh, fresh], grads), UnknownTable, "nope"),
         (lambda: client.push_many(["user", "item"], [fresh], grads), InvalidInput, "1 entries"),
