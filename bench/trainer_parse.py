@@ -61,16 +61,25 @@ def generated_text(samples: int) -> bytes:
     return to_generated_text(stream.draw(DAY, samples, np.random.default_rng(0)))
 
 
-def pyarrow_read(text: bytes, gen: bool) -> pa.Table:
-    """pyarrow's CSV reader, its defaults but for the tab and typed columns."""
+def column_types(
+    gen: bool, num_slots: int, ptrue: pa.DataType, key: pa.DataType
+) -> tuple[list[str], dict[str, pa.DataType]]:
+    """Column names f0.. and their types: int64 but p_true (generated) and the hex keys
+    (criteo), which get ``ptrue`` and ``key``."""
     head = 2 if gen else 1
-    names = [f"f{i}" for i in range(head + NUM_DENSE + SLOTS)]
+    names = [f"f{i}" for i in range(head + NUM_DENSE + num_slots)]
     types = {n: pa.int64() for n in names}
     if gen:
-        types["f1"] = pa.float64()
+        types["f1"] = ptrue
     else:
         for n in names[head + NUM_DENSE :]:
-            types[n] = pa.string()
+            types[n] = key
+    return names, types
+
+
+def pyarrow_read(text: bytes, gen: bool) -> pa.Table:
+    """pyarrow's CSV reader, its defaults but for the tab and typed columns."""
+    names, types = column_types(gen, SLOTS, pa.float64(), pa.string())
     return pacsv.read_csv(
         pa.py_buffer(text),
         read_options=pacsv.ReadOptions(column_names=names),
@@ -83,14 +92,7 @@ def pyarrow_read(text: bytes, gen: bool) -> pa.Table:
 
 
 def _old_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:
-    head = 2 if gen else 1
-    names = [f"f{i}" for i in range(head + NUM_DENSE + num_slots)]
-    types = {n: pa.int64() for n in names}
-    if gen:
-        types["f1"] = pa.binary()
-    else:
-        for n in names[head + NUM_DENSE :]:
-            types[n] = pa.binary()
+    names, types = column_types(gen, num_slots, pa.binary(), pa.binary())
     options = pacsv.ParseOptions(
         delimiter="\t",
         quote_char=False,
