@@ -68,6 +68,8 @@ class SparseBatch:
         value_rows: None, or (nnz,) int64 the sample of each value (ragged case).
         batch: B.
         weights: (U, dim) float32 leaf with ``requires_grad`` once pulled, else None.
+        flat_keys: (U,) int64, ``keys`` concatenated, once a store that takes every table's
+            keys as one block (``pull_rows``) has been sent them, else None.
     """
 
     keys: list[torch.Tensor]
@@ -77,6 +79,12 @@ class SparseBatch:
     value_rows: torch.Tensor | None
     batch: int
     weights: torch.Tensor | None = None
+    flat_keys: torch.Tensor | None = None
+
+    @property
+    def counts(self) -> list[int]:
+        """Keys per table (T,)."""
+        return [b - a for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)]
 
 
 class SparseTables:
@@ -166,8 +174,8 @@ class SparseTables:
         """
         on = {} if self.device is None else {"device": self.device}
         if self._rows:
-            counts = [b - a for a, b in zip(sb.bounds[:-1], sb.bounds[1:], strict=True)]
-            weights = self.store.pull_rows(self.tables, torch.cat(sb.keys), counts, create=create)
+            sb.flat_keys = torch.cat(sb.keys)
+            weights = self.store.pull_rows(self.tables, sb.flat_keys, sb.counts, create=create)
             sb.weights = weights.detach().requires_grad_(True)
             return sb
         if self._many:
@@ -224,8 +232,8 @@ class SparseTables:
         shows = torch.bincount(index, minlength=u).to(torch.float32)
         clicks = torch.zeros(u).index_add_(0, index, value_labels)
         if self._rows:
-            counts = [b - a for a, b in zip(sb.bounds[:-1], sb.bounds[1:], strict=True)]
-            self.store.push_rows(self.tables, torch.cat(sb.keys), counts, grad, shows, clicks)
+            assert sb.flat_keys is not None, "pulled by pull_rows"
+            self.store.push_rows(self.tables, sb.flat_keys, sb.counts, grad, shows, clicks)
             sb.weights.grad = None
             return
         used = [t for t in range(len(self.tables)) if sb.bounds[t + 1] > sb.bounds[t]]
