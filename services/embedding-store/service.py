@@ -117,7 +117,7 @@ def _jsonable(value: Any) -> Any:
 def _split(arr: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     """``arr`` cut into consecutive parts of ``sizes`` (T,) elements (views; [] when T = 0)."""
     ends = np.cumsum(sizes).tolist()
-    return [arr[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+    return [arr[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)] if ends else []
 
 
 class StoreService:
