@@ -7,6 +7,9 @@ Values come from CLI flags and ``STREAMREC_API_*`` environment variables (flags 
     STREAMREC_API_DATA_ROOTS=/data:/mnt/more-data
     STREAMREC_API_MODEL_ROOTS=/models
     STREAMREC_API_STORE_ENDPOINTS=tcp://store-0.store:5555,tcp://store-1.store:5555
+    # or, where the shards are numbered (a StatefulSet: the count follows its replicas)
+    STREAMREC_API_STORE_ENDPOINT_TEMPLATE=tcp://store-{shard}.store:5555
+    STREAMREC_API_STORE_SHARDS=2
 
 Mutating endpoints always need the bearer token; ``auth_reads`` closes the read endpoints too.
 A job's ``store.endpoints`` must each be one of ``store_endpoints`` (compared as strings); with
@@ -40,6 +43,8 @@ class Settings(StrictConfig):
         auth_reads: also require the token on read endpoints.
         data_roots / model_roots: jobs may only name paths under one of these.
         store_endpoints: the store shard endpoints jobs may name (none: jobs may name none).
+        store_endpoint_template / store_shards: adds ``template`` with ``{shard}`` replaced by
+            0 .. ``store_shards`` - 1 to ``store_endpoints`` (set both or neither).
         max_body_bytes: request bodies above this are refused with 413.
         redis_timeout_s: socket timeout for every Redis call (no hangs when Redis is down).
         scheduler_interval_s: how often the scheduler polls donefiles, reports, heartbeats.
@@ -61,6 +66,8 @@ class Settings(StrictConfig):
     data_roots: list[Path] = Field(default_factory=list)
     model_roots: list[Path] = Field(default_factory=list)
     store_endpoints: list[str] = Field(default_factory=list, max_length=1024)
+    store_endpoint_template: str | None = None
+    store_shards: int | None = Field(None, ge=1, le=1024)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     redis_timeout_s: float = Field(2.0, gt=0, le=60)
     scheduler_interval_s: float = Field(0.5, gt=0, le=60)
@@ -81,6 +88,21 @@ class Settings(StrictConfig):
     @classmethod
     def _absolute(cls, v: list[Path]) -> list[Path]:
         return [p.expanduser().resolve() for p in v]
+
+    @model_validator(mode="after")
+    def _numbered_store_endpoints(self) -> Settings:
+        template, shards = self.store_endpoint_template, self.store_shards
+        if (template is None) != (shards is None):
+            raise ValueError("store_endpoint_template and store_shards are set together")
+        if template is None or shards is None:
+            return self
+        if "{shard}" not in template:
+            raise ValueError(f"store_endpoint_template {template!r} has no {{shard}}")
+        numbered = [template.replace("{shard}", str(k)) for k in range(shards)]
+        known = set(self.store_endpoints)
+        extra = [e for e in numbered if e not in known]
+        object.__setattr__(self, "store_endpoints", [*self.store_endpoints, *extra])
+        return self
 
     @model_validator(mode="after")
     def _auth_configured(self) -> Settings:

@@ -50,10 +50,6 @@ OUT_OF_BAND = {
         {"api-token", "peer-token"},
         "kubectl -n streamrec create secret generic streamrec-tokens",
     ),
-    ("ConfigMap", "streamrec-trainer-job"): (
-        {"job-id"},
-        "kubectl -n streamrec create configmap streamrec-trainer-job",
-    ),
 }
 WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet")
 MONITORING = "monitoring.coreos.com/v1"
@@ -197,8 +193,8 @@ def test_images_are_ours_and_programs_are_console_scripts(rendered: Rendered) ->
         for c in w["spec"]["template"]["spec"]["containers"]:
             image = c["image"].rsplit("/", 1)[-1].split(":")[0]
             assert image in IMAGES | THIRD_PARTY_IMAGES, c["image"]
-            if image in IMAGES:
-                assert c["command"][0] in scripts | {"python3", "python"}, c["command"]
+            if image in IMAGES:  # torchrun: torch's, the trainers' elastic agent
+                assert c["command"][0] in scripts | {"python3", "python", "torchrun"}, c["command"]
 
 
 def test_pod_references_resolve(rendered: Rendered) -> None:
@@ -270,21 +266,105 @@ def env_value(workload: dict[str, Any], name: str) -> str:
     return next(e["value"] for e in container["env"] if e["name"] == name)
 
 
+def flag(workload: dict[str, Any], name: str) -> str:
+    """The value after ``name`` in the workload's container args, ``$(VAR)`` expanded."""
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    value = args[args.index(name) + 1]
+    return re.sub(r"\$\((\w+)\)", lambda m: env_value(workload, m.group(1)), value)
+
+
+def api_settings(r: Rendered) -> Any:
+    """The API's settings as its process would load them from the rendered ConfigMap + env."""
+    from streamrec.api.config import Settings
+
+    api = r.named("Deployment", "api")
+    assert api is not None
+    (container,) = api["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        ref = source["configMapRef"]["name"]
+        (config,) = [c for c in r.of("ConfigMap") if c["metadata"]["name"] == ref]
+        env.update(config["data"])
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    env.pop("STREAMREC_API_TOKEN_FILE", None)  # a mounted Secret: not here
+    return Settings.load({"auth_disabled": True}, env=env)
+
+
+def counts(r: Rendered) -> tuple[int, str, list[str], str]:
+    """(shards, --num-shards, the API's allowed store endpoints, the trainers' WORLD_SIZE)."""
+    store = r.named("StatefulSet", "embedding-store")
+    trainer = r.named("StatefulSet", "trainer")
+    assert store is not None and trainer is not None
+    return (
+        store["spec"]["replicas"],
+        flag(store, "--num-shards"),
+        api_settings(r).store_endpoints,
+        env_value(trainer, "WORLD_SIZE"),
+    )
+
+
 def test_shard_and_rank_counts_agree(rendered: Rendered) -> None:
     """--num-shards, the API's allowed store endpoints and WORLD_SIZE follow the replicas."""
     store = rendered.named("StatefulSet", "embedding-store")
     trainer = rendered.named("StatefulSet", "trainer")
     assert store is not None and trainer is not None
-    shards = store["spec"]["replicas"]
-    assert env_value(store, "NUM_SHARDS") == str(shards)
-    (api_config,) = [
-        c for c in rendered.of("ConfigMap") if "STREAMREC_API_STORE_ENDPOINTS" in c.get("data", {})
-    ]
-    assert api_config["data"]["STREAMREC_API_STORE_ENDPOINTS"].split(",") == [
+    shards, num_shards, endpoints, world_size = counts(rendered)
+    assert num_shards == str(shards)
+    assert endpoints == [
         f"tcp://embedding-store-{k}.{store['spec']['serviceName']}:5555" for k in range(shards)
     ]
-    assert env_value(trainer, "WORLD_SIZE") == str(trainer["spec"]["replicas"])
-    assert env_value(trainer, "MASTER_ADDR") == f"trainer-0.{trainer['spec']['serviceName']}"
+    assert world_size == str(trainer["spec"]["replicas"])
+    assert flag(trainer, "--nnodes") == world_size
+    rdzv_port = next(
+        p["containerPort"]
+        for p in container_ports(trainer["spec"]["template"])
+        if p["name"] == "rendezvous"
+    )
+    assert flag(trainer, "--rdzv-endpoint") == (
+        f"trainer-0.{trainer['spec']['serviceName']}:{rdzv_port}"
+    )
+
+
+def render(kubectl_dir: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl") or shutil.which("kubectl", path=str(ROOT / ".venv" / "bin"))
+    assert kubectl is not None
+    out = subprocess.run([kubectl, "kustomize", str(kubectl_dir)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_a_users_overlay_over_gpu_changes_every_count(tmp_path: Path) -> None:
+    """The README's overlay of your own, with 8 trainers and 6 shards: every flag follows."""
+    guide = (K8S / "README.md").read_text()
+    (tmp_path / "streamrec").symlink_to(ROOT)
+    mine = tmp_path / "my-cluster"
+    (mine / "counts").mkdir(parents=True)
+    (mine / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "streamrec",
+                "resources": ["../streamrec/deploy/k8s/overlays/gpu"],
+                "components": ["counts", "../streamrec/deploy/k8s/components/counts"],
+            }
+        )
+    )
+    counts_component = {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "replicas": [
+            {"name": "embedding-store", "count": 6},
+            {"name": "trainer", "count": 8},
+        ],
+    }
+    (mine / "counts" / "kustomization.yaml").write_text(yaml.safe_dump(counts_component))
+    assert "../streamrec/deploy/k8s/components/counts" in guide  # the README shows this layout
+    r = Rendered("mine", tmp_path / "r.yaml", render(mine))
+    shards, num_shards, endpoints, world_size = counts(r)
+    assert (shards, num_shards, world_size) == (6, "6", "8")
+    assert endpoints == [f"tcp://embedding-store-{k}.embedding-store:5555" for k in range(6)]
 
 
 def test_dashboards_are_labelled_for_the_grafana_sidecar(rendered: Rendered) -> None:
@@ -304,3 +384,94 @@ def test_out_of_band_objects_are_documented() -> None:
     guide = (K8S / "README.md").read_text()
     for _keys, line in OUT_OF_BAND.values():
         assert line in guide, line
+
+
+def containers(r: Rendered) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(w, c) for w in workloads(r) for c in w["spec"]["template"]["spec"]["containers"]]
+
+
+def test_disruption_budgets_let_a_drain_through(rendered: Rendered) -> None:
+    """A drain can always evict one pod of each, and a pod that is not running never blocks."""
+    for pdb in rendered.of("PodDisruptionBudget"):
+        spec = pdb["spec"]
+        assert spec.get("maxUnavailable", 0) >= 1, pdb["metadata"]["name"]
+        assert "minAvailable" not in spec, pdb["metadata"]["name"]
+        assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow", pdb["metadata"]["name"]
+
+
+def test_store_and_trainers_roll_only_by_hand(rendered: Rendered) -> None:
+    """A changed template does not restart shards (they come back empty) or ranks (the group
+    breaks) one by one: OnDelete, and the README says how to roll."""
+    for name in ("embedding-store", "trainer"):
+        sts = rendered.named("StatefulSet", name)
+        assert sts is not None and sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert "kubectl -n streamrec delete pod" in (K8S / "README.md").read_text()
+
+
+def test_shards_are_guaranteed_and_threads_follow_the_cpu_limit(rendered: Rendered) -> None:
+    store = rendered.named("StatefulSet", "embedding-store")
+    trainer = rendered.named("StatefulSet", "trainer")
+    assert store is not None and trainer is not None
+    (shard,) = store["spec"]["template"]["spec"]["containers"]
+    assert shard["resources"]["requests"] == shard["resources"]["limits"]
+    for workload, program_flag in ((store, "--num-threads"), (trainer, None)):
+        (c,) = workload["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in c["env"]}
+        ref = env["OMP_NUM_THREADS"]["valueFrom"]["resourceFieldRef"]
+        assert (ref["containerName"], ref["resource"]) == (c["name"], "limits.cpu")
+        if program_flag:
+            var = re.fullmatch(r"\$\((\w+)\)", c["args"][c["args"].index(program_flag) + 1])
+            assert var, c["args"]
+            assert env[var.group(1)]["valueFrom"]["resourceFieldRef"] == ref
+
+
+def test_images_are_pulled_if_not_present(rendered: Rendered) -> None:
+    for w, c in containers(rendered):
+        assert c["imagePullPolicy"] == "IfNotPresent", (w["metadata"]["name"], c["name"])
+
+
+def test_dns_egress_also_reaches_node_local_dns_cache(rendered: Rendered) -> None:
+    """NodeLocal DNSCache runs on the host network: a rule that names kube-dns pods misses it."""
+    policy = rendered.named("NetworkPolicy", "dns-egress")
+    assert policy is not None and policy["spec"]["podSelector"] == {}
+    (rule,) = policy["spec"]["egress"]
+    assert "to" not in rule
+    assert {(p["protocol"], p["port"]) for p in rule["ports"]} == {("UDP", 53), ("TCP", 53)}
+
+
+def test_gpu_pods_select_the_compute_capability_the_images_are_built_for(
+    rendered: Rendered,
+) -> None:
+    guide = (K8S / "README.md").read_text()
+    assert "580" in guide and "compute capability" in guide
+    for w, c in containers(rendered):
+        if "nvidia.com/gpu" not in c["resources"].get("limits", {}):
+            continue
+        terms = w["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        for term in terms:
+            (expr,) = [
+                e for e in term["matchExpressions"] if e["key"] == "nvidia.com/gpu.compute.major"
+            ]
+            assert expr["operator"] == "In" and set(expr["values"]) <= {"8", "9"}
+
+
+def test_the_trainers_are_a_pool_started_over_rest(rendered: Rendered) -> None:
+    """No job id in the trainers' manifest: the group joins the pool and the API assigns jobs."""
+    trainer = rendered.named("StatefulSet", "trainer")
+    assert trainer is not None
+    (c,) = trainer["spec"]["template"]["spec"]["containers"]
+    assert "--job-id" not in c["args"]
+    assert not any("job" in e["name"].lower() for e in c["env"])
+    assert c["args"][c["args"].index("-m") + 1] == "streamrec.trainer.agent"
+    assert flag(trainer, "--rdzv-backend") == "c10d"
+    assert rendered.named("ConfigMap", "streamrec-trainer-job") is None
+
+
+def test_readme_steps_run_in_order() -> None:
+    """The namespace is created before anything is put into it."""
+    guide = (K8S / "README.md").read_text()
+    namespace = guide.index("kubectl create namespace streamrec")
+    assert namespace < guide.index("kubectl -n streamrec create secret")
+    assert "streamrec-trainer-job" not in guide
