@@ -40,7 +40,7 @@ import torch
 # bench/ is the script's directory, first on sys.path: the baseline shares its setups
 from reference_dlrm import LR, SETUPS
 from streamrec import layout
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.datagen import StreamParams, generate, to_criteo_text
 from streamrec.trainer.evaluation import AucAccumulator

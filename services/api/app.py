@@ -21,7 +21,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from streamrec import __version__
-from streamrec.api import redis_io
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError, InvalidTransition, SpecInvalid
 from streamrec.api.metrics import ApiMetrics
@@ -29,6 +28,7 @@ from streamrec.api.models import ErrorPublic
 from streamrec.api.repo import Repo
 from streamrec.api.routes import events, health, jobs, passes, triggers
 from streamrec.api.scheduler import Scheduler
+from streamrec.control import redis_io
 from streamrec.errors import QUOTE_LIMIT, quote
 
 log = logging.getLogger(__name__)

@@ -53,6 +53,11 @@ class Settings(StrictConfig):
             ``progress_ts``) for this long while working on a pass is stuck: its pass is
             handed out again (and /workers says ``stuck``).
         lock_ttl_s: lease of the scheduler lock (one scheduling API at a time).
+        restart_budget: a job's trainer group may be restarted (killed, evicted, stuck) this
+            many times in a row without a pass done before the job fails (a job's
+            ``resources.restart_budget`` overrides it).
+        restart_backoff_s / restart_backoff_max_s: the wait before a pass is handed out again
+            after a restart, doubled per restart in a row, capped.
         scheduler_enabled: run the scheduler thread in this process.
     """
 
@@ -74,6 +79,9 @@ class Settings(StrictConfig):
     heartbeat_ttl_s: float = Field(10.0, gt=0, le=3600)
     trainer_stuck_s: float = Field(120.0, gt=0, le=86400)
     lock_ttl_s: float = Field(3.0, gt=0, le=600)
+    restart_budget: int = Field(10, ge=0, le=10_000)
+    restart_backoff_s: float = Field(1.0, ge=0, le=3600)
+    restart_backoff_max_s: float = Field(60.0, ge=0, le=86400)
     scheduler_enabled: bool = True
     api_id: str = Field(default_factory=lambda: f"api-{os.getpid()}")
 

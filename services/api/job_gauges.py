@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 import redis
-from streamrec.api import keys, redis_io
 from streamrec.api.metrics import ApiMetrics
+from streamrec.control import keys, redis_io
 
 
 class RunningJobGauges:

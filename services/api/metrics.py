@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from streamrec.api.client import CommandType
 from streamrec.api.state import TriggerState
+from streamrec.control.channel import CommandType
 from streamrec.metrics import LATENCY_BUCKETS
 
 
@@ -143,6 +143,26 @@ class ApiMetrics:
             ["job"],
             registry=reg,
         )
+        self.jobs_waiting_for_trainers = Gauge(
+            "streamrec_api_jobs_waiting_for_trainers",
+            "Running jobs that no trainer group serves (none in the pool fits or is free)",
+            registry=reg,
+        )
+        self.pool_groups = Gauge(
+            "streamrec_api_pool_groups",
+            "Trainer groups registered in the pool, idle or busy with a job",
+            ["state"],
+            registry=reg,
+        )
+        self.group_restarts = Counter(
+            "streamrec_api_group_restarts_total",
+            "Infrastructure restarts of a job's trainer group (a process killed, evicted, "
+            "OOM-killed or stuck; not the pass's fault)",
+            ["job"],
+            registry=reg,
+        )
+        for state in ("idle", "busy"):
+            self.pool_groups.labels(state).set(0)
         for kind in (CommandType.CHECKPOINT, CommandType.EXPORT, CommandType.SHRINK):
             for state in (TriggerState.DONE, TriggerState.FAILED):
                 self.triggers.labels(kind.value, state.value)
@@ -157,6 +177,7 @@ class ApiMetrics:
             self.checkpoints,
             self.trainers_dead,
             self.checkpoint_failures,
+            self.group_restarts,
         ):
             counter.labels(job)
 

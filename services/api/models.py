@@ -23,8 +23,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from streamrec.api.client import CommandType
 from streamrec.api.state import JobState, PassState, TriggerState
+from streamrec.control.channel import CommandType
 from streamrec.layout import count_passes, day_count, parse_day, passes_per_day, split_names
 from streamrec.save_modes import SaveMode
 
@@ -294,6 +294,25 @@ class ResourcesSpec(Spec):
     threads_per_rank: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads of each rank; None: torch's"
     )
+    restart_budget: int | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description=(
+            "infrastructure restarts of the trainer group (a process killed, evicted, "
+            "OOM-killed or stuck) allowed in a row without a pass done before the job fails; "
+            "None: the API's restart_budget"
+        ),
+    )
+    restart_backoff_s: float | None = Field(
+        None,
+        ge=0,
+        le=3600,
+        description=(
+            "wait before handing a pass out again after the first restart, doubled after each "
+            "further one in a row (up to the API's restart_backoff_max_s); None: the API's"
+        ),
+    )
 
 
 class JobCreate(Spec):
@@ -305,7 +324,8 @@ class JobCreate(Spec):
     model: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "trainer settings (streamrec.trainer.config.TrainerConfig fields); what the job's "
+            "trainer settings (streamrec.control.trainer_config.TrainerConfig fields); what "
+            "the job's "
             "other sections set (data, checkpoint, sampler, store, resources) may not be set here"
         ),
     )
@@ -314,7 +334,7 @@ class JobCreate(Spec):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
 
     def trainer_config(self) -> dict[str, Any]:
-        """The trainer's config (``streamrec.trainer.config.TrainerConfig`` shape) of this job.
+        """The trainer config (``streamrec.control.trainer_config.TrainerConfig``) of the job.
 
         ``model`` gives the sections; every field of :data:`JOB_OWNED` is written over it from
         the job's own sections; the job's table options are merged over ``model``'s.
@@ -427,6 +447,18 @@ class JobPublic(BaseModel):
     in_flight: str | None = Field(None, description="the pass handed out, as 'YYYYMMDD/<id>'")
     last_checkpoint: str | None = None
     error: str | None = None
+    trainers: Literal["assigned", "waiting_for_trainers", "pinned"] | None = Field(
+        None,
+        description=(
+            "how the job stands with the trainer pool: a group assigned, waiting for a free "
+            "group that fits, or served by a group pinned to it (--job-id)"
+        ),
+    )
+    group: str | None = Field(None, description="the pooled trainer group running the job")
+    restarts: int = Field(
+        0, description="infrastructure restarts of the trainer group in a row (budget)"
+    )
+    restarts_total: int = Field(0, description="infrastructure restarts of the job in all")
 
 
 class JobsPublic(BaseModel):
@@ -520,6 +552,10 @@ class WorkerPublic(BaseModel):
     )
     heartbeat: dict[str, Any] | None = None
     ttl_s: float | None = None
+    trainers: Literal["assigned", "waiting_for_trainers", "pinned"] | None = Field(
+        None, description="the job's standing with the trainer pool (see JobPublic)"
+    )
+    group: str | None = None
 
 
 class ErrorPublic(BaseModel):

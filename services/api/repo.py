@@ -1,7 +1,7 @@
 """Reads and writes of jobs, passes, triggers and events in Redis (all API state lives there).
 
 Every write that touches more than one key is one MULTI/EXEC, so a crash of the API between
-two calls never leaves a half-written job. Key names come from :mod:`streamrec.api.keys`.
+two calls never leaves a half-written job. Key names come from :mod:`streamrec.control.keys`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import Any
 
 import redis
 from pydantic import ValidationError
-from streamrec.api import keys, redis_io
-from streamrec.api.client import CommandType
 from streamrec.api.errors import (
     EndpointRefused,
     InvalidTransition,
@@ -26,6 +24,7 @@ from streamrec.api.errors import (
     SpecInvalid,
     TriggerNotFound,
 )
+from streamrec.api.lineage import job_plan, rewind_for_start
 from streamrec.api.models import (
     JOB_OWNED,
     EventPublic,
@@ -50,8 +49,10 @@ from streamrec.api.state import (
     next_state,
     watched,
 )
+from streamrec.control import keys, redis_io
+from streamrec.control.channel import CommandType
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.layout import count_passes
-from streamrec.trainer.config import TrainerConfig
 
 
 def check_under(field: str, value: str, roots: Sequence[Path]) -> Path:
@@ -194,6 +195,10 @@ class Repo:
             in_flight=f.get("in_flight") or None,
             last_checkpoint=f.get("last_checkpoint") or None,
             error=f.get("error") or None,
+            trainers=f.get("trainers") or None,
+            group=f.get("group") or None,
+            restarts=int(f.get("restarts") or 0),
+            restarts_total=int(f.get("restarts_total") or 0),
         )
 
     def list_jobs(self, state: JobState | None, offset: int, limit: int) -> JobsPublic:
@@ -226,6 +231,9 @@ class Repo:
             f = self.job_fields(job_id)
             if not f.get("trainer_config"):  # a job stored before the API kept it
                 extra["trainer_config"] = json.dumps(trainer_config(stored_spec(f["spec"])))
+            # a stopped or failed job goes on from its last checkpoint: what was trained
+            # after it is rolled back and trained again (lineage.py)
+            rewind_for_start(self.r, job_id, job_plan(stored_spec(f["spec"])))
         change_state(self.r, job_id, action, reason="operator", extra=extra, command=command)
         return self.get_job(job_id)
 
@@ -358,10 +366,11 @@ class Repo:
     def worker(self, job_id: str, stuck_s: float | None = None) -> WorkerPublic:
         """The trainer group's last heartbeat; ``stuck`` when it says the group has worked
         without progress for more than ``stuck_s`` (None: not judged)."""
-        self.job_fields(job_id)
+        f = self.job_fields(job_id)
+        pool = {"trainers": f.get("trainers") or None, "group": f.get("group") or None}
         raw = redis_io.get(self.r, keys.heartbeat(job_id))
         if raw is None:
-            return WorkerPublic(alive=False)
+            return WorkerPublic(alive=False, **pool)
         ttl = self.r.pttl(keys.heartbeat(job_id))
         try:
             hb = json.loads(raw)
@@ -373,6 +382,7 @@ class Repo:
             stuck=stuck_s is not None and stuck_for(beat, stuck_s) is not None,
             heartbeat=beat,
             ttl_s=ttl / 1000 if ttl and ttl > 0 else None,
+            **pool,
         )
 
 

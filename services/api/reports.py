@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streamrec.api import keys, redis_io
-from streamrec.api.client import CommandType, ReportKind
 from streamrec.api.errors import ApiError
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.repo import Repo
 from streamrec.api.state import JobState, PassState, TriggerState, change_state, event_fields
+from streamrec.control import keys, redis_io
+from streamrec.control.channel import CommandType, ReportKind
 
 #: Metric fields a trainer reports for a pass (OnlineTrainer.run_pass record).
 PASS_METRICS = (
@@ -58,7 +58,7 @@ class ReportApplier:
         self.metrics = metrics
         self._requeue = requeue
         self._ack_work = ack_work
-        #: ``_on_<kind>`` for every report kind (streamrec.api.client.ReportKind).
+        #: ``_on_<kind>`` for every report kind (streamrec.control.channel.ReportKind).
         self._handlers: dict[ReportKind, Callable[[str, dict[str, Any]], None]] = {
             kind: getattr(self, f"_on_{kind.value}") for kind in ReportKind
         }
@@ -181,6 +181,7 @@ class ReportApplier:
                 },
             )
             pipe.hincrby(keys.job(job_id), "passes_done", 1)
+            pipe.hset(keys.job(job_id), "restarts", "0")  # progress: the restart budget refills
             if f.get("in_flight") == pk:
                 pipe.hset(keys.job(job_id), "in_flight", "")
             shown = ", ".join(

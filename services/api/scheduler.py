@@ -35,12 +35,13 @@ import time
 import uuid
 
 import redis
-from streamrec.api import keys, redis_io
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError
 from streamrec.api.job_gauges import RunningJobGauges
+from streamrec.api.lineage import done_after, job_plan, queue_rollback, resume_cursor
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
+from streamrec.api.pool import PoolScheduler
 from streamrec.api.repo import Repo, stuck_for
 from streamrec.api.reports import ReportApplier
 from streamrec.api.state import (
@@ -50,7 +51,8 @@ from streamrec.api.state import (
     change_state,
     event_fields,
 )
-from streamrec.layout import PassSpec, iter_passes, pass_ready
+from streamrec.control import keys, redis_io
+from streamrec.layout import PassSpec, pass_ready
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class Scheduler:
         self._lease = self.r.register_script(_LEASE)
         self._release = self.r.register_script(_RELEASE)
         self.gauges = RunningJobGauges(self.r, metrics)
+        self.pool = PoolScheduler(self.r, metrics)
         self.reports = ReportApplier(repo, metrics, self.requeue, self._ack_work)
 
     # ---- thread -----------------------------------------------------------------------
@@ -134,7 +137,9 @@ class Scheduler:
                     log.info("scheduler: job %s: %s", job_id, exc)
         for state in JobState:
             self.metrics.jobs.labels(state.value).set(self.r.scard(keys.jobs_in_state(state.value)))
-        self.gauges.observe(sorted(redis_io.smembers(self.r, keys.jobs_in_state("running"))))
+        running = sorted(redis_io.smembers(self.r, keys.jobs_in_state(JobState.RUNNING.value)))
+        self.pool.tick(running)
+        self.gauges.observe(running)
         return True
 
     def step(self, job_id: str) -> None:
@@ -154,11 +159,7 @@ class Scheduler:
         """Every pass of the job in training order (cached per job spec)."""
         cached = self._plans.get(job_id)
         if cached is None or cached[0] != spec_json:
-            d = stored_spec(spec_json).data
-            cached = (
-                spec_json,
-                list(iter_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass)),
-            )
+            cached = (spec_json, job_plan(stored_spec(spec_json)))
             self._plans[job_id] = cached
         return cached[1]
 
@@ -173,6 +174,8 @@ class Scheduler:
             if int(f["passes_done"]) >= int(f["passes_total"]):
                 change_state(self.r, job_id, "succeed", reason="every pass done")
             return
+        if time.time() < float(f.get("not_before") or 0):
+            return  # backing off after an infrastructure restart
         spec = stored_spec(f["spec"])
         now = time.monotonic()
         if now - self._last_probe.get(job_id, 0.0) < spec.data.data_sleep_second:
@@ -273,7 +276,7 @@ class Scheduler:
         else:
             reason = "trainer group heartbeat expired"
         self.metrics.trainers_dead.labels(job_id).inc()
-        self.requeue(job_id, f, reason)
+        self.requeue(job_id, f, reason, failure=False, infra=True)
 
     def requeue(
         self,
@@ -283,108 +286,143 @@ class Scheduler:
         failure: bool = True,
         fatal: bool = False,
         skip: list[str] | None = None,
+        infra: bool = False,
     ) -> None:
         """Hands the pass in flight out again from the last checkpoint, or fails the job.
 
         The cursor goes back to the pass after the last reported checkpoint (the group loads
-        it), so no pass trained since then is lost. A pass whose second attempt fails (or a
-        ``fatal`` failure: bad data under ``on_bad_split: fail``) fails the job; the cursor
-        is rewound all the same, so an operator's ``start`` retries from the checkpoint.
-        ``failure`` False (a skipped bad split) hands it out again without counting one;
-        ``skip`` adds splits to the pass's ``skipped_splits``.
+        it) and the passes trained since are rolled back (``lineage.py``), so no pass trained
+        since then is lost or counted twice. ``failure``: the pass's own failure (a second
+        one, or a ``fatal`` one, bad data under ``on_bad_split: fail``, fails the job);
+        ``infra``: the group died, was killed or stuck: not the pass's fault, counted against
+        the job's restart budget with exponential backoff instead (the job fails when the
+        budget is spent); ``skip`` adds splits to the pass's ``skipped_splits``. The cursor
+        is rewound either way, so an operator's ``start`` retries from the checkpoint.
         """
         pk = f["in_flight"]
-        day, pid = pk.split("/")
-        rec = keys.pass_record(job_id, day, int(pid))
-        attempts_raw, failures_raw, skipped_raw = redis_io.hmget(
-            self.r, rec, ["attempts", "failures", "skipped_splits"]
-        )
-        attempts = int(attempts_raw or 1)
-        failures = int(failures_raw or 0) + (1 if failure else 0)
-        skipped = json.loads(skipped_raw or "[]")
-        skipped += [s for s in skip or [] if s not in skipped]
+        rec = keys.pass_record(job_id, *keys.parse_pass_key(pk))
         self._ack_work(job_id)
         plan = self.plan(job_id, f["spec"])
         index = {keys.pass_key(p.day, p.pass_id): i for i, p in enumerate(plan)}
-        in_flight_idx = index[pk]
         ckpt = f.get("last_checkpoint") or ""
-        new_cursor = min(index[ckpt] + 1, in_flight_idx) if ckpt in index else 0
-        rewound = [keys.pass_key(p.day, p.pass_id) for p in plan[new_cursor:in_flight_idx]]
-        with self.r.pipeline(transaction=False) as pipe:
-            for name in rewound:
-                d, i = name.split("/")
-                pipe.hget(keys.pass_record(job_id, d, int(i)), "state")
-            states = pipe.execute()
-        undone = sum(1 for s in states if s == PassState.DONE.value)
-        failed = fatal or failures >= MAX_ATTEMPTS
-        now = f"{time.time():.3f}"
-        with self.r.pipeline() as pipe:
-            if failed:
-                redis_io.hset(
+        cursor = resume_cursor(plan, ckpt, limit=index[pk])
+        failed_why = None
+
+        def body(pipe: redis.client.Pipeline) -> None:
+            nonlocal failed_why
+            attempts_raw, failures_raw, skipped_raw = redis_io.hmget(
+                pipe, rec, ["attempts", "failures", "skipped_splits"]
+            )
+            restarts = int(redis_io.hget(pipe, keys.job(job_id), "restarts") or 0)
+            rolled = [n for n in done_after(self.r, job_id, plan, cursor) if n != pk]
+            attempts = int(attempts_raw or 1)
+            failures = int(failures_raw or 0) + (1 if failure else 0)
+            skipped = json.loads(skipped_raw or "[]")
+            skipped += [x for x in skip or [] if x not in skipped]
+            budget = self._restart_budget(f)
+            failed_why = (
+                reason
+                if fatal or failures >= MAX_ATTEMPTS
+                else f"{reason}; restart budget spent ({restarts + 1} restarts in a row, "
+                f"resources.restart_budget {budget})"
+                if infra and restarts + 1 > budget
+                else None
+            )
+            pipe.multi()
+            self._queue_pass_outcome(pipe, rec, attempts, failures, skipped, reason, failed_why)
+            redis_io.hset(pipe, keys.job(job_id), {"in_flight": "", "cursor": str(cursor)})
+            queue_rollback(pipe, job_id, rolled, ckpt, reason)
+            if infra:
+                self._queue_restart(pipe, job_id, f, restarts + 1, reason)
+            if failed_why is not None:
+                pipe.hset(keys.job(job_id), "error", f"pass {pk}: {failed_why}")
+                self._event(
                     pipe,
-                    rec,
-                    {
-                        "state": PassState.FAILED.value,
-                        "error": reason,
-                        "finished_at": now,
-                        "retired": str(attempts),
-                        "failures": str(failures),
-                    },
+                    job_id,
+                    "failure",
+                    f"pass {pk} failed after {attempts} attempt(s): {failed_why}",
+                    pass_=pk,
+                    attempts=attempts,
+                    resume_from=ckpt or None,
                 )
-            else:
-                redis_io.hset(
+                return
+            if skip:
+                self._event(
                     pipe,
-                    rec,
-                    {
-                        "state": PassState.QUEUED.value,
-                        "error": reason,
-                        "retired": str(attempts),
-                        "failures": str(failures),
-                        "skipped_splits": json.dumps(skipped),
-                    },
+                    job_id,
+                    "skip",
+                    f"pass {pk}: bad split(s) {', '.join(skip)} skipped (data.on_bad_split: skip)",
+                    pass_=pk,
+                    skipped_splits=skipped,
                 )
-            redis_io.hset(pipe, keys.job(job_id), {"in_flight": "", "cursor": str(new_cursor)})
-            if undone:
-                pipe.hincrby(keys.job(job_id), "passes_done", -undone)
-            if failed:
-                pipe.hset(keys.job(job_id), "error", f"pass {pk}: {reason}")
-                redis_io.xadd(
-                    pipe,
-                    keys.events(job_id),
-                    event_fields(
-                        "failure",
-                        f"pass {pk} failed after {attempts} attempt(s): {reason}",
-                        {"pass": pk, "attempts": attempts, "resume_from": ckpt or None},
-                    ),
-                )
-            else:
-                if skip:
-                    redis_io.xadd(
-                        pipe,
-                        keys.events(job_id),
-                        event_fields(
-                            "skip",
-                            f"pass {pk}: bad split(s) {', '.join(skip)} skipped "
-                            f"(data.on_bad_split: skip)",
-                            {"pass": pk, "skipped_splits": skipped},
-                        ),
-                    )
-                redis_io.xadd(
-                    pipe,
-                    keys.events(job_id),
-                    event_fields(
-                        "requeue",
-                        f"pass {pk}: {reason}; handing out again from "
-                        f"{ckpt or 'the start'} ({len(rewound) + 1} pass(es))",
-                        {"pass": pk, "resume_from": ckpt or None, "rewound": rewound},
-                    ),
-                )
-            pipe.execute()
+            self._event(
+                pipe,
+                job_id,
+                "requeue",
+                f"pass {pk}: {reason}; handing out again from "
+                f"{ckpt or 'the start'} ({index[pk] - cursor + 1} pass(es))",
+                pass_=pk,
+                resume_from=ckpt or None,
+                rewound=rolled,
+            )
+
+        self.r.transaction(body, rec, keys.job(job_id))
         self._last_probe.pop(job_id, None)
-        if failed:
-            change_state(self.r, job_id, "fail", reason=f"pass {pk}: {reason}")
+        if failed_why is not None:
+            change_state(self.r, job_id, "fail", reason=f"pass {pk}: {failed_why}")
         else:
             self.metrics.passes_requeued.labels(job_id).inc()
+
+    @staticmethod
+    def _queue_pass_outcome(
+        pipe: redis.client.Pipeline,
+        rec: str,
+        attempts: int,
+        failures: int,
+        skipped: list[str],
+        reason: str,
+        failed_why: str | None,
+    ) -> None:
+        """The pass record after a requeue: queued again, or failed (it failed the job)."""
+        fields = {"error": reason, "retired": str(attempts), "failures": str(failures)}
+        if failed_why is not None:
+            fields.update(state=PassState.FAILED.value, finished_at=f"{time.time():.3f}")
+        else:
+            fields.update(state=PassState.QUEUED.value, skipped_splits=json.dumps(skipped))
+        redis_io.hset(pipe, rec, fields)
+
+    def _restart_budget(self, f: dict[str, str]) -> int:
+        own = stored_spec(f["spec"]).resources.restart_budget
+        return self.settings.restart_budget if own is None else own
+
+    def _queue_restart(
+        self, pipe: redis.client.Pipeline, job_id: str, f: dict[str, str], n: int, reason: str
+    ) -> None:
+        """Counts an infrastructure restart (``n`` in a row) and sets the backoff before the
+        next hand-out: ``restart_backoff_s * 2**(n-1)``, capped."""
+        own = stored_spec(f["spec"]).resources.restart_backoff_s
+        base = self.settings.restart_backoff_s if own is None else own
+        wait = min(base * 2 ** (n - 1), self.settings.restart_backoff_max_s)
+        redis_io.hset(
+            pipe, keys.job(job_id), {"restarts": str(n), "not_before": f"{time.time() + wait:.3f}"}
+        )
+        pipe.hincrby(keys.job(job_id), "restarts_total", 1)
+        self.metrics.group_restarts.labels(job_id).inc()
+        self._event(
+            pipe,
+            job_id,
+            "restart",
+            f"trainer group restart {n} in a row ({reason}); next pass in {wait:.1f} s",
+            restarts=n,
+            backoff_s=wait,
+        )
+
+    @staticmethod
+    def _event(
+        pipe: redis.client.Pipeline, job_id: str, kind: str, message: str, **data: object
+    ) -> None:
+        data = {k.rstrip("_"): v for k, v in data.items()}
+        redis_io.xadd(pipe, keys.events(job_id), event_fields(kind, message, data))
 
     def _ack_work(self, job_id: str) -> None:
         """Acknowledges every pending entry of the work group (at most one pass in flight)."""

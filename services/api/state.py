@@ -20,39 +20,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from enum import StrEnum
 from typing import Any, TypeVar, cast
 
 import redis
-from streamrec.api import keys, redis_io
 from streamrec.api.errors import InvalidTransition, JobNotFound
+from streamrec.control import keys, redis_io
+from streamrec.control.states import (  # noqa: F401 (re-exported for the api)
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    JobState,
+    PassState,
+    TriggerState,
+)
 
 T = TypeVar("T")
-
-
-class JobState(StrEnum):
-    CREATED = "created"
-    RUNNING = "running"
-    PAUSED = "paused"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-class PassState(StrEnum):
-    QUEUED = "queued"  # handed out on the work stream, not yet taken
-    RUNNING = "running"  # a trainer group took it
-    DONE = "done"
-    FAILED = "failed"
-
-
-class TriggerState(StrEnum):
-    PENDING = "pending"
-    DONE = "done"
-    FAILED = "failed"
-
-
 S = JobState
 #: (current state, action) -> new state. ``delete`` maps to None (the job is removed).
 TRANSITIONS: dict[tuple[JobState, str], JobState | None] = {
@@ -77,10 +58,6 @@ TRANSITIONS: dict[tuple[JobState, str], JobState | None] = {
 }
 #: Actions an operator may ask for over REST.
 USER_ACTIONS = ("start", "stop", "pause", "resume", "delete")
-#: States a job does not leave by itself: nothing more comes for its run.
-TERMINAL_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED})
-#: States in which a trainer group may be at work (triggers are accepted).
-ACTIVE_STATES = frozenset({S.RUNNING, S.PAUSED, S.STOPPING})
 
 
 def next_state(current: JobState, action: str) -> JobState | None:

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 import redis
 from streamrec.api.client import ApiClient
-from streamrec.api.state import TERMINAL_STATES
+from streamrec.control.states import TERMINAL_STATES
 from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
 from streamrec.errors import RemoteError, ServiceUnavailable
 from streamrec.launcher import commands, prometheus

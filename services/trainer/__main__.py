@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from streamrec.config import read_yaml_mapping
 from streamrec.errors import BadRequest, StreamRecError
-from streamrec.trainer.config import TrainerConfig, flag_fields
+from streamrec.control.trainer_config import TrainerConfig, flag_fields
 from streamrec.trainer.errors import ConfigError
 
 log = logging.getLogger("streamrec.trainer")

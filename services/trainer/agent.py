@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from streamrec import layout
-from streamrec.api.client import (
+from streamrec.control.channel import (
     TERMINAL_STATES,
     Command,
     CommandType,
@@ -59,10 +59,10 @@ from streamrec.api.client import (
     TrainerChannel,
     WorkItem,
 )
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
-from streamrec.trainer.config import TrainerConfig
 from streamrec.trainer.errors import PassFailed
 
 log = logging.getLogger("streamrec.trainer.agent")
@@ -254,6 +254,9 @@ class Agent:
         metrics_port: overrides the job's ``runner.metrics_port`` (local rank r serves
             /metrics on this port + r; 0: a free port); None: the job's.
         metrics_host: overrides the job's ``runner.metrics_host``; None: the job's.
+        serve_metrics: False when the process already serves /metrics (a pooled group's
+            rank serves it for its whole life, not per job).
+        group: the pooled group's name (None: a group pinned to this job).
     """
 
     def __init__(
@@ -266,6 +269,8 @@ class Agent:
         stuck_timeout_s: float | None = 300.0,
         metrics_port: int | None = None,
         metrics_host: str | None = None,
+        serve_metrics: bool = True,
+        group: str | None = None,
     ) -> None:
         self.rank, self.world = ddp.env_world()
         #: runner fields this process sets over the job's (where its /metrics is: a
@@ -275,6 +280,9 @@ class Agent:
             for k, v in (("metrics_port", metrics_port), ("metrics_host", metrics_host))
             if v is not None
         }
+        if not serve_metrics:
+            self.runner_overrides["metrics_port"] = None
+        self.group = group
         self.job_id = job_id
         self.poll_ms = poll_ms
         consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -318,6 +326,7 @@ class Agent:
                 self.progress,
                 ranks=self.world,
                 host=socket.gethostname(),
+                group=self.group,
             )
             self.heart.start()
         try:
@@ -334,6 +343,7 @@ class Agent:
                 ranks=self.world,
                 threads=torch.get_num_threads(),
                 host=socket.gethostname(),
+                group=self.group,
                 resumed_from=layout_key(resumed),
             )
 
@@ -571,7 +581,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="streamrec.trainer.agent", description="trainer rank driven by the control plane"
     )
     p.add_argument("--redis-url", required=True)
-    p.add_argument("--job-id", required=True)
+    p.add_argument(
+        "--job-id",
+        default=None,
+        help="pin this group to one job (it exits when the job ends); without it the group "
+        "joins the control plane's pool and runs the jobs it is given, one after another",
+    )
+    p.add_argument(
+        "--group-name",
+        default=None,
+        help="the group's name in the pool, stable across restarts (default: "
+        "$STREAMREC_GROUP_NAME, else the host name)",
+    )
+    p.add_argument(
+        "--collective-timeout-s",
+        type=float,
+        default=30.0,
+        help="a pooled group's process-group timeout (a step's collectives)",
+    )
     p.add_argument("--heartbeat-ttl-s", type=float, default=10.0)
     p.add_argument("--poll-ms", type=int, default=500)
     p.add_argument(
@@ -598,14 +625,35 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s rank{rank} %(name)s %(message)s"
     )
+    agent_args: dict[str, Any] = {
+        "heartbeat_ttl_s": args.heartbeat_ttl_s,
+        "poll_ms": args.poll_ms,
+        "stuck_timeout_s": args.stuck_timeout_s or None,
+    }
+    if args.job_id is None:
+        from streamrec.trainer.pool_member import PoolMember, default_group_name
+
+        member = PoolMember(
+            args.redis_url,
+            args.group_name or default_group_name(),
+            agent_args,
+            poll_ms=args.poll_ms,
+            ttl_s=args.heartbeat_ttl_s,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host or "127.0.0.1",
+            collective_timeout_s=args.collective_timeout_s,
+        )
+        try:
+            return member.run()
+        except StreamRecError as exc:
+            log.error("%s", exc)
+            return 2
     agent = Agent(
         args.redis_url,
         args.job_id,
-        args.heartbeat_ttl_s,
-        args.poll_ms,
-        stuck_timeout_s=args.stuck_timeout_s or None,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        **agent_args,
     )
     try:
         return agent.run()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from streamrec.trainer.config import ResourcesConfig
+from streamrec.control.trainer_config import ResourcesConfig
 from streamrec.trainer.errors import ConfigError
 
 

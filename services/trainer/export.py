@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_manifest, write_manifest
-from streamrec.trainer.config import ModelConfig
+from streamrec.control.trainer_config import ModelConfig
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.errors import CheckpointError
 from streamrec.trainer.evaluation import AucAccumulator

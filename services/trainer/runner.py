@@ -55,7 +55,7 @@ from streamrec.save_modes import SaveMode
 from streamrec.trainer import checkpoint as ckpt
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.data import Batch, ParseStats, iter_batches
 from streamrec.trainer.errors import (
     CheckpointError,

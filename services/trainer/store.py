@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.errors import ConfigError
 
 #: The sparse rule of every column: PaddleRec's StdAdaGradSGDRule at PaddleRec's defaults. It

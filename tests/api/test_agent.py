@@ -274,7 +274,7 @@ def test_a_group_of_another_size_fails_the_job(client, roots, redis_server, tmp_
 @pytest.mark.timeout(180)
 def test_shards_of_another_tier_fail_the_job(client, roots, redis_server, tmp_path):
     from streamrec.embedding_store import LocalShards
-    from streamrec.trainer.config import TrainerConfig
+    from streamrec.control.trainer_config import TrainerConfig
     from streamrec.trainer.store import build_table_options
 
     tables = build_table_options(TrainerConfig.parse(SMALL_MODEL))
@@ -494,7 +494,7 @@ def test_a_failure_in_one_rank_moves_the_two_rank_job_on_fast(
     checkpoint 1 and the job succeeds, each pass recorded once, well within the time rank 0
     used to wait in a gloo collective (600 s)."""
     from streamrec.embedding_store import LocalShards
-    from streamrec.trainer.config import TrainerConfig
+    from streamrec.control.trainer_config import TrainerConfig
     from streamrec.trainer.datagen import StreamParams, generate
     from streamrec.trainer.store import build_table_options
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from api_helpers import free_port, job_body, land_split, make_api, wait_for
-from streamrec.api.client import TrainerChannel
+from streamrec.control.channel import TrainerChannel
 
 
 def scrape(client) -> dict[str, float]:

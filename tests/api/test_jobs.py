@@ -7,7 +7,7 @@ import json
 import pytest
 import redis
 from api_helpers import TOKEN, job_body, wait_for
-from streamrec.api import keys
+from streamrec.control import keys
 from streamrec.api.state import change_state
 
 STATES = ["created", "running", "paused", "stopping", "stopped", "succeeded", "failed"]
@@ -307,8 +307,8 @@ def test_a_field_that_cannot_work_is_refused_by_name(client, roots, mutate, loc,
 def test_every_field_reaches_the_trainer_config_the_agent_reads(client, roots, redis_server):
     """The job's sampler, store and resources sections become the trainer config the API
     stores with the job; the trainer side reads it through its channel."""
-    from streamrec.api.client import TrainerChannel
-    from streamrec.trainer.config import TrainerConfig
+    from streamrec.control.channel import TrainerChannel
+    from streamrec.control.trainer_config import TrainerConfig
 
     body = job_body(roots, "wired", data_format="criteo")
     body["model"] = {"negative_sampling": {"table_path": "/tables/items.parquet"}}

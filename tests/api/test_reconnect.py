@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 from servers import RedisServer, free_port
-from streamrec.api import keys, redis_io
-from streamrec.api.client import ReportKind, TrainerChannel
+from streamrec.control import keys, redis_io
+from streamrec.control.channel import ReportKind, TrainerChannel
 
 JOB = "j-reconnect"
 

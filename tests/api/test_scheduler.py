@@ -1,6 +1,6 @@
 """Scheduling against a real API process and Redis: donefiles, reports, dead trainers, restart.
 
-The trainer side is played by :class:`streamrec.api.client.TrainerChannel` (what the agent
+The trainer side is played by :class:`streamrec.control.channel.TrainerChannel` (what the agent
 uses), in this process or in a child process that is killed.
 """
 
@@ -16,15 +16,18 @@ from pathlib import Path
 
 import pytest
 from api_helpers import job_body, land_split, make_api, wait_for
-from streamrec.api import keys
-from streamrec.api.client import TrainerChannel
+from streamrec.control import keys
+from streamrec.control.channel import TrainerChannel
 from streamrec.process import spawn
 
 SPLITS = ["0000", "0600", "1200", "1800"]
 
 
-def start_job(client, roots, name="s", **data) -> str:
-    resp = client.post("/v1/jobs", json=job_body(roots, name, **data))
+def start_job(client, roots, name="s", resources: dict | None = None, **data) -> str:
+    body = job_body(roots, name, **data)
+    if resources:
+        body["resources"] = resources
+    resp = client.post("/v1/jobs", json=body)
     assert resp.status_code == 201, resp.text
     job_id = resp.json()["id"]
     assert client.post(f"/v1/jobs/{job_id}/start").json()["state"] == "running"
@@ -154,7 +157,7 @@ def test_pause_holds_back_passes(client, roots, redis_server):
 
 DEAD_TRAINER = textwrap.dedent("""
     import sys, time
-    from streamrec.api.client import TrainerChannel
+    from streamrec.control.channel import TrainerChannel
     ch = TrainerChannel(sys.argv[1], sys.argv[2], "doomed", heartbeat_ttl_s=0.5)
     ch.heartbeat(ranks=2)
     item = ch.take_pass(block_ms=10000)
@@ -178,7 +181,9 @@ def run_doomed(redis_url: str, job_id: str, log: Path) -> subprocess.Popen:
 
 
 def test_dead_group_pass_handed_out_again_once(client, roots, redis_server, r, tmp_path):
-    job_id = start_job(client, roots, "dead")
+    """A group that dies is an infrastructure restart (not the pass's failure), counted
+    against the job's restart budget (1 here): the second death in a row fails the job."""
+    job_id = start_job(client, roots, "dead", {"restart_budget": 1, "restart_backoff_s": 0})
     for s in SPLITS:
         land_split(roots["data"] / "dead", "20190720", s)
     ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
@@ -210,12 +215,13 @@ def test_dead_group_pass_handed_out_again_once(client, roots, redis_server, r, t
     assert p2["attempts"] == 2 and p2["resume_from"] == "20190720/1"
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait(timeout=10)
-    # the second attempt died as well: the job fails instead of looping
+    # the second group died as well: the restart budget is spent, the job fails
     job = wait_for(
         lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["state"] == "failed" and j,
         what="failed",
     )
     assert "20190720/2" in job["error"] and "heartbeat expired" in job["error"]
+    assert "restart budget spent" in job["error"] and job["restarts_total"] == 2
     assert client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()["state"] == "failed"
     assert client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 1
     # the operator starts it again: pass 2 is retried (a fresh count) from the checkpoint
@@ -483,7 +489,7 @@ def test_commands_survive_a_group_death(client, roots, redis_server):
 
 def test_a_rewound_pass_is_no_failed_attempt(client, roots, redis_server):
     """With a checkpoint every 2 passes, a group dying on pass 4 re-hands pass 3 (done
-    before): a second death, on pass 3, is its first failure, not its last."""
+    before, now rolled back): deaths are infrastructure restarts, no pass's failure."""
     job_id = start_job(client, roots, "rewound")
     for s in SPLITS:
         land_split(roots["data"] / "rewound", "20190720", s)
@@ -503,21 +509,23 @@ def test_a_rewound_pass_is_no_failed_attempt(client, roots, redis_server):
     item = ch2.take_pass(block_ms=10000)
     assert (item.spec.pass_id, item.attempt, item.resume_from) == (3, 2, "20190720/2")
     assert item.after == "20190720/2"
-    # g2 dies on pass 3 as well: its first failure, the job goes on
+    # g2 dies on pass 3 as well: a second restart, no failure, the job goes on
     ch3 = TrainerChannel(redis_server.url, job_id, "g3", heartbeat_ttl_s=30)
     ch3.heartbeat()
     item = ch3.take_pass(block_ms=10000)
     assert (item.spec.pass_id, item.attempt, item.resume_from) == (3, 3, "20190720/2")
     p3 = client.get(f"/v1/jobs/{job_id}/passes/20190720/3").json()
-    assert (p3["attempts"], p3["failures"], p3["state"]) == (3, 1, "queued")
-    assert client.get(f"/v1/jobs/{job_id}").json()["state"] == "running"
+    assert (p3["attempts"], p3["failures"], p3["state"]) == (3, 0, "queued")
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert (job["state"], job["restarts"], job["restarts_total"]) == ("running", 2, 2)
     finish(ch3, item)
     item = ch3.take_pass(block_ms=5000)
     assert (item.spec.pass_id, item.attempt) == (4, 2)
     finish(ch3, item)
     wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["state"] == "succeeded")
     p4 = client.get(f"/v1/jobs/{job_id}/passes/20190720/4").json()
-    assert (p4["attempts"], p4["failures"]) == (2, 1)
+    assert (p4["attempts"], p4["failures"]) == (2, 0)
+    assert client.get(f"/v1/jobs/{job_id}").json()["restarts"] == 0  # a pass done resets it
     for c in (ch, ch2, ch3):
         c.close()
 
@@ -543,5 +551,6 @@ def test_a_stuck_group_is_seen_and_its_pass_handed_out_again(client, roots, redi
     assert "stuck: no progress for 6" in requeue[0]["message"]
     workers = client.get(f"/v1/jobs/{job_id}/workers").json()
     assert workers["alive"] is True and workers["stuck"] is True
-    assert client.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()["failures"] == 1
+    assert client.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()["failures"] == 0
+    assert client.get(f"/v1/jobs/{job_id}").json()["restarts"] == 1  # infrastructure
     ch.close()

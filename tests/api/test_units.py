@@ -86,7 +86,7 @@ def spec(model: dict | None = None, **sections) -> JobCreate:
 
 
 def test_trainer_config_mapping():
-    from streamrec.trainer.config import TrainerConfig
+    from streamrec.control.trainer_config import TrainerConfig
 
     cfg = spec(
         {
@@ -114,7 +114,7 @@ def test_trainer_config_mapping():
 
 
 def test_sampler_store_and_resources_reach_the_trainer_config():
-    from streamrec.trainer.config import TrainerConfig
+    from streamrec.control.trainer_config import TrainerConfig
 
     cfg = spec(
         {"negative_sampling": {"table_path": "/t.parquet", "item_slot": 1}},
@@ -182,7 +182,7 @@ def test_agent_step_roundtrip():
 
 
 def test_a_report_kind_the_scheduler_does_not_know_is_refused_before_sending():
-    from streamrec.api.client import ReportKind, TrainerChannel
+    from streamrec.control.channel import ReportKind, TrainerChannel
 
     ch = TrainerChannel("redis://127.0.0.1:1/0", "job", "g1")  # connects on first use only
     try:

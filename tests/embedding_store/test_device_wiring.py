@@ -101,7 +101,7 @@ def test_a_host_store_has_no_resident_device_and_pulls_to_the_cpu() -> None:
 
 
 def trainer_config(tier: str | None) -> object:
-    from streamrec.trainer.config import TrainerConfig
+    from streamrec.control.trainer_config import TrainerConfig
 
     return TrainerConfig.parse(
         {

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from streamrec.errors import BadRequest
 from streamrec.trainer.__main__ import _train_parser, load_config
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 
 JOB = """
 runner:
@@ -108,7 +108,7 @@ def test_flags_override_the_file(tmp_path):
 
 def test_resources_checked_and_applied():
     import torch
-    from streamrec.trainer.config import ResourcesConfig
+    from streamrec.control.trainer_config import ResourcesConfig
     from streamrec.trainer.distributed import apply_resources
     from streamrec.trainer.errors import ConfigError
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.store import build_table_options
 
 DIM = 16

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 from streamrec import layout
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.runner import OnlineTrainer
 from streamrec.trainer.thread_tuner import ThreadTuner
 from trainer_helpers import small_config, write_stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.datagen import StreamParams, generate
 
 SLOTS = 4

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.errors import PassFailed
 from streamrec.trainer.runner import OnlineTrainer
 

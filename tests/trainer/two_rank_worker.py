@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import torch
-from streamrec.trainer.config import TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.runner import OnlineTrainer
 
 config, out = TrainerConfig.from_yaml(sys.argv[1]), Path(sys.argv[2])

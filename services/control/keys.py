@@ -15,6 +15,9 @@
     streamrec:job:<id>:trigger:<tid>        hash   one trigger (kind, mode, state, result)
     streamrec:job:<id>:heartbeat            string trainer group heartbeat (JSON), with TTL
     streamrec:scheduler:lock                string owner of the scheduler lease, with TTL
+    streamrec:pool:groups                   set    names of the trainer groups that joined the pool
+    streamrec:pool:group:<name>             string a pooled group's registration (JSON), with TTL
+    streamrec:pool:assignments              hash   group name -> "<job id>:<token>" (its job)
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 PREFIX = "streamrec"
 JOBS = f"{PREFIX}:jobs"
 SCHEDULER_LOCK = f"{PREFIX}:scheduler:lock"
+POOL_GROUPS = f"{PREFIX}:pool:groups"
+POOL_ASSIGNMENTS = f"{PREFIX}:pool:assignments"
 
 #: Consumer group of the trainers on a job's work and command streams.
 TRAINER_GROUP = "trainers"
@@ -78,6 +83,16 @@ def trigger(job_id: str, trigger_id: str) -> str:
 
 def heartbeat(job_id: str) -> str:
     return f"{job(job_id)}:heartbeat"
+
+
+def pool_group(name: str) -> str:
+    return f"{PREFIX}:pool:group:{name}"
+
+
+def parse_pass_key(key: str) -> tuple[str, int]:
+    """The inverse of :func:`pass_key`: ``"20190720/3"`` -> ``("20190720", 3)``."""
+    day, pass_id = key.split("/")
+    return day, int(pass_id)
 
 
 def all_job_keys(job_id: str) -> list[str]:

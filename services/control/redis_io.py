@@ -37,7 +37,7 @@ def reconnecting(outage_s: float = 30.0) -> Retry:
 
     A retried call may have run once already (the connection broke after Redis ran it, before
     the reply): the callers' writes are idempotent or harmless twice (a report applied twice
-    is applied once), and :meth:`~streamrec.api.client.TrainerChannel.take_pass` first takes
+    is applied once), and :meth:`~streamrec.control.channel.TrainerChannel.take_pass` first takes
     a pass delivered to it whose reply was lost, so such a pass is not stranded.
     """
     backoff = EqualJitterBackoff(cap=1.0, base=0.05)

@@ -1,0 +1,138 @@
+"""The scheduler's side of the trainer pool: give running jobs to free groups, take them back.
+
+Each tick (leader only):
+
+1. **Release.** An assignment whose job has ended (stopped, succeeded, failed, deleted) is
+   cleared: the group waits for its next job. An assignment whose group's registration has
+   expired (the group is gone: its processes died and did not come back within the TTL) is
+   cleared too, so the job goes to another group (or the same one once it is back).
+2. **Assign.** A running job that no group serves (no assignment, no heartbeat of a group
+   pinned to it with ``--job-id``) goes to an idle, unassigned group whose ranks fit
+   ``resources.trainer_ranks`` (any size when unset), the first by name. With none, the job
+   shows ``trainers: waiting_for_trainers`` (REST job and ``/workers``), an event says so
+   once, and ``streamrec_api_jobs_waiting_for_trainers`` counts it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import redis
+from streamrec.api.metrics import ApiMetrics
+from streamrec.api.models import stored_spec
+from streamrec.api.state import event_fields
+from streamrec.control import keys, pool, redis_io
+from streamrec.control.states import ACTIVE_STATES, JobState
+
+#: The job hash's ``trainers`` field: how the job stands with the pool.
+WAITING = "waiting_for_trainers"
+ASSIGNED = "assigned"
+
+
+class PoolScheduler:
+    """Matches running jobs with the pool's groups (see the module docstring)."""
+
+    def __init__(self, r: redis.Redis, metrics: ApiMetrics) -> None:
+        self.r = r
+        self.metrics = metrics
+
+    def tick(self, running: list[str]) -> None:
+        groups = {g.name: g for g in pool.live_groups(self.r)}
+        held = self.release(groups)
+        busy = set(held) | {g.name for g in groups.values() if g.job_id}
+        self.metrics.pool_groups.labels("busy").set(len(busy & set(groups)))
+        self.metrics.pool_groups.labels("idle").set(len(set(groups) - busy))
+        served = {a.job_id for a in held.values()}
+        waiting = 0
+        for job_id in running:
+            if job_id in served or self.r.exists(keys.heartbeat(job_id)):
+                continue
+            name = self.pick(job_id, groups, busy)
+            if name is None:
+                waiting += self.mark_waiting(job_id)
+            else:
+                busy.add(name)
+                self.assign(job_id, name)
+        self.metrics.jobs_waiting_for_trainers.set(waiting)
+
+    def release(self, groups: dict[str, pool.GroupInfo]) -> dict[str, pool.Assignment]:
+        """Clears the assignments of ended jobs and gone groups; returns the ones kept."""
+        kept = {}
+        for name, a in pool.assignments(self.r).items():
+            state = redis_io.hget(self.r, keys.job(a.job_id), "state")
+            if state is not None and JobState(state) in ACTIVE_STATES and name in groups:
+                kept[name] = a
+                continue
+            why = (
+                "the job ended"
+                if state is None or JobState(state) not in ACTIVE_STATES
+                else "the group is gone"
+            )
+            self._unassign(name, a, why)
+        return kept
+
+    def _unassign(self, name: str, a: pool.Assignment, why: str) -> None:
+        def body(pipe: redis.client.Pipeline) -> None:
+            if redis_io.hget(pipe, keys.POOL_ASSIGNMENTS, name) != a.encode():
+                pipe.multi()
+                return
+            exists = pipe.exists(keys.job(a.job_id))
+            pipe.multi()
+            pipe.hdel(keys.POOL_ASSIGNMENTS, name)
+            if exists:
+                redis_io.hset(pipe, keys.job(a.job_id), {"group": "", "trainers": ""})
+                redis_io.xadd(
+                    pipe,
+                    keys.events(a.job_id),
+                    event_fields("pool", f"trainer group {name} released: {why}", {"group": name}),
+                )
+
+        self.r.transaction(body, keys.POOL_ASSIGNMENTS)
+
+    def pick(self, job_id: str, groups: dict[str, pool.GroupInfo], busy: set[str]) -> str | None:
+        """The first idle group (by name) whose ranks fit the job; None when none does."""
+        raw = redis_io.hget(self.r, keys.job(job_id), "spec")
+        if raw is None:
+            return None
+        want = stored_spec(raw).resources.trainer_ranks
+        for name, g in sorted(groups.items()):
+            if name not in busy and (want is None or g.ranks == want):
+                return name
+        return None
+
+    def assign(self, job_id: str, name: str) -> None:
+        a = pool.Assignment(job_id, uuid.uuid4().hex[:12])
+        with self.r.pipeline() as pipe:
+            pipe.hset(keys.POOL_ASSIGNMENTS, name, a.encode())
+            redis_io.hset(pipe, keys.job(job_id), {"group": name, "trainers": ASSIGNED})
+            redis_io.xadd(
+                pipe,
+                keys.events(job_id),
+                event_fields("pool", f"assigned to trainer group {name}", {"group": name}),
+            )
+            pipe.execute()
+
+    def mark_waiting(self, job_id: str) -> int:
+        """Marks the job waiting for trainers (an event the first time); returns 1."""
+        before = redis_io.hget(self.r, keys.job(job_id), "trainers")
+        if before != WAITING:
+            groups = [
+                {"name": g.name, "ranks": g.ranks, "job_id": g.job_id}
+                for g in pool.live_groups(self.r)
+            ]
+            with self.r.pipeline() as pipe:
+                redis_io.hset(pipe, keys.job(job_id), {"trainers": WAITING, "group": ""})
+                redis_io.xadd(
+                    pipe,
+                    keys.events(job_id),
+                    event_fields(
+                        "pool",
+                        "waiting for trainers: no free trainer group in the pool fits "
+                        "resources.trainer_ranks (start one with streamrec-trainer-agent "
+                        "without --job-id)",
+                        {"groups": json.loads(json.dumps(groups))},
+                    ),
+                )
+                pipe.execute()
+        return 1

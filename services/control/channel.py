@@ -1,0 +1,301 @@
+"""The trainers' channel to the control plane, straight on Redis (what the trainer agent uses):
+take passes from the job's work stream, acknowledge them, report outcomes, heartbeat, read
+commands. Only rank 0 of a trainer group talks to it.
+
+Report kinds the scheduler understands (``report(kind, **data)``, :class:`ReportKind`)::
+
+    started        ranks, threads, host        trainer group came up
+    claimed        day, pass_id, ranks         a pass was taken
+    pass_done      day, pass_id, ranks, record the per-pass record (AUCs, logloss, samples, ...)
+    pass_failed    day, pass_id, error,        the pass raised on some rank (every rank stopped
+                   error_class, bad_splits     it): error_class "data" (bad_splits named)
+                                               follows the job's on_bad_split; "transient" is
+                                               handed out again once, from the last checkpoint
+    checkpoint     day, pass_id, path          a full checkpoint is complete on disk
+    trigger_done   trigger_id, result          a checkpoint/export/shrink command finished
+    trigger_failed trigger_id, error
+    stopped                                    the group obeyed a stop command
+    error          message                     something worth an event
+    fatal          message                     the job cannot run here (bad trainer config,
+                                               wrong world size or store tier): fail it
+
+The trainer imports nothing else of the api: what it needs of a job (its trainer config, the
+states in which it ends, the kinds above, the command types) comes from this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import redis
+from streamrec.control import keys, redis_io
+from streamrec.control.states import TERMINAL_STATES
+from streamrec.errors import NotFound
+from streamrec.layout import PassSpec
+
+__all__ = [
+    "TERMINAL_STATES",
+    "Command",
+    "CommandType",
+    "ReportKind",
+    "TrainerChannel",
+    "WorkItem",
+]
+
+
+class ReportKind(StrEnum):
+    """What a trainer group reports on a job's report stream (see the module docstring)."""
+
+    STARTED = "started"
+    CLAIMED = "claimed"
+    PASS_DONE = "pass_done"
+    PASS_FAILED = "pass_failed"
+    CHECKPOINT = "checkpoint"
+    TRIGGER_DONE = "trigger_done"
+    TRIGGER_FAILED = "trigger_failed"
+    STOPPED = "stopped"
+    ERROR = "error"
+    FATAL = "fatal"
+
+
+class CommandType(StrEnum):
+    """What the control plane asks of a trainer group on a job's command stream."""
+
+    CHECKPOINT = "checkpoint"
+    EXPORT = "export"
+    SHRINK = "shrink"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """A pass taken from the work stream; ``msg_id`` is what :meth:`ack_pass` needs.
+
+    ``after`` is the pass before this one in training order (None for the first): a group
+    whose model is the state after it goes on in memory; any other group first loads
+    ``resume_from`` (the checkpoint the API names), never whatever is newest on disk.
+    ``skip``: splits the job's ``on_bad_split: skip`` policy leaves out of this pass.
+    """
+
+    msg_id: str
+    spec: PassSpec
+    attempt: int
+    resume_from: str | None
+    after: str | None = None
+    skip: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command for the trainer group: a :class:`CommandType` value (an unknown one is
+    kept as sent, for the agent to log), the save mode of an export, its trigger, and its
+    stream entry (what :meth:`TrainerChannel.ack_command` needs once it is carried out)."""
+
+    type: str
+    mode: str | None
+    trigger_id: str | None
+    msg_id: str | None = None
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf become None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _clean(value.item())
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+class TrainerChannel:
+    """Rank 0's connection to the control plane for one job.
+
+    Args:
+        redis_url: the control plane's Redis.
+        job_id: the job this trainer group works for.
+        consumer: this group's consumer name in the work/command groups (unique per group).
+        heartbeat_ttl_s: the heartbeat expires this long after the last beat.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        job_id: str,
+        consumer: str,
+        heartbeat_ttl_s: float = 10.0,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.r = redis.Redis.from_url(
+            redis_url,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=redis_io.reconnecting(),
+        )
+        self.job_id = job_id
+        self.consumer = consumer
+        self.heartbeat_ttl_ms = int(heartbeat_ttl_s * 1000)
+        self.max_block_ms = max(1, int(timeout_s * 1000) // 2)
+        #: work entries taken and not yet acknowledged (pending on purpose)
+        self._held: set[str] = set()
+        self._born = time.monotonic()
+        #: Whether take_commands has taken over the commands a dead group left unacknowledged.
+        self._commands_recovered = False
+
+    def close(self) -> None:
+        self.r.close()
+
+    # ---- job ---------------------------------------------------------------------------
+    def job(self) -> dict[str, str]:
+        """The job's hash (state, spec JSON, ...); raises NotFound when it was deleted."""
+        fields = redis_io.hgetall(self.r, keys.job(self.job_id))
+        if not fields:
+            raise NotFound(f"job {self.job_id!r} not found")
+        return fields
+
+    def trainer_config(self) -> dict[str, Any]:
+        """The trainer config the job implies (``streamrec.control.trainer_config.TrainerConfig``
+        shape), computed and validated by the API when the job was created."""
+        raw = self.job().get("trainer_config")
+        if not raw:
+            raise NotFound(
+                f"job {self.job_id!r} has no trainer config (created by an older API): "
+                f"create it again"
+            )
+        return json.loads(raw)
+
+    def state(self) -> str:
+        return self.job()["state"]
+
+    # ---- liveness ----------------------------------------------------------------------
+    def heartbeat(self, **info: Any) -> None:
+        """Renews the group's heartbeat (a key with TTL; the scheduler reads its absence)."""
+        body = json.dumps(_clean({"consumer": self.consumer, "ts": time.time(), **info}))
+        self.r.set(keys.heartbeat(self.job_id), body, px=self.heartbeat_ttl_ms)
+
+    def clear_heartbeat(self) -> None:
+        self.r.delete(keys.heartbeat(self.job_id))
+
+    # ---- work --------------------------------------------------------------------------
+    def take_pass(self, block_ms: int = 1000) -> WorkItem | None:
+        """The next pass of the work stream for this group, or None after ``block_ms``."""
+        entries = self._lost_delivery()
+        deadline = time.monotonic() + block_ms / 1000
+        while not entries:  # blocks in slices shorter than the socket timeout
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            entries = redis_io.read_group(
+                self.r,
+                keys.TRAINER_GROUP,
+                self.consumer,
+                keys.work(self.job_id),
+                ">",
+                count=1,
+                block_ms=max(1, min(left_ms, self.max_block_ms)),
+            )
+            if entries:
+                break
+            if time.monotonic() >= deadline:
+                return None
+        msg_id, f = entries[0]
+        self._held.add(msg_id)
+        spec = PassSpec(f["day"], int(f["pass_id"]), tuple(json.loads(f["splits"])))
+        return WorkItem(
+            msg_id,
+            spec,
+            int(f.get("attempt", 1)),
+            f.get("resume_from") or None,
+            f.get("after") or None,
+            tuple(json.loads(f.get("skip") or "[]")),
+        )
+
+    def ack_pass(self, item: WorkItem) -> None:
+        self.r.xack(keys.work(self.job_id), keys.TRAINER_GROUP, item.msg_id)
+        self._held.discard(item.msg_id)
+
+    def _lost_delivery(self) -> list[redis_io.Entry]:
+        """A pass delivered to this channel that it never saw: the reply to its XREADGROUP
+        was lost with the connection (a Redis restart mid-call; the call was retried), so the
+        entry is pending here, delivered after this channel was made, but not held. Empty
+        when there is none (the usual case: one XPENDING)."""
+        work = keys.work(self.job_id)
+        age_ms = (time.monotonic() - self._born) * 1000
+        for msg_id, idle_ms in redis_io.pending_of(
+            self.r, work, keys.TRAINER_GROUP, self.consumer, 16
+        ):
+            if msg_id in self._held or idle_ms > age_ms:
+                continue  # being worked on, or a predecessor's of the same name
+            entries = redis_io.xrange(self.r, work, msg_id, msg_id, 1)
+            if entries:
+                return entries
+            self.r.xack(work, keys.TRAINER_GROUP, msg_id)  # deleted while pending
+        return []
+
+    def report(self, kind: ReportKind, **data: Any) -> str:
+        """Appends a report for the scheduler (see the module docstring for the kinds);
+        ValueError for a kind the scheduler does not know."""
+        kind = ReportKind(kind)
+        return redis_io.xadd(
+            self.r,
+            keys.reports(self.job_id),
+            {"type": kind.value, "data": json.dumps(_clean(data)), "ts": f"{time.time():.3f}"},
+        )
+
+    # ---- commands ----------------------------------------------------------------------
+    def take_commands(self, block_ms: int | None = None) -> list[Command]:
+        """Commands to carry out, each acknowledged (:meth:`ack_command`) only once done.
+
+        The first call also takes over the commands an earlier group read but never
+        acknowledged (it died with them queued): they are claimed from any consumer and
+        read back from this consumer's pending list (id 0), so their triggers do not stay
+        pending forever. Commands issued before the job's last start are acknowledged and
+        dropped (a stop meant for an earlier run must not stop this one).
+        """
+        entries: list[redis_io.Entry] = []
+        if not self._commands_recovered:
+            stream = keys.commands(self.job_id)
+            if self.r.exists(stream):
+                self.r.xautoclaim(stream, keys.TRAINER_GROUP, self.consumer, 0, "0-0", count=1000)
+                entries = redis_io.read_group(
+                    self.r, keys.TRAINER_GROUP, self.consumer, stream, "0", 1000
+                )
+            self._commands_recovered = True
+        if not entries:
+            block = None if block_ms is None else max(1, min(block_ms, self.max_block_ms))
+            entries = redis_io.read_group(
+                self.r,
+                keys.TRAINER_GROUP,
+                self.consumer,
+                keys.commands(self.job_id),
+                ">",
+                16,
+                block,
+            )
+        if not entries:
+            return []
+        started_at = float(redis_io.hget(self.r, keys.job(self.job_id), "started_at") or 0)
+        out = []
+        for msg_id, f in entries:
+            if not f or float(f.get("ts") or 0) < started_at:
+                self.r.xack(keys.commands(self.job_id), keys.TRAINER_GROUP, msg_id)
+                continue
+            out.append(
+                Command(
+                    f.get("type", ""), f.get("mode") or None, f.get("trigger_id") or None, msg_id
+                )
+            )
+        return out
+
+    def ack_command(self, command: Command) -> None:
+        """Acknowledges a command the group carried out (or reported failed)."""
+        if command.msg_id is not None:
+            self.r.xack(keys.commands(self.job_id), keys.TRAINER_GROUP, command.msg_id)
