@@ -9,17 +9,21 @@
     streamrec-api       the control plane (token in RUN/api-token)
     prometheus          with --prometheus: scrapes them all, evaluates the alert rules
     streamrec-datagen   a planted stream under RUN/data (optionally paced: --rate)
-    trainers            torchrun --nproc-per-node --trainers -m streamrec.trainer.agent
+    trainers-<k>        --trainer-groups groups in the control plane's pool, each
+                        torchrun --standalone --nproc-per-node --trainers --max-restarts 10
+                        -m streamrec.trainer.agent --group-name trainers-<k> (no job: the API
+                        gives each group a running job that fits, one at a time)
 
 Every service serves Prometheus /metrics on a local port (the API on its own); RUN/stack.json
 lists them (``metrics``: job name -> host:port list) and the Prometheus URL
 (``prometheus_url``).
 
-then submits the job over REST, starts it, prints one row per finished pass (AUC before and
-after training against the best AUC the planted truth allows), and ends with a summary.
+then submits the demo job over REST and starts it (the pool takes it), prints one row per
+finished pass (AUC before and after training against the best AUC the planted truth allows),
+and ends with a summary.
 A child that exits is reported and restarted at the same address (``--max-restarts`` each):
-Redis from its append-only file, a store shard followed by the trainer group (whose warm start
-reloads the last checkpoint into every shard; see ``streamrec.launcher.stack``).
+Redis from its append-only file, a store shard followed by the trainer groups (whose warm
+start reloads the last checkpoint into every shard; see ``streamrec.launcher.stack``).
 ``--keep-running`` leaves the services up after the summary until ``streamrec down`` (or
 Ctrl-C).
 
@@ -67,7 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="RAM cache per table of the ssd tier, MiB (default 1)",
     )
-    up.add_argument("--trainers", type=int, default=2, help="trainer ranks (torchrun)")
+    up.add_argument("--trainers", type=int, default=2, help="ranks per trainer group (torchrun)")
+    up.add_argument(
+        "--trainer-groups",
+        type=int,
+        default=1,
+        help="trainer groups in the control plane's pool (each runs one job at a time)",
+    )
     up.add_argument("--start-day", default="20190720")
     up.add_argument("--days", type=int, default=2)
     up.add_argument("--split-interval", type=int, default=120, help="minutes per split")
@@ -106,6 +116,7 @@ def check_args(args: argparse.Namespace) -> None:
     for flag in (
         "store_shards",
         "trainers",
+        "trainer_groups",
         "days",
         "split_per_pass",
         "samples_per_split",

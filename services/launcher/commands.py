@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from streamrec.launcher.prometheus import prometheus_binary
-from streamrec.process import bin_path, free_port
+from streamrec.process import bin_path
 
 
 def redis_command(port: int, directory: Path) -> list[str]:
@@ -187,25 +187,29 @@ def prometheus_command(config: Path, data: Path, port: int) -> list[str]:
 
 
 def trainer_command(
-    ranks: int, redis_url: str, job_id: str, metrics_port: int | None = None
+    ranks: int,
+    redis_url: str,
+    group_name: str,
+    metrics_port: int | None = None,
+    max_restarts: int = 10,
 ) -> list[str]:
-    """A trainer group of ``ranks`` processes (torchrun) taking ``job_id``'s passes, rank r
-    serving /metrics on ``metrics_port`` + r (None: none). Each call picks a fresh rendezvous
-    port, so a restarted group does not meet the old one's."""
+    """A trainer group of ``ranks`` processes in the control plane's pool, named
+    ``group_name``: torchrun's elastic agent (``--standalone``: c10d rendezvous on a free
+    local port) restarts the whole group, up to ``max_restarts`` times, when a rank dies;
+    rank r serves /metrics on ``metrics_port`` + r (None: none)."""
     return [
         bin_path("torchrun"),
+        "--standalone",
         "--nproc-per-node",
         str(ranks),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
+        "--max-restarts",
+        str(max_restarts),
         "-m",
         "streamrec.trainer.agent",
         "--redis-url",
         redis_url,
-        "--job-id",
-        job_id,
+        "--group-name",
+        group_name,
         "--heartbeat-ttl-s",
         "10",
         "--poll-ms",

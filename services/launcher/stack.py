@@ -4,10 +4,12 @@ children until the job ends, and tears them down.
 A child that exits is reported and restarted at the same address (port, ipc path, data
 directory), at most ``--max-restarts`` times each (datagen, which lands the data once, is not):
 
-* the API, the sampler and the trainers keep no state of their own (the API's is in Redis,
-  the trainers' in the checkpoints): they are started again;
+* the API, the sampler and the trainer groups keep no state of their own (the API's is in
+  Redis, the trainers' in the checkpoints): they are started again; a trainer group is the
+  control plane's pool member ``trainers-<k>`` (``--trainer-groups``): it waits for the jobs
+  the API gives it, and torchrun restarts it as a whole when one of its ranks dies;
 * Redis comes back from its append-only file; the API and the trainers reconnect;
-* a store shard comes back empty: the trainer group is stopped *before* the shard is
+* a store shard comes back empty: the trainer groups are stopped *before* the shard is
   restarted (so no checkpoint can be written holding an empty shard), then started again;
   its warm start loads the job's last checkpoint (the one the API names) into every shard,
   and the API hands the pass in flight out again from that checkpoint (the new group's
@@ -32,8 +34,8 @@ from typing import Any, TextIO
 
 import redis
 from streamrec.api.client import ApiClient
-from streamrec.control.states import TERMINAL_STATES
 from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
+from streamrec.control.states import TERMINAL_STATES
 from streamrec.errors import RemoteError, ServiceUnavailable
 from streamrec.launcher import commands, prometheus
 from streamrec.launcher.children import Child
@@ -46,7 +48,7 @@ from streamrec.process import free_port, pid_alive
 from streamrec.wire import RpcClient
 
 #: Children that end by themselves when their work is done: an exit code 0 is not a death.
-FINITE = ("datagen", "trainers")
+FINITE = ("datagen",)
 
 
 def free_port_run(n: int, attempts: int = 50) -> int:
@@ -98,7 +100,7 @@ class Stack:
         # every service serves /metrics: the API on its own port, the others on these
         self.store_metrics_ports = [free_port() for _ in range(args.store_shards)]
         self.sampler_metrics_port = free_port()
-        self.trainer_metrics_port = free_port_run(args.trainers)
+        self.trainer_metrics_ports = [free_port_run(args.trainers) for _ in self.groups]
         self.prometheus_port = free_port() if args.prometheus else None
         # the data plane's peer token (streamrec.auth): every child gets it (env and flags)
         self.peer_token_file = self.run / "peer-token"
@@ -122,7 +124,9 @@ class Stack:
             prometheus.STORE_JOB: [local(p) for p in self.store_metrics_ports],
             prometheus.SAMPLER_JOB: [local(self.sampler_metrics_port)],
             prometheus.TRAINER_JOB: [
-                local(self.trainer_metrics_port + r) for r in range(self.args.trainers)
+                local(port + r)
+                for port in self.trainer_metrics_ports
+                for r in range(self.args.trainers)
             ],
         }
 
@@ -337,15 +341,25 @@ class Stack:
             f"POST {self.api_url}/v1/jobs/{job['id']}/start"
         )
 
-    def trainer_args(self) -> list[str]:
-        assert self.job_id is not None
-        return commands.trainer_command(
-            self.args.trainers, self.redis_url, self.job_id, self.trainer_metrics_port
-        )
+    @property
+    def groups(self) -> list[str]:
+        """The trainer groups' names (their children's names too)."""
+        return [f"trainers-{k}" for k in range(self.args.trainer_groups)]
+
+    def trainer_args(self, group: str) -> list[str]:
+        port = self.trainer_metrics_ports[self.groups.index(group)]
+        return commands.trainer_command(self.args.trainers, self.redis_url, group, port)
 
     def start_trainers(self) -> None:
-        self.add("trainers", self.trainer_args(), restartable=True, env={"OMP_NUM_THREADS": "1"})
-        self.say(f"  trainers         {self.args.trainers} rank(s) (torchrun, gloo)")
+        """The trainer pool: each group registers with the API and waits for a job."""
+        for group in self.groups:
+            self.add(
+                group, self.trainer_args(group), restartable=True, env={"OMP_NUM_THREADS": "1"}
+            )
+        self.say(
+            f"  trainers         {len(self.groups)} group(s) of {self.args.trainers} rank(s) in "
+            f"the pool (torchrun, gloo): {', '.join(self.groups)}"
+        )
 
     def up(self) -> int:
         """Brings everything up, follows the job to its end and prints the summary. Returns
@@ -363,8 +377,8 @@ class Stack:
         if self.prometheus_port is not None:
             self.start_prometheus()
         self.start_datagen()
-        self.submit()
         self.start_trainers()
+        self.submit()
         rc = self.follow(a.timeout_s)
         self.summary()
         if a.keep_running and not self._stopping:
@@ -412,25 +426,18 @@ class Stack:
             child.start()
             self.wait_redis(child)  # the append-only file is loaded before PING answers
         elif name.startswith("store-"):
-            trainers = self.children.get("trainers")
-            group = trainers is not None and not trainers.done
-            if group:
-                assert trainers is not None
-                # first: a group still running could checkpoint the empty shard
-                trainers.stop()
+            groups = [self.children[g] for g in self.groups if g in self.children]
+            for group in groups:  # first: a group still running could checkpoint the empty shard
+                group.stop()
             child.start()
             self.wait_until(f"store {name}", partial(_reported_ready, child), child, 60)
-            if group:
-                assert trainers is not None
-                trainers.args = self.trainer_args()
-                trainers.start()
-                self.say(
-                    f"  restarted trainers after {name}: their warm start loads the last "
-                    f"checkpoint into every shard"
-                )
+            for group in groups:
+                group.start()
+            self.say(
+                f"  restarted the trainer groups after {name}: their jobs go on from the last "
+                f"checkpoint, loaded into every shard"
+            )
         else:
-            if name == "trainers":
-                child.args = self.trainer_args()  # a fresh rendezvous port
             child.start()
 
     def follow(self, timeout_s: float) -> int:
@@ -493,7 +500,7 @@ class Stack:
     def down(self) -> None:
         """Stops the children, the trainers first and Redis last."""
         order = [
-            "trainers",
+            *self.groups,
             "prometheus",
             "datagen",
             "api",

@@ -36,16 +36,16 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
     )
     out = Output(up, stderr_log(run))
     try:
-        out.wait_for("trainers         2 rank(s)", timeout=120)
+        out.wait_for("trainers         1 group(s) of 2 rank(s)", timeout=120)
         state = json.loads((run / "stack.json").read_text())
         pids = {name: info["pid"] for name, info in state["children"].items()}
         assert set(pids) >= {"redis", "store-0", "store-1", "sampler", "api", "datagen", "trainers"}
         # the first pass is done: kill the trainer launcher outright (its ranks, in sessions
         # of their own, notice they are orphaned and exit; the group is dead)
         out.wait_for("[1/6]", timeout=120)
-        ranks = [p for p in descendants(pids["trainers"])]
+        ranks = [p for p in descendants(pids["trainers-0"])]
         assert len(ranks) >= 2
-        os.killpg(pids["trainers"], signal.SIGKILL)
+        os.killpg(pids["trainers-0"], signal.SIGKILL)
         out.wait_for("! trainers exited with code", timeout=30)
         out.wait_for("restarted trainers (restart 1)", timeout=30)
         out.wait_for("job ", timeout=240)

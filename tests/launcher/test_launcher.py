@@ -159,9 +159,9 @@ def test_a_dead_shard_comes_back_after_the_trainers_stop_and_they_start_again(
     run.mkdir()
     out = io.StringIO()
     stack = Stack(build_parser().parse_args(["up", "--run-dir", str(run)]), out)
-    stack.trainer_args = lambda: SLEEPER  # type: ignore[method-assign]
+    stack.trainer_args = lambda group: SLEEPER  # type: ignore[method-assign]
     try:
-        trainers = stack.add("trainers", SLEEPER, restartable=True)
+        trainers = stack.add("trainers-0", SLEEPER, restartable=True)
         first_group = trainers.pid
         assert first_group is not None
         shard = stack.add("store-0", fake_shard(first_group), restartable=True)
