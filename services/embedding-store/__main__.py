@@ -6,6 +6,9 @@ Example::
     streamrec-embedding-store serve --shard-id 0 --num-shards 2 \\
         --endpoint tcp://127.0.0.1:5555 --tables tables.yaml --metrics-port 9100
 
+``--tables`` fills the default namespace; without it the shard starts empty and serves the
+namespaces its clients create (``create_tables``, one per job).
+
 Requests must carry the peer token (``--auth-token-file``, see :mod:`streamrec.auth`;
 ``--insecure-no-auth`` turns that off for local development); ``save``/``load`` paths must
 lie under a ``--model-root`` (none given: the shard saves and loads nothing).
@@ -47,7 +50,18 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="ZeroMQ bind address (tcp://127.0.0.1:5555, tcp://127.0.0.1:*, ipc://..)",
     )
-    s.add_argument("--tables", required=True, help="tables file, YAML or JSON")
+    s.add_argument(
+        "--tables",
+        default=None,
+        help="tables file, YAML or JSON: the default namespace's tables (none: the shard "
+        "serves only the namespaces its clients create)",
+    )
+    s.add_argument(
+        "--max-namespaces",
+        type=int,
+        default=None,
+        help="namespaces (one per job) held at once besides the default one (default 64)",
+    )
     s.add_argument(
         "--tier",
         default="host",
@@ -123,7 +137,7 @@ def serve(args: argparse.Namespace) -> int:
             "shard_id": shard_id_arg(args.shard_id),
             "num_shards": args.num_shards,
             "endpoint": args.endpoint,
-            "tables": read_tables_file(args.tables),
+            "tables": [] if args.tables is None else read_tables_file(args.tables),
             "tier": args.tier,
             "persistent_path": args.persistent_path,
             "cache_budget_mb": args.cache_budget_mb,
@@ -140,6 +154,7 @@ def serve(args: argparse.Namespace) -> int:
             "model_roots": args.model_roots,
             "auth_token_file": args.auth_token_file,
             "insecure_no_auth": args.insecure_no_auth,
+            **({} if args.max_namespaces is None else {"max_namespaces": args.max_namespaces}),
         },
         source="command line",
     )

@@ -33,6 +33,13 @@ answers its next data op (pull, push, shrink, advance_day, save) with
 :class:`~streamrec.embedding_store.errors.ShardRestarted` and does nothing; ``ping``,
 ``size``, ``stats`` and ``load`` run. A full :meth:`EmbeddingStoreClient.load` (a checkpoint)
 takes the new incarnation, as :meth:`EmbeddingStoreClient.accept_restarts` does.
+
+Namespaces (:mod:`~streamrec.embedding_store.namespaces`): a client made with ``namespace``
+creates its tables in that namespace on every shard (``create_tables``, idempotent) and sends
+the name with every op, so its rows are its own; :meth:`EmbeddingStoreClient.drop_namespace`
+frees them. A shard that does not hold the namespace (restarted empty, or dropped) answers
+:class:`~streamrec.embedding_store.errors.UnknownNamespace` (a ``ShardRestarted``) at once;
+``load`` and ``accept_restarts`` make the namespace's tables again first.
 """
 
 from __future__ import annotations
@@ -53,9 +60,11 @@ from streamrec.embedding_store.errors import (
     InvalidInput,
     NonFiniteGradient,
     ShardRestarted,
+    UnknownNamespace,
     UnknownTable,
 )
 from streamrec.embedding_store.incarnation import Incarnations, restarted_message
+from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, check_namespace
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.routing import (
     MAX_REQUEST_KEYS,
@@ -142,11 +151,17 @@ class EmbeddingStoreClient:
             either way, only the bytes sent and the client's work differ.
         auth_token_file: the file holding the shards' peer token; None:
             ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file (:mod:`streamrec.auth`).
+        namespace: the shards' namespace of this client's tables (a job's own, e.g. its
+            id); with ``tables`` they are created there on every shard (idempotent; other
+            options for a name held: ``TableConflict``); without, the namespace must exist.
+            None: the default namespace (the shards' ``--tables``).
 
     Example:
         >>> store = EmbeddingStoreClient(["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"])
         >>> rows = store.pull("user", torch.tensor([3, 7, 3]))      # (3, dim) float32
         >>> store.push("user", torch.tensor([3, 7, 3]), grads)      # grads (3, dim) float32
+        >>> job = EmbeddingStoreClient(endpoints, tables, namespace="job-17")  # its own rows
+        >>> job.drop_namespace()                                    # frees them on every shard
     """
 
     def __init__(
@@ -159,7 +174,12 @@ class EmbeddingStoreClient:
         max_request_keys: int = MAX_REQUEST_KEYS,
         dedup: str = "auto",
         auth_token_file: str | os.PathLike[str] | None = None,
+        namespace: str | None = None,
     ) -> None:
+        self.namespace = check_namespace(namespace, "namespace")
+        # added to every request but ping (one dict merge per request, nothing per key)
+        self._ns_meta: Meta = {"namespace": self.namespace} if self.namespace else {}
+        self._created: list[TableOptions] = []  # what create_tables made, made again on load
         if not endpoints:
             raise BadRequest("endpoints: at least one shard endpoint is needed, got []")
         keep_freed_memory()  # 25 MB replies and sums reuse the heap's pages (streamrec.malloc)
@@ -198,10 +218,15 @@ class EmbeddingStoreClient:
                         f"{meta.get('shard_id')} of {meta.get('num_shards')}, expected shard "
                         f"{k} of {self.num_shards}: list endpoints in shard order"
                     )
+        given = None
+        if tables is not None:
+            given = dict(tables) if isinstance(tables, Mapping) else {t.name: t for t in tables}
+            if self.namespace:
+                self._created = list(given.values())
+                self._create_tables()
         served = self._fetch_tables()
-        if tables is None:
+        if given is None:
             return served
-        given = dict(tables) if isinstance(tables, Mapping) else {t.name: t for t in tables}
         theirs = {n: t.dim for n, t in served.items()}
         ours = {n: t.dim for n, t in given.items()}
         if ours != theirs:
@@ -246,6 +271,8 @@ class EmbeddingStoreClient:
         known = self._incarnations
         sent: list[tuple[int, str, int | None, BaseException | None]] = []
         for shard, op, meta, arrays in requests:
+            if self._ns_meta and op != "ping":
+                meta = {**meta, **self._ns_meta}
             try:
                 sent_id = clients[shard].send(op, known.expect(shard, op, meta), arrays)
                 sent.append((shard, op, sent_id, None))
@@ -263,7 +290,15 @@ class EmbeddingStoreClient:
                 except Exception as exc:
                     failure = exc
             replies.append(({}, {}))
-            if isinstance(failure, RemoteError) and failure.code == ShardRestarted.code:
+            if isinstance(failure, RemoteError) and failure.code == UnknownNamespace.code:
+                failure = UnknownNamespace(
+                    f"shard {shard} ({self.endpoints[shard]}) holds no namespace "
+                    f"{self.namespace!r}: it restarted empty, or the namespace was dropped "
+                    f"({failure.remote_message}); reload the job's last checkpoint "
+                    f"(EmbeddingStoreClient.load makes its tables again) or call "
+                    f"accept_restarts() to go on with fresh rows"
+                )
+            elif isinstance(failure, RemoteError) and failure.code == ShardRestarted.code:
                 failure = ShardRestarted(
                     restarted_message(shard, self.endpoints[shard], failure.remote_message)
                 )
@@ -276,6 +311,12 @@ class EmbeddingStoreClient:
         if error is not None:
             raise error
         return replies
+
+    def _create_tables(self) -> None:
+        """Makes this client's tables in its namespace on every shard (idempotent)."""
+        if self._created:
+            tables = [t.model_dump(mode="json") for t in self._created]
+            self._broadcast("create_tables", {"tables": tables})
 
     def _broadcast(self, op: str, meta: Meta | None = None, adopt: bool = False) -> list[Meta]:
         requests: list[tuple[int, str, Meta, Arrays]] = [
@@ -673,6 +714,7 @@ class EmbeddingStoreClient:
         current incarnations (:class:`~streamrec.embedding_store.errors.ShardRestarted`).
         """
         meta = {"path": str(path), **self._converter_meta(converter)}
+        self._create_tables()  # a shard restarted empty holds the namespace again
         modes = {m.get("mode") for m in self._broadcast("load", {**meta, "verify_only": True})}
         self._broadcast("load", meta, adopt=modes <= FULL_MODES)
 
@@ -691,6 +733,7 @@ class EmbeddingStoreClient:
         """
         if incarnations is not None:
             return self._incarnations.adopt(incarnations)
+        self._create_tables()  # a shard restarted empty holds the namespace again
         before = self._incarnations.known()
         self._broadcast("ping", adopt=True)
         after = self._incarnations.known()
@@ -699,6 +742,25 @@ class EmbeddingStoreClient:
             for e, old, new in zip(self.endpoints, before, after, strict=True)
             if old is not None and new is not None and old != new
         ]
+
+    def drop_namespace(self) -> dict[str, int]:
+        """Drops this client's namespace on every shard, freeing its rows; returns the rows
+        dropped per table (summed over shards). A shard without it drops nothing (a drop is
+        idempotent). The client's ops then fail with ``UnknownNamespace``.
+
+        Raises:
+            BadRequest: the client uses the default namespace (the shards' ``--tables``).
+        """
+        if self.namespace == DEFAULT_NAMESPACE:
+            raise BadRequest(
+                "drop_namespace: this client uses the default namespace (the shards' "
+                "--tables), which is not dropped; make the client with namespace=..."
+            )
+        total: dict[str, int] = {}
+        for meta in self._broadcast("drop_tables"):
+            for name, rows in (meta.get("dropped") or {}).items():
+                total[name] = total.get(name, 0) + int(rows)
+        return total
 
     def incarnations(self) -> list[int | None]:
         """Shard K's incarnation this client expects (None: not known yet, or a shard that

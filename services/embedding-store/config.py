@@ -12,7 +12,9 @@ a YAML or JSON file that holds either a list of tables or a mapping with a ``tab
         dim: 17
 
 Every shard of one store reads the same tables file; shard ``K`` of ``N`` serves only the keys
-with ``streamrec.keyhash.shard_of(key, N) == K``.
+with ``streamrec.keyhash.shard_of(key, N) == K``. These tables are the default namespace's; a
+shard may start with none and serve only the namespaces its clients create
+(:mod:`~streamrec.embedding_store.namespaces`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, model_validator
 from streamrec.config import StrictConfig
+from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, MAX_NAMESPACES
 from streamrec.embedding_store.options import TableOptions, check_tier_options
 from streamrec.errors import BadRequest
 
@@ -45,7 +48,12 @@ class ShardConfig(StrictConfig):
     endpoint: str = Field(
         min_length=1, description="ZeroMQ bind address, e.g. tcp://127.0.0.1:5555"
     )
-    tables: list[TableOptions] = Field(min_length=1)
+    tables: list[TableOptions] = Field(
+        default_factory=list, description="the default namespace's tables (may be none)"
+    )
+    max_namespaces: int = Field(
+        default=MAX_NAMESPACES, ge=0, le=4096, description="namespaces held besides the default"
+    )
     tier: Literal["host", "ssd", "device"] = "host"
     persistent_path: str | None = None
     cache_budget_mb: float | None = Field(
@@ -99,11 +107,16 @@ class ShardConfig(StrictConfig):
 
         return load_token(self.auth_token_file)
 
-    def shard_persistent_path(self) -> str | None:
-        """This shard's own directory under ``persistent_path`` (None without one)."""
+    def shard_persistent_path(self, namespace: str = DEFAULT_NAMESPACE) -> str | None:
+        """This shard's own directory under ``persistent_path`` (None without one):
+        ``shard-K-of-N`` for the default namespace, ``namespace-<name>/shard-K-of-N`` for
+        another (beside the shard directories, so no table name can collide with it)."""
         if self.persistent_path is None:
             return None
-        return str(Path(self.persistent_path) / shard_dir_name(self.shard_id, self.num_shards))
+        root = Path(self.persistent_path)
+        if namespace != DEFAULT_NAMESPACE:
+            root = root / f"namespace-{namespace}"
+        return str(root / shard_dir_name(self.shard_id, self.num_shards))
 
 
 def read_tables_file(path: str | Path) -> list[dict[str, Any]]:

@@ -72,3 +72,19 @@ class ShardRestarted(EmbeddingStoreError):
     as they are (``accept_restarts``); see :mod:`~streamrec.embedding_store.incarnation`."""
 
     code = "shard_restarted"
+
+
+class UnknownNamespace(ShardRestarted):
+    """A namespace the shard does not hold: it was dropped, or the shard restarted empty
+    (a job's tables live in its own namespace, see
+    :mod:`~streamrec.embedding_store.namespaces`). Either way the job's rows are gone there,
+    so it is a :class:`ShardRestarted`: the same recovery (reload a checkpoint, which makes
+    the namespace's tables again, or ``accept_restarts``)."""
+
+    code = "unknown_namespace"
+
+
+class TableConflict(BadRequest):
+    """``create_tables`` named a table its namespace already holds with other options."""
+
+    code = "table_conflict"

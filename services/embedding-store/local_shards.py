@@ -31,7 +31,8 @@ class LocalShards:
     behind: start them from a thread that outlives them (the main thread).
 
     Args:
-        tables: the tables file (YAML/JSON) every shard reads.
+        tables: the tables file (YAML/JSON) every shard reads (the default namespace's);
+            None: the shards start with none (clients create their namespaces).
         num_shards: N.
         extra_args: more ``serve`` flags for every shard (``--tier ssd ...``).
         start_timeout_s: how long to wait for every shard to be ready.
@@ -51,7 +52,7 @@ class LocalShards:
 
     def __init__(
         self,
-        tables: str | Path,
+        tables: str | Path | None,
         num_shards: int,
         extra_args: list[str] | None = None,
         start_timeout_s: float = 60.0,
@@ -60,7 +61,7 @@ class LocalShards:
         model_roots: Sequence[str | Path] | None = None,
         auth_token_file: str | Path | None = None,
     ) -> None:
-        self.tables = str(tables)
+        self.tables = None if tables is None else str(tables)
         self.endpoint = endpoint
         self.num_shards = num_shards
         self.extra_args = list(extra_args or [])
@@ -86,8 +87,7 @@ class LocalShards:
             str(self.num_shards),
             "--endpoint",
             self.endpoint.replace("{shard}", str(shard_id)),
-            "--tables",
-            self.tables,
+            *(() if self.tables is None else ("--tables", self.tables)),
             "--auth-token-file",
             str(self.auth_token_file),
             *(arg for root in self.model_roots for arg in ("--model-root", root)),

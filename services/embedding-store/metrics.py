@@ -4,6 +4,8 @@ Request-side figures (keys, latency, save/load durations, errors) are counted by
 as requests go by. Store-side figures (rows per table and tier, bytes per tier, cache hits and
 hit rate, rows created/expanded/deleted/refused) are read from ``store.stats()`` at scrape
 time by :class:`StoreCollector`, so they are never stale and cost nothing between scrapes.
+Every per-table series carries the ``namespace`` holding the table (``""``: the default one,
+:mod:`~streamrec.embedding_store.namespaces`); a dropped namespace's series go with it.
 
 The shard's memory (``resident_bytes``, the process's RSS, against ``memory_limit_bytes``,
 its cgroup's ``memory.max`` else the machine's ``MemTotal``) is read at scrape time by
@@ -15,6 +17,7 @@ series), so several shards (or tests) in one process do not collide.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -42,14 +45,14 @@ _TABLE_COUNTERS = {
 
 
 class StoreCollector(Collector):
-    """Turns ``stats()`` of the store into gauges and counters at scrape time.
+    """Turns ``stats()`` of each namespace's store into gauges and counters at scrape time.
 
     Args:
-        stats: returns the store's stats dict (see ``EmbeddingStore.stats``).
+        stats: returns namespace -> its store's stats dict (see ``EmbeddingStore.stats``).
         shard: label value naming this shard (``K-of-N``).
     """
 
-    def __init__(self, stats: Callable[[], dict[str, Any]], shard: str) -> None:
+    def __init__(self, stats: Callable[[], dict[str, dict[str, Any]]], shard: str) -> None:
         self._stats = stats
         self._shard = shard
 
@@ -66,9 +69,11 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _families(stats: dict[str, Any], shard: str) -> Iterator[Any]:
+def _families(by_namespace: dict[str, dict[str, Any]], shard: str) -> Iterator[Any]:
     rows = GaugeMetricFamily(
-        f"{PREFIX}_rows", "Rows per table and tier", labels=["shard", "table", "tier"]
+        f"{PREFIX}_rows",
+        "Rows per namespace, table and tier",
+        labels=["shard", "namespace", "table", "tier"],
     )
     tier_bytes = GaugeMetricFamily(
         f"{PREFIX}_tier_bytes", "Bytes held per tier", labels=["shard", "tier"]
@@ -76,41 +81,48 @@ def _families(stats: dict[str, Any], shard: str) -> Iterator[Any]:
     hit_rate = GaugeMetricFamily(
         f"{PREFIX}_cache_hit_ratio",
         "Share of lookups served from the cache (ssd tier)",
-        labels=["shard", "table"],
+        labels=["shard", "namespace", "table"],
     )
     counters = {
         key: CounterMetricFamily(
-            f"{PREFIX}_{suffix.removesuffix('_total')}", text, labels=["shard", "table"]
+            f"{PREFIX}_{suffix.removesuffix('_total')}",
+            text,
+            labels=["shard", "namespace", "table"],
         )
         for key, (suffix, text) in _TABLE_COUNTERS.items()
     }
-    tier = str(stats.get("tier", "host"))
-    for name, table in (stats.get("tables") or {}).items():
-        if not isinstance(table, dict):
-            continue
-        by_tier = table.get("rows_by_tier")
-        if not isinstance(by_tier, dict):
-            by_tier = {tier: table.get("rows")}
-        for t, v in by_tier.items():
-            n = _num(v)
-            if n is not None:
-                rows.add_metric([shard, str(name), str(t)], n)
-        for key, family in counters.items():
-            v = _num(table.get(key))
-            if v is not None:
-                family.add_metric([shard, str(name)], v)
-        hits, misses = _num(table.get("cache_hits")), _num(table.get("cache_misses"))
-        ratio = _num(table.get("cache_hit_rate"))
-        if ratio is None and hits is not None and misses is not None and hits + misses > 0:
-            ratio = hits / (hits + misses)
-        if ratio is not None:
-            hit_rate.add_metric([shard, str(name)], ratio)
-    total_bytes = stats.get("bytes") or {}
-    if isinstance(total_bytes, dict):
-        for t, v in total_bytes.items():
-            b = _num(v)
-            if b is not None:
-                tier_bytes.add_metric([shard, str(t)], b)
+    total_bytes: dict[str, float] = {}
+    for namespace, stats in by_namespace.items():
+        tier = str(stats.get("tier", "host"))
+        for name, table in (stats.get("tables") or {}).items():
+            if not isinstance(table, dict):
+                continue
+            labels = [shard, str(namespace), str(name)]
+            by_tier = table.get("rows_by_tier")
+            if not isinstance(by_tier, dict):
+                by_tier = {tier: table.get("rows")}
+            for t, v in by_tier.items():
+                n = _num(v)
+                if n is not None:
+                    rows.add_metric([*labels, str(t)], n)
+            for key, family in counters.items():
+                v = _num(table.get(key))
+                if v is not None:
+                    family.add_metric(labels, v)
+            hits, misses = _num(table.get("cache_hits")), _num(table.get("cache_misses"))
+            ratio = _num(table.get("cache_hit_rate"))
+            if ratio is None and hits is not None and misses is not None and hits + misses > 0:
+                ratio = hits / (hits + misses)
+            if ratio is not None:
+                hit_rate.add_metric(labels, ratio)
+        held = stats.get("bytes") or {}
+        if isinstance(held, dict):
+            for t, v in held.items():
+                b = _num(v)
+                if b is not None:
+                    total_bytes[str(t)] = total_bytes.get(str(t), 0.0) + b
+    for t, b in total_bytes.items():
+        tier_bytes.add_metric([shard, t], b)
     yield rows
     yield tier_bytes
     yield hit_rate
@@ -188,11 +200,12 @@ class StoreMetrics:
     """The metrics of one shard, in their own registry.
 
     Args:
-        stats: the store's ``stats`` method (read at scrape time).
+        stats: namespace -> its store's stats (read at scrape time,
+            ``Namespaces.stats``); None reads none.
         shard: label value naming this shard (``K-of-N``).
     """
 
-    def __init__(self, stats: Callable[[], dict[str, Any]] | None, shard: str) -> None:
+    def __init__(self, stats: Callable[[], dict[str, dict[str, Any]]] | None, shard: str) -> None:
         self.registry = CollectorRegistry()
         self.shard = shard
         r = self.registry
@@ -211,25 +224,26 @@ class StoreMetrics:
             ["op", "code"],
             registry=r,
         )
-        self.pull_keys = Counter(f"{PREFIX}_pull_keys_total", "Keys pulled", ["table"], registry=r)
-        self.push_keys = Counter(f"{PREFIX}_push_keys_total", "Keys pushed", ["table"], registry=r)
+        by_table = ["namespace", "table"]
+        self.pull_keys = Counter(f"{PREFIX}_pull_keys_total", "Keys pulled", by_table, registry=r)
+        self.push_keys = Counter(f"{PREFIX}_push_keys_total", "Keys pushed", by_table, registry=r)
         self.pull_seconds = Histogram(
             f"{PREFIX}_pull_seconds",
             "Time of a pull in the store",
-            ["table"],
+            by_table,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.optimizer_steps = Counter(
             f"{PREFIX}_optimizer_steps_total",
             "Fused optimizer steps (push batches applied), by table",
-            ["table"],
+            by_table,
             registry=r,
         )
         self.push_seconds = Histogram(
             f"{PREFIX}_push_seconds",
             "Time of a push (optimizer update) in the store",
-            ["table"],
+            by_table,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -248,25 +262,46 @@ class StoreMetrics:
         )
         if stats is not None:
             r.register(StoreCollector(stats, shard))
-        # (kind, table) -> that table's series: ``labels()`` is a locked lookup, too slow for
-        # every table of every request; tables are the store's own, so this stays bounded
-        self._table_series: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        # (kind, namespace, table) -> that table's series: ``labels()`` is a locked lookup,
+        # too slow for every table of every request; tables are the namespaces' own and a
+        # dropped namespace's go (forget_namespace), so this stays bounded
+        self._table_series: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}
 
-    def table_series(self, kind: str, table: str) -> tuple[Any, Any, Any]:
-        """(seconds histogram, keys counter, optimizer steps counter or None) of ``table``'s
-        pulls (``kind`` 'pull') or pushes ('push')."""
-        series = self._table_series.get((kind, table))
+    def table_series(self, kind: str, namespace: str, table: str) -> tuple[Any, Any, Any]:
+        """(seconds histogram, keys counter, optimizer steps counter or None) of the pulls
+        (``kind`` 'pull') or pushes ('push') of ``table`` in ``namespace``."""
+        series = self._table_series.get((kind, namespace, table))
         if series is None:
             if kind == "pull":
-                series = (self.pull_seconds.labels(table), self.pull_keys.labels(table), None)
+                series = (
+                    self.pull_seconds.labels(namespace, table),
+                    self.pull_keys.labels(namespace, table),
+                    None,
+                )
             else:
                 series = (
-                    self.push_seconds.labels(table),
-                    self.push_keys.labels(table),
-                    self.optimizer_steps.labels(table),
+                    self.push_seconds.labels(namespace, table),
+                    self.push_keys.labels(namespace, table),
+                    self.optimizer_steps.labels(namespace, table),
                 )
-            self._table_series[(kind, table)] = series
+            self._table_series[(kind, namespace, table)] = series
         return series
+
+    def forget_namespace(self, namespace: str) -> None:
+        """Removes the series of a dropped namespace's tables (job ids come and go: kept,
+        they would grow without bound)."""
+        for kind, ns, table in list(self._table_series):
+            if ns != namespace:
+                continue
+            del self._table_series[(kind, ns, table)]
+            metrics = (
+                (self.pull_seconds, self.pull_keys)
+                if kind == "pull"
+                else (self.push_seconds, self.push_keys, self.optimizer_steps)
+            )
+            for metric in metrics:
+                with contextlib.suppress(KeyError):  # never observed: nothing to remove
+                    metric.remove(ns, table)
 
     def on_request(self, op: str, seconds: float, code: str | None) -> None:
         """The RpcServer callback: one observation per request, one error count if any."""

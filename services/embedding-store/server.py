@@ -14,20 +14,26 @@ from typing import Any
 
 from streamrec.embedding_store.config import ShardConfig
 from streamrec.embedding_store.metrics import StoreMetrics
+from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, Namespaces
+from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.service import StoreService
 from streamrec.wire import RpcServer
 
 __all__ = ["Shard", "build_store"]
 
 
-def build_store(config: ShardConfig) -> Any:
-    """The in-process store a shard serves, built from its config."""
+def build_store(
+    config: ShardConfig,
+    namespace: str = DEFAULT_NAMESPACE,
+    tables: list[TableOptions] | None = None,
+) -> Any:
+    """The in-process store of one namespace of a shard (``tables`` None: the config's)."""
     from streamrec.embedding_store.store import EmbeddingStore
 
     return EmbeddingStore(
-        list(config.tables),
+        list(config.tables) if tables is None else tables,
         tier=config.tier,
-        persistent_path=config.shard_persistent_path(),
+        persistent_path=config.shard_persistent_path(namespace),
         cache_budget_mb=config.cache_budget_mb,
         gpu_cache_budget_mb=config.gpu_cache_budget_mb,
         capacity=config.capacity,
@@ -47,8 +53,11 @@ class Shard:
     def __init__(self, config: ShardConfig, store: Any | None = None) -> None:
         self.config = config
         self.store = store if store is not None else build_store(config)
+        self.namespaces = Namespaces(
+            self.store, lambda ns, tables: build_store(config, ns, tables), config.max_namespaces
+        )
         label = f"{config.shard_id}-of-{config.num_shards}"
-        self.metrics = StoreMetrics(self.store.stats, label)
+        self.metrics = StoreMetrics(self.namespaces.stats, label)
         self.service = StoreService(
             self.store,
             config.shard_id,
@@ -57,6 +66,7 @@ class Shard:
             redis_url=config.redis_url,
             redis_prefix=config.redis_prefix,
             model_roots=config.model_roots,
+            namespaces=self.namespaces,
         )
         self.server = RpcServer(
             config.endpoint,
@@ -82,6 +92,4 @@ class Shard:
 
     def stop(self) -> None:
         self.server.stop()
-        close = getattr(self.store, "close", None)
-        if close is not None:
-            close()
+        self.namespaces.close()

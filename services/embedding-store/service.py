@@ -5,6 +5,8 @@ in-process :class:`~streamrec.embedding_store.EmbeddingStore` for them. Ops (req
 arrays -> reply meta and arrays)::
 
     ping         {}                                  -> {shard_id, num_shards, tables: [name]}
+    create_tables {namespace, tables: [TableOptions as dicts]}      -> {created: [name]}
+    drop_tables  {namespace}                         -> {dropped: {table: rows} | None}
     tables       {}                                  -> {tables: [TableOptions as dicts]}
     pull         {table, create} keys (n,) int64     -> values (n, dim) float32
     push         {table} keys (n,) int64, grads (n, dim) float32,
@@ -20,6 +22,16 @@ arrays -> reply meta and arrays)::
     save         {path, mode, [converter]}           -> {dir, manifest}
     load         {path, [converter, verify_only]}    -> {dir}
     stats        {}                                  -> {shard_id, num_shards, stats}
+
+Namespaces (:mod:`~streamrec.embedding_store.namespaces`): every op but ``ping``,
+``create_tables`` and ``drop_tables`` takes an optional ``namespace`` in its meta (absent or
+``""``: the default one, the ``--tables``) and acts on that namespace's tables only (``shrink``,
+``advance_day``, ``save`` and ``load`` included; a save writes only its tables, still under
+``path/shard-K-of-N/``). A namespace the shard does not hold is refused at once
+(``unknown_namespace``), before the incarnation check. ``create_tables`` is idempotent, a
+table held with other options is refused (``table_conflict``); ``drop_tables`` frees the
+namespace's rows (``dropped`` None: it held none). ``stats`` adds ``namespaces``: namespace
+-> {tables: {table: rows}, rows}.
 
 Every successful reply's meta also carries ``incarnation``, the id this shard process drew
 at start; a data op (pull, push, their ``_many`` forms, shrink, advance_day, save) sent
@@ -60,7 +72,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +87,13 @@ from streamrec.embedding_store.errors import (
     WrongShard,
 )
 from streamrec.embedding_store.incarnation import REPLY_FIELD, check_request, new_incarnation
-from streamrec.embedding_store.metrics import StoreMetrics
+from streamrec.embedding_store.metrics import StoreMetrics, memory_limit_bytes
+from streamrec.embedding_store.namespaces import (
+    Namespaces,
+    check_namespace,
+    parse_tables,
+)
+from streamrec.embedding_store.options import TableOptions
 from streamrec.errors import BadRequest, NotFound, quote
 from streamrec.keyhash import shard_of
 from streamrec.roots import confine, resolve_roots
@@ -92,6 +110,8 @@ if TYPE_CHECKING:
 
 OPS = (
     "ping",
+    "create_tables",
+    "drop_tables",
     "tables",
     "pull",
     "push",
@@ -105,6 +125,10 @@ OPS = (
     "stats",
 )
 _SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
+#: Ops that act on one namespace's store (named by the request's ``namespace`` field).
+NAMESPACED_OPS = frozenset(OPS) - {"ping", "create_tables", "drop_tables"}
+#: A namespaced op's handler: (namespace, its store, meta, arrays) -> reply.
+NamespacedHandler = Callable[[str, Any, Meta, Arrays], tuple[Meta, Arrays]]
 
 
 def _jsonable(value: Any) -> Any:
@@ -132,6 +156,8 @@ class StoreService:
         redis_prefix: prefix of this store's keys in that Redis.
         model_roots: the directories ``save``/``load`` paths must lie under (none: refused).
         incarnation: this shard process's id, sent in every reply; None draws a new one.
+        namespaces: the shard's namespaces, ``store`` their default one; None: only the
+            default one (``create_tables`` then adds tables to it only).
     """
 
     def __init__(
@@ -144,10 +170,15 @@ class StoreService:
         redis_prefix: str = "streamrec:emb",
         model_roots: Sequence[str | os.PathLike[str]] = (),
         incarnation: int | None = None,
+        namespaces: Namespaces | None = None,
     ) -> None:
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}")
         self.store = store
+        self.namespaces = (
+            namespaces if namespaces is not None else Namespaces(store, _no_namespaces)
+        )
+        self._memory_limit: int | None = None
         self.shard_id = shard_id
         self.num_shards = num_shards
         self.metrics = metrics
@@ -161,15 +192,29 @@ class StoreService:
 
     def handlers(self) -> dict[str, Handler]:
         """Op name -> handler: the op checked against this incarnation, its reply stamped."""
-        return {op: self._stamped(op, getattr(self, f"op_{op}")) for op in OPS}
+        return {op: self._stamped(op) for op in OPS}
 
-    def _stamped(self, op: str, handler: Handler) -> Handler:
-        def handle(meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def _stamped(self, op: str) -> Handler:
+        if op not in NAMESPACED_OPS:
+            plain: Handler = getattr(self, f"op_{op}")
+
+            def handle(meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+                check_request(op, meta, self.incarnation)
+                out, out_arrays = plain(meta, arrays)
+                return {**out, REPLY_FIELD: self.incarnation}, out_arrays
+
+            return handle
+        handler: NamespacedHandler = getattr(self, f"op_{op}")
+        of = self.namespaces.of
+
+        def handle_in(meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+            # the namespace first: a shard restarted empty holds none of the job's
+            namespace, store = of(meta)
             check_request(op, meta, self.incarnation)
-            out, out_arrays = handler(meta, arrays)
+            out, out_arrays = handler(namespace, store, meta, arrays)
             return {**out, REPLY_FIELD: self.incarnation}, out_arrays
 
-        return handle
+        return handle_in
 
     def on_request(self, op: str, seconds: float, code: str | None) -> None:
         if self.metrics is not None:
@@ -178,11 +223,12 @@ class StoreService:
 
     # -- validation -----------------------------------------------------------------
 
-    def _table(self, meta: Meta) -> tuple[str, int]:
+    @staticmethod
+    def _table(store: Any, meta: Meta) -> tuple[str, int]:
         name = meta.get("table")
         if not isinstance(name, str):
             raise BadRequest(f"field 'table' must be a table name (string), got {quote(name)}")
-        tables = self.store.tables
+        tables = store.tables
         if name not in tables:
             raise UnknownTable(f"unknown table {quote(name)}; tables: {sorted(tables)}")
         return name, int(tables[name].dim)
@@ -222,12 +268,13 @@ class StoreService:
         # frames are read-only buffers; the store gets its own copy of the (small) keys
         return np.array(keys)
 
-    def _tables(self, meta: Meta) -> tuple[list[str], np.ndarray]:
+    @staticmethod
+    def _tables(store: Any, meta: Meta) -> tuple[list[str], np.ndarray]:
         """The ``tables`` field of a multi-table op: names and dims (T,) int64."""
         names = meta.get("tables")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise BadRequest(f"field 'tables' must be a list of table names, got {names!r:.200}")
-        tables = self.store.tables
+        tables = store.tables
         for i, name in enumerate(names):
             if name not in tables:
                 raise UnknownTable(
@@ -271,9 +318,9 @@ class StoreService:
             if arr is not None and not np.isfinite(arr).all():
                 raise NonFiniteGradient(f"array {name!r}: holds NaN or Inf; nothing was written")
 
-    def _on_table(self, kind: str) -> TableHook | None:
-        """Records a table's part of a pull or push (``kind``) in the per-table metrics:
-        (table, keys, seconds); also the store's hook of pull_many/push_many."""
+    def _on_table(self, kind: str, namespace: str) -> TableHook | None:
+        """Records a table's part of a pull or push (``kind``) in the per-table metrics of
+        ``namespace``: (table, keys, seconds); also the store's hook of pull_many/push_many."""
         m = self.metrics
         if m is None:
             return None
@@ -281,7 +328,7 @@ class StoreService:
         def record(table: str, n: int, seconds: float) -> None:
             if n == 0:  # a table with no keys on this shard did nothing here
                 return
-            seconds_of, keys_of, steps_of = m.table_series(kind, table)
+            seconds_of, keys_of, steps_of = m.table_series(kind, namespace, table)
             seconds_of.observe(seconds)
             keys_of.inc(n)
             if steps_of is not None:
@@ -299,22 +346,49 @@ class StoreService:
             "pid": os.getpid(),
         }, {}
 
-    def op_tables(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        return {"tables": [t.model_dump(mode="json") for t in self.store.tables.values()]}, {}
+    def op_create_tables(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        namespace = check_namespace(meta.get("namespace"))
+        tables = parse_tables(meta.get("tables"))
+        self._check_memory(tables)
+        return {"created": self.namespaces.create(namespace, tables)}, {}
 
-    def op_pull(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        table, _dim = self._table(meta)
+    def _check_memory(self, tables: list[TableOptions]) -> None:
+        """Refuses tables whose ``init_capacity`` rows alone would not fit this shard's
+        memory (a peer's huge count must not take the shard down)."""
+        if self._memory_limit is None:
+            self._memory_limit = memory_limit_bytes()
+        need = 0
+        for i, t in enumerate(tables):
+            need += t.init_capacity * (4 + 2 * t.checked_dim() + 4) * 4  # stats, w, state
+            if need > self._memory_limit:
+                raise BadRequest(
+                    f"field 'tables'[{i}].init_capacity: {t.init_capacity} rows (of dim "
+                    f"{t.dim}) would not fit this shard's {self._memory_limit} bytes of memory"
+                )
+
+    def op_drop_tables(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        namespace = check_namespace(meta.get("namespace"))
+        dropped = self.namespaces.drop(namespace)
+        if self.metrics is not None:
+            self.metrics.forget_namespace(namespace)
+        return {"dropped": dropped}, {}
+
+    def op_tables(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        return {"tables": [t.model_dump(mode="json") for t in store.tables.values()]}, {}
+
+    def op_pull(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        table, _dim = self._table(store, meta)
         create = self._create(meta)
         keys = self._keys(arrays)
         started = time.perf_counter()
-        values = self.store.pull(table, keys, create=create)
-        record = self._on_table("pull")
+        values = store.pull(table, keys, create=create)
+        record = self._on_table("pull", ns)
         if record is not None:
             record(table, keys.size, time.perf_counter() - started)
         return {}, {"values": values.numpy() if hasattr(values, "numpy") else values}
 
-    def op_push(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        table, dim = self._table(meta)
+    def op_push(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        table, dim = self._table(store, meta)
         keys = self._keys(arrays)
         n = keys.size
         grads = self._array(arrays, "grads", np.float32, (n, dim))
@@ -322,24 +396,24 @@ class StoreService:
         clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
         self._check_finite(shows=shows, clicks=clicks)
         started = time.perf_counter()
-        self.store.push(table, keys, grads, shows=shows, clicks=clicks)
-        record = self._on_table("push")
+        store.push(table, keys, grads, shows=shows, clicks=clicks)
+        record = self._on_table("push", ns)
         if record is not None:
             record(table, n, time.perf_counter() - started)
         return {}, {}
 
-    def op_pull_many(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        names, _dims = self._tables(meta)
+    def op_pull_many(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        names, _dims = self._tables(store, meta)
         create = self._create(meta)
         keys = self._keys(arrays)
         counts = self._counts(arrays, names, keys.size)
         parts = _split(keys, counts)
-        values = self.store.pull_many(names, parts, create=create, on_table=self._on_table("pull"))
+        values = store.pull_many(names, parts, create=create, on_table=self._on_table("pull", ns))
         flat = [v.reshape(-1).numpy() for v in values]
         return {}, {"values": np.concatenate(flat) if flat else np.zeros(0, np.float32)}
 
-    def op_push_many(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        names, dims = self._tables(meta)
+    def op_push_many(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        names, dims = self._tables(store, meta)
         keys = self._keys(arrays)
         n = keys.size
         counts = self._counts(arrays, names, n)
@@ -352,25 +426,27 @@ class StoreService:
         grad_parts = [
             g.reshape(c, d) for g, c, d in zip(_split(grads, sizes), counts, dims, strict=True)
         ]
-        self.store.push_many(
+        store.push_many(
             names,
             _split(keys, counts),
             grad_parts,
             shows=None if shows is None else _split(shows, counts),
             clicks=None if clicks is None else _split(clicks, counts),
-            on_table=self._on_table("push"),
+            on_table=self._on_table("push", ns),
         )
         return {}, {}
 
-    def op_size(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        table, _dim = self._table(meta)
-        return {"size": int(self.store.size(table))}, {}
+    def op_size(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        table, _dim = self._table(store, meta)
+        return {"size": int(store.size(table))}, {}
 
-    def op_shrink(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        return {"deleted": _jsonable(self.store.shrink() or {})}, {}
+    def op_shrink(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        return {"deleted": _jsonable(store.shrink() or {})}, {}
 
-    def op_advance_day(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
-        self.store.advance_day()
+    def op_advance_day(
+        self, ns: str, store: Any, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
+        store.advance_day()
         return {}, {}
 
     def _root(self, meta: Meta) -> Path:
@@ -399,24 +475,20 @@ class StoreService:
                 )
             return self._redis
 
-    def op_save(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_save(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
         mode = meta.get("mode", "checkpoint")
         if mode not in SAVE_MODES:
             raise BadRequest(f"field 'mode' must be one of {list(SAVE_MODES)}, got {quote(mode)}")
         target = self._shard_dir(self._root(meta))
         converter = self._converter(meta)
         started = time.perf_counter()
-        manifest = self.store.save(
-            str(target),
-            mode,
-            converter=converter,
-            extra={"shard_id": self.shard_id, "num_shards": self.num_shards},
-        )
+        extra = {"shard_id": self.shard_id, "num_shards": self.num_shards, "namespace": ns}
+        manifest = store.save(str(target), mode, converter=converter, extra=extra)
         if self.metrics is not None:
             self.metrics.save_seconds.labels(mode).observe(time.perf_counter() - started)
         return {"dir": str(target), "manifest": _jsonable(manifest or {})}, {}
 
-    def op_load(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_load(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
         root = self._root(meta)
         target = self._shard_dir(root)
         if not target.is_dir():
@@ -459,14 +531,22 @@ class StoreService:
         if verify_only:
             return {"dir": str(target), "mode": manifest.get("mode")}, {}
         started = time.perf_counter()
-        self.store.load(str(target), converter=converter)
+        store.load(str(target), converter=converter)
         if self.metrics is not None:
             self.metrics.load_seconds.observe(time.perf_counter() - started)
         return {"dir": str(target)}, {}
 
-    def op_stats(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_stats(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+        stats = {**store.stats(), "namespaces": self.namespaces.summary()}
         return {
             "shard_id": self.shard_id,
             "num_shards": self.num_shards,
-            "stats": _jsonable(self.store.stats()),
+            "stats": _jsonable(stats),
         }, {}
+
+
+def _no_namespaces(namespace: str, tables: list[TableOptions]) -> Any:
+    """The store factory of a service given no namespaces: it makes none."""
+    raise BadRequest(
+        f"field 'namespace': this shard serves only its default namespace, got {namespace!r}"
+    )

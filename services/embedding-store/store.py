@@ -80,7 +80,8 @@ class EmbeddingStore:
     """Dynamic multi-table sparse parameter store (PaddleRec tables, OneEmbedding tiers).
 
     Args:
-        tables: one :class:`TableOptions` per table (names unique).
+        tables: one :class:`TableOptions` per table (names unique); may be empty, more come
+            with :meth:`add_tables`.
         tier: ``"host"`` (RAM), ``"ssd"`` (files under ``persistent_path`` with a RAM cache of
             ``cache_budget_mb`` MiB per table, at most ``capacity`` rows per table) or
             ``"device"`` (every row in GPU memory, the CUDA extension; TierUnavailable where
@@ -121,32 +122,51 @@ class EmbeddingStore:
             },
             source="store options",
         )
-        opts = [t if isinstance(t, TableOptions) else TableOptions.parse(t) for t in tables]
-        if not opts:
-            raise InvalidInput("tables must name at least one table")
-        names = [t.name for t in opts]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise InvalidInput(f"tables: duplicate table names {dup}")
         keep_freed_memory()  # per-step buffers reuse the heap's pages (streamrec.malloc)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        self._tables: dict[str, TableOptions] = {t.name: t for t in opts}
+        self._tables: dict[str, TableOptions] = {}
         self._tiers: dict[str, TableTier] = {}
-        try:
-            for t in opts:
-                self._tiers[t.name] = self._make_tier(t)
-        except BaseException:
-            for made in self._tiers.values():  # an ssd table holds a lock file
-                made.close()
-            raise
-        self._locks: dict[str, RWLock] = {t.name: RWLock() for t in opts}
-        self._counts = {n: {"pull_keys": 0, "push_keys": 0} for n in names}
+        self._locks: dict[str, RWLock] = {}
+        self._counts: dict[str, dict[str, int]] = {}
         self._count_lock = threading.Lock()
         self._constants: dict[float, torch.Tensor] = {}  # push defaults, see _constant
         self._day = 0
         self._closed = False
-        self._admin = threading.Lock()  # serialises save/load/shrink/advance_day
+        self._admin = threading.Lock()  # serialises save/load/shrink/advance_day/add_tables
+        self.add_tables(tables)
+
+    def add_tables(self, tables: Sequence[TableOptions | dict[str, Any]]) -> None:
+        """Makes ``tables`` (names new to this store), empty. A store may start with none and
+        get its tables later: a shard's namespace gets them from ``create_tables``
+        (:mod:`~streamrec.embedding_store.namespaces`).
+
+        Raises:
+            InvalidInput: a name repeated, or one this store already holds.
+            StoreClosed: the store is closed.
+        """
+        opts = [t if isinstance(t, TableOptions) else TableOptions.parse(t) for t in tables]
+        names = [t.name for t in opts]
+        with self._admin:
+            if self._closed:
+                raise StoreClosed("the embedding store is closed")
+            dup = sorted({n for n in names if names.count(n) > 1 or n in self._tables})
+            if dup:
+                raise InvalidInput(f"tables: duplicate table names {dup}")
+            made: dict[str, TableTier] = {}
+            try:
+                for t in opts:
+                    made[t.name] = self._make_tier(t)
+            except BaseException:
+                for tier in made.values():  # an ssd table holds a lock file
+                    tier.close()
+                raise
+            for t in opts:  # lock and counters first: tier() is what lets a call in
+                self._locks[t.name] = RWLock()
+                with self._count_lock:
+                    self._counts[t.name] = {"pull_keys": 0, "push_keys": 0}
+                self._tables[t.name] = t
+                self._tiers[t.name] = made[t.name]
 
     def _make_tier(self, t: TableOptions) -> TableTier:
         """The table's tier; TierUnavailable for tier 'device' (or a GPU cache) without a

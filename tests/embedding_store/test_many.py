@@ -212,7 +212,7 @@ def test_service_many_equals_per_table_calls_in_one_request_per_shard(two_shards
         for t, name in enumerate(NAMES):
             # the client sends each distinct key of a step once, to its shard
             mine = sum(int((shard_of(np.unique(s[t].numpy()), 2) == k).sum()) for s in seen)
-            metric = f'streamrec_embedding_store_pull_keys_total{{table="{name}"}}'
+            metric = f'streamrec_embedding_store_pull_keys_total{{namespace="",table="{name}"}}'
             assert after[metric] - before[k].get(metric, 0.0) == mine, (k, name)
     ref.close()
 

@@ -184,7 +184,7 @@ def test_auto_dedup_sends_nearly_distinct_keys_as_they_are(two_shards):
     client = EmbeddingStoreClient(two_shards.endpoints, timeout_s=20)
 
     def keys_sent(table: str, keys: np.ndarray) -> int:
-        name = f'streamrec_embedding_store_pull_keys_total{{table="{table}"}}'
+        name = f'streamrec_embedding_store_pull_keys_total{{namespace="",table="{table}"}}'
         before = sum(scrape_metrics(p).get(name, 0.0) for p in two_shards.metrics_ports)
         client.pull(table, keys)
         return int(sum(scrape_metrics(p)[name] for p in two_shards.metrics_ports) - before)
@@ -495,7 +495,7 @@ def test_metrics_count_what_the_shard_did(two_shards, client, tmp_path):
     for k, port in enumerate(two_shards.metrics_ports):
         after = scrape_metrics(port)
         n = int((part == k).sum())
-        label = 'table="item"'
+        label = 'namespace="",table="item"'  # the default namespace's table
         for metric in ("pull_keys_total", "push_keys_total", "optimizer_steps_total"):
             name = f"streamrec_embedding_store_{metric}{{{label}}}"
             want = 1 if metric == "optimizer_steps_total" else n
