@@ -198,6 +198,11 @@ class ModelConfig(StrictConfig):
         return self.arch_mlp_bot[0]
 
 
+#: What ``store.namespace`` may be: the embedding store's ``NAMESPACE_PATTERN`` (this schema
+#: imports no store; tests/embedding_store/test_trainer_namespace.py checks the two are one).
+STORE_NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
 class StoreConfig(StrictConfig):
     """Where the sparse parameters live: in-process (no endpoints) or store shards.
 
@@ -212,6 +217,10 @@ class StoreConfig(StrictConfig):
     #: asks every shard at start and refuses a mismatch. None: not checked.
     tier: Literal["host", "ssd", "device"] | None = None
     timeout_s: float = Field(60.0, gt=0)
+    #: The shards' namespace of this job's tables (the control plane sets the job id), so
+    #: jobs share no rows; None: the shards' default namespace (their ``--tables``). The
+    #: pattern is the store's ``namespaces.NAMESPACE_PATTERN``.
+    namespace: str | None = Field(None, pattern=STORE_NAMESPACE_PATTERN)
 
     @model_validator(mode="before")
     @classmethod

@@ -3,9 +3,11 @@
 ``store.endpoints`` empty: an in-process ``EmbeddingStore`` (this rank only), in host memory,
 or in GPU memory with ``store.tier: device`` (the trainer then pulls rows as CUDA tensors,
 see :class:`~streamrec.trainer.sparse.SparseTables`); otherwise an ``EmbeddingStoreClient`` of
-those shards, which every rank shares. The shards own their tier (``--tier`` when each was
-started); ``store.tier`` set, every shard is asked for it at start and a mismatch is a
-:class:`ConfigError` naming the shard, before any pass runs.
+those shards, which every rank shares, in the job's own namespace of them (``store.namespace``,
+the job id: its tables are made there, so it starts from fresh rows and shares none with
+another job). The shards own their tier (``--tier`` when each was started); ``store.tier``
+set, every shard is asked for it at start and a mismatch is a :class:`ConfigError` naming the
+shard, before any pass runs.
 """
 
 from __future__ import annotations
@@ -70,12 +72,15 @@ def make_store(config: TrainerConfig, tables: list[Any]) -> Any:
     if sc.endpoints:
         from streamrec.embedding_store import EmbeddingStoreClient
 
-        store: Any = EmbeddingStoreClient(sc.endpoints, tables, timeout_s=sc.timeout_s)
+        store: Any = EmbeddingStoreClient(
+            sc.endpoints, tables, timeout_s=sc.timeout_s, namespace=sc.namespace
+        )
     else:
         from streamrec.embedding_store import EmbeddingStore
         from streamrec.errors import StreamRecError
 
-        # in-process: host memory, or every row on this node's GPU (tier device)
+        # in-process: host memory, or every row on this node's GPU (tier device); the store
+        # is this job's alone, so store.namespace has nothing to keep apart here
         tier = "device" if sc.tier == "device" else "host"
         try:
             store = EmbeddingStore(tables, tier=tier, seed=config.hyper_parameters.numpy_rand_seed)
