@@ -51,6 +51,7 @@ from streamrec.api.state import (
 )
 from streamrec.control import keys, redis_io
 from streamrec.control.channel import CommandType
+from streamrec.control.pool import NamespaceDrop
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.layout import count_passes
 
@@ -78,9 +79,11 @@ def check_endpoints(field: str, endpoints: Sequence[str], allowed: Sequence[str]
             raise EndpointRefused(f"{field}[{i}]", endpoint, list(allowed))
 
 
-def trainer_config(spec: JobCreate) -> dict[str, Any]:
+def trainer_config(spec: JobCreate, job_id: str | None = None) -> dict[str, Any]:
     """The trainer config the job implies, validated, so a bad one is a 422 now rather than a
-    failed job later; each error names the job field that set the value."""
+    failed job later; each error names the job field that set the value. On store shards, the
+    job's tables live in the namespace ``job_id``: a new job starts from fresh rows, two jobs
+    with different tables share the shards, deleting the job frees its rows."""
     cfg = spec.trainer_config()
     try:
         TrainerConfig.model_validate(cfg)
@@ -135,9 +138,9 @@ class Repo:
         spec = spec.model_copy(deep=True)
         spec.data.train_data_dir = str(data_dir)
         spec.checkpoint.model_save_path = str(model_root)
-        trainer = trainer_config(spec)
-        d = spec.data  # the pass count is computed (days x passes a day), never counted
         job_id = uuid.uuid4().hex[:16]
+        trainer = trainer_config(spec, job_id)
+        d = spec.data  # the pass count is computed (days x passes a day), never counted
         now = time.time()
         fields = {
             "id": job_id,
@@ -230,7 +233,7 @@ class Repo:
             extra = {"error": "", "started_at": f"{time.time():.3f}"}
             f = self.job_fields(job_id)
             if not f.get("trainer_config"):  # a job stored before the API kept it
-                extra["trainer_config"] = json.dumps(trainer_config(stored_spec(f["spec"])))
+                extra["trainer_config"] = json.dumps(trainer_config(stored_spec(f["spec"]), job_id))
             # a stopped or failed job goes on from its last checkpoint: what was trained
             # after it is rolled back and trained again (lineage.py)
             rewind_for_start(self.r, job_id, job_plan(stored_spec(f["spec"])))
@@ -249,6 +252,8 @@ class Repo:
                 next_state(JobState(state), "delete")
             except KeyError:
                 raise InvalidTransition(job_id, state, "delete") from None
+            spec_raw = redis_io.hget(pipe, key, "spec")
+            endpoints = stored_spec(spec_raw).store.endpoints if spec_raw else []
             pass_keys = redis_io.zrange(pipe, keys.passes(job_id), 0, -1)
             trigger_ids = redis_io.zrange(pipe, keys.triggers(job_id), 0, -1)
             pipe.multi()
@@ -260,6 +265,8 @@ class Repo:
                 pipe.delete(keys.trigger(job_id, tid))
             pipe.srem(keys.jobs_in_state(state), job_id)
             pipe.zrem(keys.JOBS, job_id)
+            if endpoints:  # its rows in the store: freed by the first idle trainer group
+                pipe.rpush(keys.POOL_DROPS, NamespaceDrop(job_id, tuple(endpoints)).encode())
 
         watched(self.r, delete, key, keys.passes(job_id), keys.triggers(job_id))
 

@@ -222,6 +222,15 @@ class ReportApplier:
         error = f"trainer error: {str(data.get('error', ''))[:500]}"
         if data.get("phase") == "save":
             self.metrics.checkpoint_failures.labels(job_id).inc()
+        if data.get("error_class") == "store_lost":  # the store's fault, not the pass's
+            self._requeue(
+                job_id,
+                f,
+                f"a store shard lost the job's rows (restarted empty): the job goes back to "
+                f"{f.get('last_checkpoint') or 'its start'}: {error}",
+                failure=False,
+            )
+            return
         if data.get("error_class") != "data":  # transient: retried from the last checkpoint
             self._requeue(job_id, f, error)
             return
@@ -274,6 +283,15 @@ class ReportApplier:
     def _on_stopped(self, job_id: str, data: dict[str, Any]) -> None:
         if redis_io.hget(self.r, keys.job(job_id), "state") == JobState.STOPPING.value:
             change_state(self.r, job_id, "stopped", reason="trainers stopped")
+
+    def _on_released(self, job_id: str, data: dict[str, Any]) -> None:
+        """A group told to end (SIGTERM) gave its pass back: handed out again, no failure."""
+        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
+        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
+        f = self.repo.job_fields(job_id)
+        if f.get("in_flight") != pk or self._stale(job_id, rec, data):
+            return
+        self._requeue(job_id, f, "released by a trainer group that was stopped", failure=False)
 
     def _on_error(self, job_id: str, data: dict[str, Any]) -> None:
         self._event(job_id, "failure", f"trainer error: {str(data.get('message'))[:2000]}", data)

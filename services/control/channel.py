@@ -10,11 +10,15 @@ Report kinds the scheduler understands (``report(kind, **data)``, :class:`Report
     pass_failed    day, pass_id, error,        the pass raised on some rank (every rank stopped
                    error_class, bad_splits     it): error_class "data" (bad_splits named)
                                                follows the job's on_bad_split; "transient" is
-                                               handed out again once, from the last checkpoint
+                                               handed out again once, from the last checkpoint;
+                                               "store_lost" (a shard lost the job's rows) goes
+                                               back to the last checkpoint, no failure
     checkpoint     day, pass_id, path          a full checkpoint is complete on disk
     trigger_done   trigger_id, result          a checkpoint/export/shrink command finished
     trigger_failed trigger_id, error
     stopped                                    the group obeyed a stop command
+    released       day, pass_id, attempt       the group was told to end (SIGTERM) with this
+                                               pass in hand: handed out again, no failure
     error          message                     something worth an event
     fatal          message                     the job cannot run here (bad trainer config,
                                                wrong world size or store tier): fail it
@@ -59,6 +63,7 @@ class ReportKind(StrEnum):
     TRIGGER_DONE = "trigger_done"
     TRIGGER_FAILED = "trigger_failed"
     STOPPED = "stopped"
+    RELEASED = "released"
     ERROR = "error"
     FATAL = "fatal"
 

@@ -18,6 +18,7 @@
     streamrec:pool:groups                   set    names of the trainer groups that joined the pool
     streamrec:pool:group:<name>             string a pooled group's registration (JSON), with TTL
     streamrec:pool:assignments              hash   group name -> "<job id>:<token>" (its job)
+    streamrec:pool:drops                    list   deleted jobs' store namespaces to free (JSON)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ JOBS = f"{PREFIX}:jobs"
 SCHEDULER_LOCK = f"{PREFIX}:scheduler:lock"
 POOL_GROUPS = f"{PREFIX}:pool:groups"
 POOL_ASSIGNMENTS = f"{PREFIX}:pool:assignments"
+POOL_DROPS = f"{PREFIX}:pool:drops"
 
 #: Consumer group of the trainers on a job's work and command streams.
 TRAINER_GROUP = "trainers"

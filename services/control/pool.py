@@ -10,6 +10,10 @@ the scheduler clears the assignment and the group waits for the next one. The to
 with every assignment, so a group that finished a job never mistakes the same job started
 again for the one it finished (or the other way round).
 
+Deleting a job frees its rows in the store: the API queues the job's store namespace
+(``keys.POOL_DROPS``) and the first idle group drops it on the shards (the groups hold the
+data plane's token; the API does not).
+
 A group's name is stable across restarts of its processes (torchrun's elastic restarts, a
 pod restarted in place): a restarted group reads its assignment and goes on with its job
 from the job's last checkpoint.
@@ -114,6 +118,25 @@ def assignments(r: redis.Redis) -> dict[str, Assignment]:
     return out
 
 
+@dataclass(frozen=True)
+class NamespaceDrop:
+    """A deleted job's store namespace to free, on these shards."""
+
+    namespace: str
+    endpoints: tuple[str, ...]
+
+    def encode(self) -> str:
+        return json.dumps({"namespace": self.namespace, "endpoints": list(self.endpoints)})
+
+    @staticmethod
+    def decode(raw: str) -> NamespaceDrop | None:
+        try:
+            d = json.loads(raw)
+            return NamespaceDrop(str(d["namespace"]), tuple(str(e) for e in d["endpoints"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
 class PoolChannel:
     """Rank 0's side of the pool for one group.
 
@@ -142,6 +165,14 @@ class PoolChannel:
 
     def assignment(self) -> Assignment | None:
         return Assignment.decode(redis_io.hget(self.r, keys.POOL_ASSIGNMENTS, self.name))
+
+    def take_drop(self) -> NamespaceDrop | None:
+        """The next deleted job's namespace to free (None: none); taken off the queue."""
+        while (raw := self.r.lpop(keys.POOL_DROPS)) is not None:
+            drop = NamespaceDrop.decode(str(raw))
+            if drop is not None:
+                return drop
+        return None
 
     def leave(self) -> None:
         """Removes the registration (a clean exit); the assignment stays for the scheduler."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -64,6 +65,7 @@ from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer.errors import PassFailed
+from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
 
 log = logging.getLogger("streamrec.trainer.agent")
 
@@ -83,6 +85,10 @@ MODE_NAMES = {v: k for k, v in MODES.items()}
 HEADER = 9
 #: Exit code of a rank whose watchdog saw no progress for --stuck-timeout-s.
 STUCK_EXIT = 4
+#: ``Step.load`` of a step that starts the job afresh (no checkpoint to go back to).
+FRESH = ("fresh", 0)
+#: header[6] (load day) of FRESH.
+FRESH_DAY = -1
 
 
 @dataclass
@@ -114,7 +120,7 @@ def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
             step.attempt,
             len(splits),
             MODES[step.mode],
-            int(step.load[0]) if step.load else 0,
+            FRESH_DAY if step.load == FRESH else int(step.load[0]) if step.load else 0,
             step.load[1] if step.load else 0,
             skip,
         ],
@@ -132,7 +138,7 @@ def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
     if op == PASS:
         spec = layout.PassSpec(f"{day:08d}", pass_id, tuple(f"{s:04d}" for s in splits.tolist()))
         skipped = tuple(s for i, s in enumerate(spec.splits) if skip >> i & 1)
-    load = (f"{load_day:08d}", load_pass) if load_day else None
+    load = FRESH if load_day == FRESH_DAY else (f"{load_day:08d}", load_pass) if load_day else None
     return Step(op, spec, attempt, MODE_NAMES[mode], load, skipped)
 
 
@@ -290,6 +296,10 @@ class Agent:
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.store = store
         self.pending: deque[Step] = deque()
+        #: rank 0: the work item taken and not yet acknowledged (released on SIGTERM)
+        self.holding: WorkItem | None = None
+        #: whether this agent made the process group (a pinned group; a pooled one has its own)
+        self._own_group = False
         self.trainer: Any = None
         self.heart: Heartbeat | None = None
         #: time.monotonic() since when this rank works on a step (None: idle).
@@ -319,6 +329,14 @@ class Agent:
         except StreamRecError as exc:
             self._fatal(exc)
             raise
+        device = torch.device(
+            "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
+        )
+        # the group outlives the job's trainer (a fresh start replaces the trainer)
+        _, _, self._own_group = ddp.init_from_env(
+            config.distributed.backend, config.distributed.timeout_s, device
+        )
+        self.job_config = config
         if self.rank == 0:  # beat from the start: warm start may take a while
             self.heart = Heartbeat(
                 self.channel,
@@ -357,8 +375,42 @@ class Agent:
         if ddp.active():
             dist.broadcast(load, 0)
         if not int(load[0]):
+            self.start_fresh(replace_trainer=False)
             return None
-        return self.trainer.load_checkpoint(f"{int(load[0]):08d}", int(load[1]))
+        found_key = (f"{int(load[0]):08d}", int(load[1]))
+        loaded = self.trainer.load_checkpoint(*found_key)
+        self.mark_rolled_back(found_key)
+        return loaded
+
+    def start_fresh(self, replace_trainer: bool = True) -> None:
+        """Every rank: the job from its very start (no checkpoint to go back to): the job's
+        rows in the store dropped (its own namespace only: rows left by a group that died
+        would otherwise be trained on again) and the trainer made anew (a fresh dense model,
+        store clients that create the job's tables again) when ``replace_trainer`` or rows
+        were dropped; every pass on record rolled back."""
+        from streamrec.trainer.runner import OnlineTrainer
+
+        own_rows = bool(self.job_config.store.namespace) and self.store is None
+        if own_rows and self.rank == 0:
+            dropped = self.trainer.store.drop_namespace()
+            log.info("fresh start: the job's rows dropped from the store (%s)", dropped)
+        ddp.barrier()
+        if replace_trainer or own_rows:
+            self.trainer.close()
+            # /metrics stays where the first trainer served it
+            runner = self.job_config.runner.model_copy(update={"metrics_port": None})
+            self.trainer = OnlineTrainer(
+                self.job_config.model_copy(update={"runner": runner}), store=self.store
+            )
+        self.mark_rolled_back(None)
+
+    def mark_rolled_back(self, after: tuple[str, int] | None) -> None:
+        """Rank 0: ``passes.jsonl`` marks the passes after ``after`` (all: None) rolled back,
+        as the API marks their records: the model the job goes on from lacks them."""
+        if self.rank == 0:
+            rolled = mark_rolled_back(self.trainer.model_root / PASSES_FILE, after)
+            if rolled:
+                log.info("passes.jsonl: %s rolled back", ", ".join(rolled))
 
     def _progress_at(self) -> float:
         t = self.trainer
@@ -402,6 +454,7 @@ class Agent:
         item = self.channel.take_pass(block_ms=self.poll_ms)
         if item is None:
             return Step(IDLE)
+        self.holding = item
         return Step(
             PASS, item.spec, item.attempt, load=self.load_for(item), skip=item.skip, item=item
         )
@@ -418,13 +471,13 @@ class Agent:
         if named is None:
             log.warning(
                 "pass %s/%s: the model is at %s, not after %s, and there is no checkpoint "
-                "to go back to: training goes on from the model as it is",
+                "to go back to: the job starts afresh",
                 item.spec.day,
                 item.spec.pass_id,
                 here,
                 item.after,
             )
-            return None
+            return FRESH
         return None if named == here else parse_key(named)
 
     # ---- every rank: do it --------------------------------------------------------------
@@ -467,10 +520,12 @@ class Agent:
                 attempt=step.attempt,
             )
         try:
-            if step.load is not None:
+            if step.load == FRESH:
+                self.start_fresh()
+                t = self.trainer
+            elif step.load is not None:
                 t.load_checkpoint(*step.load)  # exactly the one the API names
-            elif not t.clean:  # no checkpoint to go back to (load_for): on as the shards are
-                t.accept_store_restarts()
+                self.mark_rolled_back(step.load)
             record = t.run_pass(spec, step.skip)
         except (StreamRecError, OSError, ValueError) as exc:
             log.exception("pass %s/%s failed", spec.day, spec.pass_id)
@@ -482,12 +537,13 @@ class Agent:
                     pass_id=spec.pass_id,
                     attempt=step.attempt,
                     error=f"{type(exc).__name__}: {exc}",
-                    error_class=failed.kind if failed else "transient",
+                    error_class=error_class(exc),
                     phase=failed.phase if failed else "train",
                     bad_splits=list(failed.bad_splits) if failed else [],
                 )
                 assert step.item is not None
                 self.channel.ack_pass(step.item)
+                self.holding = None
             return
         if self.rank == 0:
             if record.get("checkpoint"):  # written by this pass, complete
@@ -507,6 +563,7 @@ class Agent:
             )
             assert step.item is not None
             self.channel.ack_pass(step.item)
+            self.holding = None
 
     def do_command(self, step: Step) -> None:
         t = self.trainer
@@ -553,6 +610,18 @@ class Agent:
     def close(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.holding is not None:  # stopped mid-pass (SIGTERM): the pass goes back
+            item, self.holding = self.holding, None
+            try:
+                self.channel.report(
+                    ReportKind.RELEASED,
+                    day=item.spec.day,
+                    pass_id=item.spec.pass_id,
+                    attempt=item.attempt,
+                )
+                self.channel.ack_pass(item)
+            except Exception as exc:  # Redis gone: the heartbeat's expiry requeues it
+                log.warning("could not release pass %s: %s", item.spec.pass_id, exc)
         if self.heart is not None:
             self.heart.stop()
             try:
@@ -561,7 +630,28 @@ class Agent:
                 log.warning("could not clear the heartbeat: %s", exc)
         if self.trainer is not None:
             self.trainer.close()
+        if self._own_group:
+            ddp.shutdown()
         self.channel.close()
+
+
+#: What a store error that lost the job's rows says of itself (a shard restarted empty).
+STORE_LOST = ("ShardRestarted", "UnknownNamespace")
+
+
+def error_class(exc: BaseException) -> str:
+    """What kind of failure a pass had, for the control plane: ``data`` (the pass's own:
+    ``data.on_bad_split``), ``store_lost`` (a shard lost the job's rows: the job goes back
+    to a consistent start, no failed attempt) or ``transient`` (retried from the checkpoint).
+    Ranks quote each other's errors by type name, so the text is read too."""
+    if isinstance(exc, PassFailed) and exc.kind == "data":
+        return "data"
+    chain: BaseException | None = exc
+    while chain is not None:
+        if type(chain).__name__ in STORE_LOST or any(f"{n}:" in str(chain) for n in STORE_LOST):
+            return "store_lost"
+        chain = chain.__cause__
+    return "transient"
 
 
 def layout_key(found: tuple[str, int] | None) -> str | None:
@@ -619,12 +709,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum: int, _frame: Any) -> None:
+    log.warning("SIGTERM: this rank ends (the pass in hand is released)")
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s rank{rank} %(name)s %(message)s"
     )
+    # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
+    # released (Agent.close), not failed; the group leaves the pool
+    signal.signal(signal.SIGTERM, _terminate)
     agent_args: dict[str, Any] = {
         "heartbeat_ttl_s": args.heartbeat_ttl_s,
         "poll_ms": args.poll_ms,

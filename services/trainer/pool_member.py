@@ -136,6 +136,19 @@ class PoolMember:
             return None
         return a
 
+    def free_deleted_jobs(self) -> None:
+        """Rank 0 of an idle group: drops the store rows of jobs deleted over REST."""
+        from streamrec.embedding_store import EmbeddingStoreClient
+
+        assert self.channel is not None
+        while (drop := self.channel.take_drop()) is not None:
+            try:
+                with EmbeddingStoreClient(list(drop.endpoints), namespace=drop.namespace) as c:
+                    dropped = c.drop_namespace()
+                log.info("deleted job's rows freed (namespace %s): %s", drop.namespace, dropped)
+            except StreamRecError as exc:  # gone already (a shard restarted empty) or refused
+                log.warning("namespace %s not dropped: %s", drop.namespace, exc)
+
     def run(self) -> int:
         """Waits for jobs and runs them, until the process is stopped."""
         from streamrec.trainer.agent import Agent
@@ -146,6 +159,8 @@ class PoolMember:
                 mine = self.next_assignment() if self.rank == 0 else None
                 a = broadcast_assignment(mine, self.rank)
                 if a is None:
+                    if self.channel is not None:
+                        self.free_deleted_jobs()
                     time.sleep(self.poll_s)
                     continue
                 self.job_id = a.job_id
