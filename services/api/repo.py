@@ -85,6 +85,8 @@ def trainer_config(spec: JobCreate, job_id: str | None = None) -> dict[str, Any]
     job's tables live in the namespace ``job_id``: a new job starts from fresh rows, two jobs
     with different tables share the shards, deleting the job frees its rows."""
     cfg = spec.trainer_config()
+    if job_id is not None and spec.store.endpoints:
+        cfg["store"]["namespace"] = job_id
     try:
         TrainerConfig.model_validate(cfg)
     except ValidationError as exc:
