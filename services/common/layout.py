@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,23 +103,72 @@ def day_count(start_day: str | int, end_day: str | int) -> int:
     return (end - start).days + 1
 
 
+def _end_index(split_interval: int, end_split: str | None) -> int:
+    """How many splits of the last day a run with ``end_split`` trains (all when None)."""
+    names = split_names(split_interval)
+    if end_split is None:
+        return len(names)
+    if end_split not in names:
+        raise ValueError(
+            f"end_split must be a split of the day (HHMM, a multiple of split_interval="
+            f"{split_interval} minutes), got {end_split!r}"
+        )
+    return names.index(end_split) + 1
+
+
 def count_passes(
-    start_day: str | int, end_day: str | int, split_interval: int, split_per_pass: int
+    start_day: str | int,
+    end_day: str | int,
+    split_interval: int,
+    split_per_pass: int,
+    end_split: str | None = None,
 ) -> int:
     """How many passes :func:`iter_passes` yields, computed (days x passes a day), not counted."""
     _check_split_per_pass(split_per_pass)
-    return day_count(start_day, end_day) * passes_per_day(split_interval, split_per_pass)
+    per_day = passes_per_day(split_interval, split_per_pass)
+    last_day = -(-_end_index(split_interval, end_split) // split_per_pass)
+    return (day_count(start_day, end_day) - 1) * per_day + last_day
 
 
 def iter_passes(
-    start_day: str | int, end_day: str | int, split_interval: int, split_per_pass: int
+    start_day: str | int,
+    end_day: str | int,
+    split_interval: int,
+    split_per_pass: int,
+    end_split: str | None = None,
 ) -> Iterator[PassSpec]:
-    """Every pass from start_day to end_day, in training order."""
+    """Every pass from start_day to end_day, in training order.
+
+    ``end_split`` (HHMM): the run ends with that split of end_day; the pass holding it keeps
+    only the splits up to it (a partial pass). None: end_day's last split.
+    """
     _check_split_per_pass(split_per_pass)
     names = split_names(split_interval)
-    for day in days_between(start_day, end_day):
-        for i in range(0, len(names), split_per_pass):
-            yield PassSpec(day, i // split_per_pass + 1, tuple(names[i : i + split_per_pass]))
+    stop = _end_index(split_interval, end_split)
+    days = days_between(start_day, end_day)
+    for day in days:
+        last = stop if day == days[-1] else len(names)
+        for i in range(0, last, split_per_pass):
+            yield PassSpec(
+                day, i // split_per_pass + 1, tuple(names[i : min(i + split_per_pass, last)])
+            )
+
+
+def landed_end(
+    data_root: str | Path, passes: Iterable[PassSpec], donefile: str | None
+) -> tuple[str, str] | None:
+    """(day, HHMM) of the last split that has landed, walking ``passes``' splits in order up
+    to the first one not ready (training cannot skip it); None when the first is not ready.
+
+    What a run bounded at "the splits landed when it starts" trains up to.
+    """
+    found = None
+    for spec in passes:
+        for split, d in zip(spec.splits, spec.split_dirs(data_root), strict=True):
+            if not split_ready(d, donefile):
+                return found
+            found = (spec.day, split)
+    return found
 
 
 def split_ready(split_dir: Path, donefile: str | None) -> bool:

@@ -1,6 +1,6 @@
 """Trainer configuration: PaddleRec ``config_online.yaml`` shape, reference DLRM names.
 
-A job file has up to seven sections; unknown keys anywhere are an error that names them (a
+A job file has up to eight sections; unknown keys anywhere are an error that names them (a
 renamed one names its new name)::
 
     runner:                       # PaddleRec online runner names (seed 002)
@@ -10,6 +10,7 @@ renamed one names its new name)::
       split_per_pass: 2
       start_day: "20190720"
       end_day: "20190720"
+      end_split: null             # HHMM of end_day, "landed", or null (the day's last)
       data_donefile: to.hadoop.done
       data_sleep_second: 1
       checkpoint_per_pass: 2
@@ -29,6 +30,7 @@ renamed one names its new name)::
     distributed: {backend: auto}
     resources: {trainer_ranks: 2, threads_per_rank: 4}       # checked / applied at start
     negative_sampling: {enabled: true, table_path: items.parquet, sample_size: 4}
+    online: {redis_url: redis://127.0.0.1:6379/0, prefix: streamrec:emb}     # serving Redis
 
 Every section has defaults, so ``TrainerConfig.parse({})`` is a small valid job.
 """
@@ -36,13 +38,24 @@ Every section has defaults, so ``TrainerConfig.parse({})`` is a small valid job.
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 from streamrec.config import StrictConfig
 from streamrec.layout import parse_day, split_names
 
 DataFormat = Literal["criteo", "generated"]
+#: The saves ``online`` may publish (the serving models: base and delta).
+OnlineSave = Literal["base", "delta"]
+#: ``runner.end_split`` value: end at the last split landed when the run starts.
+END_LANDED = "landed"
+
+
+class OnlineMode(StrEnum):
+    """The export mode that publishes to the serving Redis (the REST trigger's ``mode``)."""
+
+    ONLINE = "online"
 
 
 def parse_dims(value: Any, field: str, min_len: int = 2) -> list[int]:
@@ -75,6 +88,10 @@ class RunnerConfig(StrictConfig):
     split_per_pass: int = Field(1, ge=1)
     start_day: str = "20190720"
     end_day: str = "20190720"
+    #: Where the run ends: a split of end_day (HHMM; the pass holding it keeps only the
+    #: splits up to it), "landed" (the last split, up to end_day, that has landed when the
+    #: run starts: a bounded run over the data there is), or None (end_day's last split).
+    end_split: str | None = None
     data_donefile: str | None = "to.hadoop.done"
     data_sleep_second: float = Field(1.0, gt=0)
     #: Give up waiting for a pass's donefiles after this many seconds (None: wait forever).
@@ -119,6 +136,20 @@ class RunnerConfig(StrictConfig):
         split_names(v)
         return v
 
+    @field_validator("end_split", mode="before")
+    @classmethod
+    def _end_split(cls, v: Any) -> str | None:
+        if v is None or v == END_LANDED:
+            return v
+        if not isinstance(v, str):  # YAML reads 0025 unquoted as octal 21: refuse numbers
+            raise ValueError(
+                f"end_split must be a quoted HHMM string (e.g. '0025'), {END_LANDED!r} or "
+                f"null, got the number {v!r}"
+            )
+        if not (len(v) == 4 and v.isdigit()):
+            raise ValueError(f"end_split must be HHMM (e.g. '0025') or {END_LANDED!r}, got {v!r}")
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _alias(cls, data: Any) -> Any:
@@ -135,6 +166,13 @@ class RunnerConfig(StrictConfig):
     def _check(self) -> RunnerConfig:
         if parse_day(self.end_day) < parse_day(self.start_day):
             raise ValueError(f"end_day {self.end_day!r} is before start_day {self.start_day!r}")
+        if self.end_split not in (None, END_LANDED) and self.end_split not in split_names(
+            self.split_interval
+        ):
+            raise ValueError(
+                f"end_split {self.end_split!r} is not a split of the day at split_interval "
+                f"{self.split_interval} (HHMM, a multiple of {self.split_interval} minutes)"
+            )
         return self
 
 
@@ -286,6 +324,29 @@ class NegativeSamplingConfig(StrictConfig):
         return self
 
 
+class OnlineConfig(StrictConfig):
+    """Online serving: base and delta saves also published to Redis (``online.py``).
+
+    Every base (end of day) and delta save the trainer writes is read back from its files
+    and written through the embedding store's ``RedisConverter`` (a base replaces the
+    table, a delta updates it), then ``{prefix}:version`` is bumped for readers to watch.
+    """
+
+    #: The serving Redis (``redis://host:port/db``); None: nothing is published.
+    redis_url: str | None = None
+    #: Prefix of every key written (the converter's key layout, see the trainer README).
+    prefix: str = Field("streamrec:emb", min_length=1, max_length=200)
+    #: Which saves are published.
+    modes: list[OnlineSave] = Field(default_factory=lambda: list(get_args(OnlineSave)))
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"online.redis_url must be a redis:// URL, got {v!r}")
+        return v
+
+
 class TrainerConfig(StrictConfig):
     """A whole trainer job. See the module docstring for the YAML shape."""
 
@@ -297,6 +358,7 @@ class TrainerConfig(StrictConfig):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     negative_sampling: NegativeSamplingConfig = Field(default_factory=NegativeSamplingConfig)
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -33,11 +33,13 @@ from streamrec.embedding_store.options import (
     UniformInitializer,
     ZerosInitializer,
 )
+from streamrec.embedding_store.redis_converter import RedisConverter
 from streamrec.embedding_store.store import EmbeddingStore
 
 __all__ = [
     "Converter",
     "EmbeddingStore",
+    "RedisConverter",
     "EmbeddingStoreClient",
     "FileConverter",
     "LocalShards",

@@ -18,12 +18,20 @@ only::
   keeps only the current state); a tag never written since the last base is NotFound.
   :meth:`lookup` is the serving read for given keys.
 
+One key per prefix says which model is served, for readers to watch (poll ``seq`` or
+SUBSCRIBE to the channel of the same name); the trainer bumps it after every table of a
+base or delta is written (:meth:`RedisConverter.publish_version`)::
+
+    {prefix}:version                    hash   seq (1, 2, ...), tag, mode, day, pass_id,
+                                               tables, rows, unix; PUBLISHed as JSON too
+
 ``checkpoint`` and ``batch`` saves are not serving models; they are refused here (use the
 file converter). The store calls :meth:`write_rows` once per table per save.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, cast
 
@@ -255,6 +263,26 @@ class RedisConverter(Converter):
         values = np.concatenate(value_parts)
         order = np.argsort(keys, kind="stable")
         return keys[order], values[order]
+
+    def version_key(self) -> str:
+        """The key (hash, and channel) that names the model served under this prefix."""
+        return f"{self.prefix}:version"
+
+    def publish_version(self, info: dict[str, str | int]) -> int:
+        """Records that a model is fully written (``info``: tag, mode, day, pass_id,
+        tables, rows, unix) and tells subscribers; returns its ``seq`` (1, 2, ...)."""
+        key = self.version_key()
+        with self.redis.pipeline(transaction=True) as p:
+            p.hincrby(key, "seq", 1)
+            p.hset(key, mapping={k: str(v) for k, v in info.items()})
+            seq = int(p.execute()[0])
+        self.redis.publish(key, json.dumps({**info, "seq": seq}))
+        return seq
+
+    def served_version(self) -> dict[str, str] | None:
+        """The version hash (None before any model was published under this prefix)."""
+        raw = self.redis.hgetall(self.version_key())
+        return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
 
     # -- serving -----------------------------------------------------------------------
 

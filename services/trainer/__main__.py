@@ -5,7 +5,11 @@ Examples::
     streamrec-trainer --config job.yaml                      # the whole job (warm start first)
     streamrec-trainer --config job.yaml --learning-rate 0.05 --end-day 20190722
     streamrec-trainer export --config job.yaml --out serving/  # newest checkpoint -> serving
+    streamrec-trainer export --config job.yaml --online        # ... -> the serving Redis
     streamrec-trainer predict --model serving/ --data part-00000 --out scores.txt
+
+A run prints a line per pass (the demo's: day, pass, samples, predict/train AUC, logloss,
+seconds; ``--quiet`` turns them off) and, at its end, where it stopped.
 
 Every runner and hyper_parameters field of the config is also a flag (``--arch-mlp-bot``,
 ``--split-per-pass``, ...), overriding the file. Run several ranks with torchrun::
@@ -26,8 +30,9 @@ from typing import Any
 
 import yaml
 from streamrec.config import read_yaml_mapping
-from streamrec.errors import BadRequest, StreamRecError
+from streamrec.control.pass_line import PASS_HEADER, pass_row
 from streamrec.control.trainer_config import TrainerConfig, flag_fields
+from streamrec.errors import BadRequest, StreamRecError
 from streamrec.trainer.errors import ConfigError
 
 log = logging.getLogger("streamrec.trainer")
@@ -37,6 +42,7 @@ def _train_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="DLRM trainer over streaming passes")
     p.add_argument("--config", help="job YAML (PaddleRec config_online.yaml shape)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--quiet", action="store_true", help="no line per pass")
     for flag, (section, name) in flag_fields().items():
         p.add_argument(
             "--" + flag,
@@ -61,7 +67,7 @@ def load_config(args: argparse.Namespace) -> TrainerConfig:
             continue
         section, name = key.split(".", 1)
         value = yaml.safe_load(raw) if raw != "" else None
-        if name in ("start_day", "end_day"):
+        if name in ("start_day", "end_day", "end_split"):
             value = str(raw)
         sec = data.setdefault(section, {})
         if not isinstance(sec, dict):
@@ -77,23 +83,69 @@ def cmd_train(argv: list[str]) -> int:
 
     config = load_config(args)
     with OnlineTrainer(config) as trainer:
-        trainer.run()
+        rank0 = trainer.rank == 0
+        progress = ProgressLines() if rank0 and not args.quiet else None
+        plan = trainer.run(progress)
+        if rank0:
+            last = trainer.last_pass
+            print(
+                f"streamrec-trainer: done: {plan.describe()}; model at pass "
+                f"{'-' if last is None else f'{last[0]}/{last[1]}'} under "
+                f"{config.runner.model_save_path}",
+                flush=True,
+            )
     return 0
+
+
+class ProgressLines:
+    """Prints the demo's row of each finished pass (its header first) to stdout, flushed:
+    on a terminal as in a log file."""
+
+    def __init__(self) -> None:
+        self.started = False
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if not self.started:
+            print(PASS_HEADER, flush=True)
+            self.started = True
+        print(pass_row(record), flush=True)
 
 
 def cmd_export(argv: list[str]) -> int:
     p = _train_parser("streamrec-trainer export")
-    p.add_argument("--out", required=True, help="serving model directory to write")
+    p.add_argument("--out", default=None, help="serving model directory to write (int8)")
+    p.add_argument(
+        "--online",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="REDIS_URL",
+        help="publish a base of the model to the serving Redis: REDIS_URL, else the config's "
+        "online.redis_url (keys under online.prefix)",
+    )
     args = p.parse_args(argv)
+    if args.out is None and args.online is None:
+        p.error("give --out DIR (the int8 serving model), --online (the serving Redis) or both")
+    from streamrec.trainer.online import export_online
     from streamrec.trainer.runner import OnlineTrainer
 
-    with OnlineTrainer(load_config(args)) as trainer:
+    config = load_config(args)
+    if args.online:
+        online = config.online.model_dump() | {"redis_url": args.online}
+        config = TrainerConfig.parse(
+            config.model_dump(mode="json") | {"online": online}, source="--online"
+        )
+    result: dict[str, Any] = {}
+    with OnlineTrainer(config) as trainer:
         if trainer.warm_start() is None:
             raise ConfigError(
                 f"no complete checkpoint under {trainer.config.runner.model_save_path} to export"
             )
-        out = trainer.export_serving(args.out)
-    print(json.dumps({"exported": str(out), "last_pass": trainer.last_pass}))
+        if args.out is not None:
+            result["exported"] = str(trainer.export_serving(args.out))
+        if args.online is not None:
+            result["online"] = export_online(trainer)
+    print(json.dumps({**result, "last_pass": trainer.last_pass}))
     return 0
 
 
@@ -103,7 +155,9 @@ def cmd_predict(argv: list[str]) -> int:
     )
     p.add_argument("--model", required=True, help="directory written by export")
     p.add_argument("--delta", action="append", default=[], help="delta model dir (repeat)")
-    p.add_argument("--data", action="append", required=True, help="data file (repeat)")
+    p.add_argument(
+        "--data", action="extend", nargs="+", required=True, help="data files (or repeat)"
+    )
     p.add_argument("--data-format", choices=["criteo", "generated"], default=None)
     p.add_argument("--out", default=None, help="write one probability per line here")
     p.add_argument("--batch-size", type=int, default=4096)
@@ -121,6 +175,13 @@ def cmd_predict(argv: list[str]) -> int:
     finally:
         pred.close()
     print(json.dumps(res))
+    if res["held_out"] is False:
+        print(
+            f"streamrec-trainer predict: note: the model was trained on "
+            f"{len(res['trained_on'])} of these {len(args.data)} file(s): the AUC is "
+            f"in-sample, not a held-out evaluation (score a later split for that)",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -22,7 +22,10 @@ split's files, optionally paced at ``--rate`` splits per second::
         --samples-per-split 20000 --slots 8
 
 ``--from-criteo FILE [FILE ...]`` lays real Criteo files into the same layout instead
-(:mod:`streamrec.trainer.criteo_layout`, with its own flags).
+(:mod:`streamrec.trainer.criteo_layout`, with its own flags), and ``--random`` the reference
+DLRM's random data (:func:`streamrec.trainer.randgen.lay_out_random`, the reference's flag
+names). Both say, on stderr and in ``--job-out FILE``, the trainer config lines that train
+exactly what they laid out (``end_day`` and ``end_split`` at its last split).
 """
 
 from __future__ import annotations
@@ -370,22 +373,9 @@ def main_from_criteo(argv: list[str]) -> int:
         default=criteo_layout.DEFAULT_BLOCK_BYTES,
         help="bytes read at a time; memory stays within about 9x this",
     )
+    add_job_out_flag(ap)
     args = ap.parse_args(argv)
-    try:
-        parse_day(args.start_day)
-    except ValueError:
-        ap.error(f"--start-day {args.start_day!r}: must be a date YYYYMMDD")
-    try:
-        split_names(args.split_interval)
-    except ValueError:
-        ap.error(
-            f"--split-interval {args.split_interval}: must be minutes dividing 1440 (a day), "
-            "e.g. 5, 60, 360"
-        )
-    for flag in ("samples_per_split", "files_per_split", "max_splits", "block_bytes"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    check_layout_flags(ap, args, ("max_splits", "block_bytes"))
     for path in args.from_criteo:
         if not Path(path).is_file():
             ap.error(f"--from-criteo: no such file: {path}")
@@ -406,15 +396,84 @@ def main_from_criteo(argv: list[str]) -> int:
     except ValueError as exc:  # DataError is one: no lines, an unreadable file
         ap.error(f"--from-criteo: {exc}")
     print(json.dumps(counts))
+    say_job(args, counts, "criteo", 26)
     return 0
+
+
+def add_job_out_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--job-out",
+        default=None,
+        metavar="FILE",
+        help="write a trainer job YAML that trains exactly what was laid out (the same "
+        "lines are printed on stderr)",
+    )
+
+
+def check_layout_flags(
+    ap: argparse.ArgumentParser, args: argparse.Namespace, more: tuple[str, ...]
+) -> None:
+    """The flags every layout writer shares, each refused by name."""
+    try:
+        parse_day(args.start_day)
+    except ValueError:
+        ap.error(f"--start-day {args.start_day!r}: must be a date YYYYMMDD")
+    try:
+        split_names(args.split_interval)
+    except ValueError:
+        ap.error(
+            f"--split-interval {args.split_interval}: must be minutes dividing 1440 (a day), "
+            "e.g. 5, 60, 360"
+        )
+    for flag in ("samples_per_split", "files_per_split", *more):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+
+def job_lines(
+    out: str | Path,
+    counts: dict[str, int | str],
+    split_interval: int,
+    data_format: str,
+    slots: int,
+    donefile: str | None,
+) -> str:
+    """The trainer config (YAML) that trains exactly the splits laid out under ``out``."""
+    done = "null" if donefile is None else donefile
+    return (
+        "runner:\n"
+        f"  train_data_dir: {Path(out).resolve()}\n"
+        f"  data_format: {data_format}\n"
+        f"  split_interval: {split_interval}\n"
+        f'  start_day: "{counts["start_day"]}"\n'
+        f'  end_day: "{counts["end_day"]}"\n'
+        f'  end_split: "{counts["last_split"]}"    # the last split laid out\n'
+        f"  data_donefile: {done}\n"
+        "hyper_parameters:\n"
+        f"  sparse_inputs_slots: {slots}\n"
+    )
+
+
+def say_job(args: argparse.Namespace, counts: dict[str, int | str], fmt: str, slots: int) -> None:
+    text = job_lines(args.out, counts, args.split_interval, fmt, slots, args.donefile or None)
+    print(f"# trainer config lines for what was laid out:\n{text}", file=sys.stderr, end="")
+    if args.job_out:
+        Path(args.job_out).write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--from-criteo", nargs="*")
-    if pre.parse_known_args(argv)[0].from_criteo is not None:
+    pre.add_argument("--random", action="store_true")
+    known = pre.parse_known_args(argv)[0]
+    if known.from_criteo is not None:
         return main_from_criteo(argv)
+    if known.random:
+        from streamrec.trainer.randgen import main_random
+
+        return main_random(argv)
     ap = argparse.ArgumentParser(prog="streamrec-datagen", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--from-criteo",
@@ -422,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="lay real Criteo files out instead of generating (its flags: "
         "streamrec-datagen --from-criteo FILE --help)",
+    )
+    ap.add_argument(
+        "--random",
+        action="store_true",
+        help="the reference DLRM's random data instead (its flags: streamrec-datagen "
+        "--random --help)",
     )
     ap.add_argument("--out", required=True, help="data root (train_data_dir)")
     ap.add_argument("--start-day", required=True, help="YYYYMMDD")

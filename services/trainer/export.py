@@ -4,13 +4,16 @@ An exported model directory::
 
     dense_int8.pt   the dense DLRM with every nn.Linear int8-dynamically quantized (seed 004:
                     ``quantize_dynamic(dlrm, {nn.Linear}, torch.qint8)``), as a state dict
-    model.json      the architecture (hyper_parameters) and the sparse tables' options
+    model.json      the architecture (hyper_parameters), the sparse tables' options and the
+                    lineage: the splits the model was trained on (:mod:`.lineage`)
     sparse/         the embedding store's ``base`` save (rows with score >= base_threshold)
     MANIFEST.json   written last, with checksums
 
 :class:`Predictor` loads it (plus optional delta models saved later by the trainer, applied
-in order), and scores files of either data format. Nothing is unpickled: the state dict is
-read with ``weights_only=True`` into a model rebuilt from model.json.
+in order), and scores files of either data format, saying which of them the model was
+trained on (an AUC over those is in-sample, not a held-out evaluation). Nothing is
+unpickled: the state dict is read with ``weights_only=True`` into a model rebuilt from
+model.json.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_manifest, write_manifest
 from streamrec.control.trainer_config import ModelConfig
+from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_manifest, write_manifest
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.errors import CheckpointError
 from streamrec.trainer.evaluation import AucAccumulator
+from streamrec.trainer.lineage import lineage, trained_on
 from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.pass_log import PASSES_FILE
 from torch import nn
 
 DENSE_INT8 = "dense_int8.pt"
@@ -74,6 +79,11 @@ def export_serving(trainer: Any, out_dir: Path) -> Path:
                     "hyper_parameters": trainer.config.hyper_parameters.model_dump(mode="json"),
                     "tables": [t.model_dump(mode="json") for t in trainer.tables],
                     "data_format": trainer.config.runner.data_format,
+                    "lineage": lineage(
+                        trainer.model_root / PASSES_FILE,
+                        trainer.last_pass,
+                        trainer.config.runner.train_data_dir,
+                    ),
                 },
                 indent=1,
             )
@@ -102,6 +112,7 @@ class Predictor:
             self.arch = ModelConfig.parse(spec["hyper_parameters"], source=str(self.dir))
             tables = [TableOptions.parse(t) for t in spec["tables"]]
             self.data_format = str(spec.get("data_format", "generated"))
+            self.lineage: dict[str, Any] | None = spec.get("lineage")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{self.dir / MODEL_JSON}: unusable: {exc}") from exc
         self.dense = quantize(build_dense(self.arch)).eval()
@@ -132,7 +143,9 @@ class Predictor:
         data_format: str | None = None,
         batch_size: int = 4096,
     ) -> dict[str, Any]:
-        """Scores files; writes one probability per line to ``out``; returns AUC etc."""
+        """Scores files; writes one probability per line to ``out``; returns AUC etc. and
+        ``held_out``: True when the model was trained on none of ``files``, False when on
+        some (listed in ``trained_on``), None when the model has no lineage."""
         acc = AucAccumulator()
         stats = ParseStats()
         fmt = data_format or self.data_format
@@ -147,11 +160,15 @@ class Predictor:
             if sink is not None:
                 sink.close()
         res = acc.result()
+        seen = trained_on(files, self.lineage)
         return {
             "samples": res["samples"],
             "auc": res["auc"],
             "logloss": res["logloss"],
             "malformed_lines": stats.malformed,
+            "held_out": None if seen is None else not seen,
+            "trained_on": seen,
+            "model_last_pass": (self.lineage or {}).get("last_pass"),
         }
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,6 +71,7 @@ from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.negsampling import NegativeSampler
+from streamrec.trainer.run_plan import RunPlan, plan_run
 from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.store import build_table_options, make_store
 from streamrec.trainer.thread_tuner import ThreadTuner
@@ -153,6 +155,8 @@ class OnlineTrainer:
         self.model_root = Path(r.model_save_path)
         self.data_root = Path(r.train_data_dir)
         self.last_pass: tuple[str, int] | None = None
+        #: The last publication to the serving Redis (``online``), for the caller to report.
+        self.last_online: dict[str, Any] | None = None
         #: False from the start of a pass until it (and its saves) succeeded: after a failed
         #: pass the parameters are no pass's state, only a checkpoint load makes them one.
         self.clean = True
@@ -370,9 +374,12 @@ class OnlineTrainer:
             self.clean = False
             raise
 
-    def run_pass(self, spec: layout.PassSpec, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    def run_pass(
+        self, spec: layout.PassSpec, skip: tuple[str, ...] = (), checkpoint: bool = False
+    ) -> dict[str, Any]:
         """Predicts then trains one pass (without the splits in ``skip``); saves what is
-        due; records the pass; returns its record.
+        due (a checkpoint too when ``checkpoint``: a run's last pass); records the pass;
+        returns its record.
 
         Raises:
             PassFailed: on every rank alike, when any rank failed the pass.
@@ -436,7 +443,7 @@ class OnlineTrainer:
         }
         self.last_pass = (spec.day, spec.pass_id)
         try:
-            written = self._save_due(spec)
+            written = self._save_due(spec, checkpoint)
             record["checkpoint"] = str(written) if written is not None else None
             if self.rank == 0:
                 self.record_pass(record)
@@ -470,8 +477,9 @@ class OnlineTrainer:
         tmp.write_text("".join(f"{line}\n" for line in [*kept, json.dumps(record)]))
         os.replace(tmp, path)
 
-    def _save_due(self, spec: layout.PassSpec) -> Path | None:
-        """The saves due after ``spec``; returns the checkpoint written (None: none due)."""
+    def _save_due(self, spec: layout.PassSpec, checkpoint: bool = False) -> Path | None:
+        """The saves due after ``spec`` (a checkpoint when ``checkpoint``); returns the
+        checkpoint written (None: none due)."""
         r = self.config.runner
         last_of_day = spec.is_last_of_day(r.split_interval, r.split_per_pass)
         if (
@@ -486,7 +494,7 @@ class OnlineTrainer:
             self.save_model(SaveMode.BASE, spec.day)
             self.save_model(SaveMode.BATCH, spec.day)
             return self.save_checkpoint(spec.day, spec.pass_id)
-        if r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0:
+        if checkpoint or (r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0):
             return self.save_checkpoint(spec.day, spec.pass_id)
         return None
 
@@ -547,7 +555,12 @@ class OnlineTrainer:
         """``base`` / ``batch`` (end of day) or ``delta`` (after ``pass_id``) model."""
         if mode not in EXPORT_MODES:
             raise ConfigError(f"mode must be one of {sorted(EXPORT_MODES)}, got {mode!r}")
-        return self._write(mode, day, pass_id if mode == SaveMode.DELTA else None)
+        directory = self._write(mode, day, pass_id if mode == SaveMode.DELTA else None)
+        if mode in self.config.online.modes and self.config.online.redis_url:
+            from streamrec.trainer.online import publish_save
+
+            self.last_online = publish_save(self, directory, mode, day, pass_id)
+        return directory
 
     def shrink(self) -> dict[str, Any]:
         """The store's shrink (decay show/click, delete stale rows); deleted rows per table."""
@@ -637,18 +650,17 @@ class OnlineTrainer:
 
     # -- the whole job ----------------------------------------------------------------------
     def passes_todo(self) -> list[layout.PassSpec]:
-        """Every pass of start_day..end_day after the last one done (warm start)."""
-        r = self.config.runner
-        specs = list(layout.iter_passes(r.start_day, r.end_day, r.split_interval, r.split_per_pass))
-        if self.last_pass is None:
-            return specs
-        return [s for s in specs if (s.day, s.pass_id) > self.last_pass]
+        """Every pass of start_day..end_day (to end_split) after the last one done."""
+        return plan_run(self.config.runner, self.data_root, self.last_pass).passes
 
-    def run(self) -> None:
-        """Warm start, then every remaining pass, waiting for donefiles as configured."""
+    def run(self, on_pass: Callable[[dict[str, Any]], None] | None = None) -> RunPlan:
+        """Warm start, then every remaining pass, waiting for donefiles as configured;
+        ``on_pass`` gets each pass's record. The last pass writes a checkpoint (what
+        ``export`` and the next run start from). Returns the plan: where the run stopped."""
         r = self.config.runner
         self.warm_start()
-        for spec in self.passes_todo():
+        plan = plan_run(r, self.data_root, self.last_pass)
+        for n, spec in enumerate(plan.passes, 1):
             waited = time.monotonic()
             self.waiting = (spec, 0)
             ready = layout.wait_for_pass(
@@ -663,14 +675,17 @@ class OnlineTrainer:
             self.waiting = None
             m.WAIT_SECONDS.labels(self.label).inc(time.monotonic() - waited)
             if self.stop_event.is_set():
-                return
+                return plan
             if not ready:
                 raise TrainerError(
                     f"pass {spec.day}/{spec.pass_id} (splits {', '.join(spec.splits)}) not "
                     f"ready after data_wait_timeout_second={r.data_wait_timeout_second}: "
                     f"no {r.data_donefile!r} in every split under {self.data_root}"
                 )
-            self.run_pass(spec)
+            record = self.run_pass(spec, checkpoint=n == len(plan.passes))
+            if on_pass is not None:
+                on_pass(record)
+        return plan
 
     def _count_poll(self) -> None:
         assert self.waiting is not None

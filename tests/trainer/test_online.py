@@ -1,0 +1,85 @@
+"""Online export: the trainer's base and delta saves published to a real redis-server."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import redis
+from servers import RedisServer, free_port
+from streamrec.embedding_store import FileConverter, RedisConverter
+from streamrec.errors import BadRequest
+from streamrec.trainer.online import export_online
+from streamrec.trainer.runner import OnlineTrainer
+from trainer_helpers import small_config
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def served(url: str, prefix: str, table: str) -> dict[int, np.ndarray]:
+    conv = RedisConverter(url, prefix)
+    keys, values = conv.read_rows(table)
+    conv.redis.close()
+    return {int(k): v for k, v in zip(keys, values, strict=True)}
+
+
+def test_base_and_delta_saves_are_published_with_a_version(stream, tmp_path, redis_url):
+    prefix = "t-online"
+    cfg = small_config(stream, tmp_path / "model", end_day="20190720", save_delta_frequency=1)
+    cfg = cfg.model_copy(
+        update={"online": cfg.online.model_copy(update={"redis_url": redis_url, "prefix": prefix})}
+    )
+    r = redis.Redis.from_url(redis_url)
+    watcher = r.pubsub()
+    watcher.subscribe(f"{prefix}:version")
+    with OnlineTrainer(cfg) as t:
+        plan = t.run()
+        assert plan.end == ("20190720", "1200")
+        # pass 1: delta_1 (not the day's last), pass 2: the day's base; a version each
+        version = {k.decode(): v.decode() for k, v in r.hgetall(f"{prefix}:version").items()}
+        assert version["seq"] == "2" and version["tag"] == "20190720/base"
+        assert version["mode"] == "base" and version["tables"] == "4"
+        for table in cfg.table_names:
+            rows = served(redis_url, prefix, table)
+            # exactly the rows of the base save on disk, with the store's weights
+            files = FileConverter(tmp_path / "model" / "20190720" / "base" / "sparse")
+            base_keys, base_values = files.read_rows(table, "base")
+            assert sorted(rows) == sorted(base_keys.tolist()) and rows
+            keys = np.array(sorted(rows), dtype=np.int64)
+            store_rows = t.store.pull(table, keys, create=False).numpy()
+            np.testing.assert_array_equal(np.stack([rows[k] for k in keys]), store_rows)
+            meta = r.hgetall(f"{prefix}:{table}:meta:0-of-1")
+            assert meta[b"tag"] == b"20190720/base"
+        total = sum(len(served(redis_url, prefix, tb)) for tb in cfg.table_names)
+        assert int(version["rows"]) == total
+        # the REST trigger's mode online: a base of the model as it is now, seq 3
+        out = export_online(t)
+        assert out["mode"] == "online" and out["day"] == "20190720"
+        assert out["version"]["seq"] == 3 and out["version"]["tag"] == "20190720/base"
+    messages = []
+    while (m := watcher.get_message(timeout=1)) is not None:
+        if m["type"] == "message":
+            messages.append(json.loads(m["data"]))
+    assert [(m["seq"], m["tag"]) for m in messages] == [
+        (1, "20190720/delta_1"),
+        (2, "20190720/base"),
+        (3, "20190720/base"),
+    ]
+    watcher.close()
+    r.close()
+
+
+def test_online_needs_a_redis_url(stream, tmp_path):
+    cfg = small_config(stream, tmp_path / "model", end_day="20190720")
+    with OnlineTrainer(cfg) as t:
+        with pytest.raises(BadRequest, match="online.redis_url"):
+            export_online(t)
+    with pytest.raises(BadRequest, match="online.redis_url must be a redis:// URL"):
+        small_config(stream, tmp_path).parse({"online": {"redis_url": "http://x"}})
