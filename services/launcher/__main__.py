@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--trainer-groups",
         type=int,
-        default=1,
+        default=2,
         help="trainer groups in the control plane's pool (each runs one job at a time)",
     )
     up.add_argument("--start-day", default="20190720")

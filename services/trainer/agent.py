@@ -60,7 +60,7 @@ from streamrec.control.channel import (
     TrainerChannel,
     WorkItem,
 )
-from streamrec.control.trainer_config import TrainerConfig
+from streamrec.control.trainer_config import OnlineMode, TrainerConfig
 from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
@@ -78,8 +78,11 @@ COMMAND_OPS = {
     CommandType.SHRINK: SHRINK,
     CommandType.STOP: STOP,
 }
-#: Save mode <-> header[5]: 0 none, then 1 + its index in SAVE_MODES.
-MODES: dict[str | None, int] = {None: 0, **{m: i + 1 for i, m in enumerate(SAVE_MODES)}}
+#: Export mode <-> header[5]: 0 none, then 1 + its index in SAVE_MODES, then online.
+MODES: dict[str | None, int] = {
+    None: 0,
+    **{m: i + 1 for i, m in enumerate((*SAVE_MODES, OnlineMode.ONLINE.value))},
+}
 MODE_NAMES = {v: k for k, v in MODES.items()}
 #: op, day, pass_id, attempt, n_splits, mode, load day, load pass (0: none), skip bit mask
 HEADER = 9
@@ -352,6 +355,12 @@ class Agent:
         except BadRequest as exc:  # wrong world size or tier, tables the shards refuse
             self._fatal(exc)
             raise
+        except StreamRecError as exc:  # e.g. a shard not up: worth an event, then a retry
+            if self.rank == 0:
+                self.channel.report(
+                    ReportKind.ERROR, message=f"the trainer group could not start: {exc}"
+                )
+            raise
         if self.watchdog is not None:
             self.watchdog.start()
         resumed = self.resume()
@@ -580,6 +589,10 @@ class Agent:
             if step.op == CHECKPOINT:
                 path = t.save_checkpoint(day, pass_id)
                 result: dict[str, Any] = {"path": str(path), "day": day, "pass_id": pass_id}
+            elif step.op == EXPORT and step.mode == OnlineMode.ONLINE:
+                from streamrec.trainer.online import export_online
+
+                result = export_online(t)  # a base, published to the serving Redis
             elif step.op == EXPORT:
                 path = t.save_model(step.mode, day, pass_id)  # pass_id: a delta's
                 result = {"path": str(path), "mode": step.mode, "day": day}
@@ -610,7 +623,7 @@ class Agent:
     def close(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
-        if self.holding is not None:  # stopped mid-pass (SIGTERM): the pass goes back
+        if self.holding is not None and TERMINATING.is_set():  # SIGTERM mid-pass: give it back
             item, self.holding = self.holding, None
             try:
                 self.channel.report(
@@ -709,7 +722,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Set by SIGTERM: the rank was told to end (its pass is released, not a crash's to requeue).
+TERMINATING = threading.Event()
+
+
 def _terminate(signum: int, _frame: Any) -> None:
+    TERMINATING.set()
     log.warning("SIGTERM: this rank ends (the pass in hand is released)")
     raise SystemExit(128 + signum)
 

@@ -95,6 +95,8 @@ class PoolMember:
         self.job_id: str | None = None
         #: The token of the last assignment carried out (not to be run again).
         self.finished: str | None = None
+        #: Tries in a row that ended in an error (the backoff before the next).
+        self.failed_starts = 0
         self._stop = threading.Event()
         self.channel: PoolChannel | None = None
 
@@ -176,10 +178,18 @@ class PoolMember:
                 )
                 try:
                     agent.run()
-                except StreamRecError as exc:  # the job cannot run here: reported, failed
-                    log.error("job %s ended with an error: %s", a.job_id, exc)
+                except StreamRecError as exc:
+                    # a job this group cannot run fails (the agent reported it fatal and the
+                    # API clears the assignment); another error (a shard not up yet) is an
+                    # event: the same assignment is tried again after a backoff
+                    self.failed_starts += 1
+                    wait = min(60.0, 2.0**self.failed_starts)
+                    log.error("job %s: %s; trying again in %.0f s", a.job_id, exc, wait)
+                    self._stop.wait(wait)
+                    continue
                 # anything else (a peer died in a collective) ends the process: torchrun
                 # restarts the whole group, which reads its assignment and goes on
+                self.failed_starts = 0
                 self.finished = a.token
                 self.job_id = None
                 if self.channel is not None:

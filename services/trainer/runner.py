@@ -43,20 +43,20 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from streamrec import layout
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.metrics import serve_metrics
 from streamrec.sampler import Prefetcher
 from streamrec.save_modes import SaveMode
 from streamrec.trainer import checkpoint as ckpt
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
-from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.data import Batch, ParseStats, iter_batches
 from streamrec.trainer.errors import (
     CheckpointError,
@@ -71,6 +71,7 @@ from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.negsampling import NegativeSampler
+from streamrec.trainer.pass_log import PASSES_FILE, write_lines
 from streamrec.trainer.run_plan import RunPlan, plan_run
 from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.store import build_table_options, make_store
@@ -78,7 +79,6 @@ from streamrec.trainer.thread_tuner import ThreadTuner
 
 log = logging.getLogger(__name__)
 
-PASSES_FILE = "passes.jsonl"
 #: What save_model writes (a checkpoint is save_checkpoint's).
 EXPORT_MODES = frozenset(SaveMode) - {SaveMode.CHECKPOINT}
 
@@ -473,9 +473,7 @@ class OnlineTrainer:
                 except (ValueError, KeyError, TypeError):
                     pass  # not ours to judge: keep it
                 kept.append(line)
-        tmp = path.with_name(f".{PASSES_FILE}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in [*kept, json.dumps(record)]))
-        os.replace(tmp, path)
+        write_lines(path, [*kept, json.dumps(record)])
 
     def _save_due(self, spec: layout.PassSpec, checkpoint: bool = False) -> Path | None:
         """The saves due after ``spec`` (a checkpoint when ``checkpoint``); returns the
@@ -494,7 +492,14 @@ class OnlineTrainer:
             self.save_model(SaveMode.BASE, spec.day)
             self.save_model(SaveMode.BATCH, spec.day)
             return self.save_checkpoint(spec.day, spec.pass_id)
-        if checkpoint or (r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0):
+        # the pass that ends the span (end_day's end_split) is one too: a job driven by the
+        # control plane ends there, and export and the next run start from its checkpoint
+        at_end = spec.day == r.end_day and spec.splits[-1:] == (r.end_split,)
+        if (
+            checkpoint
+            or at_end
+            or (r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0)
+        ):
             return self.save_checkpoint(spec.day, spec.pass_id)
         return None
 

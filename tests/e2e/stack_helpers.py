@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from streamrec.process import spawn
+from streamrec.process import descendants, spawn
 
 STREAMREC = str(Path(sys.executable).parent / "streamrec")
 
@@ -82,3 +82,16 @@ def child_pids(run: Path) -> dict[str, int]:
     """The pid of each child of the stack now (a restart changes it)."""
     state = json.loads((run / "stack.json").read_text())
     return {name: info["pid"] for name, info in state["children"].items()}
+
+
+def trainer_rank(trainers_pid: int, rank: int) -> int:
+    """The pid of rank ``rank`` of the torchrun group ``trainers_pid``."""
+    for pid in descendants(trainers_pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"streamrec.trainer.agent" in cmd and f"RANK={rank}".encode() in env:
+            return pid
+    raise AssertionError(f"no rank {rank} under torchrun {trainers_pid}")

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack_helpers import STREAMREC, Output, child_pids, start_stack, stderr_log
-from streamrec.process import descendants
+from stack_helpers import STREAMREC, Output, child_pids, start_stack, stderr_log, trainer_rank
 
 pytestmark = pytest.mark.slow
 
@@ -90,19 +89,6 @@ class Rest:
         return min(ends) if ends else None
 
 
-def trainer_rank(trainers_pid: int, rank: int) -> int:
-    """The pid of rank ``rank`` of the torchrun group ``trainers_pid``."""
-    for pid in descendants(trainers_pid):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"streamrec.trainer.agent" in cmd and f"RANK={rank}".encode() in env:
-            return pid
-    raise AssertionError(f"no rank {rank} under torchrun {trainers_pid}")
-
-
 def victim(run: Path, name: str) -> int:
     pids = child_pids(run)
     return trainer_rank(pids["trainers-0"], 1) if name == "trainer-rank" else pids[name]
@@ -131,7 +117,7 @@ def test_kill_each_service_mid_job_every_pass_exactly_once(tmp_path: Path) -> No
     recovery: dict[str, float] = {}
     kill_times: dict[str, tuple[float, int]] = {}
     try:
-        out.wait_for("trainers         1 group(s) of 2 rank(s)", timeout=120)
+        out.wait_for("trainers         2 group(s) of 2 rank(s)", timeout=120)
         rest = Rest(run, out)
         rest.wait("a first pass done", lambda: rest.done_after(0), timeout=90)
         for name in KILLS:
