@@ -25,7 +25,9 @@ from streamrec.layout import PassSpec, iter_passes
 def job_plan(spec: JobCreate) -> list[PassSpec]:
     """Every pass of the job, in training order."""
     d = spec.data
-    return list(iter_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass))
+    return list(
+        iter_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass, d.end_split)
+    )
 
 
 def resume_cursor(plan: list[PassSpec], checkpoint: str | None, limit: int | None = None) -> int:

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from streamrec.api.state import JobState, PassState, TriggerState
 from streamrec.control.channel import CommandType
+from streamrec.control.trainer_config import END_LANDED, OnlineMode
 from streamrec.layout import count_passes, day_count, parse_day, passes_per_day, split_names
 from streamrec.save_modes import SaveMode
 
@@ -124,6 +125,14 @@ class DataSpec(Spec):
     data_format: Literal["generated", "criteo"] = Field(
         "generated", description="generated (streamrec-datagen) or criteo text"
     )
+    end_split: str | None = Field(
+        None,
+        examples=["0025"],
+        description=(
+            "the split of end_day (HHMM) the job ends with: the pass holding it keeps only "
+            "the splits up to it, and the job succeeds after it; None: end_day's last split"
+        ),
+    )
     on_bad_split: Literal["fail", "skip"] = Field(
         "fail",
         description=(
@@ -153,6 +162,24 @@ class DataSpec(Spec):
     @classmethod
     def _interval(cls, v: int) -> int:
         split_names(v)
+        return v
+
+    @field_validator("end_split")
+    @classmethod
+    def _end_split(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        if v == END_LANDED:
+            raise ValueError(
+                f"end_split {v!r} is the trainer CLI's (the splits there when a run starts); a "
+                f"job names the split it ends with (HHMM)"
+            )
+        interval = info.data.get("split_interval")
+        if interval is not None and v not in split_names(interval):
+            raise ValueError(
+                f"end_split {v!r} is not a split of the day at split_interval {interval} "
+                f"(HHMM, a multiple of {interval} minutes)"
+            )
         return v
 
     @field_validator("end_day")
@@ -349,6 +376,7 @@ class JobCreate(Spec):
                 "split_per_pass": d.split_per_pass,
                 "start_day": d.start_day,
                 "end_day": d.end_day,
+                "end_split": d.end_split,
                 "data_donefile": d.data_donefile,
                 "data_sleep_second": d.data_sleep_second,
                 "model_save_path": c.model_save_path,
@@ -406,6 +434,7 @@ JOB_OWNED: dict[tuple[str, str], str] = {
             "split_per_pass",
             "start_day",
             "end_day",
+            "end_split",
             "data_donefile",
             "data_sleep_second",
         )
@@ -500,18 +529,21 @@ class PassesPublic(BaseModel):
 
 
 TriggerKind = Literal[CommandType.CHECKPOINT, CommandType.EXPORT, CommandType.SHRINK]
-#: The save modes an export writes (a checkpoint is its own trigger kind).
-ExportMode = Literal[SaveMode.BASE, SaveMode.DELTA, SaveMode.BATCH]
+#: The save modes an export writes (a checkpoint is its own trigger kind); ``online``: a base
+#: published to the job's serving Redis (its trainer config's ``online.redis_url``).
+ExportMode = Literal[SaveMode.BASE, SaveMode.DELTA, SaveMode.BATCH, OnlineMode.ONLINE]
 
 
 class TriggerCreate(Spec):
     kind: TriggerKind
-    mode: ExportMode | None = Field(None, description="export only: base, delta or batch")
+    mode: ExportMode | None = Field(
+        None, description="export only: base, delta, batch or online (to the serving Redis)"
+    )
 
     @model_validator(mode="after")
     def _mode(self) -> TriggerCreate:
         if self.kind == CommandType.EXPORT and self.mode is None:
-            raise ValueError("mode: export needs mode base, delta or batch (got None)")
+            raise ValueError("mode: export needs mode base, delta, batch or online (got None)")
         if self.kind != CommandType.EXPORT and self.mode is not None:
             raise ValueError(f"mode: only export takes a mode (got {self.mode!r} for {self.kind})")
         return self

@@ -153,7 +153,9 @@ class Repo:
             "created_at": f"{now:.3f}",
             "updated_at": f"{now:.3f}",
             "passes_total": str(
-                count_passes(d.start_day, d.end_day, d.split_interval, d.split_per_pass)
+                count_passes(
+                    d.start_day, d.end_day, d.split_interval, d.split_per_pass, d.end_split
+                )
             ),
             "passes_done": "0",
             "cursor": "0",

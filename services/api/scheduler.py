@@ -172,7 +172,10 @@ class Scheduler:
         cursor = int(f["cursor"])
         if cursor >= len(plan):
             if int(f["passes_done"]) >= int(f["passes_total"]):
-                change_state(self.r, job_id, "succeed", reason="every pass done")
+                end = f"{plan[-1].day}/{plan[-1].splits[-1]}" if plan else "-"
+                change_state(
+                    self.r, job_id, "succeed", reason=f"every pass done, through split {end}"
+                )
             return
         if time.time() < float(f.get("not_before") or 0):
             return  # backing off after an infrastructure restart
