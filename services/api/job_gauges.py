@@ -1,4 +1,5 @@
-"""The running jobs' liveness gauges: heartbeat age, progress age and work queue depth.
+"""The running jobs' liveness gauges: heartbeat age, progress age and work queue depth, and
+how each stands against its data (:mod:`~streamrec.api.data_gauges`).
 
 Set each scheduler tick for every running job, dropped when a job stops running. The ages
 keep growing once a group's heartbeat key has expired (the last heartbeat seen is kept), and
@@ -14,7 +15,9 @@ import time
 from typing import Any
 
 import redis
+from streamrec.api.data_gauges import DataGauges
 from streamrec.api.metrics import ApiMetrics
+from streamrec.api.pool import WAITING
 from streamrec.control import keys, redis_io
 
 
@@ -31,21 +34,34 @@ class RunningJobGauges:
         self.metrics = metrics
         #: Per running job: (heartbeat ts, progress ts) of the last heartbeat seen.
         self._beats: dict[str, tuple[float, float]] = {}
+        self.data = DataGauges(metrics)
 
     def observe(self, running: list[str]) -> None:
         """Sets the heartbeat and progress ages and the work queue depth of every running
         job; drops those gauges for jobs no longer running."""
         now = time.time()
         for job_id in running:
-            # the Redis reads first, then the three sets together: a scrape in between would
-            # see only some of a job's gauges
+            # the Redis reads first, then the sets together: a scrape in between would see
+            # only some of a job's gauges
+            fields = redis_io.hgetall(self.r, keys.job(job_id))
             beat_ts, progress_ts = self._last_beat(job_id)
             depth = self.queue_depth(job_id)
-            self.metrics.heartbeat_age.labels(job_id).set(max(now - beat_ts, 0.0))
-            self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
+            waiting = fields.get("trainers") == WAITING
+            if waiting and not self.r.exists(keys.heartbeat(job_id)):
+                # no group serves the job: that is jobs_waiting_for_trainers' alert, not a
+                # dead or stalled group's; the ages start again when a group takes it
+                self._beats[job_id] = (now, now)
+                for gauge in (self.metrics.heartbeat_age, self.metrics.progress_age):
+                    with contextlib.suppress(KeyError):  # never set
+                        gauge.remove(job_id)
+            else:
+                self.metrics.heartbeat_age.labels(job_id).set(max(now - beat_ts, 0.0))
+                self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
             self.metrics.work_queue_depth.labels(job_id).set(depth)
+            self.data.observe(job_id, fields)
         for job_id in set(self._beats) - set(running):
             del self._beats[job_id]
+            self.data.forget(job_id)
             self.metrics.forget_running(job_id)
 
     def _last_beat(self, job_id: str) -> tuple[float, float]:

@@ -3,6 +3,11 @@
 Each app gets its own registry (several apps may live in one test process); ``/metrics``
 serves it, with the process collector's ``process_*`` series beside the API's own.
 
+Per-job series carry the StreamRec job id as ``job_id`` (not ``job``, which Prometheus keeps
+for the scrape job). Gauges of running jobs are set by the scheduler's leader only; a replica
+that lost the lease keeps its last values, so alerts and panels read them joined with
+``streamrec_api_scheduler_leader == 1`` on ``instance``.
+
 Counters the alerts read start at 0: the trigger outcomes here, a job's counters when the
 scheduler first sees it active (:meth:`ApiMetrics.start_job`), so ``rate()`` and
 ``increase()`` have a series before the first event.
@@ -15,7 +20,7 @@ import contextlib
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from streamrec.api.state import TriggerState
 from streamrec.control.channel import CommandType
-from streamrec.metrics import LATENCY_BUCKETS
+from streamrec.metrics import DURATION_BUCKETS, LATENCY_BUCKETS
 
 
 class ApiMetrics:
@@ -47,16 +52,16 @@ class ApiMetrics:
         self.passes_handed_out = Counter(
             "streamrec_api_passes_handed_out_total",
             "Passes put on a job's work stream",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         self.passes_done = Counter(
-            "streamrec_api_passes_done_total", "Passes reported done", ["job"], registry=reg
+            "streamrec_api_passes_done_total", "Passes reported done", ["job_id"], registry=reg
         )
         self.passes_requeued = Counter(
             "streamrec_api_passes_requeued_total",
             "Passes handed out again after their trainer group died or failed",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         # A pass's AUC and logloss have one name each, these: the trainers measure them and
@@ -64,26 +69,26 @@ class ApiMetrics:
         self.pass_auc = Gauge(
             "streamrec_api_pass_auc",
             "AUC of the last finished pass (kind: predict, train, best)",
-            ["job", "kind"],
+            ["job_id", "kind"],
             registry=reg,
         )
         self.pass_logloss = Gauge(
             "streamrec_api_pass_logloss",
             "Mean log loss (nats) of the last finished pass (kind: predict, train)",
-            ["job", "kind"],
+            ["job_id", "kind"],
             registry=reg,
         )
         self.pass_seconds = Histogram(
             "streamrec_api_pass_seconds",
             "Duration of a pass as reported by the trainers",
-            ["job"],
-            buckets=LATENCY_BUCKETS,
+            ["job_id"],
+            buckets=DURATION_BUCKETS,
             registry=reg,
         )
         self.pass_samples = Counter(
             "streamrec_api_pass_samples_total",
             "Samples trained, as reported by the trainers",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         self.triggers = Counter(
@@ -92,7 +97,7 @@ class ApiMetrics:
         self.checkpoints = Counter(
             "streamrec_api_checkpoints_total",
             "Checkpoints reported by the trainers",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         self.scheduler_tick_seconds = Histogram(
@@ -109,7 +114,7 @@ class ApiMetrics:
         self.trainers_dead = Counter(
             "streamrec_api_trainer_groups_dead_total",
             "Trainer groups found dead (heartbeat expired with a pass in flight)",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         self.redis_up = Gauge(
@@ -121,26 +126,53 @@ class ApiMetrics:
             "streamrec_api_trainer_heartbeat_age_seconds",
             "Seconds since the running job's trainer group last sent a heartbeat (since the "
             "job became running when none has been seen)",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         self.progress_age = Gauge(
             "streamrec_api_trainer_progress_age_seconds",
             "Seconds since the running job's trainer group last made progress (the progress "
             "time of its heartbeat)",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         self.work_queue_depth = Gauge(
             "streamrec_api_work_queue_depth",
             "Passes on the job's work stream not yet taken by a trainer group",
-            ["job"],
+            ["job_id"],
+            registry=reg,
+        )
+        self.pass_ctr = Gauge(
+            "streamrec_api_pass_ctr",
+            "Click-through rate of the last finished pass's training samples (kind: predicted, "
+            "the model's mean prediction; actual, the labels' mean)",
+            ["job_id", "kind"],
+            registry=reg,
+        )
+        self.last_checkpoint = Gauge(
+            "streamrec_api_last_checkpoint_timestamp_seconds",
+            "Unix time the job's last checkpoint was reported (by this API's scheduler)",
+            ["job_id"],
+            registry=reg,
+        )
+        self.data_wait = Gauge(
+            "streamrec_api_data_wait_seconds",
+            "Seconds the running job's next pass has waited for its data: since the newest "
+            "donefile of the job's data landed (0 when the next pass is ready or in flight)",
+            ["job_id"],
+            registry=reg,
+        )
+        self.pass_lag = Gauge(
+            "streamrec_api_pass_lag_seconds",
+            "Data time between the newest pass whose data has landed and the next pass to "
+            "train: how far training is behind the data (one pass interval when keeping up)",
+            ["job_id"],
             registry=reg,
         )
         self.checkpoint_failures = Counter(
             "streamrec_api_checkpoint_failures_total",
             "Passes whose checkpoint or save failed, and checkpoint triggers that failed",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         self.jobs_waiting_for_trainers = Gauge(
@@ -158,7 +190,7 @@ class ApiMetrics:
             "streamrec_api_group_restarts_total",
             "Infrastructure restarts of a job's trainer group (a process killed, evicted, "
             "OOM-killed or stuck; not the pass's fault)",
-            ["job"],
+            ["job_id"],
             registry=reg,
         )
         for state in ("idle", "busy"):
@@ -183,6 +215,12 @@ class ApiMetrics:
 
     def forget_running(self, job: str) -> None:
         """Drops the gauges that exist for running jobs only."""
-        for gauge in (self.heartbeat_age, self.progress_age, self.work_queue_depth):
+        for gauge in (
+            self.heartbeat_age,
+            self.progress_age,
+            self.work_queue_depth,
+            self.data_wait,
+            self.pass_lag,
+        ):
             with contextlib.suppress(KeyError):  # never set
                 gauge.remove(job)

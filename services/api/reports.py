@@ -208,6 +208,12 @@ class ReportApplier:
         for kind, name in (("predict", "predict_logloss"), ("train", "logloss")):
             if isinstance(record.get(name), int | float):
                 self.metrics.pass_logloss.labels(job_id, kind).set(record[name])
+        for kind in ("predicted", "actual"):
+            if isinstance(record.get(f"{kind}_ctr"), int | float):
+                self.metrics.pass_ctr.labels(job_id, kind).set(record[f"{kind}_ctr"])
+        for kind in ("predicted", "actual"):
+            if isinstance(record.get(f"{kind}_ctr"), int | float):
+                self.metrics.pass_ctr.labels(job_id, kind).set(record[f"{kind}_ctr"])
         if isinstance(record.get("seconds"), int | float):
             self.metrics.pass_seconds.labels(job_id).observe(record["seconds"])
         if isinstance(record.get("samples"), int) and record["samples"] >= 0:
@@ -245,6 +251,8 @@ class ReportApplier:
         pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
         self.r.hset(keys.job(job_id), "last_checkpoint", pk)
         self.metrics.checkpoints.labels(job_id).inc()
+        self.metrics.last_checkpoint.labels(job_id).set(time.time())
+        self.metrics.last_checkpoint.labels(job_id).set(time.time())
         self._event(
             job_id,
             "checkpoint",
@@ -265,7 +273,10 @@ class ReportApplier:
             fields["error"] = str(data.get("error", ""))[:2000]
         redis_io.hset(self.r, key, fields)
         self.metrics.triggers.labels(kind, state.value).inc()
-        if kind == CommandType.CHECKPOINT and state == TriggerState.FAILED:
+        # a trigger refused for want of a model (before the first pass, after a failed one:
+        # the agent's NotFound) is no failed save: it must not page as one
+        refused = str(data.get("error", "")).startswith("NotFound")
+        if kind == CommandType.CHECKPOINT and state == TriggerState.FAILED and not refused:
             self.metrics.checkpoint_failures.labels(job_id).inc()
         self._event(
             job_id,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import prometheus_client
 
-#: Latency buckets from 100 us to 60 s, fitting both in-memory RPCs and checkpoints.
+#: Request latency, 100 us to 60 s: RPCs, HTTP requests, one scheduler tick.
 LATENCY_BUCKETS = (
     0.0001,
     0.00025,
@@ -28,6 +28,30 @@ LATENCY_BUCKETS = (
     10.0,
     30.0,
     60.0,
+)
+
+#: Durations of whole units of work, 100 ms to 6 h: a pass (hourly data: minutes to hours),
+#: a checkpoint save or load (many GiB over NFS), a sampler table reload. LATENCY_BUCKETS
+#: would put them all in +Inf past 60 s.
+DURATION_BUCKETS = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1200.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    14400.0,
+    21600.0,
 )
 
 

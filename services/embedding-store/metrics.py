@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from streamrec.metrics import LATENCY_BUCKETS, serve_metrics
+from streamrec.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,59 @@ class MemoryCollector(Collector):
         yield resident
 
 
+class GpuMemoryCollector(Collector):
+    """GPU memory and utilisation of a shard whose store uses CUDA (the device tier and its
+    cache), from torch.cuda at scrape time; no exporter needed (DCGM's, where installed,
+    shows the same beside the node's other GPUs).
+
+    Reads only when this process has already initialised CUDA: a host- or ssd-tier shard
+    never does, and a scrape must not create a CUDA context.
+
+    Args:
+        shard: label value naming this shard (``K-of-N``).
+    """
+
+    def __init__(self, shard: str) -> None:
+        self._shard = shard
+
+    def collect(self) -> Iterator[Any]:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        try:
+            device = torch.cuda.current_device()
+            free, total = torch.cuda.mem_get_info(device)
+            allocated = torch.cuda.memory_allocated(device)
+        except RuntimeError:  # the device went away: no GPU series this scrape
+            log.exception("cannot read GPU memory for a metrics scrape")
+            return
+        labels = ["shard", "device"]
+        values = [self._shard, str(device)]
+        for name, text, value in (
+            (f"{PREFIX}_gpu_memory_used_bytes", "GPU memory in use (all processes)", total - free),
+            (f"{PREFIX}_gpu_memory_total_bytes", "GPU memory of the shard's GPU", total),
+            (
+                f"{PREFIX}_gpu_memory_allocated_bytes",
+                "GPU memory the shard's tensors hold",
+                allocated,
+            ),
+        ):
+            family = GaugeMetricFamily(name, text, labels=labels)
+            family.add_metric(values, float(value))
+            yield family
+        try:
+            busy = torch.cuda.utilization(device) / 100.0
+        except Exception:  # utilization() needs NVML (pynvml): no series without it
+            return
+        family = GaugeMetricFamily(
+            f"{PREFIX}_gpu_utilization_ratio",
+            "Share of the last sample period the shard's GPU was busy (NVML)",
+            labels=labels,
+        )
+        family.add_metric(values, busy)
+        yield family
+
+
 class StoreMetrics:
     """The metrics of one shard, in their own registry.
 
@@ -211,6 +265,7 @@ class StoreMetrics:
         r = self.registry
         ProcessCollector(registry=r)
         r.register(MemoryCollector(shard))
+        r.register(GpuMemoryCollector(shard))
         self.request_seconds = Histogram(
             f"{PREFIX}_request_seconds",
             "Time to serve one request, by op",
@@ -251,13 +306,13 @@ class StoreMetrics:
             f"{PREFIX}_save_seconds",
             "Time to save, by mode",
             ["mode"],
-            buckets=LATENCY_BUCKETS,
+            buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.load_seconds = Histogram(
             f"{PREFIX}_load_seconds",
             "Time to load a checkpoint",
-            buckets=LATENCY_BUCKETS,
+            buckets=DURATION_BUCKETS,
             registry=r,
         )
         if stats is not None:

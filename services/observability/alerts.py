@@ -10,9 +10,13 @@
 ``deploy/prometheus/alerts.test.yml`` holds hand-written ``promtool test rules`` cases: each
 alert firing when it should and silent when it should not.
 
-Label names: Prometheus's ``job`` label is the scrape job (``streamrec-api``, ...), so the
-StreamRec job id that the API's metrics carry as ``job`` is stored as ``exported_job``
-(``honor_labels: false``, the default, both locally and for ServiceMonitors).
+Label names: Prometheus's ``job`` label is the scrape job (``streamrec-api``, ...); the API's
+per-job series carry the StreamRec job id as ``job_id``.
+
+Every alert is silent in every normal state of ``streamrec up`` and of the manifests: an idle
+trainer pool, a job between passes or waiting for its next split, before its first pass,
+paused, stopped, and an API replica that does not hold the scheduler lease (its per-job
+gauges are stale: the rules read them joined with :data:`LEADER`).
 """
 
 from __future__ import annotations
@@ -24,13 +28,19 @@ from typing import Any, Literal
 import yaml
 from streamrec.observability.generated import GENERATED_HEADER, write_or_check
 
-#: ``page``: someone acts now (training stopped or about to lose state);
-#: ``ticket``: look at it during working hours (quality or speed degraded).
-Severity = Literal["page", "ticket"]
-SEVERITIES: tuple[Severity, ...] = ("page", "ticket")
+#: ``critical``: someone acts now (training stopped or about to lose state);
+#: ``warning``: look at it during working hours (quality or speed degraded).
+Severity = Literal["critical", "warning"]
+SEVERITIES: tuple[Severity, ...] = ("critical", "warning")
 
-#: Where each alert's runbook section lives: ``docs/runbook.md#<alert name, lower case>``.
-RUNBOOK = "docs/runbook.md"
+#: The one setting every ``runbook_url`` derives from: ``<RUNBOOK_URL>#<alert, lower case>``.
+#: Absolute, as Alertmanager and its receivers need; point it at your copy of
+#: ``docs/runbook.md`` and run ``make dashboards``.
+RUNBOOK_URL = "https://github.com/streamrec/streamrec/blob/main/docs/runbook.md"
+
+#: Filter for the API's per-job gauges: only the replica holding the scheduler lease sets
+#: them; another replica keeps the values it had when it lost the lease.
+LEADER = "on (instance) streamrec_api_scheduler_leader == 1"
 
 RULES_FILE = Path("deploy/prometheus/alerts.rules.yml")
 PROMETHEUS_RULE_FILE = Path("deploy/k8s/base/monitoring/prometheusrule.yaml")
@@ -45,12 +55,14 @@ class Alert:
         name: the alert's name (``StreamRec...``, CamelCase as Prometheus's convention).
         expr: PromQL that returns a series per firing instance of the alert.
         for_: how long ``expr`` must hold before the alert fires (Prometheus duration).
-        severity: ``page`` or ``ticket`` (the ``severity`` label Alertmanager routes on).
+        severity: ``critical`` or ``warning`` (the ``severity`` label Alertmanager routes on).
         summary: one line, may use ``{{ $labels.x }}`` and ``{{ $value }}``.
         description: what is wrong and what it costs, same templating.
         signals: the PromQL series ``expr`` reads, each returning data in a healthy running
             stack (the end-to-end test evaluates them on a live Prometheus: an alert over a
             series that never exists would never fire).
+        only_with: when the signals exist only in some deployments or after some event,
+            what that is (the live-stack test then skips their data check); "" for always.
     """
 
     name: str
@@ -60,6 +72,7 @@ class Alert:
     summary: str
     description: str
     signals: tuple[str, ...]
+    only_with: str = ""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -69,7 +82,7 @@ class Alert:
 
     @property
     def runbook_url(self) -> str:
-        return f"{RUNBOOK}#{self.name.lower()}"
+        return f"{RUNBOOK_URL}#{self.name.lower()}"
 
     def rule(self) -> dict[str, Any]:
         """The rule as Prometheus's rules file (and the PrometheusRule spec) spells it."""
@@ -86,98 +99,228 @@ class Alert:
         }
 
 
+_BY_TABLE = "sum by (instance, shard, namespace, table)"
+_HITS = f"{_BY_TABLE} (rate(streamrec_embedding_store_cache_hits_total[15m]))"
+_MISSES = f"{_BY_TABLE} (rate(streamrec_embedding_store_cache_misses_total[15m]))"
+
 ALERTS: list[Alert] = [
     Alert(
+        # The trainers have an alert of their own: a rank's /metrics is down while its group
+        # restarts or waits in rendezvous for a missing peer, which may last minutes.
         name="StreamRecTargetDown",
-        expr='up{job=~"streamrec-.*"} == 0',
+        expr='up{job=~"streamrec-(api|sampler|embedding-store)"} == 0',
         for_="5m",
-        severity="page",
+        severity="critical",
         summary="{{ $labels.job }} target {{ $labels.instance }} is down",
         description=(
             "Prometheus has not scraped {{ $labels.instance }} (job {{ $labels.job }}) for 5"
             " minutes: the process is gone or its /metrics port is unreachable."
         ),
-        signals=('up{job=~"streamrec-.*"}',),
+        signals=('up{job=~"streamrec-(api|sampler|embedding-store)"}',),
     ),
     Alert(
-        # The ages and the queue depth exist for running jobs only. A group waiting for data
-        # (empty queue) makes no progress either: only age with work waiting is a stall. The
-        # API hands a stuck pass out again after trainer_stuck_s (120 s by default), so a
-        # pass held by a stuck group is back in the queue by the time this fires.
+        # An idle rank of the pool serves /metrics too: only a rank that cannot start (its
+        # group crash-loops or never completes its rendezvous) is down this long.
+        name="StreamRecTrainerTargetDown",
+        expr='up{job="streamrec-trainer"} == 0',
+        for_="15m",
+        severity="warning",
+        summary="Trainer rank {{ $labels.instance }} is down",
+        description=(
+            "Trainer rank {{ $labels.instance }} has not served /metrics for 15 minutes: its"
+            " group keeps restarting, or waits in rendezvous for a rank that cannot start"
+            " (Pending pod, no GPU of the right kind)."
+        ),
+        signals=('up{job="streamrec-trainer"}',),
+    ),
+    Alert(
+        # Ages exist for running jobs that a group serves; a group waiting for data (empty
+        # queue) makes no progress either: only age with work waiting is a stall.
         name="StreamRecTrainerStalled",
         expr=(
             "streamrec_api_trainer_progress_age_seconds > 600"
-            " and on (instance, exported_job) streamrec_api_work_queue_depth > 0"
+            " and on (instance, job_id) streamrec_api_work_queue_depth > 0"
+            f" and {LEADER}"
         ),
         for_="5m",
-        severity="page",
-        summary="Trainer group of job {{ $labels.exported_job }} makes no progress",
+        severity="critical",
+        summary="Trainer group of job {{ $labels.job_id }} makes no progress",
         description=(
-            "The trainer group of running job {{ $labels.exported_job }} has made no progress"
+            "The trainer group of running job {{ $labels.job_id }} has made no progress"
             " for {{ $value | humanizeDuration }} while passes wait on its work stream: the"
             " job is not training."
         ),
         signals=(
             "streamrec_api_trainer_progress_age_seconds",
             "streamrec_api_work_queue_depth",
+            "streamrec_api_scheduler_leader",
         ),
     ),
     Alert(
         name="StreamRecTrainerHeartbeatMissing",
-        expr="streamrec_api_trainer_heartbeat_age_seconds > 60",
+        expr=f"streamrec_api_trainer_heartbeat_age_seconds > 60 and {LEADER}",
         for_="5m",
-        severity="page",
-        summary="No trainer group heartbeat for job {{ $labels.exported_job }}",
+        severity="critical",
+        summary="No trainer group heartbeat for job {{ $labels.job_id }}",
         description=(
-            "Job {{ $labels.exported_job }} runs but no trainer group has sent a heartbeat for"
-            " {{ $value | humanizeDuration }} (the API's heartbeat_ttl_s is 10 s): no group"
-            " is alive to take its passes."
+            "Job {{ $labels.job_id }} has a trainer group but none of its heartbeats for"
+            " {{ $value | humanizeDuration }} (the API's heartbeat_ttl_s is 10 s): the group"
+            " is gone and has not been replaced."
         ),
-        signals=("streamrec_api_trainer_heartbeat_age_seconds",),
+        signals=(
+            "streamrec_api_trainer_heartbeat_age_seconds",
+            "streamrec_api_scheduler_leader",
+        ),
+    ),
+    Alert(
+        name="StreamRecNoTrainersForJob",
+        expr=f"streamrec_api_jobs_waiting_for_trainers > 0 and {LEADER}",
+        for_="10m",
+        severity="warning",
+        summary="{{ $value }} running job(s) wait for a trainer group",
+        description=(
+            "{{ $value }} running job(s) have had no trainer group for 10 minutes: every"
+            " group of the pool is busy, or none has the job's resources.trainer_ranks."
+            " GET /v1/jobs?state=running shows which (trainers: waiting_for_trainers)."
+        ),
+        signals=(
+            "streamrec_api_jobs_waiting_for_trainers",
+            "streamrec_api_scheduler_leader",
+        ),
+    ),
+    Alert(
+        # A group that dies before or during its rendezvous never heartbeats long enough
+        # for the age alerts to hold: its restarts are counted instead.
+        name="StreamRecTrainerGroupRestarting",
+        expr="sum by (job_id) (increase(streamrec_api_group_restarts_total[30m])) >= 3",
+        for_="0m",
+        severity="warning",
+        summary="Trainer group of job {{ $labels.job_id }} keeps restarting",
+        description=(
+            '{{ $value | printf "%.0f" }} infrastructure restarts of job'
+            " {{ $labels.job_id }}'s trainer group in 30 minutes (a rank killed, OOM-killed,"
+            " evicted or stuck): a crash loop. The job fails when its restart budget is spent."
+        ),
+        signals=("streamrec_api_group_restarts_total",),
     ),
     Alert(
         name="StreamRecTrainerGroupDead",
-        expr=("sum by (exported_job) (increase(streamrec_api_trainer_groups_dead_total[15m])) > 0"),
+        expr="sum by (job_id) (increase(streamrec_api_trainer_groups_dead_total[15m])) > 0",
         for_="0m",
-        severity="ticket",
-        summary="A trainer group of job {{ $labels.exported_job }} died",
+        severity="warning",
+        summary="A trainer group of job {{ $labels.job_id }} died",
         description=(
-            '{{ $value | printf "%.0f" }} trainer group(s) of job {{ $labels.exported_job }}'
+            '{{ $value | printf "%.0f" }} trainer group(s) of job {{ $labels.job_id }}'
             " were found dead in the last 15 minutes (heartbeat expired with a pass in"
             " flight); their passes were handed out again."
         ),
         signals=("streamrec_api_trainer_groups_dead_total",),
     ),
     Alert(
+        # The leader's value now against the leader's value a day ago: a replica that lost
+        # the lease keeps a stale AUC, which `max by` over replicas would let mask a drop.
         name="StreamRecPassAucDropped",
-        # max by: one value per StreamRec job whichever API replica (or pod, after a
-        # restart a day ago) exports it.
         expr=(
-            'max by (exported_job) (streamrec_api_pass_auc{kind="predict"})'
-            ' < max by (exported_job) (streamrec_api_pass_auc{kind="predict"} offset 1d) - 0.01'
+            'max by (job_id) (streamrec_api_pass_auc{kind="predict"} and ' + LEADER + ")"
+            ' < max by (job_id) (streamrec_api_pass_auc{kind="predict"} offset 1d'
+            " and on (instance) streamrec_api_scheduler_leader offset 1d == 1) - 0.01"
         ),
         for_="10m",
-        severity="ticket",
-        summary="Predict AUC of job {{ $labels.exported_job }} dropped against yesterday",
+        severity="warning",
+        summary="Predict AUC of job {{ $labels.job_id }} dropped against yesterday",
         description=(
-            "The predict AUC of job {{ $labels.exported_job }}'s last pass is"
+            "The predict AUC of job {{ $labels.job_id }}'s last pass is"
             ' {{ $value | printf "%.4f" }}, more than 0.01 below its value a day earlier:'
             " the data or the model changed."
         ),
-        signals=('streamrec_api_pass_auc{kind="predict"}',),
+        signals=('streamrec_api_pass_auc{kind="predict"}', "streamrec_api_scheduler_leader"),
     ),
     Alert(
+        # Counts failed saves of a trained model (a pass's checkpoint, a checkpoint
+        # trigger), not a trigger refused because there is no model yet.
         name="StreamRecCheckpointFailing",
-        expr=("sum by (exported_job) (increase(streamrec_api_checkpoint_failures_total[30m])) > 0"),
+        expr="sum by (job_id) (increase(streamrec_api_checkpoint_failures_total[30m])) > 0",
         for_="0m",
-        severity="ticket",
-        summary="Checkpoints of job {{ $labels.exported_job }} fail",
+        severity="warning",
+        summary="Checkpoints of job {{ $labels.job_id }} fail",
         description=(
             '{{ $value | printf "%.0f" }} checkpoint(s) or saves of job'
-            " {{ $labels.exported_job }} failed in the last 30 minutes: a restart would"
+            " {{ $labels.job_id }} failed in the last 30 minutes: a restart would"
             " resume from an older checkpoint and train those passes again."
         ),
         signals=("streamrec_api_checkpoint_failures_total",),
+    ),
+    Alert(
+        # Expected interval: a week over the checkpoints of the last week (hourly ones: 1 h;
+        # daily ones: 1 d); too old is three of them while the job trains (passes done in
+        # the last 6 h: paused, stopped or waiting for data, nothing is due).
+        name="StreamRecCheckpointTooOld",
+        expr=(
+            "(time() - max by (job_id) (streamrec_api_last_checkpoint_timestamp_seconds))"
+            " > 3 * 604800 / sum by (job_id) (increase(streamrec_api_checkpoints_total[7d]))"
+            " and on (job_id)"
+            " sum by (job_id) (increase(streamrec_api_passes_done_total[6h])) > 0"
+        ),
+        for_="15m",
+        severity="warning",
+        summary="The last checkpoint of job {{ $labels.job_id }} is old",
+        description=(
+            "Job {{ $labels.job_id }} trains but its last checkpoint is"
+            " {{ $value | humanizeDuration }} old, three times its usual interval: a restart"
+            " would train every pass since again."
+        ),
+        signals=(
+            "streamrec_api_last_checkpoint_timestamp_seconds",
+            "streamrec_api_checkpoints_total",
+            "streamrec_api_passes_done_total",
+        ),
+        only_with="a job's first checkpoint",
+    ),
+    Alert(
+        # One pass at a time is handed out and taken within seconds: a pass that stays on
+        # the work stream means no group takes the job's work.
+        name="StreamRecWorkQueueGrowing",
+        expr=f"min_over_time(streamrec_api_work_queue_depth[15m]) > 0 and {LEADER}",
+        for_="5m",
+        severity="warning",
+        summary="Passes of job {{ $labels.job_id }} wait untaken on the work stream",
+        description=(
+            "Job {{ $labels.job_id }} has had {{ $value }} pass(es) handed out but not taken"
+            " by a trainer group for 20 minutes."
+        ),
+        signals=("streamrec_api_work_queue_depth", "streamrec_api_scheduler_leader"),
+    ),
+    Alert(
+        name="StreamRecDataNotArriving",
+        expr=f"streamrec_api_data_wait_seconds > 7200 and {LEADER}",
+        for_="10m",
+        severity="warning",
+        summary="No new data for job {{ $labels.job_id }}",
+        description=(
+            "Job {{ $labels.job_id }}'s next pass has waited"
+            " {{ $value | humanizeDuration }} for its data (no donefile since): the upstream"
+            " pipeline stopped landing splits, or lands them elsewhere."
+        ),
+        signals=("streamrec_api_data_wait_seconds", "streamrec_api_scheduler_leader"),
+    ),
+    Alert(
+        # Behind by more than 6 h of data and still losing ground: a backfill of data that
+        # landed long ago shrinks the lag and stays silent.
+        name="StreamRecTrainingBehindData",
+        expr=(
+            "streamrec_api_pass_lag_seconds > 21600"
+            " and deriv(streamrec_api_pass_lag_seconds[1h]) > 0"
+            f" and {LEADER}"
+        ),
+        for_="30m",
+        severity="warning",
+        summary="Training of job {{ $labels.job_id }} falls behind its data",
+        description=(
+            "Job {{ $labels.job_id }} trains {{ $value | humanizeDuration }} of data behind"
+            " the newest split landed, and the gap grows: the trainers are slower than the"
+            " data arrives."
+        ),
+        signals=("streamrec_api_pass_lag_seconds", "streamrec_api_scheduler_leader"),
     ),
     Alert(
         name="StreamRecStoreNearCapacity",
@@ -186,7 +329,7 @@ ALERTS: list[Alert] = [
             " / streamrec_embedding_store_memory_limit_bytes > 0.9"
         ),
         for_="10m",
-        severity="page",
+        severity="critical",
         summary="Embedding-store shard {{ $labels.shard }} is near its memory limit",
         description=(
             "Shard {{ $labels.shard }} ({{ $labels.instance }}) uses"
@@ -199,26 +342,74 @@ ALERTS: list[Alert] = [
         ),
     ),
     Alert(
+        name="StreamRecStoreGpuNearCapacity",
+        expr=(
+            "streamrec_embedding_store_gpu_memory_used_bytes"
+            " / streamrec_embedding_store_gpu_memory_total_bytes > 0.9"
+        ),
+        for_="10m",
+        severity="critical",
+        summary="GPU memory of embedding-store shard {{ $labels.shard }} is nearly full",
+        description=(
+            "Shard {{ $labels.shard }} ({{ $labels.instance }}) has"
+            " {{ $value | humanizePercentage }} of its GPU's memory in use: new rows of the"
+            " device tier will fail to allocate. Shrink the tables or add shards."
+        ),
+        signals=(
+            "streamrec_embedding_store_gpu_memory_used_bytes",
+            "streamrec_embedding_store_gpu_memory_total_bytes",
+        ),
+        only_with="a store shard on a GPU (tier device)",
+    ),
+    Alert(
+        # The ssd tier only: its lookups go to files on a miss. Over the last 15 minutes,
+        # not since the shard started, and only with lookups to judge.
         name="StreamRecCacheHitRateLow",
-        expr="streamrec_embedding_store_cache_hit_ratio < 0.5",
+        expr=f"{_HITS} / ({_HITS} + {_MISSES}) < 0.5",
         for_="15m",
-        severity="ticket",
+        severity="warning",
         summary="Cache hit rate of table {{ $labels.table }} on shard {{ $labels.shard }} is low",
         description=(
             "Only {{ $value | humanizePercentage }} of the lookups of table {{ $labels.table }}"
-            " on shard {{ $labels.shard }} are served from the RAM cache; the rest read the"
-            " ssd tier's files. Give the cache more memory."
+            " on shard {{ $labels.shard }} in the last 15 minutes were served from the RAM"
+            " cache; the rest read the ssd tier's files. Give the cache more memory."
         ),
-        signals=("streamrec_embedding_store_cache_hit_ratio",),
+        signals=(
+            "streamrec_embedding_store_cache_hits_total",
+            "streamrec_embedding_store_cache_misses_total",
+        ),
+        only_with="a store shard on the ssd tier",
     ),
     Alert(
+        name="StreamRecStoreErrors",
+        expr=(
+            "sum by (instance) (rate(streamrec_embedding_store_request_errors_total[5m]))"
+            " / sum by (instance) (rate(streamrec_embedding_store_request_seconds_count[5m]))"
+            " > 0.01"
+        ),
+        for_="10m",
+        severity="warning",
+        summary="Embedding-store shard {{ $labels.instance }} answers requests with errors",
+        description=(
+            "{{ $value | humanizePercentage }} of shard {{ $labels.instance }}'s requests in"
+            " the last 5 minutes were answered with an error (see the code label of"
+            " streamrec_embedding_store_request_errors_total)."
+        ),
+        signals=(
+            "streamrec_embedding_store_request_errors_total",
+            "streamrec_embedding_store_request_seconds_count",
+        ),
+        only_with="a store request answered with an error",
+    ),
+    Alert(
+        # Served requests only: the seconds-long table reload is an operation of its own.
         name="StreamRecSamplerLatencyHigh",
         expr=(
             "histogram_quantile(0.99, sum by (instance, op, le)"
-            " (rate(streamrec_sampler_request_seconds_bucket[5m]))) > 0.05"
+            ' (rate(streamrec_sampler_request_seconds_bucket{op!="reload"}[5m]))) > 0.05'
         ),
         for_="10m",
-        severity="ticket",
+        severity="warning",
         summary="Sampler {{ $labels.instance }} p99 latency of {{ $labels.op }} is high",
         description=(
             "The 99th percentile of sampler {{ $labels.instance }}'s {{ $labels.op }}"
@@ -227,33 +418,38 @@ ALERTS: list[Alert] = [
         ),
         signals=(
             "histogram_quantile(0.99, sum by (instance, op, le)"
-            " (rate(streamrec_sampler_request_seconds_bucket[5m])))",
+            ' (rate(streamrec_sampler_request_seconds_bucket{op!="reload"}[5m])))',
         ),
     ),
     Alert(
+        name="StreamRecSamplerErrors",
+        expr=(
+            "sum by (instance) (rate(streamrec_sampler_errors_total[5m]))"
+            " / sum by (instance) (rate(streamrec_sampler_requests_total[5m])) > 0.01"
+        ),
+        for_="10m",
+        severity="warning",
+        summary="Sampler {{ $labels.instance }} answers requests with errors",
+        description=(
+            "{{ $value | humanizePercentage }} of sampler {{ $labels.instance }}'s requests"
+            " in the last 5 minutes were answered with an error (see the code label of"
+            " streamrec_sampler_errors_total)."
+        ),
+        signals=("streamrec_sampler_errors_total", "streamrec_sampler_requests_total"),
+        only_with="a sampler request answered with an error",
+    ),
+    Alert(
+        # Failed Redis calls of a replica are this too: it covers them (no alert of their own).
         name="StreamRecRedisUnreachable",
         expr="streamrec_api_redis_up == 0",
         for_="1m",
-        severity="page",
+        severity="critical",
         summary="API {{ $labels.instance }} cannot reach Redis",
         description=(
             "The last Redis call of API {{ $labels.instance }} failed for a minute: no job"
             " can be created, started or scheduled, and trainers get no passes."
         ),
         signals=("streamrec_api_redis_up",),
-    ),
-    Alert(
-        name="StreamRecRedisErrors",
-        expr="increase(streamrec_api_redis_errors_total[5m]) > 0",
-        for_="10m",
-        severity="ticket",
-        summary="API {{ $labels.instance }} keeps getting Redis errors",
-        description=(
-            'API {{ $labels.instance }} had {{ $value | printf "%.0f" }} failed Redis calls'
-            " (connections or timeouts) in the last 5 minutes, and failed calls every 5"
-            " minutes for 10 minutes."
-        ),
-        signals=("streamrec_api_redis_errors_total",),
     ),
 ]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
-from streamrec.metrics import LATENCY_BUCKETS
+from streamrec.metrics import DURATION_BUCKETS, LATENCY_BUCKETS
 
 REQUESTS = Counter("streamrec_sampler_requests_total", "Requests served, by op.", ["op"])
 ERRORS = Counter(
@@ -30,7 +30,7 @@ RELOADS = Counter("streamrec_sampler_reloads_total", "Tables loaded successfully
 RELOAD_SECONDS = Histogram(
     "streamrec_sampler_reload_seconds",
     "Time to validate and build a table.",
-    buckets=LATENCY_BUCKETS,
+    buckets=DURATION_BUCKETS,
 )
 
 

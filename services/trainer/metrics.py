@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
-from streamrec.metrics import LATENCY_BUCKETS
+from streamrec.metrics import DURATION_BUCKETS
 
 SAMPLES = Counter(
     "streamrec_trainer_samples_total",
@@ -31,13 +31,13 @@ PASS_SECONDS = Histogram(
     "streamrec_trainer_pass_seconds",
     "Wall time of a whole pass.",
     ["rank"],
-    buckets=LATENCY_BUCKETS,
+    buckets=DURATION_BUCKETS,
 )
 SAVE_SECONDS = Histogram(
     "streamrec_trainer_save_seconds",
     "Time to save a model, by mode (checkpoint, base, delta, batch).",
     ["rank", "mode"],
-    buckets=LATENCY_BUCKETS,
+    buckets=DURATION_BUCKETS,
 )
 WAIT_SECONDS = Counter(
     "streamrec_trainer_data_wait_seconds_total", "Time spent waiting for donefiles.", ["rank"]

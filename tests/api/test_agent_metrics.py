@@ -53,13 +53,13 @@ def test_the_rank_serves_metrics_and_a_failed_save_is_a_checkpoint_failure(
         assert rank['streamrec_trainer_pass_id{rank="0"}'] == 1
         assert rank["process_resident_memory_bytes"] > 0
         api = parse_metrics(client.get("/metrics").text)
-        assert api[f'streamrec_api_checkpoint_failures_total{{job="{job_id}"}}'] == 1
-        assert api[f'streamrec_api_passes_requeued_total{{job="{job_id}"}}'] == 1
+        assert api[f'streamrec_api_checkpoint_failures_total{{job_id="{job_id}"}}'] == 1
+        assert api[f'streamrec_api_passes_requeued_total{{job_id="{job_id}"}}'] == 1
         datagen(data)  # pass 2 lands
         job = finished(client, job_id, agent, log)
         assert job["state"] == "succeeded", job
         assert agent.wait(timeout=60) == 0
         api = parse_metrics(client.get("/metrics").text)
-        assert api[f'streamrec_api_checkpoint_failures_total{{job="{job_id}"}}'] == 1
+        assert api[f'streamrec_api_checkpoint_failures_total{{job_id="{job_id}"}}'] == 1
     finally:
         stop_process(agent)

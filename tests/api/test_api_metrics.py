@@ -46,13 +46,13 @@ def start_job(client, roots, name: str) -> str:
 
 def test_a_running_jobs_gauges_follow_its_trainer_group(client, roots, redis_server):
     job_id = start_job(client, roots, "gauges")
-    job = f'job="{job_id}"'
+    job = f'job_id="{job_id}"'
     # counters the alerts read exist at 0 from the job's start; the liveness gauges follow
     # at the scheduler's first tick, so wait for one scrape that holds them all
     wanted = [
         f"streamrec_api_checkpoint_failures_total{{{job}}}",
         f"streamrec_api_work_queue_depth{{{job}}}",
-        f"streamrec_api_trainer_heartbeat_age_seconds{{{job}}}",
+        f"streamrec_api_data_wait_seconds{{{job}}}",
     ]
     metrics = scrape_holding(client, wanted)
     assert metrics[f"streamrec_api_checkpoint_failures_total{{{job}}}"] == 0
@@ -61,8 +61,16 @@ def test_a_running_jobs_gauges_follow_its_trainer_group(client, roots, redis_ser
     assert metrics["streamrec_api_redis_up"] == 1
     assert metrics["process_resident_memory_bytes"] > 0
     assert metrics[f"streamrec_api_work_queue_depth{{{job}}}"] == 0
-    # no group has beaten yet: the ages count from the job's start
-    assert 0 <= metrics[f"streamrec_api_trainer_heartbeat_age_seconds{{{job}}}"] < 30
+    assert metrics[f"streamrec_api_pass_lag_seconds{{{job}}}"] == 0  # no data landed
+    # no group serves the job (the pool is empty): it waits for trainers, which is what the
+    # alerts read for it, and it has no heartbeat or progress age (no group to be late)
+    wait_for(
+        lambda: sample(client, "streamrec_api_jobs_waiting_for_trainers") == 1,
+        what="the job counted as waiting for trainers",
+    )
+    metrics = scrape(client)
+    assert f"streamrec_api_trainer_heartbeat_age_seconds{{{job}}}" not in metrics
+    assert f"streamrec_api_trainer_progress_age_seconds{{{job}}}" not in metrics
 
     ch = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=60)
     ch.heartbeat(ranks=1, busy=True, progress_ts=time.time() - 100)

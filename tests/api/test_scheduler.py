@@ -129,10 +129,10 @@ def test_passes_follow_donefiles_in_order(client, roots, redis_server):
         0.7
     )
     metrics = client.get("/metrics").text
-    assert f'streamrec_api_passes_done_total{{job="{job_id}"}} 4.0' in metrics
-    assert f'streamrec_api_pass_auc{{job="{job_id}",kind="train"}} 0.75' in metrics
-    assert f'streamrec_api_pass_logloss{{job="{job_id}",kind="predict"}} 0.625' in metrics
-    assert f'streamrec_api_pass_logloss{{job="{job_id}",kind="train"}} 0.5' in metrics
+    assert f'streamrec_api_passes_done_total{{job_id="{job_id}"}} 4.0' in metrics
+    assert f'streamrec_api_pass_auc{{job_id="{job_id}",kind="train"}} 0.75' in metrics
+    assert f'streamrec_api_pass_logloss{{job_id="{job_id}",kind="predict"}} 0.625' in metrics
+    assert f'streamrec_api_pass_logloss{{job_id="{job_id}",kind="train"}} 0.5' in metrics
     ch.close()
 
 

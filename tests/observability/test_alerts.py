@@ -56,6 +56,10 @@ def exported_metric_names() -> set[str]:
         prefix = re.search(r'^PREFIX = "(\w+)"', text, re.MULTILINE)
         if prefix:
             text = text.replace("{PREFIX}", prefix.group(1))
+            # a (suffix, help) table of counters read from stats: ("cache_hits_total", ...)
+            names.update(
+                f"{prefix.group(1)}_{m}" for m in re.findall(r'\("([a-z0-9_]+_total)",', text)
+            )
         names.update(re.findall(r"[\"'](streamrec_[a-z0-9_]+)[\"']", text))
     return names
 
@@ -135,25 +139,68 @@ def test_alerts_are_complete() -> None:
         assert alert.severity in alerts.SEVERITIES
         assert alert.summary.strip() and alert.description.strip()
         assert alert.signals, alert.name
-        assert alert.runbook_url == f"docs/runbook.md#{alert.name.lower()}"
+        assert alert.runbook_url == f"{alerts.RUNBOOK_URL}#{alert.name.lower()}"
+        assert alert.runbook_url.startswith("https://"), alert.runbook_url
     wanted = {
         "StreamRecTargetDown",
+        "StreamRecTrainerTargetDown",
         "StreamRecTrainerStalled",
+        "StreamRecTrainerHeartbeatMissing",
+        "StreamRecNoTrainersForJob",
+        "StreamRecTrainerGroupRestarting",
         "StreamRecPassAucDropped",
         "StreamRecStoreNearCapacity",
+        "StreamRecStoreGpuNearCapacity",
         "StreamRecCacheHitRateLow",
+        "StreamRecStoreErrors",
         "StreamRecSamplerLatencyHigh",
+        "StreamRecSamplerErrors",
         "StreamRecCheckpointFailing",
+        "StreamRecCheckpointTooOld",
+        "StreamRecWorkQueueGrowing",
+        "StreamRecDataNotArriving",
+        "StreamRecTrainingBehindData",
         "StreamRecTrainerGroupDead",
         "StreamRecRedisUnreachable",
     }
     assert wanted <= set(names)
 
 
+def test_every_runbook_url_has_its_section() -> None:
+    """Each alert's anchor is a heading of docs/runbook.md (GitHub's anchors: lower case)."""
+    headings = {
+        line.removeprefix("## ").strip().lower()
+        for line in (ROOT / "docs/runbook.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("## ")
+    }
+    for alert in alerts.ALERTS:
+        assert alert.name.lower() in headings, alert.name
+
+
+def test_per_job_labels_are_job_id_and_gauges_come_from_the_leader() -> None:
+    """The StreamRec job id is job_id (job is the scrape job); a per-job gauge of the API is
+    read only from the replica holding the scheduler lease (the others' are stale)."""
+    gauges = {
+        "streamrec_api_trainer_progress_age_seconds",
+        "streamrec_api_trainer_heartbeat_age_seconds",
+        "streamrec_api_work_queue_depth",
+        "streamrec_api_jobs_waiting_for_trainers",
+        "streamrec_api_data_wait_seconds",
+        "streamrec_api_pass_lag_seconds",
+        "streamrec_api_pass_auc",
+    }
+    for alert in alerts.ALERTS:
+        assert "exported_job" not in alert.expr + alert.summary + alert.description
+        if metric_names(alert.expr) & gauges:
+            assert alerts.LEADER in alert.expr or "scheduler_leader offset" in alert.expr, (
+                alert.name
+            )
+
+
 def test_alert_refuses_unknown_severity_and_missing_signals() -> None:
     base = alerts.ALERTS[0]
     with pytest.raises(ValueError, match="severity"):
-        alerts.Alert(**{**vars(base), "severity": "critical"})
+        alerts.Alert(**{**vars(base), "severity": "page"})
     with pytest.raises(ValueError, match="signals"):
         alerts.Alert(**{**vars(base), "signals": ()})
 

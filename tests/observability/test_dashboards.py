@@ -31,6 +31,11 @@ EXPECTED_PANELS = {
         "Logloss per pass",
         "Samples/s",
         "Pass duration",
+        "Predicted vs actual CTR per pass",
+        "Training against its data",
+        "Checkpoints",
+        "Last checkpoint age",
+        "Pass lag behind the data",
     },
     "streamrec-embedding-store": {
         "Rows per table and tier",
@@ -41,6 +46,8 @@ EXPECTED_PANELS = {
         "Keys/s",
         "Shrink and admission",
         "Checkpoint events",
+        "GPU memory and utilisation",
+        "GPU memory used",
     },
     "streamrec-sampler": {"Negatives/s", "Request latency", "Table size", "Errors/s"},
     "streamrec-control-plane": {
@@ -49,13 +56,16 @@ EXPECTED_PANELS = {
         "Work queue depth",
         "Passes handed out and requeued",
         "Trainer heartbeats",
-        "Trainer groups dead",
+        "Trainer groups dead and restarted",
         "Scheduler tick latency",
+        "Trainer pool",
+        "Jobs waiting for trainers",
     },
 }
 
-#: Series every Prometheus makes or every prometheus_client registry carries.
-BUILT_IN = re.compile(r"^(up|process_\w+)$")
+#: Series every Prometheus makes or every prometheus_client registry carries, and NVIDIA's
+#: DCGM exporter's (panels reading them fall back to 0 where it does not run).
+BUILT_IN = re.compile(r"^(up|process_\w+|DCGM_FI_\w+)$")
 
 #: Words of PromQL that look like names but are not metrics.
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
@@ -226,24 +236,26 @@ def _expr(name: str, title: str, target: int = 0) -> str:
 
 @pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool is not installed")
 def test_queries_compute_what_their_panel_says(tmp_path):
-    """A few queries on series as Prometheus stores them (the API's job id as exported_job)."""
+    """A few queries on series as Prometheus stores them (the API's job id as job_id; its
+    per-job gauges read from the replica holding the scheduler lease)."""
     api = 'job="streamrec-api", instance="api:8000"'
+    stale = 'job="streamrec-api", instance="api-2:8000"'
     cases = {
         "input_series": [
             {
-                "series": f'streamrec_api_pass_auc{{{api}, exported_job="j1", kind="best"}}',
+                "series": f'streamrec_api_pass_auc{{{api}, job_id="j1", kind="best"}}',
                 "values": "0.75x5",
             },
             {
-                "series": f'streamrec_api_pass_auc{{{api}, exported_job="j1", kind="predict"}}',
+                "series": f'streamrec_api_pass_auc{{{api}, job_id="j1", kind="predict"}}',
                 "values": "0.5x5",
             },
             {
-                "series": f'streamrec_api_pass_auc{{{api}, exported_job="j2", kind="best"}}',
+                "series": f'streamrec_api_pass_auc{{{api}, job_id="j2", kind="best"}}',
                 "values": "1x5",
             },
             {
-                "series": f'streamrec_api_pass_auc{{{api}, exported_job="j2", kind="predict"}}',
+                "series": f'streamrec_api_pass_auc{{{api}, job_id="j2", kind="predict"}}',
                 "values": "0.875x5",
             },
             {
@@ -252,17 +264,28 @@ def test_queries_compute_what_their_panel_says(tmp_path):
                 "values": "0+60x5",
             },
             {
-                "series": f'streamrec_api_work_queue_depth{{{api}, exported_job="j1"}}',
+                "series": f'streamrec_api_work_queue_depth{{{api}, job_id="j1"}}',
                 "values": "3x5",
             },
+            {"series": f"streamrec_api_scheduler_leader{{{api}}}", "values": "1x5"},
+            # a replica that lost the lease keeps its last gauges: never shown
+            {
+                "series": f'streamrec_api_work_queue_depth{{{stale}, job_id="j1"}}',
+                "values": "9x5",
+            },
+            {
+                "series": f'streamrec_api_pass_auc{{{stale}, job_id="j1", kind="predict"}}',
+                "values": "0.1x5",
+            },
+            {"series": f"streamrec_api_scheduler_leader{{{stale}}}", "values": "0x5"},
         ],
         "promql_expr_test": [
             {  # best - predict per StreamRec job
                 "expr": _expr("streamrec-job", "AUC gap to best possible"),
                 "eval_time": "4m",
                 "exp_samples": [
-                    {"labels": f'{{{api}, exported_job="j1"}}', "value": 0.25},
-                    {"labels": f'{{{api}, exported_job="j2"}}', "value": 0.125},
+                    {"labels": f'{{{api}, job_id="j1"}}', "value": 0.25},
+                    {"labels": f'{{{api}, job_id="j2"}}', "value": 0.125},
                 ],
             },
             {  # no 5xx yet: a share of 0, not an empty panel
@@ -273,7 +296,7 @@ def test_queries_compute_what_their_panel_says(tmp_path):
             {  # a series exists: the fallback 0 stays out
                 "expr": _expr("streamrec-control-plane", "Work queue depth"),
                 "eval_time": "4m",
-                "exp_samples": [{"labels": '{exported_job="j1"}', "value": 3}],
+                "exp_samples": [{"labels": '{job_id="j1"}', "value": 3}],
             },
         ],
         "interval": "1m",
@@ -284,3 +307,72 @@ def test_queries_compute_what_their_panel_says(tmp_path):
         [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _stats(board: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in _panels(board) if p["type"] == "stat"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PANELS))
+def test_every_stat_has_its_own_thresholds(name):
+    """Grafana's default (green, red from 80) would show Redis down or a full shard green."""
+    for panel in _stats(_load(name)):
+        thresholds = panel["fieldConfig"]["defaults"]["thresholds"]
+        steps = thresholds["steps"]
+        assert thresholds["mode"] == "absolute" and steps, panel["title"]
+        assert steps[0]["value"] is None, panel["title"]
+        assert [(st["color"], st["value"]) for st in steps] != [("green", None), ("red", 80)]
+        assert panel["options"]["colorMode"] == "background", panel["title"]
+
+
+def _step_colour(panel: dict[str, Any], value: float) -> str:
+    colour = ""
+    for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]:
+        if step["value"] is None or value >= step["value"]:
+            colour = step["color"]
+    return colour
+
+
+def test_stats_colour_trouble_red_and_health_green():
+    plane = {p["title"]: p for p in _stats(_load("streamrec-control-plane"))}
+    assert _step_colour(plane["Redis up"], 0) == "red"
+    assert _step_colour(plane["Redis up"], 1) == "green"
+    assert _step_colour(plane["Scheduler leaders"], 0) == "red"
+    assert _step_colour(plane["Scheduler leaders"], 2) == "red"
+    store = {p["title"]: p for p in _stats(_load("streamrec-embedding-store"))}
+    assert _step_colour(store["Memory used (resident / limit)"], 0.95) == "red"
+    assert _step_colour(store["Memory used (resident / limit)"], 0.5) == "green"
+
+
+def test_sampler_panels_show_each_node():
+    for panel in _panels(_load("streamrec-sampler")):
+        if panel["type"] == "timeseries":
+            for target in panel["targets"]:
+                assert "instance" in target["expr"], (panel["title"], target["expr"])
+                assert "{{instance}}" in target["legendFormat"], panel["title"]
+
+
+def test_auc_gap_says_when_no_best_is_known():
+    for panel in _panels(_load("streamrec-job")):
+        if "gap to best" in panel["title"]:
+            assert "no best" in panel["fieldConfig"]["defaults"]["noValue"], panel["title"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PANELS))
+def test_dashboard_says_it_is_generated_and_fits_hourly_passes(name):
+    board = _load(name)
+    assert "Generated by `python -m streamrec.observability generate`" in board["description"]
+    assert "services/observability/dashboards.py" in board["description"]
+    assert "generated" in board["tags"]
+    assert board["time"] == {"from": "now-24h", "to": "now"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PANELS))
+def test_api_gauges_are_read_from_the_scheduler_leader(name):
+    gauges = re.compile(
+        r"streamrec_api_(trainer_\w+_age_seconds|work_queue_depth|pass_auc|pass_ctr|pass_lag"
+        r"_seconds|data_wait_seconds|jobs_waiting_for_trainers|pool_groups|pass_logloss|jobs)\b"
+    )
+    for expr in dashboards.queries(_load(name)):
+        for _ in gauges.finditer(expr):
+            assert "streamrec_api_scheduler_leader == 1" in expr, expr
