@@ -9,7 +9,8 @@ import sys
 
 import pytest
 import yaml
-from streamrec.control.pass_line import PASS_HEADER
+from streamrec.control.pass_line import PASS_HEADER, pass_row
+from streamrec.launcher import report
 from trainer_helpers import small_config, write_stream
 
 
@@ -94,3 +95,20 @@ def test_end_split_flag_and_a_fixed_end(tmp_path):
     assert "trained through split 20190720/0000 (end_split 0000)" in run.stdout
     bad = cli("--config", str(path), "--end-split", "0005")
     assert bad.returncode == 2 and "end_split '0005' is not a split of the day" in bad.stderr
+
+
+def test_the_pass_line_is_the_demos():
+    record = {"day": "20190720", "pass_id": 3, "samples": 1000, "predict_auc": 0.61}
+    record |= {"train_auc": 0.64, "best_auc": None, "logloss": 0.67, "seconds": 2.25}
+    assert PASS_HEADER == report.PASS_HEADER
+    assert pass_row(record) == report.pass_row(record)
+    assert pass_row(record).split() == [
+        "20190720",
+        "3",
+        "1000",
+        "0.6100",
+        "0.6400",
+        "-",
+        "0.6700",
+        "2.2",
+    ]
