@@ -83,3 +83,39 @@ def test_online_needs_a_redis_url(stream, tmp_path):
             export_online(t)
     with pytest.raises(BadRequest, match="online.redis_url must be a redis:// URL"):
         small_config(stream, tmp_path).parse({"online": {"redis_url": "http://x"}})
+
+
+def test_a_sharded_store_is_published_partition_by_partition(stream, tmp_path, redis_url):
+    """Store service shards save their own files; each shard's rows go to its partition."""
+    from streamrec.embedding_store import LocalShards
+    from streamrec.trainer.store import build_table_options
+
+    prefix = "t-sharded"
+    cfg = small_config(stream, tmp_path / "model", end_day="20190720")
+    tables = tmp_path / "tables.json"
+    tables.write_text(
+        json.dumps({"tables": [t.model_dump(mode="json") for t in build_table_options(cfg)]})
+    )
+    with LocalShards(tables, 2) as shards:
+        data = cfg.model_dump(mode="json")
+        data["store"]["endpoints"] = shards.endpoints
+        data["online"] = {"redis_url": redis_url, "prefix": prefix, "modes": ["base"]}
+        with OnlineTrainer(type(cfg).parse(data)) as t:
+            t.run()
+            assert t.last_online is not None and t.last_online["seq"] == 1
+            total = 0
+            for table in cfg.table_names:
+                parts = [RedisConverter(redis_url, prefix, k, 2) for k in (0, 1)]
+                sizes = [p.redis.hlen(p.key(table, "rows")) for p in parts]
+                assert all(sizes), sizes  # both partitions hold rows
+                keys, values = parts[0].read_rows(table)  # every partition
+                assert keys.size == sum(sizes)
+                total += keys.size
+                np.testing.assert_array_equal(
+                    values, t.store.pull(table, keys, create=False).numpy()
+                )
+                found = parts[1].lookup(table, keys)[1]  # the serving read routes by key
+                assert found.all()
+                for p in parts:
+                    p.redis.close()
+            assert t.last_online["rows"] == total
