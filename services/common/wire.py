@@ -11,9 +11,12 @@ plain types and the arrays are raw buffers whose dtype comes from a whitelist::
     frame 1   4096 * 8 bytes   (keys)
     frame 2   4096 * 4 bytes   (cnts)
 
-A request's header also carries ``"auth": <token>``, the shared peer token
-(:mod:`streamrec.auth`); a server started with one answers any request without it, or with
-another, ``unauthorized`` before the op runs (compared in constant time). A reply has the same
+Peer auth comes first: a connection must complete a ZMTP ``PLAIN`` handshake whose password
+is the shared peer token (:mod:`streamrec.auth`, checked by :mod:`streamrec.handshake`), so a
+peer without the token cannot make a server read any message. A request's header also
+carries ``"auth": <token>``; a server started with one decodes only the header frame (at
+most ``MAX_HEADER_BYTES``), answers ``unauthorized`` when the token is missing or wrong
+(compared in constant time) and drops the buffers unread. A reply has the same
 shape; its header carries ``"ok": true`` or ``"ok": false, "error": {"code": ..., "message":
 ...}`` instead of an op. Error messages quote at most a bounded prefix of a bad value
 (:func:`streamrec.errors.quote`) and are capped at ``MAX_ERROR_CHARS``.
@@ -50,6 +53,7 @@ from streamrec.errors import (
     Unauthorized,
     quote,
 )
+from streamrec.handshake import auth_failures, release, secure_client, secure_server
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,8 @@ MAX_FRAMES = 256
 #: Most dimensions of an array on the wire (numpy's own limit is 64).
 MAX_DIMS = 32
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+#: Largest header frame a server decodes (plain metadata; arrays travel in their own frames).
+MAX_HEADER_BYTES = 16 << 20
 #: An error reply's message is cut to this many characters.
 MAX_ERROR_CHARS = 2000
 #: Frames smaller than this are copied on send; larger ones are sent zero-copy.
@@ -146,14 +152,30 @@ def decode(frames: list, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
     total = sum(v.nbytes for v in views)
     if total > max_message_bytes:
         raise BadRequest(f"message of {total} bytes exceeds the cap of {max_message_bytes}")
+    return decode_body(decode_header(views[0]), views[1:])
+
+
+def decode_header(frame: Any, max_bytes: int | None = None) -> dict[str, Any]:
+    """The header frame as a map, nothing else checked (the body is :func:`decode_body`'s).
+
+    Raises:
+        BadRequest: the frame is larger than ``max_bytes``, not msgpack, or not a map.
+    """
+    view = _frame_bytes(frame)
+    if max_bytes is not None and view.nbytes > max_bytes:
+        raise BadRequest(f"header frame of {view.nbytes} bytes exceeds the cap of {max_bytes}")
     try:
-        header = msgpack.unpackb(
-            views[0], raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0
-        )
+        header = msgpack.unpackb(view, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise BadRequest(f"header is not valid msgpack: {exc}") from exc
     if not isinstance(header, dict):
         raise BadRequest(f"header must be a map, got {type(header).__name__}")
+    return header
+
+
+def decode_body(header: dict[str, Any], buffers: list) -> Message:
+    """The message of a decoded ``header`` and its buffer frames (descriptors checked)."""
+    views = [_frame_bytes(f) for f in buffers]
     version = header.get("v")
     if version != PROTOCOL_VERSION:
         raise BadRequest(f"header field 'v': unsupported protocol version {quote(version)}")
@@ -163,12 +185,12 @@ def decode(frames: list, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
     descriptors = header.get("arrays", [])
     if not isinstance(descriptors, list):
         raise BadRequest("header field 'arrays' must be a list")
-    if len(descriptors) != len(views) - 1:
+    if len(descriptors) != len(views):
         raise BadRequest(
-            f"header describes {len(descriptors)} arrays but {len(views) - 1} buffers came"
+            f"header describes {len(descriptors)} arrays but {len(views)} buffers came"
         )
     arrays: Arrays = {}
-    for desc, view in zip(descriptors, views[1:], strict=True):
+    for desc, view in zip(descriptors, views, strict=True):
         name, arr = _decode_array(desc, view)
         if name in arrays:
             raise BadRequest(f"array {quote(name)} appears twice")
@@ -247,6 +269,7 @@ class RpcServer:
         self.frontend = self.ctx.socket(zmq.ROUTER)
         self.frontend.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.frontend.setsockopt(zmq.LINGER, 0)
+        self._zap_domain = secure_server(self.frontend, self.ctx, token)
         self.frontend.bind(endpoint)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         self._backend_addr = f"inproc://rpc-workers-{uuid.uuid4().hex}"
@@ -293,6 +316,7 @@ class RpcServer:
         finally:
             for sock in (self.frontend, self.backend, self.control):
                 sock.close(linger=0)
+            release(self.ctx, self._zap_domain)
 
     def _worker(self) -> None:
         sock = self.ctx.socket(zmq.DEALER)
@@ -311,7 +335,11 @@ class RpcServer:
                 if body and body[0].bytes == b"":
                     envelope, body = frames[:2], frames[2:]
                 reply = self._handle(body)
+                # Dropped before the next wait: an idle worker would otherwise hold its last
+                # request's frames (up to max_message_bytes) until the next one comes.
+                del frames, body
                 sock.send_multipart(envelope + reply, copy=False)
+                del reply
         except zmq.ContextTerminated:
             pass
         finally:
@@ -323,15 +351,27 @@ class RpcServer:
         request_id: Any = None
         code: str | None = None
         try:
-            msg = decode(body, self.max_message_bytes)
-            request_id = msg.header.get("id")
-            op = msg.header.get("op")
-            if self.token is not None and not token_matches(self.token, msg.header.get("auth")):
+            if not body:
+                raise BadRequest("empty message")
+            if len(body) > MAX_FRAMES:
+                raise BadRequest(f"too many frames: {len(body)} (at most {MAX_FRAMES})")
+            # The header alone first: the token is checked before any buffer is looked at.
+            header = decode_header(body[0], MAX_HEADER_BYTES)
+            request_id = header.get("id")
+            op = header.get("op")
+            if self.token is not None and not token_matches(self.token, header.get("auth")):
                 op = op if isinstance(op, str) and op in self.handlers else "?"
+                del body[1:]  # an unauthenticated body is never decoded
                 raise Unauthorized(
                     "request refused: missing or wrong auth token (send the token of the "
                     "server's --auth-token-file / $STREAMREC_AUTH_TOKEN_FILE)"
                 )
+            total = sum(_frame_bytes(f).nbytes for f in body)
+            if total > self.max_message_bytes:
+                raise BadRequest(
+                    f"message of {total} bytes exceeds the cap of {self.max_message_bytes}"
+                )
+            msg = decode_body(header, body[1:])
             if not isinstance(op, str) or op not in self.handlers:
                 code = "unknown_op"
                 known = ", ".join(sorted(self.handlers))
@@ -396,8 +436,41 @@ class RpcClient:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self._monitor = secure_client(sock, self.token)
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         sock.connect(self.endpoint)
         return sock
+
+    def _close_socket(self) -> None:
+        if self.sock.closed:
+            return
+        self.sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self.sock.close(linger=0)
+
+    def _wait(self, timeout_ms: int) -> bool:
+        """Whether a reply is ready within ``timeout_ms``.
+
+        Raises:
+            RemoteError: ``unauthorized``: the server refused this client's token in the
+                handshake (no request of it was read).
+        """
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            ready = dict(self._poller.poll(max(0, int((deadline - time.monotonic()) * 1000)) + 1))
+            if self.sock in ready:
+                return True
+            if self._monitor in ready and auth_failures(self._monitor):
+                raise RemoteError(
+                    "unauthorized",
+                    f"{self.endpoint} refused this client's peer token in the handshake "
+                    "(send the token of the server's --auth-token-file / "
+                    "$STREAMREC_AUTH_TOKEN_FILE)",
+                )
+            if time.monotonic() >= deadline:
+                return False
 
     def send(
         self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None
@@ -417,13 +490,13 @@ class RpcClient:
         with self.lock:
             while request_id not in self._early:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.sock.poll(int(remaining * 1000) + 1):
-                    # The DEALER may still get the late replies; a fresh socket avoids
-                    # mixing them with the next requests'.
-                    self.sock.close(linger=0)
-                    self.sock = self._connect()
-                    self._awaited.clear()
-                    self._early.clear()
+                try:
+                    ready = remaining > 0 and self._wait(int(remaining * 1000))
+                except RemoteError:
+                    self._reset()
+                    raise
+                if not ready:
+                    self._reset()
                     raise RpcTimeout(
                         f"no reply from {self.endpoint} within "
                         f"{self.timeout_s if timeout_s is None else timeout_s:.1f}s "
@@ -456,9 +529,17 @@ class RpcClient:
         with self.lock:
             return self.receive(self.send(op, meta, arrays), timeout_s)
 
+    def _reset(self) -> None:
+        """A fresh socket: the old DEALER may still get late replies, which must not mix
+        with the next requests'."""
+        self._close_socket()
+        self.sock = self._connect()
+        self._awaited.clear()
+        self._early.clear()
+
     def close(self) -> None:
         with self.lock:
-            self.sock.close(linger=0)
+            self._close_socket()
 
     def __enter__(self) -> RpcClient:
         return self

@@ -20,6 +20,7 @@ from streamrec.auth import (
     write_token_file,
 )
 from streamrec.errors import BadRequest, PathRefused, RemoteError, quote
+from streamrec.handshake import set_credentials
 from streamrec.roots import confine, resolve_roots
 from streamrec.wire import MAX_ERROR_CHARS, PROTOCOL_VERSION, RpcClient, RpcServer
 
@@ -122,6 +123,7 @@ def raw_call(endpoint: str, header: dict) -> dict:
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    set_credentials(sock, TOKEN)  # past the handshake: the header's token is checked next
     sock.connect(endpoint)
     try:
         sock.send_multipart(

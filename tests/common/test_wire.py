@@ -8,6 +8,7 @@ import pytest
 import zmq
 from streamrec import wire
 from streamrec.errors import BadRequest, RemoteError, RpcTimeout
+from streamrec.handshake import FAILED_EVENTS, auth_failures, set_credentials
 
 
 def echo(meta, arrays):
@@ -52,6 +53,7 @@ def test_errors_are_structured_and_server_keeps_serving(server):
 def test_malformed_and_oversized_frames_refused(server):
     ctx = zmq.Context.instance()
     raw = ctx.socket(zmq.DEALER)
+    set_credentials(raw, "any-password")  # the server runs without a token: any passes
     raw.connect(server.endpoint)
     try:
         raw.send_multipart([b"\xc1garbage"])
@@ -138,3 +140,69 @@ def test_shapes_found_by_the_fuzzer_are_refused(shape, buffer):
     head = msgpack.packb({"v": 1, "op": "echo", "id": 1, "arrays": [["k", "<i8", shape]]})
     with pytest.raises(BadRequest, match="bad shape"):
         wire.decode([head, buffer])
+
+
+TOKEN = "the-peer-token-of-this-test-0123"
+
+
+def test_no_message_of_a_peer_without_the_token_is_read():
+    """The token is checked in the handshake: a peer without PLAIN credentials, or with a
+    wrong token, gets no message to a handler (nor a reply); an RpcClient with a wrong token
+    is told ``unauthorized`` at once instead of timing out."""
+    calls = []
+    srv = wire.RpcServer(
+        "tcp://127.0.0.1:*", {"echo": lambda m, a: calls.append(m) or (m, {})}, token=TOKEN
+    ).start()
+    ctx = zmq.Context.instance()
+    try:
+        for password in (None, "wrong-token-of-the-same-size-xx"):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if password is not None:
+                set_credentials(sock, password)
+            monitor = sock.get_monitor_socket(FAILED_EVENTS)
+            sock.connect(srv.endpoint)
+            head = {"op": "echo", "id": 1, "auth": TOKEN}  # the header's token is not enough
+            sock.send_multipart(wire.encode(head, {"x": 1}, None))
+            assert monitor.poll(10_000), "the handshake was not refused"
+            assert auth_failures(monitor) >= 1
+            assert not sock.poll(200)
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+        started = time.monotonic()
+        with wire.RpcClient(srv.endpoint, timeout_s=20, token="x" * 32) as bad:
+            with pytest.raises(RemoteError) as err:
+                bad.call("echo", {"x": 2})
+        assert err.value.code == "unauthorized" and "handshake" in str(err.value)
+        assert time.monotonic() - started < 10  # told, not timed out
+        with wire.RpcClient(srv.endpoint, timeout_s=5, token=TOKEN) as good:
+            assert good.call("echo", {"x": 3})[0] == {"x": 3}
+        assert calls == [{"x": 3}]
+    finally:
+        srv.stop()
+
+
+def test_a_wrong_header_token_is_refused_before_the_body_is_decoded():
+    """Past the handshake, a header without the token is answered ``unauthorized`` whatever
+    its buffers hold: they are not decoded (a bad descriptor is not even reported)."""
+    srv = wire.RpcServer("tcp://127.0.0.1:*", {"echo": echo}, token=TOKEN).start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    set_credentials(sock, TOKEN)
+    sock.connect(srv.endpoint)
+    try:
+        head = msgpack.packb({"v": 1, "op": "echo", "id": 1, "arrays": [["k", "<i8", [4]]]})
+        sock.send_multipart([head, b"\0" * 3])  # 3 bytes where 32 are described
+        assert sock.poll(10_000)
+        reply = wire.decode(sock.recv_multipart())
+        assert reply.header["error"]["code"] == "unauthorized"
+        big = msgpack.packb({"v": 1, "op": "echo", "id": 2, "auth": "y" * (17 << 20)})
+        sock.send_multipart([big])
+        assert sock.poll(10_000)
+        reply = wire.decode(sock.recv_multipart())
+        assert reply.header["error"]["code"] == "bad_request"
+        assert "header frame of" in reply.header["error"]["message"]
+    finally:
+        sock.close(linger=0)
+        srv.stop()

@@ -19,6 +19,7 @@ import torch
 import zmq
 from servers import scrape_metrics
 from streamrec import wire
+from streamrec.auth import load_token
 from streamrec.embedding_store import (
     EmbeddingStore,
     EmbeddingStoreClient,
@@ -32,6 +33,7 @@ from streamrec.embedding_store.errors import (
     UnknownTable,
 )
 from streamrec.errors import BadRequest, RemoteError
+from streamrec.handshake import set_credentials
 from streamrec.keyhash import shard_of
 from streamrec.process import spawn, stop_process
 
@@ -316,9 +318,10 @@ def test_bad_requests_get_clear_errors_and_the_shard_keeps_serving(two_shards, c
         _raw_call(ep0, "push", {"table": "user"}, {"keys": mine, "grads": bad})
     still_serving()
 
-    # malformed frames from a raw socket
+    # malformed frames from a raw socket (past the handshake)
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    set_credentials(sock, load_token())
     sock.connect(ep0)
     try:
         for frames in (

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from streamrec.auth import write_token_file
+from streamrec.auth import read_token, write_token_file
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
 from streamrec.errors import RemoteError
+from streamrec.handshake import set_credentials
 from streamrec.wire import PROTOCOL_VERSION, RpcClient
 
 TABLES = [{"name": "user", "embedx_dim": 3, "embedx_threshold": 0}]
@@ -42,9 +43,12 @@ def client(setup):
     c.close()
 
 
-def raw(endpoint: str, header: dict) -> dict:
+def raw(endpoint: str, header: dict, token: str = "any-password-at-all") -> dict:
+    """One hand-made request from a peer that passed the handshake with ``token`` (a shard
+    run insecure accepts any)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    set_credentials(sock, token)
     sock.connect(endpoint)
     try:
         sock.send_multipart(
@@ -68,7 +72,7 @@ def test_peers_without_the_token_are_refused_and_good_clients_served(setup, clie
             {"op": "save", "id": 2, "auth": "x" * 64, "meta": {"path": str(root / "evil")}},
             {"op": "ping", "id": 3, "auth": ""},
         ):
-            reply = raw(endpoint, header)
+            reply = raw(endpoint, header, read_token(token))
             assert reply["error"]["code"] == "unauthorized", (k, header["op"], reply)
         with pytest.raises(RemoteError) as err:
             EmbeddingStoreClient([endpoint], auth_token_file=wrong)

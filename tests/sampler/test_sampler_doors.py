@@ -12,6 +12,7 @@ import zmq
 from sampler_workers import TAGS, start_server
 from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
 from streamrec.errors import RemoteError
+from streamrec.handshake import set_credentials
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
 from streamrec.wire import PROTOCOL_VERSION, RpcClient
@@ -27,9 +28,11 @@ def table(n: int = 50) -> dict:
     }
 
 
-def raw(endpoint: str, header: dict) -> dict:
+def raw(endpoint: str, header: dict, token: str) -> dict:
+    """One hand-made request from a peer that passed the handshake with ``token``."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    set_credentials(sock, token)
     sock.connect(endpoint)
     try:
         sock.send_multipart(
@@ -63,7 +66,7 @@ def test_requests_without_the_token_are_refused_and_good_clients_served(token_se
         {"op": "ping", "id": 2, "auth": "not-the-token-but-long-enough"},
         {"op": "stats", "id": 3, "auth": None},
     ):
-        reply = raw(srv.endpoint, header)
+        reply = raw(srv.endpoint, header, read_token(token))
         assert reply["error"]["code"] == "unauthorized", (header, reply)
     wrong = tmp_path / "wrong"
     wrong.write_text("another-token-of-enough-length-0000")

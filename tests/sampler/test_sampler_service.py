@@ -24,7 +24,9 @@ import zmq
 from sampler_workers import start_server
 from scipy import stats
 from streamrec import wire
+from streamrec.auth import load_token
 from streamrec.errors import BadRequest, RemoteError, RpcTimeout
+from streamrec.handshake import set_credentials
 from streamrec.ragged import RaggedTensor
 from streamrec.sampler import MISSING_ITEM_ID, LocalRpcDataSampler, prefetch
 from streamrec.sampler.client import stop_server
@@ -240,12 +242,19 @@ def check_bad_requests(server):
     # Malformed frames on a raw socket, then an oversized frame that cuts that peer off.
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    set_credentials(sock, load_token())  # past the handshake, no token in the header
     sock.connect(server.endpoint)
     try:
         sock.send_multipart([b"\xc1not msgpack"])
         assert "not valid msgpack" in wire.decode(sock.recv_multipart()).header["error"]["message"]
         head = msgpack.packb(
-            {"v": 1, "op": "sample_ids", "id": 1, "arrays": [["dedup", "<i8", [4]]]}
+            {
+                "v": 1,
+                "op": "sample_ids",
+                "id": 1,
+                "auth": load_token(),
+                "arrays": [["dedup", "<i8", [4]]],
+            }
         )
         sock.send_multipart([head, b"\0" * 3])
         assert "needs 32 bytes" in wire.decode(sock.recv_multipart()).header["error"]["message"]

@@ -1,0 +1,93 @@
+"""A peer without the token costs a shard no memory: a real shard process, three 400 MB
+messages from unauthenticated peers (no credentials, a wrong token), and its resident memory
+afterwards within 50 MB of where it started; good clients are served throughout. A large
+message of a good client is freed once answered, not held by the idle worker thread."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zmq
+from streamrec.auth import write_token_file
+from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
+from streamrec.handshake import FAILED_EVENTS, set_credentials
+from streamrec.wire import RpcClient, encode
+
+FRAME_BYTES = 400 << 20
+SLACK_BYTES = 50 << 20
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def send_unauthenticated(endpoint: str, body: np.ndarray, password: str | None) -> str:
+    """One ``ping`` carrying ``body`` from a peer without the token (no credentials, or
+    ``password``); returns how it ended: a reply or a refused handshake."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if password is not None:
+        set_credentials(sock, password)
+    monitor = sock.get_monitor_socket(FAILED_EVENTS)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(encode({"op": "ping", "id": 1}, None, {"x": body}), copy=False)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        ready = dict(poller.poll(60_000))
+        assert ready, "neither a reply nor a refused handshake within 60 s"
+        return "reply" if sock in ready else "refused"
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+
+
+@pytest.mark.slow
+def test_unauthenticated_400mb_messages_cost_a_shard_no_memory(tmp_path):
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [{"name": "user", "embedx_dim": 3}]}))
+    token = write_token_file(tmp_path / "token")
+    body = np.ones(FRAME_BYTES, np.uint8)
+    with LocalShards(tables, 1, auth_token_file=token) as shards:
+        client = EmbeddingStoreClient(shards.endpoints, timeout_s=60, auth_token_file=token)
+        try:
+            keys = torch.tensor([1, 2, 3])
+            before = client.pull("user", keys)
+            pid = shards.procs[0].pid
+            start = rss_bytes(pid)
+            ends = [
+                send_unauthenticated(shards.endpoints[0], body, password)
+                for password in (None, "x" * 40, None)
+            ]
+            assert torch.equal(client.pull("user", keys), before)  # served throughout
+            deadline = time.monotonic() + 10  # memory a server did take is freed promptly
+            while rss_bytes(pid) - start > SLACK_BYTES and time.monotonic() < deadline:
+                time.sleep(0.1)
+            grown = rss_bytes(pid) - start
+            assert grown <= SLACK_BYTES, (
+                f"shard RSS grew by {grown >> 20} MB after 3 unauthenticated "
+                f"{FRAME_BYTES >> 20} MB messages (ends: {ends})"
+            )
+            assert ends == ["refused"] * 3  # no message of theirs was read
+
+            # An authenticated 400 MB request is buffered, answered, and then let go.
+            with RpcClient(shards.endpoints[0], timeout_s=60, token=token.read_text().strip()) as c:
+                assert c.call("ping", None, {"x": body})[0]["shard_id"] == 0
+            deadline = time.monotonic() + 10
+            while rss_bytes(pid) - start > SLACK_BYTES and time.monotonic() < deadline:
+                time.sleep(0.1)
+            grown = rss_bytes(pid) - start
+            assert grown <= SLACK_BYTES, f"a served 400 MB request left {grown >> 20} MB behind"
+        finally:
+            client.close()
