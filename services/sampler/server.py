@@ -187,21 +187,14 @@ class SamplerServer:
         _check_tags(meta, table)
         dedup = _int_array(arrays, "dedup")
         b = len(dedup)
-        cnts = _int_array(arrays, "cnts")
+        cnts = _int_array(arrays, "cnts", convert=False)  # checked in its own dtype first
         if len(cnts) != b:
             raise BadRequest(
                 f"sample_cnts has {len(cnts)} entries but there are {b} positives "
                 f"(one count per dedup id)"
             )
-        if b and int(cnts.min()) < 0:
-            i = int(np.argmin(cnts))
-            raise BadRequest(f"sample_cnts[{i}] = {int(cnts[i])}: counts must be >= 0")
-        total = int(cnts.sum())
-        if total > self.config.max_negatives:
-            raise BadRequest(
-                f"sample_cnts sum to {total}, above the server's cap of "
-                f"{self.config.max_negatives} negatives per request"
-            )
+        total = _checked_total(cnts, self.config.max_negatives)
+        cnts = cnts.astype(np.int64, copy=False)  # each in [0, cap] now: no wrap
         categories = None
         if "categories" in arrays:
             categories = _int_array(arrays, "categories")
@@ -284,7 +277,40 @@ def _check_tags(meta: Meta, table: NegativeTable) -> None:
         raise TagMismatch(f"client tags differ from the loaded table's (client, table): {diff}")
 
 
-def _int_array(arrays: Arrays, name: str) -> np.ndarray:
+def _checked_total(cnts: np.ndarray, cap: int) -> int:
+    """``sum(cnts)`` of a request's counts ((b,) int64), refused unless every count is >= 0
+    and the sum is at most ``cap``.
+
+    Each count is checked against ``cap`` before anything is summed, and the sum is taken
+    in Python integers: an int64 sum of peer counts wraps (four counts of 2**62 sum to 0),
+    and a wrapped total would pass the cap and size the output arrays.
+    """
+    if not len(cnts):
+        return 0
+    low, high = int(cnts.min()), int(cnts.max())
+    if low < 0:
+        i = int(np.argmin(cnts))
+        raise BadRequest(f"sample_cnts[{i}] = {low}: counts must be >= 0")
+    if high > cap:
+        i = int(np.argmax(cnts))
+        raise BadRequest(
+            f"sample_cnts[{i}] = {high}: above the server's cap of {cap} negatives per request"
+        )
+    # every count is in [0, cap]: a sum in uint64 wraps only past 2**64 / cap counts, so the
+    # chunks below stay exact and their Python sum cannot wrap
+    chunk = max(1, ((1 << 64) - 1) // max(cap, 1))
+    parts = range(0, len(cnts), chunk)
+    total = sum(int(cnts[i : i + chunk].sum(dtype=np.uint64)) for i in parts)
+    if total > cap:
+        raise BadRequest(
+            f"sample_cnts sum to {total}, above the server's cap of {cap} negatives per request"
+        )
+    return total
+
+
+def _int_array(arrays: Arrays, name: str, convert: bool = True) -> np.ndarray:
+    """The integer array ``name``, 1-D, as int64 (uint64 keeps its bit pattern), or as sent
+    when ``convert`` is False."""
     arr = arrays.get(name)
     if arr is None:
         raise BadRequest(f"array {name!r} is missing (got {sorted(arrays)})")
@@ -292,7 +318,7 @@ def _int_array(arrays: Arrays, name: str) -> np.ndarray:
         raise BadRequest(f"array {name!r} must be 1-D, got shape {list(arr.shape)}")
     if arr.dtype.kind not in "iu":
         raise BadRequest(f"array {name!r} must hold integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64, copy=False)
+    return arr.astype(np.int64, copy=False) if convert else arr
 
 
 def _flag(meta: Meta, name: str, default: bool) -> bool:

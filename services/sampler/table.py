@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamrec.sampler._C as _C
 import torch
+from streamrec.errors import BadRequest
 from streamrec.sampler.alias import AliasTable, pack_slots
 from streamrec.sampler.columns import Column, ragged_arange, ragged_gather
 from streamrec.sampler.errors import BadTable
@@ -251,6 +252,13 @@ class NegativeTable:
             group = np.full(b, 0 if at.num_groups else -1, np.int64)
         offsets = np.zeros(b + 1, np.int64)
         np.cumsum(cnts, out=offsets[1:])
+        # With counts >= 0, an int64 sum that wraps makes an offset decrease: one check
+        # covers both, before any array is sized from them.
+        if b and (int(cnts.min()) < 0 or bool((offsets[1:] < offsets[:-1]).any())):
+            raise BadRequest(
+                f"cnts must be >= 0 and sum to at most {np.iinfo(np.int64).max}, got "
+                f"min {int(cnts.min())}"
+            )
         if put_back:
             return self._sample_put_back(
                 at,

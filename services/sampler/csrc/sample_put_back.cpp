@@ -174,11 +174,20 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back(
     const int64_t gi = p.group[i];
     if (gi < 0 || p.offsets[i + 1] == p.offsets[i]) continue;
     TORCH_CHECK(gi < g, "group[", i, "] = ", gi, " but there are ", g, " groups");
-    TORCH_CHECK(p.count[gi] >= 1 && p.start[gi] >= 0 && p.start[gi] + p.count[gi] <= m,
-                "group ", gi, " spans slots [", p.start[gi], ", ", p.start[gi] + p.count[gi],
+    // A checked add: start + count of a corrupt group may wrap past INT64_MAX and compare
+    // as in range.
+    int64_t end = 0;
+    const bool wraps = __builtin_add_overflow(p.start[gi], p.count[gi], &end);
+    TORCH_CHECK(!wraps && p.count[gi] >= 1 && p.start[gi] >= 0 && end <= m, "group ", gi,
+                " spans slots [", p.start[gi], ", ", p.start[gi], " + ", p.count[gi],
                 ") outside the table's ", m);
   }
+  // offsets[0] == 0 and never decreasing: every range and the total fit int64 (counts whose
+  // int64 sum wrapped show up above as a decrease).
   const int64_t total = p.offsets[b];
+  int64_t last_chunk_end = 0;
+  TORCH_CHECK(!__builtin_add_overflow(total, kGrainDraws, &last_chunk_end),
+              "offsets[b] = ", total, " is too large");
   auto ids = torch::empty({total}, torch::kLong);
   auto left = torch::zeros({b}, torch::kLong);
   p.ids = ids.data_ptr<int64_t>();

@@ -1,0 +1,47 @@
+"""Counts whose sum wraps int64 on a real sampler process: refused with ``bad_request``
+naming the field, never a crash or ``internal``, and the server keeps serving."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sampler_workers import TAGS
+from streamrec.errors import RemoteError
+from streamrec.sampler import LocalRpcDataSampler
+from streamrec.wire import RpcClient
+
+
+def table(n: int = 50) -> dict:
+    j = np.arange(n)
+    return {
+        "item": torch.from_numpy(j * 100),
+        "cat": torch.from_numpy(j % 5),
+        "w": torch.from_numpy(np.ones(n, np.float32)),
+        "skey": [""] * n,
+    }
+
+
+WRAPPING = [
+    (np.array([2**62] * 4, np.int64), "sample_cnts[0] = 4611686018427387904"),  # sums to 0
+    (np.array([2**63 - 1, 2], np.int64), "sample_cnts[0] = 9223372036854775807"),
+    (np.array([2**64 - 1, 1], np.uint64), "sample_cnts[0] = 18446744073709551615"),
+    (np.array([1, -(2**63)], np.int64), "sample_cnts[1] = -9223372036854775808"),
+]
+
+
+@pytest.mark.parametrize("put_back", [False, True])
+def test_wrapped_counts_are_bad_requests_and_the_server_keeps_serving(server, put_back):
+    good = LocalRpcDataSampler(*TAGS, endpoint=server.endpoint, auto_start=False)
+    good.reload(table())
+    with RpcClient(server.endpoint, timeout_s=30) as raw:
+        for cnts, message in WRAPPING:
+            dedup = np.arange(len(cnts), dtype=np.int64) * 100
+            with pytest.raises(RemoteError) as err:
+                raw.call("sample_ids", {"put_back": put_back}, {"dedup": dedup, "cnts": cnts})
+            assert err.value.code == "bad_request", str(err.value)
+            assert message in str(err.value)
+    assert server.proc.poll() is None, "the sampler died"
+    ids = good.sample_ids(torch.tensor([0, 100]), 3, torch.tensor([0, 1]))
+    assert ids.numel() == 6
+    good.close()
