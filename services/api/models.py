@@ -26,7 +26,15 @@ from pydantic import (
 from streamrec.api.state import JobState, PassState, TriggerState
 from streamrec.control.channel import CommandType
 from streamrec.control.trainer_config import END_LANDED, OnlineMode
-from streamrec.layout import count_passes, day_count, parse_day, passes_per_day, split_names
+from streamrec.layout import (
+    count_passes,
+    day_count,
+    iter_passes,
+    landed_end,
+    parse_day,
+    passes_per_day,
+    split_names,
+)
 from streamrec.save_modes import SaveMode
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -130,7 +138,9 @@ class DataSpec(Spec):
         examples=["0025"],
         description=(
             "the split of end_day (HHMM) the job ends with: the pass holding it keeps only "
-            "the splits up to it, and the job succeeds after it; None: end_day's last split"
+            "the splits up to it, and the job succeeds after it; 'landed': the last split "
+            "landed (in order, up to end_day) when the job is created, stored as that day "
+            "and HHMM; None: end_day's last split"
         ),
     )
     on_bad_split: Literal["fail", "skip"] = Field(
@@ -167,13 +177,8 @@ class DataSpec(Spec):
     @field_validator("end_split")
     @classmethod
     def _end_split(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
+        if v is None or v == END_LANDED:
             return v
-        if v == END_LANDED:
-            raise ValueError(
-                f"end_split {v!r} is the trainer CLI's (the splits there when a run starts); a "
-                f"job names the split it ends with (HHMM)"
-            )
         interval = info.data.get("split_interval")
         if interval is not None and v not in split_names(interval):
             raise ValueError(
@@ -213,6 +218,12 @@ class DataSpec(Spec):
                 f"split_interval, or end the job earlier (end_day)"
             )
         return v
+
+    def landed_end(self) -> tuple[str, str] | None:
+        """(day, HHMM) of the last split landed under train_data_dir, walking the job's
+        splits in order up to the first one without its donefile (None: none has)."""
+        plan = iter_passes(self.start_day, self.end_day, self.split_interval, 1)
+        return landed_end(self.train_data_dir, plan, self.data_donefile)
 
     @model_validator(mode="after")
     def _order(self) -> DataSpec:

@@ -52,7 +52,7 @@ from streamrec.api.state import (
 from streamrec.control import keys, redis_io
 from streamrec.control.channel import CommandType
 from streamrec.control.pool import NamespaceDrop
-from streamrec.control.trainer_config import TrainerConfig
+from streamrec.control.trainer_config import END_LANDED, TrainerConfig
 from streamrec.layout import count_passes
 
 
@@ -140,6 +140,19 @@ class Repo:
         spec = spec.model_copy(deep=True)
         spec.data.train_data_dir = str(data_dir)
         spec.checkpoint.model_save_path = str(model_root)
+        if spec.data.end_split == END_LANDED:  # stored as the split it is now: a fixed plan
+            end = spec.data.landed_end()
+            if end is None:
+                raise SpecInvalid(
+                    [
+                        (
+                            "data.end_split",
+                            "no split has landed under data.train_data_dir",
+                            END_LANDED,
+                        )
+                    ]
+                )
+            spec.data.end_day, spec.data.end_split = end
         job_id = uuid.uuid4().hex[:16]
         trainer = trainer_config(spec, job_id)
         d = spec.data  # the pass count is computed (days x passes a day), never counted

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from api_helpers import job_body, wait_for
+from api_helpers import job_body, land_split, wait_for
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import EmbeddingStore, FileConverter, RedisConverter
 from streamrec.process import spawn, stop_process
@@ -42,10 +42,21 @@ def datagen(out: Path, max_splits: int) -> None:
     )
 
 
-def test_bad_end_split_and_export_mode_are_refused_by_name(client, roots):
-    body = job_body(roots, "bounded", end_split="landed")
+def test_end_split_landed_is_the_split_there_at_creation(client, roots):
+    body = job_body(roots, "landed", end_day="20190721", end_split="landed")
     res = client.post("/v1/jobs", json=body)
-    assert res.status_code == 422 and "end_split 'landed' is the trainer CLI's" in res.text
+    assert res.status_code == 422 and "no split has landed" in res.text, res.text
+    for day, split in (("20190720", "0000"), ("20190720", "0600"), ("20190720", "1800")):
+        land_split(roots["data"] / "landed", day, split)  # 1200 missing: 1800 is not reached
+    job = client.post("/v1/jobs", json=body)
+    assert job.status_code == 201, job.text
+    data = job.json()["spec"]["data"]
+    assert (data["end_day"], data["end_split"]) == ("20190720", "0600")  # stored as it was
+    assert job.json()["passes_total"] == 2
+    assert client.get(f"/v1/jobs/{job.json()['id']}").json()["spec"]["data"]["end_split"] == "0600"
+
+
+def test_bad_end_split_and_export_mode_are_refused_by_name(client, roots):
     body = job_body(roots, "bounded", end_split="0005")  # split_interval 360
     res = client.post("/v1/jobs", json=body)
     assert res.status_code == 422 and "end_split '0005' is not a split of the day" in res.text
