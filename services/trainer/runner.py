@@ -685,7 +685,8 @@ class OnlineTrainer:
                 raise TrainerError(
                     f"pass {spec.day}/{spec.pass_id} (splits {', '.join(spec.splits)}) not "
                     f"ready after data_wait_timeout_second={r.data_wait_timeout_second}: "
-                    f"no {r.data_donefile!r} in every split under {self.data_root}"
+                    f"no {r.data_donefile!r} in every split under {self.data_root} (to end "
+                    f"at the splits there, set runner.end_split: landed)"
                 )
             record = self.run_pass(spec, checkpoint=n == len(plan.passes))
             if on_pass is not None:

@@ -95,6 +95,11 @@ def test_end_split_flag_and_a_fixed_end(tmp_path):
     assert "trained through split 20190720/0000 (end_split 0000)" in run.stdout
     bad = cli("--config", str(path), "--end-split", "0005")
     assert bad.returncode == 2 and "end_split '0005' is not a split of the day" in bad.stderr
+    # no end set past the data: the wait gives up, and the error says how to end instead
+    wait = cli("--config", str(path), "--end-day", "20190722", "--data-wait-timeout-second", "0.3")
+    assert wait.returncode == 2
+    assert "20190722/1 (splits 0000) not ready" in wait.stderr
+    assert "set runner.end_split: landed" in wait.stderr
 
 
 def test_the_pass_line_is_the_demos():
