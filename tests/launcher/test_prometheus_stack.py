@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -263,13 +264,31 @@ def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> No
         assert not empty, "panel expressions without data:\n" + "\n".join(empty)
         # (c) every alert: its signals have data, its expression is valid
         for alert in alerts.ALERTS:
-            for signal in alert.signals if not alert.only_with else ():
-                assert p.drawn(signal), f"{alert.name}: signal {signal!r} returned no data"
+            for series in alert.signals if not alert.only_with else ():
+                assert p.drawn(series), f"{alert.name}: signal {series!r} returned no data"
             body = p.instant(alert.expr)
             assert body.get("status") == "success", f"{alert.name}: {body.get('error')}"
         # (d) a healthy job, then the idle pool and the ended job: no alert fired
         firing = p.drawn('ALERTS{alertstate="firing"}')
         assert not firing, f"alerts fired in a healthy stack: {[f['metric'] for f in firing]}"
+        # (e) injected faults: each one's alert holds its condition (pending; the `for` that
+        # turns it firing is promtool's to test) while the fault lasts
+        children = (read_state(run) or {}).get("children") or {}
+        for program, alert in (
+            ("redis-server", "StreamRecRedisUnreachable"),
+            ("streamrec-embedding-store", "StreamRecTargetDown"),
+        ):
+            (pid,) = [c["pid"] for c in children.values() if c["cmd"] == program]
+            os.kill(pid, signal.SIGSTOP)  # hung, not dead: the launcher restarts no one
+            try:
+                wait_for(
+                    f"{alert} while {program} is stopped",
+                    lambda a=alert: p.series(f'ALERTS{{alertname="{a}"}}'),
+                    60,
+                    up,
+                )
+            finally:
+                os.kill(pid, signal.SIGCONT)
     finally:
         if prom is not None:
             prom.http.close()
