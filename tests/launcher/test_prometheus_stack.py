@@ -268,7 +268,21 @@ def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> No
                 assert p.drawn(series), f"{alert.name}: signal {series!r} returned no data"
             body = p.instant(alert.expr)
             assert body.get("status") == "success", f"{alert.name}: {body.get('error')}"
-        # (d) a healthy job, then the idle pool and the ended job: no alert fired
+        # (d) a healthy job, the idle pool, and a second job stopped mid-way: no alert fired
+        # (a stop is no group death, restart or failed checkpoint)
+        api = ApiClient(state["api_url"], token)
+        try:
+            spec = {**api.job(state["job_id"])["spec"], "name": "stopped"}
+            second = api.create_job(spec)["id"]
+            api.action(second, "start")
+            wait_for("a pass of the second job", lambda: api.job(second)["passes_done"] > 0, 60, up)
+            api.action(second, "stop")
+            wait_for(
+                "the second job stopped", lambda: api.job(second)["state"] == "stopped", 60, up
+            )
+        finally:
+            api.close()
+        time.sleep(3)  # a few scrapes and rule evaluations (1 s) after the stop
         firing = p.drawn('ALERTS{alertstate="firing"}')
         assert not firing, f"alerts fired in a healthy stack: {[f['metric'] for f in firing]}"
         # (e) injected faults: each one's alert holds its condition (pending; the `for` that
