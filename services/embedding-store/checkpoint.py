@@ -14,7 +14,10 @@ dense part under ``model_root/YYYYMMDD/<pass_id>/``, see shared/DESIGN.md)::
 Crash safety: everything is written into a sibling ``.<name>.tmp-<uuid>`` directory, fsynced,
 the manifest last, then renamed onto ``<path>`` (an existing ``<path>`` is first renamed aside
 and removed after). A crash or a full disk leaves the previous ``<path>`` as it was, so a
-directory with a MANIFEST.json is always complete. Loading verifies every file's size and
+directory with a MANIFEST.json is always complete; a save that fails also removes the
+parent directories it created. Disk errors come back as codes (``no_space`` with the path
+and the bytes free, ``exists``, ``bad_request``; :mod:`~streamrec.embedding_store.disk`);
+a shard backs off saves to a filesystem it found full. Loading verifies every file's size and
 sha256 and every table before changing anything in the store.
 
 Selections: checkpoint and batch take every row (batch is meant after the daily shrink);
@@ -38,6 +41,7 @@ import numpy as np
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store.converters import Converter, FileConverter, load_npy, save_npy
+from streamrec.embedding_store.disk import disk_error, make_parents, remove_created
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
 from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
 from streamrec.save_modes import FULL_MODES, SAVE_MODES, SaveMode
@@ -85,8 +89,30 @@ def save_store(
     if converter is not None and not isinstance(converter, Converter):
         raise InvalidInput(f"converter must be a Converter, got {type(converter).__name__}")
     path = _check_path(path)
+    created: list[Path] = []
+    try:
+        created = make_parents(path)
+        return _save(store, path, mode, converter, extra)
+    except OSError as exc:
+        remove_created(created)
+        mapped = disk_error(exc, path)
+        if mapped is exc:
+            raise
+        raise mapped from exc
+    except BaseException:
+        remove_created(created)
+        raise
+
+
+def _save(
+    store: EmbeddingStore,
+    path: Path,
+    mode: str,
+    converter: Converter | None,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """:func:`save_store` into a staging directory renamed onto ``path`` when complete."""
     started = time.time()
-    path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
     staging.mkdir()
     cleared: dict[str, torch.Tensor] = {}

@@ -47,6 +47,20 @@ class CheckpointError(EmbeddingStoreError):
     code = "bad_checkpoint"
 
 
+class NoSpace(EmbeddingStoreError, OSError):
+    """A save ran out of disk space (or quota); the message names the path and the bytes
+    left. Nothing of the save stays on disk, and saves to that filesystem back off. An
+    ``OSError`` still, for in-process callers that handle disk errors as such."""
+
+    code = "no_space"
+
+
+class PathExists(BadRequest):
+    """A path a save needs as a directory is taken by something else (a file)."""
+
+    code = "exists"
+
+
 class WrongShard(BadRequest):
     """A shard got keys that hash to another shard."""
 

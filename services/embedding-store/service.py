@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest
 from streamrec.embedding_store.config import shard_dir_name
+from streamrec.embedding_store.disk import NoSpaceBackoff, with_disk_errors
 from streamrec.embedding_store.errors import (
     InvalidInput,
     NonFiniteGradient,
@@ -192,7 +193,8 @@ class StoreService:
 
     def handlers(self) -> dict[str, Handler]:
         """Op name -> handler: the op checked against this incarnation, its reply stamped."""
-        return {op: self._stamped(op) for op in OPS}
+        backoff = NoSpaceBackoff()  # saves after a full disk wait (disk.py)
+        return {op: with_disk_errors(op, self._stamped(op), backoff) for op in OPS}
 
     def _stamped(self, op: str) -> Handler:
         if op not in NAMESPACED_OPS:
