@@ -11,6 +11,7 @@ APT_PACKAGES := redis-server prometheus
 SOURCES := $(shell find services -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
 .PHONY: install system-deps test test-fast demo demo-sampler bench lint format clean fuzz sanitize cuda \
+  cuda-cpu \
   dashboards images
 
 install: $(STAMP)
@@ -54,13 +55,14 @@ fuzz: install
 	  $(PY) $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 \
 	    -artifact_prefix=build/fuzz/ -print_final_stats=1 || exit 1; done
 
-# Both C++ extensions built with AddressSanitizer + UndefinedBehaviorSanitizer into
-# build/sanitize (the installed build untouched), under the store's and the sampler's tests.
+# The C++ extensions and the CPU build of the CUDA kernels built with AddressSanitizer +
+# UndefinedBehaviorSanitizer into build/sanitize (the installed build untouched), under the
+# store's (the gpu-marked CUDA op tests included), the sampler's and the parser's tests.
 sanitize: install
 	tests/sanitize/run.sh
 
-# The CUDA extension (issue #14) with plain nvcc, for sm_80 and sm_90, warnings as errors
-# (nvcc's and the host compiler's -Wall -Wextra):
+# The CUDA extension with plain nvcc: SASS for sm_80 and sm_90 and compute_90 PTX (newer GPUs
+# JIT it), warnings as errors (nvcc's and the host compiler's -Wall -Wextra):
 # build/cuda/libstreamrec_cuda.so (loaded by services/embedding-store/cuda_ext.py). Needs no
 # GPU to build. -fmad=false: no fused multiply-add, as the CPU core's -ffp-contract=off, so
 # the two give the same floats. One nvcc process (the files compile one after another).
@@ -69,8 +71,15 @@ CUDA_DIR := services/embedding-store/csrc/cuda
 CUDA_SOURCES := $(sort $(wildcard $(CUDA_DIR)/*.cu))
 NVCCFLAGS := -std=c++17 -O3 -fmad=false -Xcompiler -fPIC -Xcompiler -Wall,-Wextra,-Werror \
   -Werror all-warnings \
-  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+  -gencode arch=compute_90,code=compute_90
 cuda: build/cuda/libstreamrec_cuda.so
+
+# The CPU build of the same kernels (g++, Thrust's OpenMP backend, the toolkit's CCCL
+# headers): build/cuda-cpu/libstreamrec_cuda_cpu.so, what the gpu-marked tests run on where
+# there is no GPU (they also build it on first use). Flags: cuda_lib.CPU_FLAGS.
+cuda-cpu: install
+	$(PY) -c 'from streamrec.embedding_store import cuda_lib; print(cuda_lib.build_cpu(force=True))'
 
 build/cuda/libstreamrec_cuda.so: $(CUDA_SOURCES) $(wildcard $(CUDA_DIR)/*.h $(CUDA_DIR)/*.cuh)
 	mkdir -p build/cuda

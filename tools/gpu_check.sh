@@ -1,38 +1,82 @@
 #!/usr/bin/env bash
-# Issue 14's GPU checks, in one command on a lent GPU machine (the device tool's `run`, with
-# `carry: [".whl"]` from tools/gpu_wheels.sh): installs the carried wheels, builds the C++
-# extensions against the machine's torch and the CUDA library (make cuda), then runs
-#   1. the gpu-marked tests (tests/embedding_store: the CUDA ops, the device tier, the GPU
-#      cache, the wiring) against the CPU core,
-#   2. the same under compute-sanitizer (memcheck, then racecheck),
-#   3. bench/embedding_store_gpu.py,
-# writing each log under $OUT (or build/gpu-check where OUT is unset).
+# The GPU checks on a lent GPU machine, one step per call, each well inside a 10-minute run
+# limit (the device tool's `run`, with `carry: [".whl"]` from tools/gpu_wheels.sh); the steps
+# share the machine's state (build/gpu-site, build/cuda) while it stays warm:
+#
+#   tools/gpu_check.sh install     the carried wheels, then the project against the machine's
+#                                  torch, --upgrade (a warm machine's older copy is replaced)
+#   tools/gpu_check.sh build       the CUDA library (make cuda: sm_80/sm_90 SASS, compute_90 PTX)
+#   tools/gpu_check.sh tests       the gpu-marked tests (CPU build and GPU parameters)
+#   tools/gpu_check.sh memcheck    compute-sanitizer memcheck over the GPU parameters, torch's
+#                                  caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: an
+#                                  overrun inside a cached block is otherwise invisible)
+#   tools/gpu_check.sh racecheck   shared-memory races (racecheck sees shared memory only: the
+#                                  index's global-memory protocol is checked under TSan on the
+#                                  CPU, tests/embedding_store/test_cuda_race.py, make sanitize)
+#   tools/gpu_check.sh initcheck   reads of uninitialised device memory
+#   tools/gpu_check.sh synccheck   misuse of barriers and warp-synchronous calls
+#   tools/gpu_check.sh bench       bench/embedding_store_gpu.py
+#   tools/gpu_check.sh all         every step in this order (no run limit)
+#
+# Logs go under $OUT (or build/gpu-check where OUT is unset). compute-sanitizer may be refused
+# on a sandboxed host: the step then fails saying so in its log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu-check}
+SITE=$PWD/build/gpu-site
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-# the project against the machine's torch (pyproject pins the CPU machines' torch: no deps)
-python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site . \
-  >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-make cuda >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export STREAMREC_CUDA_LIB=$PWD/build/cuda/libstreamrec_cuda.so
-GPU_TESTS="tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cuda_device_tier.py
-  tests/embedding_store/test_device_cache.py tests/embedding_store/test_device_wiring.py"
-rc=0
-python3 -m pytest -q -p no:cacheprovider $GPU_TESTS 2>&1 | tee "$OUT/gpu-tests.log" | tail -5
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-for tool in memcheck racecheck; do
-  compute-sanitizer --tool $tool --error-exitcode 9 --target-processes all \
-    python3 -m pytest -q -x -p no:cacheprovider -m gpu $GPU_TESTS \
+GPU_TESTS="tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cuda_hazards.py
+  tests/embedding_store/test_cuda_device_tier.py tests/embedding_store/test_device_cache.py
+  tests/embedding_store/test_device_wiring.py"
+
+sanitize() {  # compute-sanitizer --tool $1 over the GPU parameters of the op tests
+  local tool=$1
+  shift
+  "$@" compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
+    python3 -m pytest -q -x -p no:cacheprovider -m gpu -k cuda \
+    tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cuda_hazards.py \
     >"$OUT/sanitizer-$tool.log" 2>&1
-  s=$?; echo "compute-sanitizer $tool: exit $s"; tail -3 "$OUT/sanitizer-$tool.log"
-  [ $s = 0 ] || rc=1
-done
-python3 bench/embedding_store_gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-exit $rc
+  local s=$?
+  echo "compute-sanitizer $tool: exit $s"
+  tail -3 "$OUT/sanitizer-$tool.log"
+  return $s
+}
+
+step() {
+  case $1 in
+    install)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" .whl/*.whl || return 1
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+      # the project against the machine's torch (pyproject pins the CPU machines' torch)
+      python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target "$SITE" . \
+        >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; } ;;
+    build)
+      make cuda NVCC=nvcc >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; } ;;
+    tests)
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS 2>&1 |
+        tee "$OUT/gpu-tests.log" | tail -5
+      return "${PIPESTATUS[0]}" ;;
+    memcheck) sanitize memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 ;;
+    racecheck | initcheck | synccheck) sanitize "$1" ;;
+    bench)
+      python3 bench/embedding_store_gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+      return "${PIPESTATUS[0]}" ;;
+    *) echo "unknown step '$1' (install build tests memcheck racecheck initcheck synccheck bench all)" >&2
+      return 2 ;;
+  esac
+}
+
+[ $# -eq 1 ] || { echo "usage: tools/gpu_check.sh STEP (see the header)" >&2; exit 2; }
+if [ "$1" = all ]; then
+  rc=0
+  for s in install build tests memcheck racecheck initcheck synccheck bench; do
+    echo "== $s"; step "$s" || rc=1
+  done
+  exit $rc
+fi
+step "$1"

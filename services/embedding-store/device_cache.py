@@ -1,4 +1,4 @@
-"""A GPU cache of hot rows in front of a host or ssd table (issue #14, ``gpu_cache_budget_mb``).
+"""A GPU cache of hot rows in front of a host or ssd table (``gpu_cache_budget_mb``).
 
 :class:`CachedTable` is a :class:`~streamrec.embedding_store.tier.TableTier` wrapping a
 :class:`~streamrec.embedding_store.host_tier.HostTable` or
@@ -150,7 +150,7 @@ class _RowOps:
         self.params = params
         self.cuda: cuda_ext.CudaOps | None = None
         if device.type == "cuda":
-            self.cuda = cuda_ext.load()
+            self.cuda = cuda_ext.load(device)  # under a guard for this device, on its stream
             self._gp = cuda_ext.TableParams.of(params)
 
     def gather(self, data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

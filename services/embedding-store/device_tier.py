@@ -1,4 +1,4 @@
-"""The device tier: every row of a table in GPU memory (issue #14), over the CUDA ops.
+"""The device tier: every row of a table in GPU memory, over the CUDA ops.
 
 The same layout as the host tier (``tier.py``) on the GPU: a row matrix ``_data`` (rows,
 width) float32, the row keys ``_row_keys`` (rows,) int64 and the CUDA hash index, all CUDA
@@ -13,8 +13,10 @@ device tier implements it.
 
 ``EmbeddingStore(..., tier="device")`` and ``streamrec-embedding-store serve --tier device``
 build one per table; where there is no CUDA GPU that raises ``TierUnavailable`` saying so.
+``DeviceTable(..., device="cpu")`` runs the same table on the CPU build of the kernels (the
+tests' "CPU device": every tensor a CPU tensor, every kernel body on CPU threads).
 :meth:`DeviceTable.pull_resident` hands the weights over as CUDA tensors (the store's ``pull(...,
-device="cuda")``, for a trainer on the same GPU): no copy through host memory.
+device=self.device)``, for a trainer on the same GPU): no copy through host memory.
 """
 
 from __future__ import annotations
@@ -34,15 +36,25 @@ class DeviceTable(TableTier):
         options: the table.
         seed: the store's initializer seed.
         capacity: most rows this table may hold (None: bounded by GPU memory).
+        device: ``"cuda"``/``"cuda:N"`` (a GPU), or ``"cpu"`` (the CPU build of the kernels).
 
     Raises:
         TierUnavailable: no CUDA GPU here (or the CUDA extension cannot be built).
         InvalidInput: an option the device tier does not implement yet (admission).
     """
 
-    def __init__(self, options: TableOptions, seed: int = 0, capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        options: TableOptions,
+        seed: int = 0,
+        capacity: int | None = None,
+        device: str | torch.device = "cuda",
+    ) -> None:
         super().__init__(options, seed)
-        self._ops = cuda_ext.load()  # first: without a GPU, that is what the caller hears
+        # first: without a GPU, that is what the caller hears
+        cpu = torch.device(device).type == "cpu"
+        self._ops = cuda_ext.load_cpu() if cpu else cuda_ext.load(device)
+        self.device = self._ops.device
         if options.admission_score is not None or options.admission_probability < 1.0:
             raise InvalidInput(
                 f"table {options.name!r}: admission_score / admission_probability are not "
@@ -54,13 +66,13 @@ class DeviceTable(TableTier):
         if capacity is not None:
             rows = max(MIN_ROWS, min(rows, capacity))
         self._init_rows = rows
-        self._data = torch.empty((rows, self.width), dtype=torch.float32, device="cuda")
-        self._row_keys = torch.empty(rows, dtype=torch.int64, device="cuda")
+        self._data = torch.empty((rows, self.width), dtype=torch.float32, device=self.device)
+        self._row_keys = torch.empty(rows, dtype=torch.int64, device=self.device)
         self._slots = self._ops.index_new(index_slots(rows))
-        self._next = torch.zeros(1, dtype=torch.int64, device="cuda")  # the next row id
+        self._next = torch.zeros(1, dtype=torch.int64, device=self.device)  # the next row id
         self._size = 0
         #: where :meth:`pull_resident` returns the weights
-        self.resident_device = torch.device("cuda", torch.cuda.current_device())
+        self.resident_device = self.device
 
     # -- growth and creation ------------------------------------------------------------
     def _reserve(self, extra: int) -> None:
@@ -70,8 +82,8 @@ class DeviceTable(TableTier):
             rows = max(need, 2 * self._data.shape[0])
             if self.capacity is not None:
                 rows = max(min(rows, self.capacity), need)
-            data = torch.empty((rows, self.width), dtype=torch.float32, device="cuda")
-            keys = torch.empty(rows, dtype=torch.int64, device="cuda")
+            data = torch.empty((rows, self.width), dtype=torch.float32, device=self.device)
+            keys = torch.empty(rows, dtype=torch.int64, device=self.device)
             data[: self._size] = self._data[: self._size]
             keys[: self._size] = self._row_keys[: self._size]
             self._data, self._row_keys = data, keys
@@ -108,16 +120,16 @@ class DeviceTable(TableTier):
         self._next.fill_(m)
         self._slots = self._ops.index_new(index_slots(max(m, self._init_rows)))
         if m:
-            ids = torch.arange(m, dtype=torch.int64, device="cuda")
+            ids = torch.arange(m, dtype=torch.int64, device=self.device)
             self._ops.insert_or_assign(self._slots, self._row_keys[:m], ids)
 
-    @staticmethod
-    def _cuda(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return t.to(device="cuda", dtype=dtype, non_blocking=True).contiguous()
+    def _cuda(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """t as a contiguous tensor of dtype on the table's device (a copy where it differs)."""
+        return t.to(device=self.device, dtype=dtype, non_blocking=True).contiguous()
 
     # -- the tier interface ---------------------------------------------------------------
     def pull_resident(self, keys: torch.Tensor, create: bool) -> torch.Tensor:
-        """Weights (n, dim) float32 cuda of keys (n,) int64 (CPU or cuda), left on the GPU."""
+        """Weights (n, dim) float32 of keys (n,) int64 (CPU or cuda), left on the device."""
         kd = self._cuda(keys, torch.int64)
         if create:
             rows, created = self._find_or_create(kd, "creating")
@@ -210,6 +222,6 @@ class DeviceTable(TableTier):
 
     def close(self) -> None:
         self._size = 0
-        self._data = torch.empty((0, self.width), dtype=torch.float32, device="cuda")
-        self._row_keys = torch.empty(0, dtype=torch.int64, device="cuda")
+        self._data = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+        self._row_keys = torch.empty(0, dtype=torch.int64, device=self.device)
         self._slots = self._ops.index_new(1)

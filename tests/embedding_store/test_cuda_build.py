@@ -2,10 +2,9 @@
 
 What needs no GPU: nvcc compiling every ``csrc/cuda/*.cu`` for sm_80 and sm_90 (warnings as
 errors), the C API the header declares against what the ctypes loader binds (names, argument
-counts, struct layouts), the library's argument checks (they run before any CUDA call), the
-loader's refusal without a GPU, and the per-row math the kernels call (row creation, the
-push step: host-and-device functions) built as host code against the CPU core. The ops
-themselves are checked on a GPU by test_cuda_ops.py.
+counts, struct layouts), the library's argument checks (nvcc's build and the CPU build), the
+loader's refusal without a GPU, and the row math written once (csrc/shared, no device-only
+branch). The ops themselves run in test_cuda_ops.py, on the CPU build and on a GPU.
 """
 
 from __future__ import annotations
@@ -15,19 +14,13 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
-import streamrec.embedding_store._C as _C
 import torch
-from streamrec.embedding_store import cuda_ext
+from streamrec.embedding_store import cuda_ext, cuda_lib
 from streamrec.embedding_store.errors import TierUnavailable
 from streamrec.embedding_store.options import (
-    NormalInitializer,
-    SgdRuleParam,
     TableOptions,
-    UniformInitializer,
-    ZerosInitializer,
 )
 from streamrec.embedding_store.tier import table_params
 
@@ -77,13 +70,7 @@ def test_every_source_compiles_for_sm80_and_sm90(built: tuple[Path, str]) -> Non
     for arch in ("sm_80", "sm_90"):
         kernels = re.findall(rf"Compiling entry function '(\w+)' for '{arch}'", messages)
         # a kernel of every family, by its name
-        for family in (
-            "find_kernel",
-            "init_rows_kernel",
-            "gather_kernel",
-            "apply_kernel",
-            "shrink_kernel",
-        ):
+        for family in ("Find", "InitRows", "Gather", "Apply", "Shrink", "PieceSums"):
             assert any(family in k for k in kernels), (arch, family, kernels)
 
 
@@ -135,9 +122,13 @@ def test_struct_layouts_match_the_header(tmp_path: Path) -> None:
     assert [int(v) for v in out.split()] == expected
 
 
-@needs_nvcc
-def test_library_binds_and_checks_arguments_without_a_gpu(library: Path) -> None:
+@pytest.mark.parametrize("build", ["cpu", pytest.param("nvcc", marks=needs_nvcc)])
+def test_library_binds_and_checks_arguments_without_a_gpu(
+    build: str, request: pytest.FixtureRequest
+) -> None:
+    library = cuda_lib.build_cpu() if build == "cpu" else request.getfixturevalue("library")
     lib = cuda_ext.open_library(library, build_missing=False)
+    assert lib.streamrec_cuda_cpu_device() == (build == "cpu")
     assert lib.streamrec_cuda_api_version() == cuda_ext.API_VERSION
     if not torch.cuda.is_available():
         assert lib.streamrec_cuda_device_count() == 0
@@ -163,11 +154,11 @@ def test_library_binds_and_checks_arguments_without_a_gpu(library: Path) -> None
     assert b"next_row, row_keys and flag must be set" in lib.streamrec_cuda_last_error()
     push = cuda_ext.Push(n=-4)
     params = cuda_ext.TableParams.of(table_params(TableOptions(name="t", dim=4)))
-    rc = lib.streamrec_cuda_update(push, ctypes.byref(params), None)
+    rc = lib.streamrec_cuda_update(push, None, 0, ctypes.byref(params), None)
     assert rc == cuda_ext.ERR_ARGUMENT
     assert b"n and R must be >= 0" in lib.streamrec_cuda_last_error()
     params.embedx_rule.kind = 3  # Adam: the columns finalize() gave no longer fit
-    rc = lib.streamrec_cuda_update(cuda_ext.Push(n=1), ctypes.byref(params), None)
+    rc = lib.streamrec_cuda_update(cuda_ext.Push(n=1), None, 0, ctypes.byref(params), None)
     assert rc == cuda_ext.ERR_ARGUMENT
     assert b"update: params not finalized (dim 4" in lib.streamrec_cuda_last_error()
 
@@ -186,116 +177,48 @@ def test_load_without_a_gpu_says_the_device_tier_needs_one() -> None:
     assert not torch.cuda.is_initialized()
 
 
-# ---- the kernels' row math, run on the CPU against the CPU core ----
-HOST_DRIVER = Path(__file__).resolve().parent / "cuda_host" / "row_math.cu"
+# ---- one source for the row math ----
+SHARED = cuda_ext.CUDA_DIR.parent / "shared"
 
 
-@pytest.fixture(scope="module")
-def row_math(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """row_init.cuh and update_rule.cuh (what the kernels call per row) built as host code
-    with the CPU core's -ffp-contract=off."""
-    if NVCC is None:
-        pytest.skip("nvcc is not on PATH")
-    exe = tmp_path_factory.mktemp("row_math") / "row_math"
+def test_the_row_math_has_no_device_only_branch() -> None:
+    """The row math (csrc/shared) and the kernels hold no ``__CUDA_ARCH__`` branch but the
+    index's pause: what the CPU build runs is what the GPU runs (a device-only branch once
+    called itself and zeroed every new row, unseen by every host test)."""
+    for header in SHARED.glob("*.h"):
+        assert "__CUDA_ARCH__" not in header.read_text(), header
+    arch = {
+        p.name: p.read_text().count("__CUDA_ARCH__")
+        for p in cuda_ext.CUDA_DIR.iterdir()
+        if "__CUDA_ARCH__" in p.read_text()
+    }
+    assert arch == {"index.cu": 1}  # backoff(): __nanosleep while another thread publishes
+    # the kernels include the shared math, not a copy of it
+    common = (cuda_ext.CUDA_DIR / "common.cuh").read_text()
+    assert '#include "../shared/row_update.h"' in common
+    for name in ("kShow", "state_width", "apply_rule", "mix64", "init_row"):
+        for p in cuda_ext.CUDA_DIR.iterdir():
+            assert not re.search(rf"\b(constexpr|inline)\b[^;{{]*\b{name}\b", p.read_text()), (
+                name,
+                p,
+            )
+
+
+@needs_nvcc
+def test_row_creation_kernels_compute_their_draws_on_the_device(tmp_path: Path) -> None:
+    """The device code of row creation holds the draws' float math (a device branch that called
+    itself once let nvcc delete it: 0 float multiplies or adds, every new row zero)."""
+    ptx = tmp_path / "row_init.ptx"
     subprocess.run(
-        [
-            NVCC,
-            "-std=c++17",
-            "-O2",
-            "-Xcompiler",
-            "-ffp-contract=off",
-            "-I",
-            str(cuda_ext.CUDA_DIR),
-            "-o",
-            str(exe),
-            str(HOST_DRIVER),
-        ],
+        [NVCC, "-std=c++17", "-O3", "-fmad=false", "-arch=compute_90", "-ptx", "-o", str(ptx),
+         str(cuda_ext.CUDA_DIR / "row_init.cu")],
         check=True,
         capture_output=True,
-    )
-    return exe
-
-
-def _run(exe: Path, *parts: bytes) -> bytes:
-    return subprocess.run([str(exe)], input=b"".join(parts), capture_output=True, check=True).stdout
-
-
-def _table(rule: str, initializer: object = None, threshold: float = 10.0) -> Any:
-    sgd = SgdRuleParam(name=rule, weight_bounds=(-0.5, 0.5))
-    options = TableOptions(
-        name="t",
-        dim=11,
-        embed_sgd_param=sgd,
-        embedx_sgd_param=SgdRuleParam(name=rule, learning_rate=0.02),
-        initializer=initializer,
-        embedx_threshold=threshold,
-    )
-    return table_params(options, seed=11)
-
-
-def _i64(*values: int) -> bytes:
-    return torch.tensor(values, dtype=torch.int64).numpy().tobytes()
-
-
-RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule"]
-INITIALIZERS = [
-    None,
-    UniformInitializer(low=-0.3, high=0.2),
-    NormalInitializer(mean=0.1, std=0.5),
-    ZerosInitializer(),
-]
-
-
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("initializer", INITIALIZERS, ids=["default", "uniform", "normal", "zeros"])
-def test_row_creation_draws_the_cpu_cores_values(
-    row_math: Path, rule: str, initializer: object
-) -> None:
-    keys = torch.randint(-(2**63), 2**63 - 1, (500,), generator=torch.Generator().manual_seed(1))
-    for threshold in (10.0, 0.0):  # created plain, and expanded at creation
-        p = _table(rule, initializer, threshold)
-        want = torch.zeros((keys.numel(), p.width))
-        _C.init_rows(want, keys, 0, keys.numel(), p)
-        expand = int(p.nonclk_coeff * 0 + p.click_coeff * 0 >= p.embedx_threshold)
-        out = _run(
-            row_math,
-            _i64(0),
-            bytes(cuda_ext.TableParams.of(p)),
-            _i64(keys.numel()),
-            _i64(expand),
-            keys.numpy().tobytes(),
-        )
-        got = torch.frombuffer(bytearray(out), dtype=torch.float32).reshape(want.shape)
-        assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("rule", RULES)
-def test_push_step_gives_the_cpu_cores_floats(row_math: Path, rule: str) -> None:
-    """Four pushes on 400 rows, some of which expand on the way (threshold 3)."""
-    g = torch.Generator().manual_seed(2)
-    p = _table(rule, UniformInitializer(low=-0.3, high=0.3), threshold=3.0)
-    n = 400
-    keys = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
-    data = torch.zeros((n, p.width))
-    _C.init_rows(data, keys, 0, n, p)
-    host = data.clone()
-    for step in range(4):
-        grads = torch.randn((n, p.dim), generator=g) * 0.3
-        shows = torch.rand(n, generator=g) * 2
-        clicks = shows * torch.rand(n, generator=g)
-        expanded = _C.update(data, keys, torch.arange(n), grads, shows, clicks, p)
-        out = _run(
-            row_math,
-            _i64(1),
-            bytes(cuda_ext.TableParams.of(p)),
-            _i64(n),
-            host.numpy().tobytes(),
-            keys.numpy().tobytes(),
-            grads.numpy().tobytes(),
-            shows.numpy().tobytes(),
-            clicks.numpy().tobytes(),
-        )
-        host = torch.frombuffer(bytearray(out[:-8]), dtype=torch.float32).reshape(data.shape)
-        assert torch.equal(host, data), step
-        assert int.from_bytes(out[-8:], "little") == expanded
-    assert expanded >= 0 and bool((data[:, _C.FLAGS].to(torch.int64) & _C.FLAG_EXPANDED).any())
+    )  # fmt: skip
+    entries = re.split(r"\.entry\s+", ptx.read_text())[1:]
+    ops = {
+        e.split("(")[0]: len(re.findall(r"\b(?:mul|add|sub)(?:\.rn)?\.f32\b", e)) for e in entries
+    }
+    assert any("InitRows" in name for name in ops), ops
+    for name, count in ops.items():
+        assert count >= 20, (name, count)  # uniform and normal draws: 80 with CUDA 13

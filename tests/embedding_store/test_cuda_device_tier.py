@@ -1,6 +1,7 @@
-"""The device tier against the host tier on the same calls (issue #14): same weights pulled,
-same rows after pushes with repeated keys, shrink, export, import, growth past the initial
-rows, capacity. Tables are compared by key (the device numbers new rows differently)."""
+"""The device tier against the host tier on the same calls: same weights pulled, same rows
+after pushes with repeated keys, shrink, export, import, growth past the initial rows,
+capacity. Tables are compared by key (the device numbers new rows differently). On the CPU
+build of the kernels (device "cpu", everywhere) and on a GPU where there is one."""
 
 from __future__ import annotations
 
@@ -29,11 +30,20 @@ needs_gpu = pytest.mark.skipif(
 )
 
 
-def tables(capacity: int | None = None, **kw: Any) -> tuple[HostTable, Any]:
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    """Where the device tier runs: the CPU build of the kernels, or the GPU."""
+    return str(request.param)
+
+
+def tables(device: str, capacity: int | None = None, **kw: Any) -> tuple[HostTable, Any]:
     from streamrec.embedding_store.device_tier import DeviceTable
 
     options = TableOptions(name="t", dim=8, embedx_threshold=2.0, **kw)
-    return HostTable(options, 3, capacity), DeviceTable(options, 3, capacity)
+    return HostTable(options, 3, capacity), DeviceTable(options, 3, capacity, device=device)
 
 
 def keys_of(n: int, distinct: int, seed: int) -> torch.Tensor:
@@ -51,63 +61,60 @@ def same_contents(host: HostTable, device: Any) -> None:
 
 
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("rule", ["SparseAdaGradSGDRule", "SparseAdamSGDRule"])
-def test_pulls_and_pushes_match_the_host_tier(rule: str) -> None:
-    host, device = tables(embed_sgd_param={"name": rule}, embedx_sgd_param={"name": rule})
+def test_pulls_and_pushes_match_the_host_tier(device: str, rule: str) -> None:
+    host, table = tables(device, embed_sgd_param={"name": rule}, embedx_sgd_param={"name": rule})
     g = torch.Generator().manual_seed(1)
     for step in range(5):
         keys = keys_of(3000, 2500, seed=step)  # new keys every step: growth past 1024 rows
-        torch.testing.assert_close(device.pull(keys, True), host.pull(keys, True), **TOL)
+        torch.testing.assert_close(table.pull(keys, True), host.pull(keys, True), **TOL)
         grads = torch.randn((keys.numel(), 8), generator=g) * 0.1
         shows = torch.rand(keys.numel(), generator=g) * 2
         clicks = shows * torch.rand(keys.numel(), generator=g)
-        assert device.push(keys, grads, shows, clicks) and host.push(keys, grads, shows, clicks)
-        assert device.size() == host.size()
-    same_contents(host, device)
-    assert device.counters["rows_created"] == host.counters["rows_created"]
-    assert device.counters["rows_expanded"] == host.counters["rows_expanded"]
+        assert table.push(keys, grads, shows, clicks) and host.push(keys, grads, shows, clicks)
+        assert table.size() == host.size()
+    same_contents(host, table)
+    assert table.counters["rows_created"] == host.counters["rows_created"]
+    assert table.counters["rows_expanded"] == host.counters["rows_expanded"]
     probe = torch.cat([keys, keys_of(50, 50, seed=99)])
     for name, value in host.inspect(probe).items():
-        torch.testing.assert_close(device.inspect(probe)[name], value, **TOL)
+        torch.testing.assert_close(table.inspect(probe)[name], value, **TOL)
     absent = keys_of(20, 20, seed=98)
-    assert not bool(device.pull(absent, False).any())
+    assert not bool(table.pull(absent, False).any())
 
 
 @pytest.mark.gpu
-@needs_gpu
-def test_day_shrink_export_and_dirty_marks_match_the_host_tier() -> None:
-    host, device = tables(delete_after_unseen_days=1.0)
+def test_day_shrink_export_and_dirty_marks_match_the_host_tier(device: str) -> None:
+    host, table = tables(device, delete_after_unseen_days=1.0)
     old = keys_of(2000, 2000, seed=5).unique()
-    for t in (host, device):
+    for t in (host, table):
         t.pull(old, True)
         t.advance_day()
         t.advance_day()  # old keys are now unseen for 2 days > 1
     fresh = keys_of(500, 500, seed=6)
     ones = torch.ones(fresh.numel())
-    for t in (host, device):
+    for t in (host, table):
         t.push(fresh, torch.full((fresh.numel(), 8), 0.01), ones * 5, ones)
     for select in (SELECT_BASE, SELECT_DELTA):
         hk, _ = host.export(select)
-        dk, _ = device.export(select)
+        dk, _ = table.export(select)
         assert torch.equal(hk.sort().values, dk.sort().values)
     host.clear_dirty()
-    device.clear_dirty()
+    table.clear_dirty()
     host.mark_dirty(fresh[:10])
-    device.mark_dirty(fresh[:10])
+    table.mark_dirty(fresh[:10])
     assert torch.equal(
-        host.export(SELECT_DELTA)[0].sort().values, device.export(SELECT_DELTA)[0].sort().values
+        host.export(SELECT_DELTA)[0].sort().values, table.export(SELECT_DELTA)[0].sort().values
     )
-    assert device.shrink() == host.shrink() > 0
-    same_contents(host, device)
+    assert table.shrink() == host.shrink() > 0
+    same_contents(host, table)
     # after compaction the index finds every kept key
-    torch.testing.assert_close(device.pull(fresh, False), host.pull(fresh, False), **TOL)
+    torch.testing.assert_close(table.pull(fresh, False), host.pull(fresh, False), **TOL)
 
 
 @pytest.mark.gpu
-@needs_gpu
-def test_import_rows_and_weights_round_trip_with_the_host_tier() -> None:
-    host, device = tables()
+def test_import_rows_and_weights_round_trip_with_the_host_tier(device: str) -> None:
+    host, table = tables(device)
     keys = keys_of(1500, 1500, seed=7).unique()
     host.pull(keys, True)
     host.push(
@@ -117,31 +124,35 @@ def test_import_rows_and_weights_round_trip_with_the_host_tier() -> None:
         torch.ones(keys.numel()),
     )
     k, rows = host.export(SELECT_ALL)
-    device.import_rows(k, rows)
-    same_contents(host, device)
-    other_host, other_device = tables()
+    table.import_rows(k, rows)
+    same_contents(host, table)
+    other_host, other_device = tables(device)
     values = torch.randn((k.numel(), 8))
     values[::3, 1:] = 0
     other_host.import_weights(k, values)
     other_device.import_weights(k, values)
     same_contents(other_host, other_device)
     with pytest.raises(InvalidInput, match="rows must be"):
-        device.import_rows(k, rows[:, :3])
-    device.reset()
-    assert device.size() == 0 and not bool(device.pull(k, False).any())
+        table.import_rows(k, rows[:, :3])
+    table.reset()
+    assert table.size() == 0 and not bool(table.pull(k, False).any())
 
 
 @pytest.mark.gpu
-@needs_gpu
-def test_capacity_and_admission_are_refused_by_name() -> None:
-    _, device = tables(capacity=1100)
-    device.pull(keys_of(1000, 1000, seed=8).unique(), True)
-    before = device.size()
-    with pytest.raises(CapacityExceeded, match="capacity 1100"):
-        device.pull(keys_of(500, 500, seed=9), True)
-    assert device.size() == before
+def test_capacity_and_admission_are_refused_by_name(device: str) -> None:
+    first = keys_of(1000, 1000, seed=8).unique()
+    more = keys_of(500, 500, seed=9).unique()
+    more = more[~torch.isin(more, first)]
+    assert more.numel() > 100
+    capacity = first.numel() + 100
+    _, table = tables(device, capacity=capacity)
+    table.pull(first, True)
+    before = table.size()
+    with pytest.raises(CapacityExceeded, match=f"capacity {capacity}"):
+        table.pull(more, True)
+    assert table.size() == before
     with pytest.raises(InvalidInput, match="admission"):
-        tables(admission_probability=0.5)
+        tables(device, admission_probability=0.5)
 
 
 @pytest.mark.gpu

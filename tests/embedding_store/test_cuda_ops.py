@@ -1,6 +1,8 @@
-"""Every CUDA op against the CPU core (``_C``) on the same inputs (issue #14).
+"""Every CUDA op against the CPU core (``_C``) on the same inputs.
 
-Same keys found, same rows created (uniform and zeros draws bit for bit, normal draws within
+Run on the CPU build of the kernels (a "CPU device" of the CUDA library: the same kernel
+bodies on CPU threads, so these run in CI everywhere) and, where a GPU is present, on it. Same
+keys found, same rows created (uniform and zeros draws bit for bit, normal draws within
 the tolerance row_init.cuh documents), same optimizer results within float tolerance,
 duplicate keys in one batch, growth past the initial capacity, a full index as an error.
 Row ids differ by design (the GPU numbers new rows by an atomic counter): tables are compared
@@ -24,9 +26,14 @@ from streamrec.embedding_store.options import (
 )
 from streamrec.embedding_store.tier import table_params
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none present"),
+pytestmark = pytest.mark.gpu
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ),
 ]
 
 RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule"]
@@ -34,9 +41,10 @@ RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "Spa
 TOL = {"rtol": 1e-6, "atol": 1e-7}
 
 
-@pytest.fixture(scope="module")
-def ops() -> cuda_ext.CudaOps:
-    return cuda_ext.load()
+@pytest.fixture(scope="module", params=DEVICES)
+def ops(request: pytest.FixtureRequest) -> cuda_ext.CudaOps:
+    """The ops on the CPU build of the kernels, or on the GPU."""
+    return cuda_ext.load_cpu() if request.param == "cpu" else cuda_ext.load(request.param)
 
 
 def params(rule: str = "SparseAdaGradSGDRule", **kw: Any) -> tuple[Any, cuda_ext.TableParams]:
@@ -69,10 +77,10 @@ def gpu_table(
     ops: cuda_ext.CudaOps, keys: torch.Tensor, gp: cuda_ext.TableParams, rows: int
 ) -> tuple[torch.Tensor, ...]:
     slots = ops.index_new(4 * rows)
-    next_row = torch.zeros(1, dtype=torch.int64, device="cuda")
-    row_keys = torch.zeros(rows, dtype=torch.int64, device="cuda")
-    data = torch.zeros((rows, gp.width), dtype=torch.float32, device="cuda")
-    found = ops.find_or_insert(slots, keys.cuda(), next_row, row_keys, data, gp)
+    next_row = torch.zeros(1, dtype=torch.int64, device=ops.device)
+    row_keys = torch.zeros(rows, dtype=torch.int64, device=ops.device)
+    data = torch.zeros((rows, gp.width), dtype=torch.float32, device=ops.device)
+    found = ops.find_or_insert(slots, keys.to(ops.device, copy=True), next_row, row_keys, data, gp)
     return slots, found, data, row_keys, next_row
 
 
@@ -98,7 +106,7 @@ def test_find_or_insert_matches_the_cpu_with_duplicate_keys(ops: cuda_ext.CudaOp
     # find: present keys their rows, absent keys -1
     absent = sample_keys(300, 300, seed=1)
     absent = absent[~torch.isin(absent, keys)]
-    probe = torch.cat([keys, absent]).cuda()
+    probe = torch.cat([keys, absent]).to(ops.device, copy=True)
     found = ops.find(slots, probe).cpu()
     assert torch.equal(found[: keys.numel()], rows)
     assert bool((found[keys.numel() :] == -1).all())
@@ -130,7 +138,7 @@ def test_rows_created_match_the_cpu_initializers(
         uniq = torch.tensor(list(want), dtype=torch.int64)
         for with_embedx in (False, True):
             cpu_w = _C.initial_weights(uniq, p, with_embedx)
-            gpu_w = ops.initial_weights(uniq.cuda(), gp, with_embedx).cpu()
+            gpu_w = ops.initial_weights(uniq.to(ops.device, copy=True), gp, with_embedx).cpu()
             torch.testing.assert_close(gpu_w, cpu_w, rtol=1e-6, atol=1e-7)
 
 
@@ -139,8 +147,8 @@ def test_init_rows_matches_the_cpu(ops: cuda_ext.CudaOps) -> None:
     row_keys = sample_keys(700, 700, seed=3)
     cpu = torch.full((700, p.width), 9.0)
     _C.init_rows(cpu, row_keys, 100, 500, p)
-    gpu = torch.full((700, gp.width), 9.0, device="cuda")
-    ops.init_rows(gpu, row_keys.cuda(), 100, 500, gp)
+    gpu = torch.full((700, gp.width), 9.0, device=ops.device)
+    ops.init_rows(gpu, row_keys.to(ops.device, copy=True), 100, 500, gp)
     assert torch.equal(gpu.cpu(), cpu)
 
 
@@ -150,8 +158,8 @@ def test_update_matches_the_cpu(ops: cuda_ext.CudaOps, rule: str) -> None:
     p, gp = params(rule, embedx_threshold=2.0)
     keys = sample_keys(4000, 800, seed=4)
     _, cpu_rows, cpu_data, cpu_row_keys = cpu_table(keys, p, 1024)
-    gpu_data = cpu_data.cuda()
-    gpu_row_keys = cpu_row_keys.cuda()
+    gpu_data = cpu_data.to(ops.device, copy=True)
+    gpu_row_keys = cpu_row_keys.to(ops.device, copy=True)
     g = torch.Generator().manual_seed(5)
     for step in range(4):
         pick = torch.randint(0, keys.numel(), (3000,), generator=g)
@@ -162,7 +170,13 @@ def test_update_matches_the_cpu(ops: cuda_ext.CudaOps, rule: str) -> None:
         clicks = shows * torch.rand(rows.numel(), generator=g)
         want = _C.update(cpu_data, cpu_row_keys, rows, grads, shows, clicks, p)
         got = ops.update(
-            gpu_data, gpu_row_keys, rows.cuda(), grads.cuda(), shows.cuda(), clicks.cuda(), gp
+            gpu_data,
+            gpu_row_keys,
+            rows.to(ops.device, copy=True),
+            grads.to(ops.device, copy=True),
+            shows.to(ops.device, copy=True),
+            clicks.to(ops.device, copy=True),
+            gp,
         )
         assert got == want, step
         torch.testing.assert_close(gpu_data.cpu(), cpu_data, **TOL)
@@ -170,11 +184,11 @@ def test_update_matches_the_cpu(ops: cuda_ext.CudaOps, rule: str) -> None:
 
 def test_update_refuses_a_row_outside_and_writes_nothing(ops: cuda_ext.CudaOps) -> None:
     p, gp = params()
-    data = torch.zeros((16, gp.width), device="cuda")
-    row_keys = torch.arange(16, device="cuda")
-    rows = torch.tensor([1, 2, 16], device="cuda")
-    grads = torch.ones((3, gp.dim), device="cuda")
-    ones = torch.ones(3, device="cuda")
+    data = torch.zeros((16, gp.width), device=ops.device)
+    row_keys = torch.arange(16, device=ops.device)
+    rows = torch.tensor([1, 2, 16], device=ops.device)
+    grads = torch.ones((3, gp.dim), device=ops.device)
+    ones = torch.ones(3, device=ops.device)
     with pytest.raises(cuda_ext.CudaOpError, match="outside the table"):
         ops.update(data, row_keys, rows, grads, ones, ones, gp)
     assert not bool(data.any())
@@ -186,12 +200,14 @@ def test_gather_and_bag_pooling_match_the_cpu(ops: cuda_ext.CudaOps) -> None:
     _, cpu_rows, cpu_data, _ = cpu_table(keys, p, 512)
     rows = cpu_rows.clone()
     rows[::13] = -1
-    gpu_data = cpu_data.cuda()
-    out = ops.gather(gpu_data, rows.cuda(), gp).cpu()
+    gpu_data = cpu_data.to(ops.device, copy=True)
+    out = ops.gather(gpu_data, rows.to(ops.device, copy=True), gp).cpu()
     assert torch.equal(out, _C.gather(cpu_data, rows, p))
     offsets = torch.tensor([0, 0, 5, 6, 300, 1000])
     for mean in (False, True):
-        pooled = ops.gather_pooled(gpu_data, rows.cuda(), offsets.cuda(), gp, mean).cpu()
+        pooled = ops.gather_pooled(
+            gpu_data, rows.to(ops.device, copy=True), offsets.to(ops.device, copy=True), gp, mean
+        ).cpu()
         want = torch.nn.functional.embedding_bag(
             torch.arange(rows.numel()),
             _C.gather(cpu_data, rows, p),
@@ -201,43 +217,48 @@ def test_gather_and_bag_pooling_match_the_cpu(ops: cuda_ext.CudaOps) -> None:
         )
         torch.testing.assert_close(pooled, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(cuda_ext.CudaOpError, match="outside"):
-        ops.gather(gpu_data, torch.tensor([0, 512], device="cuda"), gp)
+        ops.gather(gpu_data, torch.tensor([0, 512], device=ops.device), gp)
 
 
 def test_insert_or_assign_erase_and_export(ops: cuda_ext.CudaOps) -> None:
     slots = ops.index_new(1024)
     keys = sample_keys(500, 500, seed=7).unique()
     vals = torch.arange(keys.numel()) * 3
-    ops.insert_or_assign(slots, keys.cuda(), vals.cuda())
+    ops.insert_or_assign(slots, keys.to(ops.device, copy=True), vals.to(ops.device, copy=True))
     cpu = _C.index_build(1024, torch.empty(0, dtype=torch.int64))
     _C.insert_or_assign(cpu, keys, vals)
-    assert torch.equal(ops.find(slots, keys.cuda()).cpu(), _C.find(cpu, keys))
+    assert torch.equal(ops.find(slots, keys.to(ops.device, copy=True)).cpu(), _C.find(cpu, keys))
     # assign over present keys
-    ops.insert_or_assign(slots, keys[:10].cuda(), torch.full((10,), 7, device="cuda"))
-    assert bool((ops.find(slots, keys[:10].cuda()) == 7).all())
+    ops.insert_or_assign(
+        slots, keys[:10].to(ops.device, copy=True), torch.full((10,), 7, device=ops.device)
+    )
+    assert bool((ops.find(slots, keys[:10].to(ops.device, copy=True)) == 7).all())
     # erase (a duplicate counts once), then the erased keys read absent, the rest stay
     erase = torch.cat([keys[:100], keys[:5]])
-    assert ops.erase(slots, erase.cuda()) == 100
-    assert bool((ops.find(slots, keys[:100].cuda()) == -1).all())
-    assert torch.equal(ops.find(slots, keys[100:].cuda()).cpu(), vals[100:])
+    assert ops.erase(slots, erase.to(ops.device, copy=True)) == 100
+    assert bool((ops.find(slots, keys[:100].to(ops.device, copy=True)) == -1).all())
+    assert torch.equal(ops.find(slots, keys[100:].to(ops.device, copy=True)).cpu(), vals[100:])
     assert ops.size(slots) == keys.numel() - 100
     exported_keys, exported_rows = ops.export(slots)
     order = torch.argsort(exported_keys.cpu())
     assert torch.equal(exported_keys.cpu()[order], keys[100:].sort().values)
     assert torch.equal(exported_rows.cpu()[order], vals[100:][torch.argsort(keys[100:])])
     # a tombstone is reused by a new key and walked past by the old ones
-    fresh = sample_keys(50, 50, seed=8)
-    ops.insert_or_assign(slots, fresh.cuda(), torch.arange(50, device="cuda"))
-    assert torch.equal(ops.find(slots, fresh.cuda()).cpu(), torch.arange(50))
-    assert torch.equal(ops.find(slots, keys[100:].cuda()).cpu(), vals[100:])
+    # distinct keys (of a duplicated key in one call, either value may win)
+    fresh = sample_keys(50, 50, seed=8).unique()[:30]
+    ops.insert_or_assign(
+        slots, fresh.to(ops.device, copy=True), torch.arange(30, device=ops.device)
+    )
+    assert torch.equal(ops.find(slots, fresh.to(ops.device, copy=True)).cpu(), torch.arange(30))
+    assert torch.equal(ops.find(slots, keys[100:].to(ops.device, copy=True)).cpu(), vals[100:])
 
 
 def test_growth_past_the_initial_capacity(ops: cuda_ext.CudaOps) -> None:
     p, gp = params()
     slots = ops.index_new(1024)
-    next_row = torch.zeros(1, dtype=torch.int64, device="cuda")
-    row_keys = torch.zeros(8192, dtype=torch.int64, device="cuda")
-    data = torch.zeros((8192, gp.width), device="cuda")
+    next_row = torch.zeros(1, dtype=torch.int64, device=ops.device)
+    row_keys = torch.zeros(8192, dtype=torch.int64, device=ops.device)
+    data = torch.zeros((8192, gp.width), device=ops.device)
     seen: dict[int, int] = {}
     for batch in range(6):
         keys = sample_keys(1000, 1000, seed=10 + batch).unique()
@@ -245,11 +266,13 @@ def test_growth_past_the_initial_capacity(ops: cuda_ext.CudaOps) -> None:
         if (size + keys.numel()) > 0.75 * slots.shape[0]:  # the host tier's MAX_LOAD
             slots = ops.rebuild(slots, 4 * slots.shape[0])
             assert ops.size(slots) == size
-        rows = ops.find_or_insert(slots, keys.cuda(), next_row, row_keys, data, gp).cpu()
+        rows = ops.find_or_insert(
+            slots, keys.to(ops.device, copy=True), next_row, row_keys, data, gp
+        ).cpu()
         seen.update(zip(keys.tolist(), rows.tolist(), strict=True))
     assert slots.shape[0] > 1024
     every = torch.tensor(list(seen), dtype=torch.int64)
-    assert ops.find(slots, every.cuda()).cpu().tolist() == list(seen.values())
+    assert ops.find(slots, every.to(ops.device, copy=True)).cpu().tolist() == list(seen.values())
 
 
 def test_a_full_index_is_an_error_and_a_retry_after_growth_is_idempotent(
@@ -257,9 +280,9 @@ def test_a_full_index_is_an_error_and_a_retry_after_growth_is_idempotent(
 ) -> None:
     _, gp = params()
     slots = ops.index_new(64)
-    next_row = torch.zeros(1, dtype=torch.int64, device="cuda")
-    row_keys = torch.zeros(1024, dtype=torch.int64, device="cuda")
-    keys = sample_keys(100, 100, seed=20).unique().cuda()
+    next_row = torch.zeros(1, dtype=torch.int64, device=ops.device)
+    row_keys = torch.zeros(1024, dtype=torch.int64, device=ops.device)
+    keys = sample_keys(100, 100, seed=20).unique().to(ops.device, copy=True)
     with pytest.raises(cuda_ext.IndexFull, match="index is full"):
         ops.find_or_insert(slots, keys, next_row, row_keys)
     assert ops.size(slots) == 64  # the keys that found a slot are in, consistently
@@ -271,7 +294,7 @@ def test_a_full_index_is_an_error_and_a_retry_after_growth_is_idempotent(
     assert sorted(rows.tolist()) == list(range(keys.numel()))
     assert int(next_row.item()) == keys.numel()
     # no free row is an error too
-    few = torch.zeros(4, dtype=torch.int64, device="cuda")
+    few = torch.zeros(4, dtype=torch.int64, device=ops.device)
     with pytest.raises(cuda_ext.RowsFull):
         ops.find_or_insert(ops.index_new(64), keys[:10], torch.zeros_like(next_row), few)
 
@@ -284,7 +307,7 @@ def test_day_shrink_selection_and_dirty_marks_match_the_cpu(ops: cuda_ext.CudaOp
     cpu[:, _C.CLICK] = cpu[:, _C.SHOW] * torch.rand(300, generator=g)
     cpu[:, _C.UNSEEN] = torch.randint(0, 40, (300,), generator=g).float()
     cpu[:, _C.FLAGS] = torch.randint(0, 4, (300,), generator=g).float()
-    gpu = cpu.cuda()
+    gpu = cpu.to(ops.device, copy=True)
     _C.advance_day(cpu, 250)
     ops.advance_day(gpu, 250, gp)
     for mode in (0, 1, 2):
@@ -295,7 +318,7 @@ def test_day_shrink_selection_and_dirty_marks_match_the_cpu(ops: cuda_ext.CudaOp
     _C.clear_dirty(cpu, 250)
     ops.clear_dirty(gpu, 250, gp)
     assert torch.equal(gpu.cpu(), cpu)
-    ops.mark_dirty(gpu, torch.tensor([3, 3, -1, 7], device="cuda"), gp)
+    ops.mark_dirty(gpu, torch.tensor([3, 3, -1, 7], device=ops.device), gp)
     dirty = (gpu[:, _C.FLAGS].cpu().to(torch.int64) & _C.FLAG_DIRTY) != 0
     assert dirty[:250].nonzero().flatten().tolist() == [3, 7]
     assert torch.equal(gpu[250:].cpu(), cpu[250:])  # rows past size untouched

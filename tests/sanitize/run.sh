@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # make sanitize: builds the C++ extensions with AddressSanitizer + UndefinedBehaviorSanitizer
 # into build/sanitize/lib (setup.py's STREAMREC_SANITIZE switch; the installed optimized build
-# is never touched) and runs the store's, the sampler's and the trainer's parser tests against
-# that build: this directory's sitecustomize.py points the three `_C` imports there, for the
-# test processes and every process they spawn. A finding stops the process that hit it and
+# is never touched), and the CPU build of the CUDA kernels likewise into
+# build/sanitize/libstreamrec_cuda_cpu.so (STREAMREC_CUDA_CPU_LIB), and runs the store's (the
+# gpu-marked CUDA op and device-tier tests included), the sampler's and the trainer's parser
+# tests against them: this directory's sitecustomize.py points the three `_C` imports there,
+# for the test processes and every process they spawn. A finding stops the process that hit it and
 # fails the run: its report is in build/sanitize/logs (ASan), on this output (UBSan in a test
 # process: pytest captures Python's streams only), or in the failing test's server log (a
 # spawned server).
@@ -18,18 +20,34 @@ OUT=$ROOT/build/sanitize
 LOGS=$OUT/logs
 
 args=("$@")
-# The CUDA tests are left out: they run nvcc and the host compiler, which the preloaded ASan
-# runtime breaks, and test no code of the CPU C++ extensions.
+# The CUDA build test is left out: it runs nvcc and the host compiler, which the preloaded
+# ASan runtime breaks.
 [ ${#args[@]} -gt 0 ] || args=(tests/embedding_store tests/sampler
   tests/trainer/test_data.py tests/trainer/test_line_parser.py
-  "--ignore-glob=tests/embedding_store/test_cuda_*.py")
+  "--ignore=tests/embedding_store/test_cuda_build.py"
+  "--ignore=tests/embedding_store/test_cuda_race.py")
 
 mkdir -p "$OUT"
 echo "building the sanitized extensions into build/sanitize/lib (log: build/sanitize/build.log)"
 STREAMREC_SANITIZE=address,undefined MAX_JOBS=${MAX_JOBS:-2} \
   "$PY" setup.py -q build_ext --build-lib "$OUT/lib" --build-temp "$OUT/temp" >"$OUT/build.log" 2>&1 ||
   { tail -50 "$OUT/build.log"; exit 1; }
+echo "building the sanitized CPU build of the CUDA kernels (log: build/sanitize/cuda-cpu.log)"
+export STREAMREC_CUDA_CPU_LIB=$OUT/libstreamrec_cuda_cpu.so
+"$PY" - >"$OUT/cuda-cpu.log" 2>&1 <<'EOF' || { tail -50 "$OUT/cuda-cpu.log"; exit 1; }
+from streamrec.embedding_store import cuda_lib
+
+flags = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+         "-fno-sanitize-recover=all")
+print(cuda_lib.build_cpu(extra=flags, force=True))
+EOF
 rm -rf "$LOGS" && mkdir -p "$LOGS"
+
+# ThreadSanitizer over the CUDA kernels' thread protocols (a build and a driver of their own,
+# std::threads instead of OpenMP), before ASan is preloaded: it compiles
+echo "ThreadSanitizer: the CUDA kernels' thread protocols (tests/embedding_store/test_cuda_race.py)"
+tsan=0
+"$PY" -m pytest -q -p no:cacheprovider tests/embedding_store/test_cuda_race.py || tsan=1
 
 export STREAMREC_EXT_DIR=$OUT/lib
 export PYTHONPATH=$ROOT/tests/sanitize${PYTHONPATH:+:$PYTHONPATH}
@@ -65,5 +83,6 @@ if grep -q -l -E "ERROR: AddressSanitizer|runtime error:|CHECK failed" "$LOGS"/*
   echo "sanitizers: reports above (build/sanitize/logs)"
   exit 1
 fi
+[ $tsan = 0 ] || { echo "sanitizers: ThreadSanitizer reported (above)"; exit 1; }
 echo "sanitizers: no report"
 exit $status

@@ -20,8 +20,8 @@ inline void cpu_relax() {
 #endif
 }
 
-constexpr int64_t kBusy = -2;  // a slot's row while its claimer writes the key
-inline int64_t claim(int64_t j) { return -3 - j; }  // a slot's row claimed by miss j
+// a slot's row claimed by miss j (within one call: no slot keeps it)
+inline int64_t claim(int64_t j) { return -3 - j; }
 
 }  // namespace
 
@@ -50,7 +50,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   const int64_t R = std::min(a.data.size(0), a.row_keys.numel());
   const int64_t start = a.start;
   const uint64_t mask = static_cast<uint64_t>(a.slots.size(0) - 1);
-  const bool expand = p.score(0.0, 0.0) >= p.embedx_threshold;
+  const bool expand = expand_at_creation(p);
   thread_local std::vector<int64_t> miss_keep;  // kept between calls (kept_scratch, ops.h)
   auto& miss = miss_keep;  // a reference: the parallel lambdas below reach this thread's
   miss.resize(n);
@@ -74,7 +74,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   TORCH_CHECK(need <= R - start, kOp, ": no room for ", need, " new rows at ", start, " (rows ", R,
               ")");
   // Phase 1 claims an index slot per distinct missing key, in parallel: a compare-and-swap
-  // takes an empty slot (through kBusy while its key is written) and marks it with a claim,
+  // takes an empty slot (through kBusyRow while its key is written) and marks it with a claim,
   // -3 - j for miss j; a later miss of the same key keeps the smallest j there, so the
   // winner of a slot is the key's first occurrence whatever the threads' timing. A miss
   // whose probe comes back to its first slot found the index full: the claims are undone
@@ -111,7 +111,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
       do {
         int64_t* row = s + 2 * q + 1;
         int64_t v = __atomic_load_n(row, __ATOMIC_ACQUIRE);
-        if (v == kEmptyRow && __atomic_compare_exchange_n(row, &v, kBusy, false, __ATOMIC_ACQUIRE,
+        if (v == kEmptyRow && __atomic_compare_exchange_n(row, &v, kBusyRow, false, __ATOMIC_ACQUIRE,
                                                           __ATOMIC_ACQUIRE)) {
           s[2 * q] = key;
           won[j] = 1;  // before the claim is published: whoever replaces it clears this
@@ -119,7 +119,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
           slot_of[j] = q;
           break;
         }
-        while (v == kBusy) {  // another thread is writing this slot's key
+        while (v == kBusyRow) {  // another thread is writing this slot's key
           cpu_relax();
           v = __atomic_load_n(row, __ATOMIC_ACQUIRE);
         }
@@ -127,7 +127,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
           // the key's slot: claimed by another miss of it (keep the first), or already a row
           // (won[j] is set before the claim is published and cleared only by the one miss
           // that replaces it, which saw it published: no two threads write one flag at once)
-          while (v < kBusy && -3 - v > j) {
+          while (v < kBusyRow && -3 - v > j) {
             const int64_t other = -3 - v;
             won[j] = 1;
             if (__atomic_compare_exchange_n(row, &v, claim(j), false, __ATOMIC_ACQ_REL,

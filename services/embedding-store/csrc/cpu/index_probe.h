@@ -16,7 +16,6 @@
 
 namespace streamrec {
 
-constexpr int64_t kEmptyRow = -1;          // row of an empty slot
 constexpr uint64_t kNoSlot = ~uint64_t{0};  // a probe's answer on a full index
 constexpr int64_t kIndexGrain = 4096;      // keys per parallel task
 constexpr int64_t kIndexAhead = 8;         // prefetch distance, in keys
@@ -40,16 +39,13 @@ inline void check_index(const torch::Tensor& slots, const char* op) {
   __builtin_unreachable();
 }
 
-inline uint64_t home(int64_t key, uint64_t mask) {
-  return mix64(static_cast<uint64_t>(key)) & mask;
-}
-
 // Slot holding `key`, or the empty slot where it would go, probing from slot i (its home, or
 // a slot an earlier probe of the same key reached); kNoSlot when every slot holds another key.
 // s: (capacity, 2) [key, row]; mask: capacity - 1.
 inline uint64_t probe_from(const int64_t* s, uint64_t mask, int64_t key, uint64_t i) {
   const uint64_t first = i;
-  while (s[2 * i + 1] != kEmptyRow && s[2 * i] != key) {
+  int64_t row;
+  while ((row = s[2 * i + 1]) != kEmptyRow && !holds(row, s[2 * i], key)) {
     i = (i + 1) & mask;
     if (i == first) return kNoSlot;
   }
@@ -70,7 +66,7 @@ inline int64_t lookup_row(const int64_t* s, uint64_t mask, int64_t key) {
   int64_t row;
   // the loop, then a select: measured as fast as the unbounded probe (early returns inside
   // the loop cost 4% on absent keys)
-  while ((row = s[2 * i + 1]) != kEmptyRow && s[2 * i] != key) {
+  while ((row = s[2 * i + 1]) != kEmptyRow && !holds(row, s[2 * i], key)) {
     i = (i + 1) & mask;
     if (i == first) return -1;
   }

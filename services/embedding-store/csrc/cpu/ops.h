@@ -1,9 +1,11 @@
 // The whole API of the sparse-table operations (streamrec.embedding_store._C), as free
 // functions over CPU tensors, named after HierarchicalKV (find, find_or_insert,
-// insert_or_assign). The CUDA extension, when it lands (issue #14), implements the same ops.
+// insert_or_assign). The CUDA extension (csrc/cuda/streamrec_cuda.h) implements the same ops;
+// the row math and the probe rules both run are written once, in csrc/shared.
 //
 // Hash index: open addressing with linear probing over one (capacity, 2) int64 tensor of
-// [key, row] slots; row == -1 marks an empty slot; capacity is a power of two. Rows are ids
+// [key, row] slots; row == -1 marks an empty slot, a row < 0 never matches a key (the CUDA
+// index's tombstones keep their key); capacity is a power of two. Rows are ids
 // into the table's row matrix. Erasing is done by rebuilding (index_build) after compaction,
 // which shrink() does once a day.
 //
@@ -136,6 +138,12 @@ torch::Tensor initial_weights(const torch::Tensor& keys, const TableParams& p, b
 void init_row(float* row, int64_t key, const TableParams& p, bool expand);
 // Fills the embedx weights of one row from its initializer. row: (width,) floats.
 void init_embedx(float* row, int64_t key, const TableParams& p);
+// The uniform draws' pairs loop the shared row math (../shared/row_init.h) runs on this CPU:
+// AVX-512 or the portable loop, chosen at load (simd_path), the same bits either way.
+struct CpuPairs {
+  void operator()(uint64_t stream, uint64_t j0, int64_t count, float a, float scale,
+                  float* out) const;
+};
 // Which build of the hot draws this CPU runs: "avx512", or "portable" (no AVX-512, or
 // STREAMREC_SIMD=portable in the environment at import). Both give the same bits.
 const char* simd_path();

@@ -1,6 +1,7 @@
 // Day advance, shrink (decay and delete mask) and the rows each save mode takes.
 #include <ATen/Parallel.h>
 
+#include "../shared/row_update.h"
 #include "checks.h"
 #include "ops.h"
 
@@ -27,7 +28,7 @@ void advance_day(torch::Tensor data, int64_t size) {
   float* d = data.data_ptr<float>();
   const int64_t w = data.size(1);
   at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) d[r * w + kUnseen] += 1.0f;
+    for (int64_t r = b; r < e; ++r) advance_day_row(d + r * w);
   });
 }
 
@@ -37,15 +38,8 @@ torch::Tensor shrink(torch::Tensor data, int64_t size, const TableParams& p) {
   auto keep = torch::empty({size}, torch::kBool);
   float* d = data.data_ptr<float>();
   bool* kp = keep.data_ptr<bool>();
-  const float decay = static_cast<float>(p.show_click_decay_rate);
   at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      float* row = d + r * p.width;
-      row[kShow] *= decay;
-      row[kClick] *= decay;
-      const double score = p.score(row[kShow], row[kClick]);
-      kp[r] = !(score < p.delete_threshold || row[kUnseen] > p.delete_after_unseen_days);
-    }
+    for (int64_t r = b; r < e; ++r) kp[r] = shrink_row(d + r * p.width, p);
   });
   return keep;
 }
@@ -59,18 +53,7 @@ torch::Tensor select_rows(const torch::Tensor& data, int64_t size, int64_t mode,
   const float* d = data.data_ptr<float>();
   bool* s = sel.data_ptr<bool>();
   at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* row = d + r * p.width;
-      const double score = p.score(row[kShow], row[kClick]);
-      if (mode == 0) {
-        s[r] = true;
-      } else if (mode == 1) {
-        s[r] = score >= p.base_threshold;
-      } else {
-        s[r] = (static_cast<int>(row[kFlags]) & kFlagDirty) && score >= p.delta_threshold &&
-               row[kUnseen] <= p.delta_keep_days;
-      }
-    }
+    for (int64_t r = b; r < e; ++r) s[r] = select_row(d + r * p.width, mode, p);
   });
   return sel;
 }
@@ -80,8 +63,7 @@ void clear_dirty(torch::Tensor data, int64_t size) {
   float* d = data.data_ptr<float>();
   const int64_t w = data.size(1);
   at::parallel_for(0, size, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r)
-      d[r * w + kFlags] = static_cast<float>(static_cast<int>(d[r * w + kFlags]) & ~kFlagDirty);
+    for (int64_t r = b; r < e; ++r) clear_dirty_row(d + r * w);
   });
 }
 

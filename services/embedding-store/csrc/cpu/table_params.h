@@ -1,35 +1,15 @@
-// Parameters and row layout of one sparse table, shared by every op of the CPU extension (the
-// CUDA extension, when it lands (issue #14), implements the same ops over the same layout).
-//
-// A table's rows live in one float32 matrix `data` (rows_capacity, width); row r is
-//
-//   [show, click, unseen_days, flags, embed_w (1), embedx_w (dim-1), embed_state, embedx_state]
-//    0     1      2            3      4           5 ..                ...
-//
-// so the weights a pull returns are the contiguous columns [kEmbedW, kEmbedW + dim).
-// flags (a small integer held in a float): bit 0 = embedx expanded, bit 1 = changed since the
-// last base/delta save. The optimizer state width depends on the rule (see state_width).
-// A separate (rows_capacity,) int64 tensor `row_keys` holds each row's key.
+// Parameters of one sparse table, shared by every op of the CPU extension; the CUDA
+// extension's StreamrecTableParams (csrc/cuda/streamrec_cuda.h) has the same fields. The row
+// layout, the rule and initializer kinds and the key mix are in ../shared/row_layout.h (one
+// definition for the CPU core and the kernels).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#include "../shared/row_layout.h"
+
 namespace streamrec {
-
-constexpr int64_t kShow = 0;
-constexpr int64_t kClick = 1;
-constexpr int64_t kUnseen = 2;
-constexpr int64_t kFlags = 3;
-constexpr int64_t kEmbedW = 4;
-constexpr int kFlagExpanded = 1;
-constexpr int kFlagDirty = 2;
-
-// Sparse optimizer rules of PaddleRec's CtrCommonAccessor (seed 002).
-enum RuleKind : int64_t { kNaive = 0, kAdaGrad = 1, kStdAdaGrad = 2, kAdam = 3 };
-
-// Initializers: zeros, uniform [a, b), normal (mean a, std b).
-enum InitKind : int64_t { kZeros = 0, kUniform = 1, kNormal = 2 };
 
 struct RuleParams {
   int64_t kind = kAdaGrad;
@@ -47,17 +27,6 @@ struct InitParams {
   double a = -1e-4;
   double b = 1e-4;
 };
-
-// Floats of optimizer state for `dim` weights under `kind`.
-inline int64_t state_width(int64_t kind, int64_t dim) {
-  switch (kind) {
-    case kNaive: return 0;
-    case kAdaGrad: return dim > 0 ? 1 : 0;          // one g2sum shared by the part
-    case kStdAdaGrad: return dim;                    // one g2sum per weight
-    case kAdam: return dim > 0 ? 2 * dim + 2 : 0;    // gsum, g2sum, beta1_pow, beta2_pow
-    default: return -1;
-  }
-}
 
 struct TableParams {
   int64_t dim = 9;  // 1 + embedx_dim
@@ -89,7 +58,7 @@ struct TableParams {
   bool finalized() const;
 
   inline double score(double show, double click) const {
-    return nonclk_coeff * (show - click) + click_coeff * click;
+    return streamrec::score(*this, show, click);
   }
 };
 
@@ -118,13 +87,6 @@ inline bool all_finite(const float* v, int64_t count) {
     bad |= (bits & 0x7f800000u) == 0x7f800000u;
   }
   return bad == 0;
-}
-
-// SplitMix64 finalizer (the same as streamrec.keyhash.mix64).
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
 }
 
 }  // namespace streamrec

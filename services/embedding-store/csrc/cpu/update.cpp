@@ -1,4 +1,5 @@
-// The fused push (update): statistics, sparse optimizer rules (seed 002) and embedx expansion.
+// The fused push (update): each thread owns a share of the rows and steps each of them once
+// with its repeats summed (the step itself: ../shared/row_update.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../shared/row_update.h"
 #include "checks.h"
 #include "ops.h"
 
@@ -14,91 +16,6 @@ namespace streamrec {
 namespace {
 
 constexpr int64_t kAhead = 16;  // prefetch distance, in positions
-
-inline float clip(float w, const RuleParams& rp) {
-  return std::min(std::max(w, static_cast<float>(rp.lower_bound)),
-                  static_cast<float>(rp.upper_bound));
-}
-
-// Sum of g[i]^2 in double, in 8 lanes (a fixed order, so deterministic): one running sum
-// is a chain of dependent adds that cannot be vectorised, about 4 cycles per weight.
-inline double sum_of_squares(const float* g, int64_t d) {
-  constexpr int64_t kLanes = 8;
-  double lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= d; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += static_cast<double>(g[i + l]) * g[i + l];
-  for (; i < d; ++i) lane[0] += static_cast<double>(g[i]) * g[i];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
-// One rule step on d weights w with state st and gradient g (PaddleRec's SparseXxxSGDRule,
-// gradients taken as they are, not divided by the show count).
-inline void apply_rule(float* w, float* st, const float* g, int64_t d, const RuleParams& rp) {
-  const float lr = static_cast<float>(rp.learning_rate);
-  switch (rp.kind) {
-    case kNaive:
-      for (int64_t i = 0; i < d; ++i) w[i] = clip(w[i] - lr * g[i], rp);
-      break;
-    case kAdaGrad: {
-      const double ig2 = rp.initial_g2sum;
-      const float ratio = static_cast<float>(rp.learning_rate * std::sqrt(ig2 / (ig2 + st[0])));
-      for (int64_t i = 0; i < d; ++i) w[i] = clip(w[i] - ratio * g[i], rp);
-      st[0] += static_cast<float>(sum_of_squares(g, d) / d);
-      break;
-    }
-    case kStdAdaGrad: {
-      const double ig2 = rp.initial_g2sum;
-      for (int64_t i = 0; i < d; ++i) {
-        const float ratio = static_cast<float>(rp.learning_rate * std::sqrt(ig2 / (ig2 + st[i])));
-        w[i] = clip(w[i] - ratio * g[i], rp);
-        st[i] += g[i] * g[i];
-      }
-      break;
-    }
-    case kAdam: {
-      float* gsum = st;
-      float* g2sum = st + d;
-      float& b1p = st[2 * d];
-      float& b2p = st[2 * d + 1];
-      const float b1 = static_cast<float>(rp.beta1), b2 = static_cast<float>(rp.beta2);
-      const float eps = static_cast<float>(rp.epsilon);
-      const float alr = lr * std::sqrt(1.0f - b2p) / (1.0f - b1p);
-      for (int64_t i = 0; i < d; ++i) {
-        gsum[i] = b1 * gsum[i] + (1.0f - b1) * g[i];
-        g2sum[i] = b2 * g2sum[i] + (1.0f - b2) * g[i] * g[i];
-        w[i] = clip(w[i] - alr * (gsum[i] / (std::sqrt(g2sum[i]) + eps)), rp);
-      }
-      b1p *= b1;
-      b2p *= b2;
-      break;
-    }
-    default: break;
-  }
-}
-
-// One row's step: statistics, the embed rule, the embedx rule or the expansion. The row's key
-// (row_keys[row]) is read only when the row expands: a random load per row otherwise.
-// Returns 1 when the row expanded.
-inline int64_t update_row(float* d, const int64_t* row_keys, int64_t row, const float* g,
-                          float show, float click, const TableParams& p) {
-  float* w = d + row * p.width;
-  w[kShow] += show;
-  w[kClick] += click;
-  w[kUnseen] = 0.0f;
-  int flags = static_cast<int>(w[kFlags]) | kFlagDirty;
-  int64_t expanded = 0;
-  apply_rule(w + kEmbedW, w + p.embed_state, g, 1, p.embed_rule);
-  if (flags & kFlagExpanded) {
-    apply_rule(w + kEmbedW + 1, w + p.embedx_state, g + 1, p.dim - 1, p.embedx_rule);
-  } else if (p.score(w[kShow], w[kClick]) >= p.embedx_threshold) {
-    init_embedx(w, row_keys[row], p);
-    flags |= kFlagExpanded;
-    expanded = 1;
-  }
-  w[kFlags] = static_cast<float>(flags);
-  return expanded;
-}
 
 // The distinct rows of one thread's positions, counted: an open-addressing table of 1.5 slots
 // per position, small enough to stay in the core's L2 cache (a per-row marks array as large
@@ -206,7 +123,7 @@ int64_t update(const PushArgs& a, const TableParams& p) {
         }
         const int64_t i = pos[j];
         if (counts.slots[where[j]].count == 1)
-          ex += update_row(d, k, r[i], g + i * p.dim, sh[i], cl[i], p);
+          ex += update_row(d, k, r[i], g + i * p.dim, sh[i], cl[i], p, CpuPairs{});
         else
           rep.push_back(j);
       }
@@ -238,7 +155,7 @@ int64_t update(const PushArgs& a, const TableParams& p) {
         }
         std::copy(sum.begin(), sum.end(), sum_f.begin());
         ex += update_row(d, k, counts.slots[group_slot[q]].row, sum_f.data(),
-                         static_cast<float>(show), static_cast<float>(click), p);
+                         static_cast<float>(show), static_cast<float>(click), p, CpuPairs{});
       }
       expanded += ex;
     }

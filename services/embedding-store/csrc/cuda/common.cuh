@@ -1,25 +1,36 @@
-// Shared by every .cu file of the CUDA extension (internal): the error state behind
-// streamrec_cuda_last_error, the one CUDA check macro, the row layout and the key mix.
+// Shared by every .cu file of the CUDA library (internal): the error state behind
+// streamrec_cuda_last_error, the check macros, the atomics and the one launch helper.
+//
+// The library has two builds of the same sources. nvcc (make cuda): kernels on the GPU, on
+// the caller's stream. g++ with STREAMREC_CPU_DEVICE (make cuda-cpu, cuda_ext.build_cpu): the
+// same kernel bodies on CPU threads through Thrust's OpenMP backend, libcu++'s
+// cuda::atomic_ref for the atomics (both from the CUDA toolkit's CCCL headers), "device"
+// memory being host memory and streams ignored. The row math is ../shared/ (host and
+// device, no device-only branch), so the CPU build runs what the GPU runs.
 #pragma once
 
-#include <cuda_runtime.h>
+#include <cuda/atomic>
 
+#include <cstddef>
 #include <cstdint>
 
+#include "../shared/row_update.h"
 #include "streamrec_cuda.h"
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+#elif defined(STREAMREC_CPU_THREADS)
+#include <thread>
+#include <vector>
+#else
+#include <thrust/execution_policy.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#endif
 
 namespace streamrec_cuda {
 
-// Row layout (csrc/cpu/table_params.h).
-constexpr int64_t kShow = 0;
-constexpr int64_t kClick = 1;
-constexpr int64_t kUnseen = 2;
-constexpr int64_t kFlags = 3;
-constexpr int64_t kEmbedW = 4;
-constexpr int kFlagExpanded = 1;
-constexpr int kFlagDirty = 2;
-enum RuleKind : int64_t { kNaive = 0, kAdaGrad = 1, kStdAdaGrad = 2, kAdam = 3 };
-enum InitKind : int64_t { kZeros = 0, kUniform = 1, kNormal = 2 };
+using namespace ::streamrec;  // the shared row layout and row math
 
 constexpr int kThreads = 256;  // threads per block of every 1-D launch
 
@@ -27,51 +38,80 @@ constexpr int kThreads = 256;  // threads per block of every 1-D launch
 int set_error(int code, const char* fmt, ...);
 // Clears the calling thread's last error; returns STREAMREC_CUDA_OK.
 int ok();
+// Checks the params a host call was given (pointer, finalized columns).
+int check_params(const StreamrecTableParams* p, const char* op);
 
-// Blocks for n items, capped (grid-stride loops cover the rest).
+// ---- memory and streams (errors.cu: the CUDA runtime, or host memory in the CPU build) ----
+int zero_async(void* p, size_t bytes, cudaStream_t stream, const char* op);
+// Copies bytes from device memory to the host and waits for the stream.
+int read_back(void* host, const void* device, size_t bytes, cudaStream_t stream, const char* op);
+// The error of the last launch (the CPU build launches synchronously: none).
+int launched(const char* op);
+// CUDA devices the runtime sees (0 in the CPU build, or without a driver).
+int device_count();
+
+// ---- atomics on device memory (the GPU's, or the CPU build's threads) ----
+template <class T>
+using Atomic = cuda::atomic_ref<T, cuda::thread_scope_device>;
+
+// Sets a kernel error flag once (the first code wins).
+STREAMREC_HD inline void raise_flag(int32_t* flag, int32_t code) {
+  if (flag == nullptr) return;
+  int32_t zero = 0;
+  Atomic<int32_t>(*flag).compare_exchange_strong(zero, code, cuda::memory_order_relaxed);
+}
+
+STREAMREC_HD inline void add_to(int64_t* counter, int64_t v) {
+  if (counter != nullptr) Atomic<int64_t>(*counter).fetch_add(v, cuda::memory_order_relaxed);
+}
+
+// ---- the launch helper: f(i) for every i in [0, n), in parallel, on the stream ----
+// f is a __host__ __device__ functor (a kernel body); it is copied to the device by value.
+#if defined(__CUDACC__)
+template <class F>
+__global__ void each_kernel(int64_t n, F f) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    f(i);
+}
+
+// Blocks for n items, capped (the grid-stride loop covers the rest).
 inline unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
 }
 
-// SplitMix64 finalizer (csrc/cpu/table_params.h mix64, streamrec.keyhash.mix64).
-// Functions shared by kernels and the host-side test build (tests/embedding_store/
-// test_cuda_build.py runs the row and rule math on the CPU against the CPU core).
-#define STREAMREC_HD __host__ __device__
-
-STREAMREC_HD inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+template <class F>
+int launch(int64_t n, const F& f, cudaStream_t stream, const char* op) {
+  if (n <= 0) return STREAMREC_CUDA_OK;
+  each_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, f);
+  return launched(op);
 }
-
-STREAMREC_HD inline double score(const StreamrecTableParams& p, double show, double click) {
-  return p.nonclk_coeff * (show - click) + p.click_coeff * click;
+#elif defined(STREAMREC_CPU_THREADS)
+// The ThreadSanitizer build (tests/embedding_store/test_cuda_race.py): STREAMREC_CPU_THREADS
+// std::threads, item i on thread i mod threads (neighbours race, as a warp's threads would);
+// TSan sees std::thread's synchronisation, not libgomp's.
+template <class F>
+int launch(int64_t n, const F& f, cudaStream_t /*stream*/, const char* /*op*/) {
+  constexpr int64_t kCpuThreads = STREAMREC_CPU_THREADS;
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < kCpuThreads && t < n; ++t)
+    pool.emplace_back([&f, n, t] {
+      for (int64_t i = t; i < n; i += kCpuThreads) f(i);
+    });
+  for (std::thread& th : pool) th.join();
+  return STREAMREC_CUDA_OK;
 }
-
-// Sets a kernel error flag once (the first code wins).
-__device__ inline void raise_flag(int32_t* flag, int32_t code) {
-  if (flag != nullptr) atomicCAS(reinterpret_cast<int*>(flag), 0, code);
+#else
+template <class F>
+int launch(int64_t n, const F& f, cudaStream_t /*stream*/, const char* /*op*/) {
+  if (n <= 0) return STREAMREC_CUDA_OK;
+  thrust::for_each_n(thrust::device, thrust::counting_iterator<int64_t>(0), n, f);
+  return STREAMREC_CUDA_OK;
 }
-
-// Checks the params a host call was given (pointer, finalized columns).
-int check_params(const StreamrecTableParams* p, const char* op);
+#endif
 
 }  // namespace streamrec_cuda
-
-// Every CUDA runtime call goes through this: on failure it records the call, the CUDA error
-// and the place, and returns STREAMREC_CUDA_ERR_CUDA from the enclosing function.
-#define STREAMREC_CUDA_CHECK(call)                                                          \
-  do {                                                                                       \
-    const cudaError_t streamrec_err_ = (call);                                               \
-    if (streamrec_err_ != cudaSuccess)                                                       \
-      return ::streamrec_cuda::set_error(STREAMREC_CUDA_ERR_CUDA, "%s failed: %s (%s:%d)",   \
-                                         #call, cudaGetErrorString(streamrec_err_), __FILE__, \
-                                         __LINE__);                                          \
-  } while (0)
-
-// The launch check after a <<<...>>>: a bad configuration is reported at once.
-#define STREAMREC_CUDA_LAUNCHED() STREAMREC_CUDA_CHECK(cudaGetLastError())
 
 // Argument checks of the host entry points: records the message, returns ERR_ARGUMENT.
 #define STREAMREC_CUDA_REQUIRE(cond, ...)                                        \

@@ -1,9 +1,11 @@
 // The error state of the C API (streamrec_cuda_last_error), the kernel flag read-back
-// (streamrec_cuda_status) and the params check every op makes.
+// (streamrec_cuda_status), the params check every op makes, and the memory and stream calls
+// of both builds (the CUDA runtime under nvcc, host memory in the CPU build).
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 
-#include "row_init.cuh"
+#include "common.cuh"
 
 namespace streamrec_cuda {
 namespace {
@@ -40,15 +42,33 @@ int check_params(const StreamrecTableParams* p, const char* op) {
   return STREAMREC_CUDA_OK;
 }
 
-}  // namespace streamrec_cuda
+#if defined(__CUDACC__)
+namespace {
+int cuda_failed(cudaError_t err, const char* what, const char* op) {
+  return set_error(STREAMREC_CUDA_ERR_CUDA, "%s: %s failed: %s", op, what,
+                   cudaGetErrorString(err));
+}
+}  // namespace
 
-using namespace streamrec_cuda;
+int zero_async(void* p, size_t bytes, cudaStream_t stream, const char* op) {
+  const cudaError_t err = cudaMemsetAsync(p, 0, bytes, stream);
+  return err == cudaSuccess ? STREAMREC_CUDA_OK : cuda_failed(err, "cudaMemsetAsync", op);
+}
 
-extern "C" const char* streamrec_cuda_last_error(void) { return last_message; }
+int read_back(void* host, const void* device, size_t bytes, cudaStream_t stream,
+              const char* op) {
+  cudaError_t err = cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream);
+  if (err != cudaSuccess) return cuda_failed(err, "cudaMemcpyAsync", op);
+  err = cudaStreamSynchronize(stream);
+  return err == cudaSuccess ? STREAMREC_CUDA_OK : cuda_failed(err, "cudaStreamSynchronize", op);
+}
 
-extern "C" int streamrec_cuda_api_version(void) { return 1; }
+int launched(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? STREAMREC_CUDA_OK : cuda_failed(err, "a kernel launch", op);
+}
 
-extern "C" int streamrec_cuda_device_count(void) {
+int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();  // clear the sticky "no device" error
@@ -56,14 +76,47 @@ extern "C" int streamrec_cuda_device_count(void) {
   }
   return count;
 }
+#else
+int zero_async(void* p, size_t bytes, cudaStream_t /*stream*/, const char* /*op*/) {
+  std::memset(p, 0, bytes);
+  return STREAMREC_CUDA_OK;
+}
+
+int read_back(void* host, const void* device, size_t bytes, cudaStream_t /*stream*/,
+              const char* /*op*/) {
+  std::memcpy(host, device, bytes);
+  return STREAMREC_CUDA_OK;
+}
+
+int launched(const char* /*op*/) { return STREAMREC_CUDA_OK; }
+
+int device_count() { return 0; }  // no CUDA device: the CPU build's device is the host
+#endif
+
+}  // namespace streamrec_cuda
+
+using namespace streamrec_cuda;
+
+extern "C" const char* streamrec_cuda_last_error(void) { return last_message; }
+
+extern "C" int streamrec_cuda_api_version(void) { return 2; }
+
+extern "C" int streamrec_cuda_device_count(void) { return device_count(); }
+
+extern "C" int streamrec_cuda_cpu_device(void) {
+#if defined(__CUDACC__)
+  return 0;
+#else
+  return 1;
+#endif
+}
 
 extern "C" int streamrec_cuda_status(int32_t* flag, cudaStream_t stream) {
   STREAMREC_CUDA_REQUIRE(flag != nullptr, "status: flag is NULL");
   int32_t code = 0;
-  STREAMREC_CUDA_CHECK(cudaMemcpyAsync(&code, flag, sizeof code, cudaMemcpyDeviceToHost, stream));
-  STREAMREC_CUDA_CHECK(cudaStreamSynchronize(stream));
+  STREAMREC_CUDA_TRY(read_back(&code, flag, sizeof code, stream, "status"));
   if (code == 0) return ok();
-  STREAMREC_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof code, stream));
+  STREAMREC_CUDA_TRY(zero_async(flag, sizeof code, stream, "status"));
   switch (code) {
     case STREAMREC_CUDA_ERR_INDEX_FULL:
       return set_error(code, "the hash index is full (no empty slot for a new key); rebuild it "

@@ -6,26 +6,33 @@
 namespace streamrec_cuda {
 namespace {
 
-__global__ void gather_kernel(const float* data, int64_t R, const int64_t* rows, int64_t n,
-                              float* out, int32_t* flag, int64_t dim, int64_t width) {
-  const int64_t total = n * dim;
-  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
-       t += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = t / dim, c = t % dim;
+struct Gather {
+  const float* data;
+  int64_t R;
+  const int64_t* rows;
+  float* out;
+  int32_t* flag;
+  int64_t dim, width;
+  STREAMREC_HD void operator()(int64_t t) const {
+    const int64_t i = t / dim, c = t - i * dim;
     const int64_t r = rows[i];
     if (r >= R && c == 0) raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
     out[t] = (r >= 0 && r < R) ? data[r * width + kEmbedW + c] : 0.0f;
   }
-}
+};
 
 // Bag b's column c: summed in position order (as torch's embedding_bag on the CPU).
-__global__ void pooled_kernel(const float* data, int64_t R, const int64_t* rows,
-                              const int64_t* offsets, int64_t bags, bool mean, float* out,
-                              int32_t* flag, int64_t dim, int64_t width) {
-  const int64_t total = bags * dim;
-  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < total;
-       t += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t b = t / dim, c = t % dim;
+struct Pooled {
+  const float* data;
+  int64_t R;
+  const int64_t* rows;
+  const int64_t* offsets;
+  bool mean;
+  float* out;
+  int32_t* flag;
+  int64_t dim, width;
+  STREAMREC_HD void operator()(int64_t t) const {
+    const int64_t b = t / dim, c = t - b * dim;
     const int64_t begin = offsets[b], end = offsets[b + 1];
     float sum = 0.0f;
     for (int64_t j = begin; j < end; ++j) {
@@ -38,7 +45,7 @@ __global__ void pooled_kernel(const float* data, int64_t R, const int64_t* rows,
     if (mean && end > begin) sum /= static_cast<float>(end - begin);
     out[t] = sum;
   }
-}
+};
 
 }  // namespace
 }  // namespace streamrec_cuda
@@ -54,9 +61,9 @@ extern "C" int streamrec_cuda_gather(const float* data, int64_t R, const int64_t
   STREAMREC_CUDA_REQUIRE(rows != nullptr && out != nullptr && flag != nullptr &&
                              (R == 0 || data != nullptr),
                          "gather: data, rows, out and flag must be set");
-  gather_kernel<<<blocks_for(n * params->dim), kThreads, 0, stream>>>(
-      data, R, rows, n, out, flag, params->dim, params->width);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(n * params->dim,
+                            Gather{data, R, rows, out, flag, params->dim, params->width}, stream,
+                            "gather"));
   return ok();
 }
 
@@ -72,8 +79,9 @@ extern "C" int streamrec_cuda_gather_pooled(const float* data, int64_t R, const 
   if (bags == 0) return ok();
   STREAMREC_CUDA_REQUIRE(offsets != nullptr && out != nullptr && flag != nullptr,
                          "gather_pooled: offsets, out and flag must be set");
-  pooled_kernel<<<blocks_for(bags * params->dim), kThreads, 0, stream>>>(
-      data, R, rows, offsets, bags, mode == 1, out, flag, params->dim, params->width);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(
+      bags * params->dim,
+      Pooled{data, R, rows, offsets, mode == 1, out, flag, params->dim, params->width}, stream,
+      "gather_pooled"));
   return ok();
 }

@@ -1,52 +1,49 @@
 // The GPU hash index (streamrec_cuda.h, "hash index"): open addressing with linear probing over
-// the CPU core's (capacity, 2) int64 [key, row] slots. Every int64 is a key, so a slot's state
-// is its row word, claimed with a 64-bit atomicCAS (EMPTY or TOMB -> BUSY), then the key is
-// written, then the row id published (threadfence between): a probe that meets BUSY waits for
-// the key (the claiming thread is resident and publishes in a few instructions; sm_70+
-// schedules the threads of a warp independently, so a waiter in the claimer's warp does not
-// stall it). Probes are bounded by capacity steps: a full index is a flag, never a hang.
+// the CPU core's (capacity, 2) int64 [key, row] slots, the probe rules of
+// ../shared/row_layout.h (home slot, slot states, holds()). Every int64 is a key, so a slot's
+// state is its row word, claimed with a 64-bit compare-and-swap (EMPTY or TOMB -> BUSY), then
+// the key is written, then the row id published (release; readers acquire): a probe that
+// meets BUSY waits for the key (the claiming thread is resident and publishes in a few
+// instructions; sm_70+ schedules the threads of a warp independently, so a waiter in the
+// claimer's warp does not stall it). Probes are bounded by capacity steps: a full index is a
+// flag, never a hang.
 #include "common.cuh"
-#include "row_init.cuh"
 
 namespace streamrec_cuda {
 namespace {
 
-constexpr int64_t kEmpty = -1;  // row word of a never-used slot: ends a probe
-constexpr int64_t kBusy = -2;   // claimed, key being written
-constexpr int64_t kTomb = -3;   // erased: probes walk past, inserts reuse
+constexpr uint64_t kNoSlot = ~uint64_t{0};
+constexpr int64_t kChunk = 256;  // slots per thread of size and export (fewer atomics)
 
-__device__ inline unsigned long long* row_word(int64_t* s, uint64_t i) {
-  return reinterpret_cast<unsigned long long*>(s + 2 * i + 1);
+STREAMREC_HD inline Atomic<int64_t> word(int64_t* s, uint64_t i, int part) {
+  return Atomic<int64_t>(s[2 * i + part]);
 }
 
-__device__ inline int64_t load(const int64_t* p) {
-  return *reinterpret_cast<const volatile int64_t*>(p);
+// A short pause while another thread publishes a slot.
+STREAMREC_HD inline void backoff() {
+#if defined(__CUDA_ARCH__)
+  __nanosleep(32);
+#endif
 }
 
-__device__ inline void store(int64_t* p, int64_t v) { *reinterpret_cast<volatile int64_t*>(p) = v; }
-
-// The row word of slot i once no insert is writing it (waits out BUSY).
-__device__ inline int64_t settled_row(const int64_t* s, uint64_t i) {
-  int64_t r = load(s + 2 * i + 1);
-  while (r == kBusy) {
-    __nanosleep(32);
-    r = load(s + 2 * i + 1);
+// The row word of slot i once no insert is writing it (waits out BUSY); acquire, so the key
+// written before it is visible.
+STREAMREC_HD inline int64_t settled_row(int64_t* s, uint64_t i) {
+  int64_t r = word(s, i, 1).load(cuda::memory_order_acquire);
+  while (r == kBusyRow) {
+    backoff();
+    r = word(s, i, 1).load(cuda::memory_order_acquire);
   }
-  __threadfence();  // the key was written before the row: read it after
   return r;
 }
 
-__device__ inline uint64_t home(int64_t key, uint64_t mask) {
-  return mix64(static_cast<uint64_t>(key)) & mask;
-}
-
-// Row of key (>= 0), or -1 when absent (read-only kernels: no slot is BUSY meanwhile).
-__device__ inline int64_t lookup(const int64_t* s, uint64_t mask, int64_t key) {
+// Row of key (>= 0), or -1 when absent. Read-only calls: no insert writes meanwhile.
+STREAMREC_HD inline int64_t lookup(const int64_t* s, uint64_t mask, int64_t key) {
   uint64_t i = home(key, mask);
   for (uint64_t step = 0; step <= mask; ++step) {
     const int64_t r = s[2 * i + 1];
-    if (r == kEmpty) return -1;
-    if (r >= 0 && s[2 * i] == key) return r;
+    if (r == kEmptyRow) return -1;
+    if (holds(r, s[2 * i], key)) return r;
     i = (i + 1) & mask;
   }
   return -1;  // full of other keys and tombstones
@@ -56,186 +53,199 @@ __device__ inline int64_t lookup(const int64_t* s, uint64_t mask, int64_t key) {
 struct Probe {
   int64_t row;     // the key's row when found (>= 0), else -1
   uint64_t slot;   // the key's slot when found, else the slot to claim
-  int64_t expect;  // the claimed slot's row word now (kEmpty or kTomb)
+  int64_t expect;  // the claimed slot's row word now (kEmptyRow or kTombRow)
   bool full;       // neither the key nor a free slot
 };
 
 // Walks key's probe run: the key's slot, or the free slot to claim (the first tombstone
 // before the run's end, else the empty slot that ends it).
-__device__ inline Probe probe_insert(const int64_t* s, uint64_t mask, int64_t key) {
+STREAMREC_HD inline Probe probe_insert(int64_t* s, uint64_t mask, int64_t key) {
   uint64_t i = home(key, mask);
-  int64_t tomb = -1;
+  uint64_t tomb = kNoSlot;
   for (uint64_t step = 0; step <= mask; ++step) {
     const int64_t r = settled_row(s, i);
-    if (r == kEmpty) {
-      if (tomb >= 0) return {-1, static_cast<uint64_t>(tomb), kTomb, false};
-      return {-1, i, kEmpty, false};
+    if (r == kEmptyRow) {
+      if (tomb != kNoSlot) return {-1, tomb, kTombRow, false};
+      return {-1, i, kEmptyRow, false};
     }
-    if (r == kTomb) {
-      if (tomb < 0) tomb = static_cast<int64_t>(i);
-    } else if (load(s + 2 * i) == key) {
+    if (r == kTombRow) {
+      if (tomb == kNoSlot) tomb = i;
+    } else if (holds(r, word(s, i, 0).load(cuda::memory_order_relaxed), key)) {
       return {r, i, 0, false};
     }
     i = (i + 1) & mask;
   }
-  if (tomb >= 0) return {-1, static_cast<uint64_t>(tomb), kTomb, false};
+  if (tomb != kNoSlot) return {-1, tomb, kTombRow, false};
   return {-1, 0, 0, true};
 }
 
-// Claims key's slot: returns (found row or -1, claimed slot or ~0). A claim that loses the
-// race probes again (the winner may hold this very key: the next probe waits for it).
+// Claims key's slot. A claim that loses the race probes again (the winner may hold this very
+// key: the next probe waits for it).
 struct Claim {
   int64_t row;    // >= 0: the key was present with this row
-  uint64_t slot;  // the slot now BUSY for this thread (row < 0), ~0 when full
+  uint64_t slot;  // the slot now BUSY for this thread (row < 0), kNoSlot when full
 };
 
-__device__ inline Claim claim(int64_t* s, uint64_t mask, int64_t key) {
+STREAMREC_HD inline Claim claim(int64_t* s, uint64_t mask, int64_t key) {
   for (;;) {
     const Probe p = probe_insert(s, mask, key);
-    if (p.full) return {-1, ~uint64_t{0}};
+    if (p.full) return {-1, kNoSlot};
     if (p.row >= 0) return {p.row, p.slot};
-    const unsigned long long seen =
-        atomicCAS(row_word(s, p.slot), static_cast<unsigned long long>(p.expect),
-                  static_cast<unsigned long long>(kBusy));
-    if (seen == static_cast<unsigned long long>(p.expect)) {
-      store(s + 2 * p.slot, key);
-      __threadfence();
+    int64_t expect = p.expect;
+    if (word(s, p.slot, 1).compare_exchange_strong(expect, kBusyRow,
+                                                   cuda::memory_order_acquire)) {
+      word(s, p.slot, 0).store(key, cuda::memory_order_relaxed);
       return {-1, p.slot};
     }
   }
 }
 
-// Publishes row id r in a slot this thread claimed.
-__device__ inline void publish(int64_t* s, uint64_t slot, int64_t r) {
-  __threadfence();
-  store(s + 2 * slot + 1, r);
+// Publishes row word r (a row id, or kTombRow to give the slot back) in a slot this thread
+// claimed: release, so the key written before it is seen with it.
+STREAMREC_HD inline void publish(int64_t* s, uint64_t slot, int64_t r) {
+  word(s, slot, 1).store(r, cuda::memory_order_release);
 }
 
-__global__ void init_kernel(int64_t* s, int64_t cap) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < cap;
-       i += int64_t{gridDim.x} * blockDim.x) {
+struct InitSlots {
+  int64_t* s;
+  STREAMREC_HD void operator()(int64_t i) const {
     s[2 * i] = 0;
-    s[2 * i + 1] = kEmpty;
+    s[2 * i + 1] = kEmptyRow;
   }
-}
+};
 
-__global__ void find_kernel(const int64_t* s, uint64_t mask, const int64_t* keys, int64_t n,
-                            int64_t* rows, unsigned long long* misses) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+struct Find {
+  const int64_t* s;
+  uint64_t mask;
+  const int64_t* keys;
+  int64_t* rows;
+  int64_t* misses;
+  STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = lookup(s, mask, keys[i]);
     rows[i] = r;
-    if (r < 0 && misses != nullptr) atomicAdd(misses, 1ULL);
+    if (r < 0) add_to(misses, 1);
   }
-}
+};
 
-__global__ void find_or_insert_kernel(int64_t* s, uint64_t mask, const int64_t* keys, int64_t n,
-                                      int64_t* rows, StreamrecNewRows nr,
-                                      StreamrecTableParams p, bool expand) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+struct FindOrInsert {
+  int64_t* s;
+  uint64_t mask;
+  const int64_t* keys;
+  int64_t* rows;
+  StreamrecNewRows nr;
+  StreamrecTableParams p;
+  bool expand;
+  STREAMREC_HD void operator()(int64_t i) const {
     const int64_t key = keys[i];
     const Claim c = claim(s, mask, key);
     if (c.row >= 0) {
       rows[i] = c.row;
-      continue;
+      return;
     }
-    if (c.slot == ~uint64_t{0}) {
+    if (c.slot == kNoSlot) {
       raise_flag(nr.flag, STREAMREC_CUDA_ERR_INDEX_FULL);
       rows[i] = -1;
-      continue;
+      return;
     }
-    const int64_t id = static_cast<int64_t>(
-        atomicAdd(reinterpret_cast<unsigned long long*>(nr.next_row), 1ULL));
+    const int64_t id = Atomic<int64_t>(*nr.next_row).fetch_add(1, cuda::memory_order_relaxed);
     if (id >= nr.max_rows) {
       raise_flag(nr.flag, STREAMREC_CUDA_ERR_ROWS_FULL);
-      publish(s, c.slot, kTomb);  // consistent: the key stays absent
+      publish(s, c.slot, kTombRow);  // the key stays absent (holds() never matches a tomb)
       rows[i] = -1;
-      continue;
+      return;
     }
     nr.row_keys[id] = key;
-    if (nr.data != nullptr) init_row(nr.data + id * p.width, key, p, expand);
-    if (nr.created != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(nr.created), 1ULL);
+    if (nr.data != nullptr) init_row(nr.data + id * p.width, key, p, expand, PortablePairs{});
+    add_to(nr.created, 1);
     publish(s, c.slot, id);
     rows[i] = id;
   }
-}
+};
 
-__global__ void insert_or_assign_kernel(int64_t* s, uint64_t mask, const int64_t* keys,
-                                        const int64_t* vals, int64_t n, int32_t* flag) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+struct InsertOrAssign {
+  int64_t* s;
+  uint64_t mask;
+  const int64_t* keys;
+  const int64_t* vals;
+  int32_t* flag;
+  STREAMREC_HD void operator()(int64_t i) const {
     if (vals[i] < 0) {  // it would read as an empty slot or a tombstone
       raise_flag(flag, STREAMREC_CUDA_ERR_ARGUMENT);
-      continue;
+      return;
     }
     const Claim c = claim(s, mask, keys[i]);
-    if (c.slot == ~uint64_t{0}) {
+    if (c.slot == kNoSlot)
       raise_flag(flag, STREAMREC_CUDA_ERR_INDEX_FULL);
-    } else if (c.row >= 0) {
-      atomicExch(row_word(s, c.slot), static_cast<unsigned long long>(vals[i]));
-    } else {
+    else if (c.row >= 0)
+      word(s, c.slot, 1).exchange(vals[i], cuda::memory_order_relaxed);
+    else
       publish(s, c.slot, vals[i]);
-    }
   }
-}
+};
 
-__global__ void erase_kernel(int64_t* s, uint64_t mask, const int64_t* keys, int64_t n,
-                             unsigned long long* erased) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+struct Erase {
+  int64_t* s;
+  uint64_t mask;
+  const int64_t* keys;
+  int64_t* erased;
+  STREAMREC_HD void operator()(int64_t i) const {
     const int64_t key = keys[i];
     uint64_t j = home(key, mask);
     for (uint64_t step = 0; step <= mask; ++step) {
-      const int64_t r = load(s + 2 * j + 1);
-      if (r == kEmpty) break;
-      if (r >= 0 && load(s + 2 * j) == key) {
+      int64_t r = word(s, j, 1).load(cuda::memory_order_acquire);
+      if (r == kEmptyRow) return;
+      if (holds(r, word(s, j, 0).load(cuda::memory_order_relaxed), key)) {
         // a duplicate key in the batch erases once
-        const unsigned long long seen = atomicCAS(
-            row_word(s, j), static_cast<unsigned long long>(r), static_cast<unsigned long long>(kTomb));
-        if (seen == static_cast<unsigned long long>(r) && erased != nullptr)
-          atomicAdd(erased, 1ULL);
-        break;
+        if (word(s, j, 1).compare_exchange_strong(r, kTombRow, cuda::memory_order_relaxed))
+          add_to(erased, 1);
+        return;
       }
       j = (j + 1) & mask;
     }
   }
-}
+};
 
-__global__ void size_kernel(const int64_t* s, int64_t cap, unsigned long long* size) {
-  unsigned long long live = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < cap;
-       i += int64_t{gridDim.x} * blockDim.x)
-    live += s[2 * i + 1] >= 0;
-  for (int d = 16; d > 0; d /= 2) live += __shfl_down_sync(0xffffffffu, live, d);
-  if ((threadIdx.x & 31) == 0 && live > 0) atomicAdd(size, live);
-}
+// Thread t counts slots t, t + threads, ... (coalesced on the GPU), one atomic add per thread.
+struct Size {
+  const int64_t* s;
+  int64_t cap, threads;
+  int64_t* size;
+  STREAMREC_HD void operator()(int64_t t) const {
+    int64_t live = 0;
+    for (int64_t i = t; i < cap; i += threads) live += s[2 * i + 1] >= 0;
+    if (live > 0) add_to(size, live);
+  }
+};
 
-__global__ void export_kernel(const int64_t* s, int64_t cap, int64_t* keys, int64_t* rows,
-                              unsigned long long* count) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < cap;
-       i += int64_t{gridDim.x} * blockDim.x) {
+struct Export {
+  const int64_t* s;
+  int64_t* keys;
+  int64_t* rows;
+  int64_t* count;
+  STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = s[2 * i + 1];
-    if (r < 0) continue;
-    const unsigned long long at = atomicAdd(count, 1ULL);
+    if (r < 0) return;
+    const int64_t at = Atomic<int64_t>(*count).fetch_add(1, cuda::memory_order_relaxed);
     keys[at] = s[2 * i];
     rows[at] = r;
   }
-}
+};
 
-__global__ void rebuild_kernel(const int64_t* src, int64_t src_cap, int64_t* dst,
-                               uint64_t dst_mask, int32_t* flag) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < src_cap;
-       i += int64_t{gridDim.x} * blockDim.x) {
+struct Rebuild {
+  const int64_t* src;
+  int64_t* dst;
+  uint64_t dst_mask;
+  int32_t* flag;
+  STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = src[2 * i + 1];
-    if (r < 0) continue;
+    if (r < 0) return;
     const Claim c = claim(dst, dst_mask, src[2 * i]);
-    if (c.slot == ~uint64_t{0})
+    if (c.slot == kNoSlot)
       raise_flag(flag, STREAMREC_CUDA_ERR_INDEX_FULL);
     else if (c.row < 0)
       publish(dst, c.slot, r);
   }
-}
+};
 
 int check_index(const StreamrecIndex& x, const char* op) {
   STREAMREC_CUDA_REQUIRE(x.slots != nullptr, "%s: index slots is NULL", op);
@@ -251,6 +261,8 @@ int check_keys(const void* keys, int64_t n, const char* op) {
   return STREAMREC_CUDA_OK;
 }
 
+uint64_t mask_of(const StreamrecIndex& x) { return static_cast<uint64_t>(x.capacity - 1); }
+
 }  // namespace
 }  // namespace streamrec_cuda
 
@@ -258,8 +270,7 @@ using namespace streamrec_cuda;
 
 extern "C" int streamrec_cuda_index_init(StreamrecIndex index, cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_index(index, "index_init"));
-  init_kernel<<<blocks_for(index.capacity), kThreads, 0, stream>>>(index.slots, index.capacity);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(index.capacity, InitSlots{index.slots}, stream, "index_init"));
   return ok();
 }
 
@@ -268,11 +279,8 @@ extern "C" int streamrec_cuda_find(StreamrecIndex index, const int64_t* keys, in
   STREAMREC_CUDA_TRY(check_index(index, "find"));
   STREAMREC_CUDA_TRY(check_keys(keys, n, "find"));
   STREAMREC_CUDA_REQUIRE(n == 0 || rows != nullptr, "find: rows is NULL");
-  if (n == 0) return ok();
-  find_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      index.slots, static_cast<uint64_t>(index.capacity - 1), keys, n, rows,
-      reinterpret_cast<unsigned long long*>(misses));
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(
+      launch(n, Find{index.slots, mask_of(index), keys, rows, misses}, stream, "find"));
   return ok();
 }
 
@@ -293,13 +301,11 @@ extern "C" int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t
   if (new_rows.data != nullptr) {
     STREAMREC_CUDA_TRY(check_params(params, kOp));
     p = *params;
-    expand = p.nonclk_coeff * 0.0 + p.click_coeff * 0.0 >= p.embedx_threshold;
+    expand = expand_at_creation(p);
   }
-  if (n == 0) return ok();
-  find_or_insert_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      index.slots, static_cast<uint64_t>(index.capacity - 1), keys, n, rows, new_rows, p,
-      expand);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(
+      n, FindOrInsert{index.slots, mask_of(index), keys, rows, new_rows, p, expand}, stream,
+      kOp));
   return ok();
 }
 
@@ -311,10 +317,8 @@ extern "C" int streamrec_cuda_insert_or_assign(StreamrecIndex index, const int64
   STREAMREC_CUDA_TRY(check_keys(keys, n, kOp));
   STREAMREC_CUDA_REQUIRE(n == 0 || (vals != nullptr && flag != nullptr),
                          "%s: vals and flag must be set", kOp);
-  if (n == 0) return ok();
-  insert_or_assign_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      index.slots, static_cast<uint64_t>(index.capacity - 1), keys, vals, n, flag);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(
+      launch(n, InsertOrAssign{index.slots, mask_of(index), keys, vals, flag}, stream, kOp));
   return ok();
 }
 
@@ -322,21 +326,18 @@ extern "C" int streamrec_cuda_erase(StreamrecIndex index, const int64_t* keys, i
                                     int64_t* erased, cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_index(index, "erase"));
   STREAMREC_CUDA_TRY(check_keys(keys, n, "erase"));
-  if (n == 0) return ok();
-  erase_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      index.slots, static_cast<uint64_t>(index.capacity - 1), keys, n,
-      reinterpret_cast<unsigned long long*>(erased));
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(
+      launch(n, Erase{index.slots, mask_of(index), keys, erased}, stream, "erase"));
   return ok();
 }
 
 extern "C" int streamrec_cuda_size(StreamrecIndex index, int64_t* size, cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_index(index, "size"));
   STREAMREC_CUDA_REQUIRE(size != nullptr, "size: size is NULL");
-  STREAMREC_CUDA_CHECK(cudaMemsetAsync(size, 0, sizeof(int64_t), stream));
-  size_kernel<<<blocks_for(index.capacity), kThreads, 0, stream>>>(
-      index.slots, index.capacity, reinterpret_cast<unsigned long long*>(size));
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(zero_async(size, sizeof(int64_t), stream, "size"));
+  const int64_t threads = (index.capacity + kChunk - 1) / kChunk;
+  STREAMREC_CUDA_TRY(launch(threads, Size{index.slots, index.capacity, threads, size}, stream,
+                            "size"));
   return ok();
 }
 
@@ -345,10 +346,9 @@ extern "C" int streamrec_cuda_export(StreamrecIndex index, int64_t* keys, int64_
   STREAMREC_CUDA_TRY(check_index(index, "export"));
   STREAMREC_CUDA_REQUIRE(keys != nullptr && rows != nullptr && count != nullptr,
                          "export: keys, rows and count must be set");
-  STREAMREC_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof(int64_t), stream));
-  export_kernel<<<blocks_for(index.capacity), kThreads, 0, stream>>>(
-      index.slots, index.capacity, keys, rows, reinterpret_cast<unsigned long long*>(count));
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(zero_async(count, sizeof(int64_t), stream, "export"));
+  STREAMREC_CUDA_TRY(
+      launch(index.capacity, Export{index.slots, keys, rows, count}, stream, "export"));
   return ok();
 }
 
@@ -358,10 +358,8 @@ extern "C" int streamrec_cuda_index_rebuild(StreamrecIndex src, StreamrecIndex d
   STREAMREC_CUDA_TRY(check_index(dst, "index_rebuild"));
   STREAMREC_CUDA_REQUIRE(flag != nullptr, "index_rebuild: flag is NULL");
   STREAMREC_CUDA_REQUIRE(src.slots != dst.slots, "index_rebuild: src and dst are one index");
-  init_kernel<<<blocks_for(dst.capacity), kThreads, 0, stream>>>(dst.slots, dst.capacity);
-  STREAMREC_CUDA_LAUNCHED();
-  rebuild_kernel<<<blocks_for(src.capacity), kThreads, 0, stream>>>(
-      src.slots, src.capacity, dst.slots, static_cast<uint64_t>(dst.capacity - 1), flag);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(dst.capacity, InitSlots{dst.slots}, stream, "index_rebuild"));
+  STREAMREC_CUDA_TRY(launch(src.capacity, Rebuild{src.slots, dst.slots, mask_of(dst), flag},
+                            stream, "index_rebuild"));
   return ok();
 }

@@ -1,61 +1,50 @@
 // Day advance, shrink (decay + keep mask), save selection and dirty marks: one thread per row,
-// the CPU core's shrink.cpp rules.
+// the per-row rules of ../shared/row_update.h (the CPU core's shrink.cpp runs the same).
 #include "common.cuh"
 
 namespace streamrec_cuda {
 namespace {
 
-#define STREAMREC_ROWS(i, count)                                                      \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
-       i += int64_t{gridDim.x} * blockDim.x)
+struct AdvanceDay {
+  float* d;
+  int64_t w;
+  STREAMREC_HD void operator()(int64_t r) const { advance_day_row(d + r * w); }
+};
 
-__global__ void advance_day_kernel(float* d, int64_t size, int64_t w) {
-  STREAMREC_ROWS(r, size) d[r * w + kUnseen] += 1.0f;
-}
+struct Shrink {
+  float* d;
+  uint8_t* keep;
+  StreamrecTableParams p;
+  STREAMREC_HD void operator()(int64_t r) const { keep[r] = shrink_row(d + r * p.width, p); }
+};
 
-__global__ void shrink_kernel(float* d, int64_t size, uint8_t* keep, StreamrecTableParams p) {
-  const float decay = static_cast<float>(p.show_click_decay_rate);
-  STREAMREC_ROWS(r, size) {
-    float* row = d + r * p.width;
-    row[kShow] *= decay;
-    row[kClick] *= decay;
-    const double s = score(p, row[kShow], row[kClick]);
-    keep[r] = !(s < p.delete_threshold || row[kUnseen] > p.delete_after_unseen_days);
-  }
-}
+struct Select {
+  const float* d;
+  int mode;
+  uint8_t* sel;
+  StreamrecTableParams p;
+  STREAMREC_HD void operator()(int64_t r) const { sel[r] = select_row(d + r * p.width, mode, p); }
+};
 
-__global__ void select_kernel(const float* d, int64_t size, int mode, uint8_t* sel,
-                              StreamrecTableParams p) {
-  STREAMREC_ROWS(r, size) {
-    const float* row = d + r * p.width;
-    const double s = score(p, row[kShow], row[kClick]);
-    if (mode == 0)
-      sel[r] = 1;
-    else if (mode == 1)
-      sel[r] = s >= p.base_threshold;
-    else
-      sel[r] = (static_cast<int>(row[kFlags]) & kFlagDirty) && s >= p.delta_threshold &&
-               row[kUnseen] <= p.delta_keep_days;
-  }
-}
+struct ClearDirty {
+  float* d;
+  int64_t w;
+  STREAMREC_HD void operator()(int64_t r) const { clear_dirty_row(d + r * w); }
+};
 
-__global__ void clear_dirty_kernel(float* d, int64_t size, int64_t w) {
-  STREAMREC_ROWS(r, size) {
-    d[r * w + kFlags] = static_cast<float>(static_cast<int>(d[r * w + kFlags]) & ~kFlagDirty);
-  }
-}
-
-__global__ void mark_dirty_kernel(float* d, int64_t R, const int64_t* rows, int64_t n,
-                                  int64_t w) {
-  STREAMREC_ROWS(i, n) {
+// Duplicate rows write the same bits; the store is atomic so that it is no data race.
+struct MarkDirty {
+  float* d;
+  int64_t R;
+  const int64_t* rows;
+  int64_t w;
+  STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = rows[i];
-    // duplicates write the same value: no race on the result
-    if (r >= 0 && r < R)
-      d[r * w + kFlags] = static_cast<float>(static_cast<int>(d[r * w + kFlags]) | kFlagDirty);
+    if (r < 0 || r >= R) return;
+    Atomic<float> flags(d[r * w + kFlags]);
+    flags.store(with_dirty(flags.load(cuda::memory_order_relaxed)), cuda::memory_order_relaxed);
   }
-}
-
-#undef STREAMREC_ROWS
+};
 
 int check_rows(const void* data, int64_t size, const char* op) {
   STREAMREC_CUDA_REQUIRE(size >= 0, "%s: size must be >= 0, got %lld", op,
@@ -74,9 +63,7 @@ extern "C" int streamrec_cuda_advance_day(float* data, int64_t size,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "advance_day"));
   STREAMREC_CUDA_TRY(check_rows(data, size, "advance_day"));
-  if (size == 0) return ok();
-  advance_day_kernel<<<blocks_for(size), kThreads, 0, stream>>>(data, size, params->width);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(size, AdvanceDay{data, params->width}, stream, "advance_day"));
   return ok();
 }
 
@@ -86,8 +73,7 @@ extern "C" int streamrec_cuda_shrink(float* data, int64_t size, uint8_t* keep,
   STREAMREC_CUDA_TRY(check_rows(data, size, "shrink"));
   if (size == 0) return ok();
   STREAMREC_CUDA_REQUIRE(keep != nullptr, "shrink: keep is NULL");
-  shrink_kernel<<<blocks_for(size), kThreads, 0, stream>>>(data, size, keep, *params);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(size, Shrink{data, keep, *params}, stream, "shrink"));
   return ok();
 }
 
@@ -99,8 +85,7 @@ extern "C" int streamrec_cuda_select_rows(const float* data, int64_t size, int m
   STREAMREC_CUDA_REQUIRE(mode >= 0 && mode <= 2, "select_rows: unknown select mode %d", mode);
   if (size == 0) return ok();
   STREAMREC_CUDA_REQUIRE(sel != nullptr, "select_rows: sel is NULL");
-  select_kernel<<<blocks_for(size), kThreads, 0, stream>>>(data, size, mode, sel, *params);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(size, Select{data, mode, sel, *params}, stream, "select_rows"));
   return ok();
 }
 
@@ -109,9 +94,7 @@ extern "C" int streamrec_cuda_clear_dirty(float* data, int64_t size,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "clear_dirty"));
   STREAMREC_CUDA_TRY(check_rows(data, size, "clear_dirty"));
-  if (size == 0) return ok();
-  clear_dirty_kernel<<<blocks_for(size), kThreads, 0, stream>>>(data, size, params->width);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(size, ClearDirty{data, params->width}, stream, "clear_dirty"));
   return ok();
 }
 
@@ -123,7 +106,6 @@ extern "C" int streamrec_cuda_mark_dirty(float* data, int64_t R, const int64_t* 
   if (n == 0 || R == 0) return ok();
   STREAMREC_CUDA_REQUIRE(data != nullptr && rows != nullptr, "mark_dirty: data and rows must be "
                                                               "set");
-  mark_dirty_kernel<<<blocks_for(n), kThreads, 0, stream>>>(data, R, rows, n, params->width);
-  STREAMREC_CUDA_LAUNCHED();
+  STREAMREC_CUDA_TRY(launch(n, MarkDirty{data, R, rows, params->width}, stream, "mark_dirty"));
   return ok();
 }

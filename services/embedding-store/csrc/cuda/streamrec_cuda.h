@@ -1,4 +1,4 @@
-// The whole C API of the CUDA extension (issue #14): the sparse-table ops of csrc/cpu/ops.h over
+// The whole C API of the CUDA extension: the sparse-table ops of csrc/cpu/ops.h over
 // raw device pointers, for Python's ctypes (services/embedding-store/cuda_ext.py). One kernel
 // family per .cu file; this header is the contract (HierarchicalKV's style: argument structs
 // with a comment per field, every pointer with its shape and memory space, the stream last).
@@ -11,21 +11,33 @@
 //   the device flag the call was given.
 // - "device" pointers are CUDA global memory (torch CUDA tensors' data_ptr()); "host"
 //   pointers are CPU memory. All arrays are contiguous.
-// - Row layout (csrc/cpu/table_params.h): row r of data (R, width) float32 is
+// - Two builds of one source (common.cuh): nvcc's, on a GPU; and the CPU build (g++,
+//   STREAMREC_CPU_DEVICE), where "device" memory is host memory, streams are ignored (pass
+//   NULL) and every call has finished when it returns; streamrec_cuda_cpu_device() says which.
+// - Not safe for two calls on one index from two streams at once (lookups read plain words):
+//   the store serialises a table's calls.
+// - Row layout (csrc/shared/row_layout.h): row r of data (R, width) float32 is
 //   [show, click, unseen_days, flags, embed_w, embedx_w (dim-1), embed_state, embedx_state].
 //
 // Hash index: the CPU core's layout, (capacity, 2) int64 [key, row] slots, capacity a power of
 // two, a key's probe starting at mix64(key) & (capacity - 1) and walking forward (linear
 // probing) at most capacity slots. Every int64 is a valid key, so a slot's state lives in its
 // row word: >= 0 a row id, -1 empty, -2 being written (an insert claimed it with atomicCAS and
-// is writing the key), -3 erased (a tombstone: probes walk past it, inserts reuse it). A full
+// is writing the key), -3 erased (a tombstone: probes walk past it, inserts reuse it; its old
+// key is never matched, on the CPU core's probes either: csrc/shared/row_layout.h holds()). A full
 // index sets STREAMREC_CUDA_ERR_INDEX_FULL in the call's error flag and never loops; keys that
 // found a slot are inserted (the index stays consistent), the others read -1, and a retry
 // after a rebuild into a larger index (streamrec_cuda_index_rebuild) is idempotent.
 #pragma once
 
-#include <cuda_runtime.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#if defined(STREAMREC_CPU_DEVICE)
+typedef struct CUstream_st* cudaStream_t;  // the CPU build: streams are ignored
+#else
+#include <cuda_runtime.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,8 +55,11 @@ extern "C" {
 const char* streamrec_cuda_last_error(void);
 // Version of this API (bumped when a signature changes): the loader checks it.
 int streamrec_cuda_api_version(void);
-// Number of CUDA devices the runtime sees (0 when none or no driver); never fails.
+// Number of CUDA devices the runtime sees (0 when none or no driver, and in the CPU build);
+// never fails.
 int streamrec_cuda_device_count(void);
+// 1 in the CPU build (device pointers are host memory), 0 in nvcc's.
+int streamrec_cuda_cpu_device(void);
 // Reads the kernel error flag `flag` (device, one int32, 0 = no error) after synchronising
 // `stream`, resets it to 0 and returns its code (0, or an ERR_* code a kernel set); the
 // message names what the kernel found.
@@ -118,7 +133,8 @@ typedef struct {
 // Row per key, inserting absent keys (duplicates in keys share one row). New ids are
 // next_row, next_row + 1, ... in an unspecified order (the CPU's are in order of first
 // occurrence): compare tables by key, not by row id. After ERR_ROWS_FULL *next_row may exceed
-// max_rows (ids drawn past it were given back): the rows in use are min(*next_row, max_rows).
+// max_rows (ids drawn past it were given back): the caller sets it to min(*next_row,
+// max_rows) before a retry (cuda_ext.py does), so the retry leaves no hole in the rows.
 // keys: (n,) int64 device; rows: (n,) int64 device, written (-1 for a key that failed).
 int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t* keys, int64_t n,
                                   int64_t* rows, StreamrecNewRows new_rows,
@@ -188,12 +204,16 @@ typedef struct {
   int32_t* flag;            // (1,) int32 device, 0 on entry: ERR_ROW_OUTSIDE if a row >= R
                             // (then nothing is written)
 } StreamrecPush;
-// The CPU core's update: repeated rows summed first (in position order, in float64), then
-// per row show/click, unseen_days = 0, dirty, the embed rule, the embedx rule on expanded
-// rows, or the expansion of rows whose score reached embedx_threshold. Temporary memory comes
-// from cudaMallocAsync on the stream.
-int streamrec_cuda_update(StreamrecPush push, const StreamrecTableParams* params,
-                          cudaStream_t stream);
+// The CPU core's update: repeated rows summed first (in float64, by a segmented reduction in
+// position order: a key repeated 10^5 times is summed by many threads), then per row
+// show/click, unseen_days = 0, dirty, the embed rule, the embedx rule on expanded rows, or the
+// expansion of rows whose score reached embedx_threshold. scratch: device memory of at least
+// streamrec_cuda_update_scratch_bytes(n, dim) bytes, aligned to 256 (the caller's allocator:
+// torch's caching allocator), unused once the stream has run the call.
+int streamrec_cuda_update(StreamrecPush push, void* scratch, size_t scratch_bytes,
+                          const StreamrecTableParams* params, cudaStream_t stream);
+// Scratch bytes streamrec_cuda_update needs for n positions of dim weights (0 when n == 0).
+size_t streamrec_cuda_update_scratch_bytes(int64_t n, int64_t dim);
 
 // ---- day advance, shrink, save selection, dirty marks (shrink.cu) ----
 // data: (R, width) float32 device; size: the rows in use, 0 <= size <= R.

@@ -1,0 +1,147 @@
+// Row creation, host and device: counter-based initial weights, initial optimizer state and
+// a new row. A row's stream is mix64(seed ^ mix64(key)); column c's value is a function of
+// (stream, c) only, so a row's initial values do not depend on the order or the thread that
+// creates it, and a pull on another shard (or the GPU) draws the same.
+//
+// Plain IEEE float operations, never fused: the CPU builds with -ffp-contract=off, nvcc with
+// -fmad=false, so uniform draws and zeros are bit for bit the same on both; normal draws go
+// through logf/cosf/sqrtf, within 2 ulp of glibc's on the GPU (CUDA's documented bounds).
+// P: TableParams or StreamrecTableParams; their init and rule structs have the same fields.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "row_layout.h"
+
+namespace streamrec {
+
+STREAMREC_HD inline uint64_t row_stream(uint64_t seed, int64_t key) {
+  return mix64(seed ^ mix64(static_cast<uint64_t>(key)));
+}
+
+// 64 random bits per column pair (uniform: each column takes 32 of them) or per column
+// (normal: its two halves are the Box-Muller pair): a Weyl step of the row stream, one
+// multiply and an xor-shift. The stream is already a full mix of seed and key, so this
+// is enough for initial weights, and it is a third of the work of a full mix per pair.
+STREAMREC_HD inline uint64_t col_hash(uint64_t stream, uint64_t j) {
+  const uint64_t h = (stream + (j + 1) * 0x9E3779B97F4A7C15ULL) * 0xD6E8FEB86659FD93ULL;
+  return h ^ (h >> 32);
+}
+
+// Uniform in [0, 1) from the top 24 bits of 32.
+STREAMREC_HD inline float unit24(uint32_t h) {
+  return static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+}
+
+// The step of a uniform draw over [a, b): 24-bit integers times this.
+STREAMREC_HD inline float uniform_scale(float a, float b) { return (b - a) * (1.0f / 16777216.0f); }
+
+// Columns 2j and 2j + 1 of a uniform draw: column 2j takes the high 32 bits of pair j's hash,
+// column 2j + 1 the low 32 (24 bits of each make the value; a 24-bit integer converts to float
+// exactly, so every build gives the same floats). csrc/cpu/row_init.cpp's AVX-512 loop draws
+// 8 pairs at once with the same bits.
+STREAMREC_HD inline void uniform_pair(uint64_t stream, uint64_t j, float a, float scale,
+                                      float* out) {
+  const uint64_t h = col_hash(stream, j);
+  out[0] = a + scale * static_cast<float>(static_cast<int32_t>(h >> 40));
+  out[1] = a + scale * static_cast<float>(static_cast<int32_t>((h & 0xFFFFFFFFu) >> 8));
+}
+
+// Column c of a normal draw (mean a, std b): Box-Muller on the column's 64 bits.
+STREAMREC_HD inline float normal_draw(uint64_t stream, int64_t c, float a, float b) {
+  const uint64_t h = col_hash(stream, static_cast<uint64_t>(c));
+  const float u1 = 1.0f - unit24(static_cast<uint32_t>(h >> 32));  // (0, 1]
+  const float u2 = unit24(static_cast<uint32_t>(h));
+  return a + b * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+// Uniform pairs j0 .. j0 + count - 1 into out[0 .. 2 count), one pair at a time. The CPU core
+// passes its own (vectorised where the CPU allows) with the same bits.
+struct PortablePairs {
+  STREAMREC_HD void operator()(uint64_t stream, uint64_t j0, int64_t count, float a, float scale,
+                               float* out) const {
+    for (int64_t q = 0; q < count; ++q)
+      uniform_pair(stream, j0 + static_cast<uint64_t>(q), a, scale, out + 2 * q);
+  }
+};
+
+// out[c] for columns c in [c0, c1) of a row stream, drawn from initializer ip.
+template <class Pairs, class Init>
+STREAMREC_HD inline void draw_columns(const Init& ip, uint64_t stream, int64_t c0, int64_t c1,
+                                      float* out, const Pairs& pairs) {
+  const float a = static_cast<float>(ip.a), b = static_cast<float>(ip.b);
+  if (ip.kind == kUniform) {
+    const float scale = uniform_scale(a, b);
+    float two[2];
+    int64_t c = c0;
+    if (c < c1 && (c & 1)) {  // an odd first column: the low half of its pair
+      uniform_pair(stream, static_cast<uint64_t>(c) >> 1, a, scale, two);
+      out[c++] = two[1];
+    }
+    const int64_t count = (c1 - c) / 2;
+    if (count > 0) pairs(stream, static_cast<uint64_t>(c) >> 1, count, a, scale, out + c);
+    c += 2 * count;
+    if (c < c1) {  // an even last column: the high half of its pair
+      uniform_pair(stream, static_cast<uint64_t>(c) >> 1, a, scale, two);
+      out[c] = two[0];
+    }
+  } else if (ip.kind == kNormal) {
+    for (int64_t c = c0; c < c1; ++c) out[c] = normal_draw(stream, c, a, b);
+  } else {
+    for (int64_t c = c0; c < c1; ++c) out[c] = 0.0f;
+  }
+}
+
+// Whether two initializers draw the same value for a column (then a row's columns 0 .. dim
+// come from one call: column c's value depends only on the stream, c and the initializer).
+template <class Init>
+STREAMREC_HD inline bool same_init(const Init& x, const Init& y) {
+  return x.kind == y.kind && x.a == y.a && x.b == y.b;
+}
+
+// Weights [0, dim) of a new row: the embed from embed_init, the embedx part drawn from
+// embedx_init when expand, zeros otherwise.
+template <class Pairs, class P>
+STREAMREC_HD inline void draw_weights(float* w, uint64_t stream, const P& p, bool expand,
+                                      const Pairs& pairs) {
+  if (expand) {
+    draw_columns(p.embedx_init, stream, 0, p.dim, w, pairs);
+    if (!same_init(p.embed_init, p.embedx_init))
+      draw_columns(p.embed_init, stream, 0, 1, w, pairs);
+  } else {
+    draw_columns(p.embed_init, stream, 0, 1, w, pairs);
+    for (int64_t c = 1; c < p.dim; ++c) w[c] = 0.0f;
+  }
+}
+
+// Initial optimizer state of d weights under rule rp.
+template <class Rule>
+STREAMREC_HD inline void init_state(float* st, const Rule& rp, int64_t d) {
+  const int64_t w = state_width(rp.kind, d);
+  for (int64_t c = 0; c < w; ++c) st[c] = 0.0f;
+  if (rp.kind == kAdam && d > 0) {
+    st[2 * d] = static_cast<float>(rp.beta1);
+    st[2 * d + 1] = static_cast<float>(rp.beta2);
+  }
+}
+
+// One new row: every column written once (row creation is bound by its stores).
+template <class Pairs, class P>
+STREAMREC_HD inline void init_row(float* row, int64_t key, const P& p, bool expand,
+                                  const Pairs& pairs) {
+  row[kShow] = row[kClick] = row[kUnseen] = 0.0f;
+  row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
+  draw_weights(row + kEmbedW, row_stream(p.seed, key), p, expand, pairs);
+  init_state(row + p.embed_state, p.embed_rule, 1);
+  init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
+}
+
+// The embedx weights of an expanding row.
+template <class Pairs, class P>
+STREAMREC_HD inline void init_embedx(float* row, int64_t key, const P& p, const Pairs& pairs) {
+  draw_columns(p.embedx_init, row_stream(p.seed, key), 1, p.dim, row + kEmbedW, pairs);
+}
+
+}  // namespace streamrec

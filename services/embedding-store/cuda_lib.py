@@ -1,0 +1,336 @@
+"""The CUDA library's C API through ctypes (``csrc/cuda/streamrec_cuda.h``), and its builds.
+
+One source, two builds:
+
+- nvcc's (``make cuda``: ``build/cuda/libstreamrec_cuda.so``): the kernels on a GPU, taking
+  raw device pointers (``tensor.data_ptr()``) and a torch stream;
+- the CPU build (``make cuda-cpu``, :func:`build_cpu`: ``build/cuda-cpu/libstreamrec_cuda_cpu.so``):
+  the same kernel bodies compiled by g++ against the CUDA toolkit's CCCL headers, run on CPU
+  threads by Thrust's OpenMP backend, over CPU tensors. It is how the kernels' code runs in CI
+  on machines without a GPU; a real GPU run stays the final word.
+
+:mod:`streamrec.embedding_store.cuda_ext` wraps either in :class:`~streamrec.embedding_store.
+cuda_ext.CudaOps`. Importing this module needs neither torch's CUDA nor a library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from streamrec.embedding_store.errors import EmbeddingStoreError, TierUnavailable
+from streamrec.embedding_store.tier import TABLE_SCALARS
+
+#: the C API version this loader binds (streamrec_cuda_api_version)
+API_VERSION = 2
+#: the sources and the header
+CUDA_DIR = Path(__file__).resolve().parent / "csrc" / "cuda"
+#: the row math both builds (and the CPU core) include
+SHARED_DIR = CUDA_DIR.parent / "shared"
+_BUILD = Path(__file__).resolve().parents[2] / "build"
+#: where ``make cuda`` puts the library (the repository's build/cuda)
+DEFAULT_LIBRARY = _BUILD / "cuda" / "libstreamrec_cuda.so"
+#: where ``make cuda-cpu`` (or :func:`build_cpu` on first use) puts the CPU build
+DEFAULT_CPU_LIBRARY = _BUILD / "cuda-cpu" / "libstreamrec_cuda_cpu.so"
+#: nvcc flags, the Makefile's NVCCFLAGS (tests/embedding_store/test_cuda_build.py checks
+#: they agree): SASS for sm_80 and sm_90 and compute_90 PTX (newer GPUs JIT it), no fused
+#: multiply-add (the CPU core's -ffp-contract=off)
+NVCC_FLAGS = (
+    "-std=c++17",
+    "-O3",
+    "-fmad=false",
+    "-Xcompiler",
+    "-fPIC",
+    "-Xcompiler",
+    "-Wall,-Wextra,-Werror",
+    "-Werror",
+    "all-warnings",
+    "-gencode",
+    "arch=compute_80,code=sm_80",
+    "-gencode",
+    "arch=compute_90,code=sm_90",
+    "-gencode",
+    "arch=compute_90,code=compute_90",
+)
+#: g++ flags of the CPU build: the kernels' bodies on OpenMP threads (Thrust's OMP backend),
+#: no fused multiply-add (as nvcc's -fmad=false), the sources read as C++
+CPU_FLAGS = (
+    "-std=c++17",
+    "-O2",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-ffp-contract=off",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-DSTREAMREC_CPU_DEVICE",
+    "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP",
+)
+#: where the CUDA toolkit keeps its CCCL headers (Thrust, CUB, libcu++), newest layout first
+CCCL_DIRS = ("include/cccl", "targets/x86_64-linux/include/cccl", "include")
+
+# error codes of streamrec_cuda.h
+OK, ERR_CUDA, ERR_ARGUMENT, ERR_INDEX_FULL, ERR_ROWS_FULL, ERR_ROW_OUTSIDE = range(6)
+
+
+class CudaOpError(EmbeddingStoreError):
+    """A CUDA op failed: ``code`` is the C API's error code, the message its last error."""
+
+    code = "cuda_op_failed"
+
+    def __init__(self, op: str, rc: int, message: str) -> None:
+        super().__init__(f"{op}: {message} (error code {rc})")
+        self.rc = rc
+
+
+class IndexFull(CudaOpError):
+    """The GPU hash index has no empty slot for a new key: rebuild it larger and retry."""
+
+    code = "cuda_index_full"
+
+
+class RowsFull(CudaOpError):
+    """The row matrix has no free row for a new key: grow it and retry."""
+
+    code = "cuda_rows_full"
+
+
+# ---- the header's structs ----
+class Rule(ctypes.Structure):
+    """StreamrecRule."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("learning_rate", ctypes.c_double),
+        ("initial_g2sum", ctypes.c_double),
+        ("lower_bound", ctypes.c_double),
+        ("upper_bound", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("epsilon", ctypes.c_double),
+    ]
+
+
+class Init(ctypes.Structure):
+    """StreamrecInit."""
+
+    _fields_ = [("kind", ctypes.c_int64), ("a", ctypes.c_double), ("b", ctypes.c_double)]
+
+
+class TableParams(ctypes.Structure):
+    """StreamrecTableParams: a finalized ``_C.TableParams`` copied field by field."""
+
+    _fields_ = [
+        ("dim", ctypes.c_int64),
+        ("width", ctypes.c_int64),
+        ("embed_state", ctypes.c_int64),
+        ("embedx_state", ctypes.c_int64),
+        ("embed_rule", Rule),
+        ("embedx_rule", Rule),
+        ("embed_init", Init),
+        ("embedx_init", Init),
+        *[(name, ctypes.c_double) for name in TABLE_SCALARS],
+        ("seed", ctypes.c_uint64),
+    ]
+
+    @classmethod
+    def of(cls, p: Any) -> TableParams:
+        """From the CPU core's finalized TableParams (``tier.table_params``)."""
+        out = cls()
+        for name in ("dim", "width", "embed_state", "embedx_state", "seed", *TABLE_SCALARS):
+            setattr(out, name, getattr(p, name))
+        for part in ("embed", "embedx"):
+            rule, src = getattr(out, f"{part}_rule"), getattr(p, f"{part}_rule")
+            for field in Rule._fields_:
+                setattr(rule, field[0], getattr(src, field[0]))
+            init, isrc = getattr(out, f"{part}_init"), getattr(p, f"{part}_init")
+            init.kind, init.a, init.b = isrc.kind, isrc.a, isrc.b
+        return out
+
+
+class Index(ctypes.Structure):
+    """StreamrecIndex: slots (capacity, 2) int64 device."""
+
+    _fields_ = [("slots", ctypes.c_void_p), ("capacity", ctypes.c_int64)]
+
+
+class NewRows(ctypes.Structure):
+    """StreamrecNewRows."""
+
+    _fields_ = [
+        ("next_row", ctypes.c_void_p),
+        ("max_rows", ctypes.c_int64),
+        ("row_keys", ctypes.c_void_p),
+        ("data", ctypes.c_void_p),
+        ("created", ctypes.c_void_p),
+        ("flag", ctypes.c_void_p),
+    ]
+
+
+class Push(ctypes.Structure):
+    """StreamrecPush."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("R", ctypes.c_int64),
+        ("row_keys", ctypes.c_void_p),
+        ("rows", ctypes.c_void_p),
+        ("grads", ctypes.c_void_p),
+        ("shows", ctypes.c_void_p),
+        ("clicks", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("expanded", ctypes.c_void_p),
+        ("flag", ctypes.c_void_p),
+    ]
+
+
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_PARAMS = ctypes.POINTER(TableParams)
+
+#: every function of the C API: name -> (restype, argtypes); the stream is the last c_void_p
+BINDINGS: dict[str, tuple[Any, list[Any]]] = {
+    "streamrec_cuda_last_error": (ctypes.c_char_p, []),
+    "streamrec_cuda_api_version": (_INT, []),
+    "streamrec_cuda_device_count": (_INT, []),
+    "streamrec_cuda_cpu_device": (_INT, []),
+    "streamrec_cuda_status": (_INT, [_P, _P]),
+    "streamrec_cuda_index_init": (_INT, [Index, _P]),
+    "streamrec_cuda_find": (_INT, [Index, _P, _I64, _P, _P, _P]),
+    "streamrec_cuda_find_or_insert": (_INT, [Index, _P, _I64, _P, NewRows, _PARAMS, _P]),
+    "streamrec_cuda_insert_or_assign": (_INT, [Index, _P, _P, _I64, _P, _P]),
+    "streamrec_cuda_erase": (_INT, [Index, _P, _I64, _P, _P]),
+    "streamrec_cuda_size": (_INT, [Index, _P, _P]),
+    "streamrec_cuda_export": (_INT, [Index, _P, _P, _P, _P]),
+    "streamrec_cuda_index_rebuild": (_INT, [Index, Index, _P, _P]),
+    "streamrec_cuda_init_rows": (_INT, [_P, _P, _I64, _I64, _PARAMS, _P]),
+    "streamrec_cuda_initial_weights": (_INT, [_P, _I64, _INT, _P, _PARAMS, _P]),
+    "streamrec_cuda_gather": (_INT, [_P, _I64, _P, _I64, _P, _P, _PARAMS, _P]),
+    "streamrec_cuda_gather_pooled": (_INT, [_P, _I64, _P, _P, _I64, _INT, _P, _P, _PARAMS, _P]),
+    "streamrec_cuda_update": (_INT, [Push, _P, ctypes.c_size_t, _PARAMS, _P]),
+    "streamrec_cuda_update_scratch_bytes": (ctypes.c_size_t, [_I64, _I64]),
+    "streamrec_cuda_advance_day": (_INT, [_P, _I64, _PARAMS, _P]),
+    "streamrec_cuda_shrink": (_INT, [_P, _I64, _P, _PARAMS, _P]),
+    "streamrec_cuda_select_rows": (_INT, [_P, _I64, _INT, _P, _PARAMS, _P]),
+    "streamrec_cuda_clear_dirty": (_INT, [_P, _I64, _PARAMS, _P]),
+    "streamrec_cuda_mark_dirty": (_INT, [_P, _I64, _P, _I64, _PARAMS, _P]),
+}
+
+
+def library_path() -> Path:
+    """The library to load: ``$STREAMREC_CUDA_LIB`` if set, else build/cuda's."""
+    env = os.environ.get("STREAMREC_CUDA_LIB")
+    return Path(env) if env else DEFAULT_LIBRARY
+
+
+def _sources() -> list[Path]:
+    return sorted(CUDA_DIR.glob("*.cu"))
+
+
+def nvcc_command(nvcc: str, out: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    """The one nvcc command line that builds the library from every ``csrc/cuda/*.cu``."""
+    sources = [str(p) for p in _sources()]
+    return [nvcc, *NVCC_FLAGS, *extra, "-shared", "-o", str(out), *sources]
+
+
+def _compile(command: list[str], out: Path, what: str) -> Path:
+    """Runs command, its ``{out}`` argument a temporary file, then moves that to out (atomic)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    done = subprocess.run(
+        [part if part != "{out}" else str(tmp) for part in command],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise CudaOpError("build", ERR_CUDA, f"{what} failed:\n{done.stderr[-4000:]}")
+    tmp.replace(out)  # atomic: a concurrent loader sees the old file or the new one
+    return out
+
+
+def build(out: Path | None = None, nvcc: str | None = None) -> Path:
+    """Compiles every ``csrc/cuda/*.cu`` into ``out`` (as ``make cuda``); returns its path.
+
+    Raises TierUnavailable when nvcc is missing, CudaOpError(ERR_CUDA) when it fails.
+    """
+    out = out or library_path()
+    nvcc = nvcc or shutil.which("nvcc")
+    if nvcc is None:
+        raise TierUnavailable(
+            f"the CUDA extension {out} is not built and nvcc is not on PATH to build it"
+        )
+    return _compile(nvcc_command(nvcc, Path("{out}")), out, "nvcc")
+
+
+def cccl_include() -> Path:
+    """The CUDA toolkit's CCCL headers (Thrust, CUB, libcu++): $CUDA_HOME, then /usr/local/cuda."""
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        for sub in CCCL_DIRS:
+            if home and (Path(home) / sub / "thrust" / "version.h").exists():
+                return Path(home) / sub
+    raise TierUnavailable(
+        "the CPU build of the CUDA kernels needs the CUDA toolkit's CCCL headers "
+        "(thrust/, cuda/atomic); none under $CUDA_HOME or /usr/local/cuda"
+    )
+
+
+def cpu_command(
+    out: Path, extra: tuple[str, ...] = (), flags: tuple[str, ...] = CPU_FLAGS
+) -> list[str]:
+    """The one g++ command line of the CPU build (every ``csrc/cuda/*.cu`` as C++); flags
+    replace :data:`CPU_FLAGS` (the ThreadSanitizer build's), extra come after them."""
+    cxx = os.environ.get("CXX", "g++")
+    sources = [str(p) for p in _sources()]
+    include = ["-isystem", str(cccl_include())]
+    return [cxx, *flags, *extra, *include, "-x", "c++", *sources, "-o", str(out)]
+
+
+def cpu_library_path() -> Path:
+    """The CPU build to load: ``$STREAMREC_CUDA_CPU_LIB`` if set, else build/cuda-cpu's."""
+    env = os.environ.get("STREAMREC_CUDA_CPU_LIB")
+    return Path(env) if env else DEFAULT_CPU_LIBRARY
+
+
+def _stale(out: Path) -> bool:
+    if not out.exists():
+        return True
+    built = out.stat().st_mtime
+    sources = [*CUDA_DIR.iterdir(), *SHARED_DIR.iterdir()]
+    return any(p.stat().st_mtime > built for p in sources)
+
+
+def build_cpu(out: Path | None = None, extra: tuple[str, ...] = (), force: bool = False) -> Path:
+    """The CPU build at out (default :func:`cpu_library_path`), compiled when missing or older
+    than a source (or when force); extra: more g++ flags (the sanitizers')."""
+    out = out or cpu_library_path()
+    if force or _stale(out):
+        _compile(cpu_command(Path("{out}"), extra), out, "the CPU build (g++)")
+    return out
+
+
+def open_library(path: Path | None = None, build_missing: bool = True) -> ctypes.CDLL:
+    """The library with every function of :data:`BINDINGS` declared; no GPU needed.
+
+    Builds it first when it is missing and nvcc exists (``build_missing``).
+    """
+    path = path or library_path()
+    if not path.exists():
+        if not build_missing:
+            raise TierUnavailable(f"the CUDA extension {path} is not built (run `make cuda`)")
+        build(path)
+    lib = ctypes.CDLL(str(path))
+    for name, (restype, argtypes) in BINDINGS.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    version = lib.streamrec_cuda_api_version()
+    if version != API_VERSION:
+        raise TierUnavailable(
+            f"{path} has C API version {version}, this loader binds {API_VERSION}: rebuild it"
+        )
+    return lib

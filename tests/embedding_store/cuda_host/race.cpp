@@ -1,0 +1,101 @@
+// A driver of the CUDA library's C API for its ThreadSanitizer build (test_cuda_race.py):
+// the kernels' bodies on racing std::threads, over the index's insert protocol (claims,
+// duplicate keys in one call, tombstones reused, rows full, a rebuild), the push's hot keys
+// and the dirty marks. Exits nonzero, naming the check, when a result is wrong; TSan reports
+// any data race on stderr (and exits 66).
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "streamrec_cuda.h"
+
+namespace {
+
+int failed(const char* what) {
+  std::fprintf(stderr, "race driver: %s\n", what);
+  return 1;
+}
+
+#define CHECK(cond)                         \
+  do {                                      \
+    if (!(cond)) return failed(#cond);      \
+  } while (0)
+#define OK(call) CHECK((call) == STREAMREC_CUDA_OK)
+
+StreamrecTableParams adagrad_dim8() {
+  StreamrecTableParams p{};
+  StreamrecRule rule{1, 0.05, 3.0, -10.0, 10.0, 0.9, 0.999, 1e-8};
+  StreamrecInit init{1, -1e-2, 1e-2};
+  p.dim = 8;
+  p.embed_state = 4 + 8;     // kEmbedW + dim
+  p.embedx_state = 12 + 1;   // + AdaGrad's one g2sum
+  p.width = 13 + 1;
+  p.embed_rule = p.embedx_rule = rule;
+  p.embed_init = p.embedx_init = init;
+  p.nonclk_coeff = 0.1;
+  p.click_coeff = 1.0;
+  p.embedx_threshold = 2.0;
+  p.seed = 7;
+  return p;
+}
+
+int run() {
+  const StreamrecTableParams p = adagrad_dim8();
+  const int64_t R = 400, n = 20000, distinct = 300;
+  std::vector<int64_t> slots(2 * 1024), keys(n), rows(n), row_keys(R), next(1, 0), created(1, 0);
+  std::vector<float> data(R * p.width);
+  std::vector<int32_t> flag(1, 0);
+  for (int64_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>((i * 7919) % distinct) * 1000003;
+  StreamrecIndex index{slots.data(), 1024};
+  OK(streamrec_cuda_index_init(index, nullptr));
+  StreamrecNewRows nr{next.data(), R, row_keys.data(), data.data(), created.data(), flag.data()};
+  OK(streamrec_cuda_find_or_insert(index, keys.data(), n, rows.data(), nr, &p, nullptr));
+  OK(streamrec_cuda_status(flag.data(), nullptr));
+  CHECK(next[0] == distinct && created[0] == distinct);
+  for (int64_t i = 0; i < n; ++i) CHECK(rows[i] >= 0 && row_keys[rows[i]] == keys[i]);
+  // the push: row 0 at most positions (a hot key), the rest spread
+  std::vector<int64_t> push_rows(n);
+  for (int64_t i = 0; i < n; ++i) push_rows[i] = i % 3 == 0 ? rows[i] : rows[0];
+  std::vector<float> grads(n * p.dim, 0.01f), shows(n, 1.0f), clicks(n, 0.5f);
+  std::vector<int64_t> expanded(1, 0);
+  const size_t bytes = streamrec_cuda_update_scratch_bytes(n, p.dim);
+  std::vector<char> scratch(bytes + 256);
+  char* aligned = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
+  StreamrecPush push{data.data(), R,           row_keys.data(), push_rows.data(), grads.data(),
+                     shows.data(), clicks.data(), n,              expanded.data(),  flag.data()};
+  OK(streamrec_cuda_update(push, aligned, bytes, &p, nullptr));
+  OK(streamrec_cuda_status(flag.data(), nullptr));
+  CHECK(expanded[0] > 0);
+  const float hot_show = data[rows[0] * p.width + 0];
+  CHECK(hot_show == 13400.0f);  // 2/3 of 20000 positions and 67 of key 0's own
+  // erase a third (duplicates erase once), then new keys reuse the tombstones
+  std::vector<int64_t> erased(1, 0);
+  OK(streamrec_cuda_erase(index, keys.data(), distinct / 3, erased.data(), nullptr));
+  CHECK(erased[0] == distinct / 3);
+  std::vector<int64_t> fresh(200), vals(200);
+  for (int64_t i = 0; i < 200; ++i) fresh[i] = -1 - 17 * (i % 150), vals[i] = 5000 + i % 150;
+  OK(streamrec_cuda_insert_or_assign(index, fresh.data(), vals.data(), 200, flag.data(), nullptr));
+  OK(streamrec_cuda_status(flag.data(), nullptr));
+  std::vector<int64_t> size(1, 0);
+  OK(streamrec_cuda_size(index, size.data(), nullptr));
+  CHECK(size[0] == distinct - distinct / 3 + 150);
+  // rows full: ids past R are given back, the keys stay absent
+  std::vector<int64_t> more(300), more_rows(300);
+  for (int64_t i = 0; i < 300; ++i) more[i] = 1 + 31 * i;
+  OK(streamrec_cuda_find_or_insert(index, more.data(), 300, more_rows.data(), nr, &p, nullptr));
+  CHECK(streamrec_cuda_status(flag.data(), nullptr) == STREAMREC_CUDA_ERR_ROWS_FULL);
+  // growth: every live pair in a larger index, found again
+  std::vector<int64_t> big(2 * 4096), found(n);
+  StreamrecIndex grown{big.data(), 4096};
+  OK(streamrec_cuda_index_rebuild(index, grown, flag.data(), nullptr));
+  OK(streamrec_cuda_status(flag.data(), nullptr));
+  OK(streamrec_cuda_find(grown, fresh.data(), 200, found.data(), nullptr, nullptr));
+  for (int64_t i = 0; i < 200; ++i) CHECK(found[i] == vals[i]);
+  OK(streamrec_cuda_mark_dirty(data.data(), R, push_rows.data(), n, &p, nullptr));
+  return 0;
+}
+
+}  // namespace
+
+int main() { return run(); }
