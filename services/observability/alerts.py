@@ -189,8 +189,10 @@ ALERTS: list[Alert] = [
         ),
     ),
     Alert(
-        # A group that dies before or during its rendezvous never heartbeats long enough
-        # for the age alerts to hold: its restarts are counted instead.
+        # A group that dies again and again on its passes: each death's heartbeat gap is too
+        # short for the age alerts to hold, so the restarts are counted. (A group that dies
+        # before it takes a pass leaves the pool: StreamRecNoTrainersForJob and
+        # StreamRecTrainerTargetDown see it.)
         name="StreamRecTrainerGroupRestarting",
         expr="sum by (job_id) (increase(streamrec_api_group_restarts_total[30m])) >= 3",
         for_="0m",

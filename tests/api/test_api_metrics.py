@@ -116,6 +116,21 @@ def test_a_running_jobs_gauges_follow_its_trainer_group(client, roots, redis_ser
         lambda: sample(client, f"streamrec_api_checkpoint_failures_total{{{job}}}") == 2,
         what="a failed checkpoint trigger counted",
     )
+    # a trigger refused for want of a model (the agent's NotFound, as before a first pass)
+    # is no failed save: not counted, so no alert pages for it
+    refused = client.post(f"/v1/jobs/{job_id}/triggers", json={"kind": "checkpoint"}).json()
+    ch.report(
+        "trigger_failed",
+        trigger_id=refused["id"],
+        error="NotFound: no pass trained or loaded yet: nothing to save or shrink",
+    )
+    wait_for(
+        lambda: (
+            client.get(f"/v1/jobs/{job_id}/triggers/{refused['id']}").json()["state"] == "failed"
+        ),
+        what="the refused trigger recorded",
+    )
+    assert sample(client, f"streamrec_api_checkpoint_failures_total{{{job}}}") == 2
     # a failure of training itself is no checkpoint failure
     again = wait_for(lambda: ch.take_pass(block_ms=500), what="the pass handed out again")
     ch.report(
