@@ -3,7 +3,7 @@
 Run on the CPU build of the kernels (a "CPU device" of the CUDA library: the same kernel
 bodies on CPU threads, so these run in CI everywhere) and, where a GPU is present, on it. Same
 keys found, same rows created (uniform and zeros draws bit for bit, normal draws within
-the tolerance row_init.cuh documents), same optimizer results within float tolerance,
+the tolerance csrc/shared/row_init.h documents), same optimizer results within float tolerance,
 duplicate keys in one batch, growth past the initial capacity, a full index as an error.
 Row ids differ by design (the GPU numbers new rows by an atomic counter): tables are compared
 key by key.
