@@ -4,8 +4,10 @@ Each app gets its own registry (several apps may live in one test process); ``/m
 serves it, with the process collector's ``process_*`` series beside the API's own.
 
 Per-job series carry the StreamRec job id as ``job_id`` (not ``job``, which Prometheus keeps
-for the scrape job). Gauges of running jobs are set by the scheduler's leader only; a replica
-that lost the lease keeps its last values, so alerts and panels read them joined with
+for the scrape job). The gauges the scheduler sets each tick (jobs per state, the pool, the
+running jobs' ages, queue depth, lag) are served only while this API holds the scheduler
+lease: a replica that lost it would serve stale values. The last pass's AUC, logloss and CTR
+stay on the replica that applied the report; alerts and panels read them joined with
 ``streamrec_api_scheduler_leader == 1`` on ``instance``.
 
 Counters the alerts read start at 0: the trigger outcomes here, a job's counters when the
@@ -16,11 +18,27 @@ scheduler first sees it active (:meth:`ApiMetrics.start_job`), so ``rate()`` and
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from streamrec.api.state import TriggerState
 from streamrec.control.channel import CommandType
 from streamrec.metrics import DURATION_BUCKETS, LATENCY_BUCKETS
+
+
+class _WhileLeader(Collector):
+    """Serves ``inner``'s metrics while ``metrics.scheduler_leader`` is 1."""
+
+    def __init__(self, metrics: ApiMetrics, inner: CollectorRegistry) -> None:
+        self._metrics = metrics
+        self._inner = inner
+
+    def collect(self) -> Iterator[Metric]:
+        (family,) = self._metrics.scheduler_leader.collect()
+        if family.samples and family.samples[0].value == 1:
+            yield from self._inner.collect()
 
 
 class ApiMetrics:
@@ -30,6 +48,10 @@ class ApiMetrics:
         self.registry = registry or CollectorRegistry()
         reg = self.registry
         ProcessCollector(registry=reg)
+        # The gauges the scheduler sets each tick: served only while this API holds the
+        # lease (a replica that lost it would serve the values it had then, stale).
+        tick = CollectorRegistry()
+        reg.register(_WhileLeader(self, tick))
         self.requests = Counter(
             "streamrec_api_requests_total",
             "HTTP requests by route template and status",
@@ -48,7 +70,7 @@ class ApiMetrics:
             "Redis calls that failed (connection, timeout)",
             registry=reg,
         )
-        self.jobs = Gauge("streamrec_api_jobs", "Jobs per state", ["state"], registry=reg)
+        self.jobs = Gauge("streamrec_api_jobs", "Jobs per state", ["state"], registry=tick)
         self.passes_handed_out = Counter(
             "streamrec_api_passes_handed_out_total",
             "Passes put on a job's work stream",
@@ -127,20 +149,20 @@ class ApiMetrics:
             "Seconds since the running job's trainer group last sent a heartbeat (since the "
             "job became running when none has been seen)",
             ["job_id"],
-            registry=reg,
+            registry=tick,
         )
         self.progress_age = Gauge(
             "streamrec_api_trainer_progress_age_seconds",
             "Seconds since the running job's trainer group last made progress (the progress "
             "time of its heartbeat)",
             ["job_id"],
-            registry=reg,
+            registry=tick,
         )
         self.work_queue_depth = Gauge(
             "streamrec_api_work_queue_depth",
             "Passes on the job's work stream not yet taken by a trainer group",
             ["job_id"],
-            registry=reg,
+            registry=tick,
         )
         self.pass_ctr = Gauge(
             "streamrec_api_pass_ctr",
@@ -160,14 +182,14 @@ class ApiMetrics:
             "Seconds the running job's next pass has waited for its data: since the newest "
             "donefile of the job's data landed (0 when the next pass is ready or in flight)",
             ["job_id"],
-            registry=reg,
+            registry=tick,
         )
         self.pass_lag = Gauge(
             "streamrec_api_pass_lag_seconds",
             "Data time between the newest pass whose data has landed and the next pass to "
             "train: how far training is behind the data (one pass interval when keeping up)",
             ["job_id"],
-            registry=reg,
+            registry=tick,
         )
         self.checkpoint_failures = Counter(
             "streamrec_api_checkpoint_failures_total",
@@ -178,19 +200,32 @@ class ApiMetrics:
         self.jobs_waiting_for_trainers = Gauge(
             "streamrec_api_jobs_waiting_for_trainers",
             "Running jobs that no trainer group serves (none in the pool fits or is free)",
-            registry=reg,
+            registry=tick,
         )
         self.pool_groups = Gauge(
             "streamrec_api_pool_groups",
             "Trainer groups registered in the pool, idle or busy with a job",
             ["state"],
-            registry=reg,
+            registry=tick,
         )
         self.group_restarts = Counter(
             "streamrec_api_group_restarts_total",
             "Infrastructure restarts of a job's trainer group (a process killed, evicted, "
             "OOM-killed or stuck; not the pass's fault)",
             ["job_id"],
+            registry=reg,
+        )
+        self.empty_passes = Counter(
+            "streamrec_api_empty_passes_total",
+            "Passes done with 0 samples (their splits held no usable line: no AUC, no update)",
+            ["job_id"],
+            registry=reg,
+        )
+        self.insecure = Gauge(
+            "streamrec_api_insecure",
+            "1 for each setting of this API that leaves a door open (auth_disabled, "
+            "redis_no_password); absent when none",
+            ["setting"],
             registry=reg,
         )
         for state in ("idle", "busy"):
@@ -210,6 +245,7 @@ class ApiMetrics:
             self.trainers_dead,
             self.checkpoint_failures,
             self.group_restarts,
+            self.empty_passes,
         ):
             counter.labels(job)
 

@@ -73,6 +73,7 @@ def fields(s: JobCreate, cursor: int, in_flight: bool, updated_at: float = 0.0) 
 def test_lag_follows_the_landed_data_and_wait_the_newest_donefile(tmp_path: Path) -> None:
     now = [1_000_000.0]
     metrics = ApiMetrics(CollectorRegistry())
+    metrics.scheduler_leader.set(1)  # the gauges are served by the leader only
     gauges = DataGauges(metrics, probe_interval_s=0.0, clock=lambda: now[0])
     s = spec(tmp_path)
     land(tmp_path, 6)
@@ -95,6 +96,7 @@ def test_lag_follows_the_landed_data_and_wait_the_newest_donefile(tmp_path: Path
 def test_probes_are_rate_limited_per_job(tmp_path: Path) -> None:
     now = [0.0]
     metrics = ApiMetrics(CollectorRegistry())
+    metrics.scheduler_leader.set(1)  # the gauges are served by the leader only
     gauges = DataGauges(metrics, probe_interval_s=30.0, clock=lambda: now[0])
     s = spec(tmp_path)
     land(tmp_path, 3)
@@ -107,3 +109,22 @@ def test_probes_are_rate_limited_per_job(tmp_path: Path) -> None:
     now[0] = 31.0
     gauges.observe("j", fields(s, cursor=0, in_flight=False))
     assert gauge(metrics, "streamrec_api_pass_lag_seconds", "j") == 4 * HOURS_6
+
+
+def test_tick_gauges_are_served_only_by_the_scheduler_leader() -> None:
+    """A replica that lost the lease serves none of its (stale) tick gauges; counters and the
+    leader gauge itself are always served."""
+    metrics = ApiMetrics(CollectorRegistry())
+    metrics.start_job("j")
+    metrics.work_queue_depth.labels("j").set(3)
+    metrics.pass_lag.labels("j").set(60)
+    metrics.jobs_waiting_for_trainers.set(1)
+    metrics.scheduler_leader.set(0)
+    names = {s.name for f in metrics.registry.collect() for s in f.samples}
+    assert "streamrec_api_work_queue_depth" not in names
+    assert "streamrec_api_pass_lag_seconds" not in names
+    assert "streamrec_api_jobs_waiting_for_trainers" not in names
+    assert {"streamrec_api_scheduler_leader", "streamrec_api_passes_done_total"} <= names
+    metrics.scheduler_leader.set(1)
+    assert gauge(metrics, "streamrec_api_work_queue_depth", "j") == 3
+    assert metrics.registry.get_sample_value("streamrec_api_jobs_waiting_for_trainers") == 1
