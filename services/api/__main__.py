@@ -38,6 +38,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a store shard endpoint jobs may name (repeatable; none: jobs may name none)",
     )
+    s.add_argument(
+        "--sampler-endpoint",
+        action="append",
+        dest="sampler_endpoints",
+        default=None,
+        help="a sampler endpoint jobs may name (repeatable; none: the node-local one only)",
+    )
+    s.add_argument(
+        "--online-redis-url",
+        action="append",
+        dest="online_redis_urls",
+        default=None,
+        help="a serving Redis jobs may publish to, model.online.redis_url (repeatable)",
+    )
+    s.add_argument(
+        "--metrics-host",
+        action="append",
+        dest="metrics_hosts",
+        default=None,
+        help="an address a job's model.runner.metrics_host may bind (repeatable; default: "
+        "the loopback only)",
+    )
+    s.add_argument(
+        "--redis-password-file",
+        default=None,
+        help="file holding Redis's password (default: $STREAMREC_REDIS_PASSWORD_FILE)",
+    )
     s.add_argument("--auth-reads", action="store_true", default=None)
     s.add_argument(
         "--auth-disabled",

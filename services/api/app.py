@@ -52,10 +52,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+#: What each insecure setting leaves open (the start-up warning says it).
+INSECURE_WHY = {
+    "auth_disabled": "--auth-disabled: anyone who reaches this port may create and run jobs",
+    "redis_no_password": (
+        "Redis without a password (no STREAMREC_REDIS_PASSWORD_FILE): anyone who reaches it "
+        "may rewrite jobs and their trainer configs"
+    ),
+}
+
+
 def make_redis(settings: Settings) -> redis.Redis:
     """A client that gives up after ``redis_timeout_s`` instead of hanging."""
     return redis.Redis.from_url(
         settings.redis_url,
+        password=settings.redis_password(),
         decode_responses=True,
         socket_timeout=settings.redis_timeout_s,
         socket_connect_timeout=settings.redis_timeout_s,
@@ -179,6 +190,9 @@ def route_template(request: Request) -> str:
 def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastAPI:
     """Builds the app. The scheduler thread runs when ``settings.scheduler_enabled``."""
     metrics = ApiMetrics()
+    for setting in settings.insecure():
+        metrics.insecure.labels(setting).set(1)
+        log.warning("INSECURE: %s (%s)", setting, INSECURE_WHY[setting])
     run_scheduler = settings.scheduler_enabled if start_scheduler is None else start_scheduler
 
     @asynccontextmanager
@@ -205,7 +219,7 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
     r = make_redis(settings)
     app.state.settings = settings
     app.state.redis = r
-    app.state.repo = Repo(r, settings.data_roots, settings.model_roots, settings.store_endpoints)
+    app.state.repo = Repo(r, settings.policy())
     app.state.metrics = metrics
 
     for router in (jobs.router, passes.router, triggers.router, events.router):
@@ -235,14 +249,14 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
             content={
                 "detail": [
                     {
-                        "loc": ["body", *field.split(".")],
+                        "loc": json_safe(["body", *field.split(".")]),
                         "msg": json_safe(f"{field}: {msg}"),
-                        "type": exc.code,
+                        "type": code,
                         "input": json_safe(
-                            value if isinstance(value, str | int | float | bool) else repr(value)
+                            value if isinstance(value, str | int | float | bool) else quote(value)
                         ),
                     }
-                    for field, msg, value in exc.errors
+                    for (field, msg, value), code in zip(exc.errors, exc.codes, strict=True)
                 ]
             },
         )

@@ -11,10 +11,18 @@ Values come from CLI flags and ``STREAMREC_API_*`` environment variables (flags 
     STREAMREC_API_STORE_ENDPOINT_TEMPLATE=tcp://store-{shard}.store:5555
     STREAMREC_API_STORE_SHARDS=2
 
+    STREAMREC_API_SAMPLER_ENDPOINTS=tcp://sampler.node:5700   # jobs' sampler.endpoint
+    STREAMREC_API_ONLINE_REDIS_URLS=redis://serving-redis:6379/0  # jobs' model.online.redis_url
+    STREAMREC_API_METRICS_HOSTS=127.0.0.1,0.0.0.0   # jobs' model.runner.metrics_host
+    STREAMREC_REDIS_PASSWORD_FILE=/run/secrets/redis-password   # Redis AUTH (all services)
+
 Mutating endpoints always need the bearer token; ``auth_reads`` closes the read endpoints too.
 A job's ``store.endpoints`` must each be one of ``store_endpoints`` (compared as strings); with
 none configured every job keeps its store in-process (any endpoint is refused), so a job
-cannot point the trainers at an address the deployment did not name.
+cannot point the trainers at an address the deployment did not name. The same holds for
+``sampler.endpoint`` (``sampler_endpoints``; unset, the trainer uses its node-local sampler),
+``model.online.redis_url`` (``online_redis_urls``) and ``model.runner.metrics_host``
+(``metrics_hosts``, the loopback by default): see ``spec_checks.py``.
 """
 
 from __future__ import annotations
@@ -23,13 +31,18 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from streamrec.api.errors import ApiConfigError
+from streamrec.api.spec_checks import LOOPBACK_HOSTS, SpecPolicy
 from streamrec.config import StrictConfig
+from streamrec.control.redis_io import PASSWORD_FILE_ENV, read_password
 
 ENV_PREFIX = "STREAMREC_API_"
 _LIST_FIELDS = ("data_roots", "model_roots")
+#: Lists given comma-separated in the environment (a tcp:// or redis:// address holds ':').
+_COMMA_FIELDS = ("store_endpoints", "sampler_endpoints", "online_redis_urls", "metrics_hosts")
 
 
 class Settings(StrictConfig):
@@ -45,6 +58,12 @@ class Settings(StrictConfig):
         store_endpoints: the store shard endpoints jobs may name (none: jobs may name none).
         store_endpoint_template / store_shards: adds ``template`` with ``{shard}`` replaced by
             0 .. ``store_shards`` - 1 to ``store_endpoints`` (set both or neither).
+        sampler_endpoints: the sampler endpoints a job's ``sampler.endpoint`` may name (none:
+            jobs use their trainer's node-local sampler only).
+        online_redis_urls: the serving Redis URLs a job's ``model.online.redis_url`` may name.
+        metrics_hosts: the addresses a job's ``model.runner.metrics_host`` may bind.
+        redis_password_file: the file holding Redis's password (AUTH); None:
+            ``$STREAMREC_REDIS_PASSWORD_FILE``, else none (a warning at start-up).
         max_body_bytes: request bodies above this are refused with 413.
         redis_timeout_s: socket timeout for every Redis call (no hangs when Redis is down).
         scheduler_interval_s: how often the scheduler polls donefiles, reports, heartbeats.
@@ -73,6 +92,10 @@ class Settings(StrictConfig):
     store_endpoints: list[str] = Field(default_factory=list, max_length=1024)
     store_endpoint_template: str | None = None
     store_shards: int | None = Field(None, ge=1, le=1024)
+    sampler_endpoints: list[str] = Field(default_factory=list, max_length=1024)
+    online_redis_urls: list[str] = Field(default_factory=list, max_length=1024)
+    metrics_hosts: list[str] = Field(default_factory=lambda: list(LOOPBACK_HOSTS), max_length=64)
+    redis_password_file: Path | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
     redis_timeout_s: float = Field(2.0, gt=0, le=60)
     scheduler_interval_s: float = Field(0.5, gt=0, le=60)
@@ -129,6 +152,39 @@ class Settings(StrictConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _redis_password(self) -> Settings:
+        if self.redis_password_file is not None:
+            try:
+                read_password(self.redis_password_file)
+            except ValueError as exc:
+                raise ValueError(f"redis_password_file: {exc}") from None
+        return self
+
+    def redis_password(self) -> str | None:
+        """Redis's password from ``redis_password_file`` (None: Redis without AUTH)."""
+        return None if self.redis_password_file is None else read_password(self.redis_password_file)
+
+    def insecure(self) -> list[str]:
+        """The settings that leave a door open (warned at start-up, ``streamrec_api_insecure``)."""
+        out = []
+        if self.auth_disabled:
+            out.append("auth_disabled")
+        if self.redis_password_file is None and not urlsplit(self.redis_url).password:
+            out.append("redis_no_password")
+        return out
+
+    def policy(self) -> SpecPolicy:
+        """What a job may name: these settings' roots, endpoints, URLs and hosts."""
+        return SpecPolicy(
+            data_roots=self.data_roots,
+            model_roots=self.model_roots,
+            store_endpoints=self.store_endpoints,
+            sampler_endpoints=self.sampler_endpoints,
+            online_redis_urls=self.online_redis_urls,
+            metrics_hosts=self.metrics_hosts,
+        )
+
     @classmethod
     def load(
         cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
@@ -142,10 +198,12 @@ class Settings(StrictConfig):
                 continue
             if name in _LIST_FIELDS:
                 data[name] = [p for p in raw.split(os.pathsep) if p]
-            elif name == "store_endpoints":  # tcp://host:port holds the path separator
+            elif name in _COMMA_FIELDS:  # tcp://host:port holds the path separator
                 data[name] = [e.strip() for e in raw.split(",") if e.strip()]
             else:
                 data[name] = raw
+        if "redis_password_file" not in data and env.get(PASSWORD_FILE_ENV):
+            data["redis_password_file"] = env[PASSWORD_FILE_ENV]
         for k, v in (overrides or {}).items():
             if v is not None:
                 data[k] = v

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from streamrec.errors import BadRequest, NotFound, ServiceUnavailable, StreamRecError, quote
+from collections.abc import Sequence
+
+from streamrec.errors import (
+    QUOTE_LIMIT,
+    BadRequest,
+    NotFound,
+    ServiceUnavailable,
+    StreamRecError,
+    quote,
+)
+
+#: One problem of a job spec: (dotted field, message, value, code).
+Problem = tuple[str, str, object, str]
 
 
 class ApiError(StreamRecError):
@@ -50,15 +62,24 @@ class SpecInvalid(ApiError, BadRequest):
     """A job spec that parses but cannot run (HTTP 422, in FastAPI's validation shape).
 
     Args:
-        errors: ``(field path, message, value)`` per problem, the path dotted from the body.
+        errors: ``(field path, message, value)`` per problem, the path dotted from the body,
+            or ``(field path, message, value, code)`` where a problem has a code of its own
+            (``path_refused``, ``endpoint_refused``; the default is this class's ``code``).
     """
 
     code = "invalid_spec"
     status = 422
 
-    def __init__(self, errors: list[tuple[str, str, object]]) -> None:
-        super().__init__("; ".join(f"{f}: {m}" for f, m, _ in errors))
-        self.errors = errors
+    def __init__(self, errors: Sequence[tuple[str, str, object] | Problem]) -> None:
+        self.errors: list[tuple[str, str, object]] = [(e[0], e[1], e[2]) for e in errors]
+        #: each problem's code, in the order of ``errors``
+        self.codes: list[str] = [e[3] if len(e) > 3 else self.code for e in errors]  # type: ignore[misc]
+        text = "; ".join(f"{f}: {m}" for f, m, _ in self.errors)
+        super().__init__(text if len(text) <= 4 * QUOTE_LIMIT else quote(text, 4 * QUOTE_LIMIT))
+
+    def problems(self) -> list[Problem]:
+        """``(field, message, value, code)`` per problem (to merge into another SpecInvalid)."""
+        return [(f, m, v, c) for (f, m, v), c in zip(self.errors, self.codes, strict=True)]
 
 
 class PathRefused(SpecInvalid):
@@ -67,7 +88,7 @@ class PathRefused(SpecInvalid):
     code = "path_refused"
 
     def __init__(self, field: str, value: str, roots: list[str]) -> None:
-        super().__init__([(field, f"{value!r} is outside the allowed roots {roots}", value)])
+        super().__init__([(field, f"{quote(value)} is outside the allowed roots {roots}", value)])
         self.field = field
         self.value = value
 

@@ -9,18 +9,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 from streamrec.api.errors import (
-    EndpointRefused,
     InvalidTransition,
     JobNotFound,
     PassNotFound,
-    PathRefused,
     SpecInvalid,
     TriggerNotFound,
 )
@@ -40,6 +36,7 @@ from streamrec.api.models import (
     WorkerPublic,
     stored_spec,
 )
+from streamrec.api.spec_checks import SpecPolicy, check_spec, resolve_under
 from streamrec.api.state import (
     ACTIVE_STATES,
     JobState,
@@ -54,29 +51,6 @@ from streamrec.control.channel import CommandType
 from streamrec.control.pool import NamespaceDrop
 from streamrec.control.trainer_config import END_LANDED, TrainerConfig
 from streamrec.layout import count_passes
-
-
-def check_under(field: str, value: str, roots: Sequence[Path]) -> Path:
-    """Resolves ``value`` and refuses it unless it lies under one of ``roots``.
-
-    Symlinks and ``..`` are resolved first, so ``/data/../etc`` is refused under ``/data``.
-    """
-    try:
-        path = Path(value).expanduser().resolve()
-    except (ValueError, RuntimeError, OSError) as exc:  # NUL byte, symlink loop, bad ~user
-        raise SpecInvalid([(field, f"cannot be resolved: {type(exc).__name__}", value)]) from None
-    for root in roots:
-        if path == root or path.is_relative_to(root):
-            return path
-    raise PathRefused(field, value, [str(r) for r in roots])
-
-
-def check_endpoints(field: str, endpoints: Sequence[str], allowed: Sequence[str]) -> None:
-    """Refuses any of ``endpoints`` that is not in ``allowed`` (the deployment's list; empty:
-    every endpoint is refused), naming ``field[i]`` and the value."""
-    for i, endpoint in enumerate(endpoints):
-        if endpoint not in allowed:
-            raise EndpointRefused(f"{field}[{i}]", endpoint, list(allowed))
 
 
 def trainer_config(spec: JobCreate, job_id: str | None = None) -> dict[str, Any]:
@@ -113,33 +87,36 @@ class Repo:
 
     Args:
         r: a client with ``decode_responses=True``.
-        data_roots / model_roots: allowed roots for job paths (empty: any path refused).
-        store_endpoints: store endpoints a job may name (empty: any endpoint refused).
+        policy: what a job may name (roots, endpoints, Redis URLs, binds); the default
+            allows nothing beyond the node.
     """
 
-    def __init__(
-        self,
-        r: redis.Redis,
-        data_roots: Sequence[Path] = (),
-        model_roots: Sequence[Path] = (),
-        store_endpoints: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, r: redis.Redis, policy: SpecPolicy | None = None) -> None:
         self.r = r
-        self.data_roots = list(data_roots)
-        self.model_roots = list(model_roots)
-        self.store_endpoints = list(store_endpoints)
+        self.policy = policy or SpecPolicy()
 
     # ---- jobs -------------------------------------------------------------------------
     def create_job(self, spec: JobCreate) -> JobPublic:
         """Stores a new job in state ``created`` with its streams and consumer groups."""
-        data_dir = check_under("data.train_data_dir", spec.data.train_data_dir, self.data_roots)
-        model_root = check_under(
-            "checkpoint.model_save_path", spec.checkpoint.model_save_path, self.model_roots
+        check_spec(spec, self.policy)
+        data_dir = resolve_under(
+            "data.train_data_dir", spec.data.train_data_dir, self.policy.data_roots
         )
-        check_endpoints("store.endpoints", spec.store.endpoints, self.store_endpoints)
+        model_root = resolve_under(
+            "checkpoint.model_save_path", spec.checkpoint.model_save_path, self.policy.model_roots
+        )
         spec = spec.model_copy(deep=True)
         spec.data.train_data_dir = str(data_dir)
         spec.checkpoint.model_save_path = str(model_root)
+        sampling = spec.model.get("negative_sampling")
+        if isinstance(sampling, dict) and isinstance(sampling.get("table_path"), str):
+            sampling["table_path"] = str(
+                resolve_under(
+                    "model.negative_sampling.table_path",
+                    sampling["table_path"],
+                    self.policy.data_roots,
+                )
+            )
         if spec.data.end_split == END_LANDED:  # stored as the split it is now: a fixed plan
             end = spec.data.landed_end()
             if end is None:

@@ -14,13 +14,20 @@ ignored.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import EqualJitterBackoff
 from redis.retry import Retry
 from redis.typing import EncodableT, FieldT
+
+#: The file holding Redis's password (AUTH), for every client of the control plane: the API,
+#: the trainers, ``streamrec up`` (a mounted Secret in Kubernetes). Never printed.
+PASSWORD_FILE_ENV = "STREAMREC_REDIS_PASSWORD_FILE"
 
 #: A hash, or the fields of a stream entry.
 Fields = dict[str, str]
@@ -44,6 +51,45 @@ def reconnecting(outage_s: float = 30.0) -> Retry:
     return Retry(
         backoff, retries=int(outage_s / 0.75) + 5, supported_errors=(redis.ConnectionError,)
     )
+
+
+def read_password(path: str | os.PathLike[str]) -> str:
+    """The password in the file at ``path`` (surrounding whitespace dropped); ValueError
+    naming the file (never the password) when it cannot be read or is empty."""
+    try:
+        text = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"Redis password file {str(path)!r}: {exc.strerror}") from None
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f"Redis password file {str(path)!r}: empty, or holds whitespace")
+    return text
+
+
+def with_password(url: str, password_file: str | os.PathLike[str] | None = None) -> str:
+    """``url`` carrying the password of ``password_file`` (None: ``$STREAMREC_REDIS_PASSWORD_FILE``)
+    as ``redis://:PASSWORD@host:port/db``, so every client made from it (the trainer's
+    channel, the pool's, the serving Redis's converter) authenticates. A URL that already
+    names a password, or no file at all, is returned as it is. Log :func:`redacted` instead.
+    """
+    path = password_file if password_file is not None else os.environ.get(PASSWORD_FILE_ENV)
+    if not path:
+        return url
+    parts = urlsplit(url)
+    if parts.password or parts.scheme not in ("redis", "rediss"):
+        return url
+    secret = quote(read_password(path), safe="")
+    user = quote(parts.username, safe="") if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{secret}@{parts.netloc}"))
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: what logs may print."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _encodable(fields: Mapping[str, str]) -> dict[FieldT, EncodableT]:

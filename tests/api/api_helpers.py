@@ -20,6 +20,9 @@ TOKEN = "test-token-0123456789"
 TEST_STORE_ENDPOINT = f"ipc://{tempfile.gettempdir()}/streamrec-test-{uuid.uuid4().hex[:12]}.sock"
 #: The store endpoints the test API allows jobs to name (``--store-endpoint``).
 STORE_ENDPOINTS = ["tcp://127.0.0.1:7701", TEST_STORE_ENDPOINT]
+#: A sampler address tests start a sampler on; allowed below (``--sampler-endpoint``).
+TEST_SAMPLER_ENDPOINT = f"ipc://{tempfile.gettempdir()}/streamrec-smp-{uuid.uuid4().hex[:12]}.sock"
+SAMPLER_ENDPOINTS = ["tcp://127.0.0.1:7700", TEST_SAMPLER_ENDPOINT]
 
 
 @dataclass
@@ -34,6 +37,7 @@ class ApiServer:
     env: dict[str, str] = field(default_factory=dict)
     extra: list[str] = field(default_factory=list)
     store_endpoints: list[str] = field(default_factory=lambda: list(STORE_ENDPOINTS))
+    sampler_endpoints: list[str] = field(default_factory=lambda: list(SAMPLER_ENDPOINTS))
     proc: subprocess.Popen | None = None
     log: Path | None = None
 
@@ -62,6 +66,9 @@ class ApiServer:
             "--log-level",
             "warning",
             *(arg for e in self.store_endpoints for arg in ("--store-endpoint", e)),
+            *(arg for e in self.sampler_endpoints for arg in ("--sampler-endpoint", e)),
+            "--online-redis-url",  # the tests' serving Redis is the API's own
+            self.redis_url,
             *self.extra,
         ]
         env = {"STREAMREC_API_LOCK_TTL_S": "0.5", **self.env}

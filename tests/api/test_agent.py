@@ -11,7 +11,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from api_helpers import TEST_STORE_ENDPOINT, wait_for
+from api_helpers import TEST_SAMPLER_ENDPOINT, TEST_STORE_ENDPOINT, wait_for
 from streamrec.process import spawn, stop_process
 
 SMALL_MODEL = {
@@ -273,8 +272,8 @@ def test_a_group_of_another_size_fails_the_job(client, roots, redis_server, tmp_
 
 @pytest.mark.timeout(180)
 def test_shards_of_another_tier_fail_the_job(client, roots, redis_server, tmp_path):
-    from streamrec.embedding_store import LocalShards
     from streamrec.control.trainer_config import TrainerConfig
+    from streamrec.embedding_store import LocalShards
     from streamrec.trainer.store import build_table_options
 
     tables = build_table_options(TrainerConfig.parse(SMALL_MODEL))
@@ -318,10 +317,9 @@ def test_negatives_and_threads_reach_the_trainer_group(client, roots, redis_serv
                 "skey": pa.array([""] * len(items)),
             }
         ),
-        tmp_path / "items.parquet",
+        data / "items.parquet",  # under the API's data root, as a job's table must be
     )
-    sock = tempfile.mkdtemp(prefix="agt-", dir="/tmp")  # ipc socket paths are short
-    endpoint = f"ipc://{sock}/sampler.sock"
+    endpoint = TEST_SAMPLER_ENDPOINT  # one the API allows (--sampler-endpoint)
     sampler = LocalRpcDataSampler("category", "slot_0", "weight", "skey", endpoint=endpoint)
     body = small_job(
         "negatives",
@@ -332,7 +330,7 @@ def test_negatives_and_threads_reach_the_trainer_group(client, roots, redis_serv
     )
     body["model"] = {
         **SMALL_MODEL,
-        "negative_sampling": {"table_path": str(tmp_path / "items.parquet"), "item_slot": 0},
+        "negative_sampling": {"table_path": str(data / "items.parquet"), "item_slot": 0},
     }
     job_id = started_job(client, body)
     agent = run_agent(redis_server.url, job_id, tmp_path / "agent.log")
@@ -357,7 +355,6 @@ def test_negatives_and_threads_reach_the_trainer_group(client, roots, redis_serv
         sampler.close()
         if pid:
             stop_server(pid)
-        shutil.rmtree(sock, ignore_errors=True)
     events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
     started = [e["data"] for e in events if e["type"] == "trainer"]
     assert [(s["ranks"], s["threads"]) for s in started] == [(1, 2)]
@@ -493,8 +490,8 @@ def test_a_failure_in_one_rank_moves_the_two_rank_job_on_fast(
     it at once: the job fails (bad data, on_bad_split: fail) or pass 2 is retried from
     checkpoint 1 and the job succeeds, each pass recorded once, well within the time rank 0
     used to wait in a gloo collective (600 s)."""
-    from streamrec.embedding_store import LocalShards
     from streamrec.control.trainer_config import TrainerConfig
+    from streamrec.embedding_store import LocalShards
     from streamrec.trainer.datagen import StreamParams, generate
     from streamrec.trainer.store import build_table_options
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import redis
 from api_helpers import TOKEN, job_body, wait_for
-from streamrec.control import keys
 from streamrec.api.state import change_state
+from streamrec.control import keys
 
 STATES = ["created", "running", "paused", "stopping", "stopped", "succeeded", "failed"]
 ACTIONS = ["start", "stop", "pause", "resume", "delete"]
@@ -311,7 +311,8 @@ def test_every_field_reaches_the_trainer_config_the_agent_reads(client, roots, r
     from streamrec.control.trainer_config import TrainerConfig
 
     body = job_body(roots, "wired", data_format="criteo")
-    body["model"] = {"negative_sampling": {"table_path": "/tables/items.parquet"}}
+    table = str(roots["data"] / "tables" / "items.parquet")
+    body["model"] = {"negative_sampling": {"table_path": table}}
     body["sampler"] = {"endpoint": "tcp://127.0.0.1:7700", "neg_num": 4}
     body["store"] = {"endpoints": ["tcp://127.0.0.1:7701"], "tier": "ssd"}
     body["resources"] = {"trainer_ranks": 2, "threads_per_rank": 3}
@@ -324,7 +325,7 @@ def test_every_field_reaches_the_trainer_config_the_agent_reads(client, roots, r
         ch.close()
     ns = t.negative_sampling
     assert (ns.enabled, ns.sample_size, ns.endpoint) == (True, 5, "tcp://127.0.0.1:7700")
-    assert ns.table_path == "/tables/items.parquet"
+    assert ns.table_path == table
     assert (t.store.endpoints, t.store.tier) == (["tcp://127.0.0.1:7701"], "ssd")
     assert (t.resources.trainer_ranks, t.resources.threads_per_rank) == (2, 3)
     assert t.runner.train_data_dir == str(roots["data"] / "wired")

@@ -1,0 +1,230 @@
+"""What a job may name, checked whole when it is created (every problem a 422 naming its field).
+
+The trainer config a job implies is validated by the trainer's own models
+(:class:`~streamrec.control.trainer_config.TrainerConfig`, in ``repo.trainer_config``); this
+module adds what only the deployment knows, so a job cannot point the trainers anywhere the
+API was not told to allow::
+
+    paths       data.train_data_dir, model.negative_sampling.table_path   under a data root
+                checkpoint.model_save_path                                 under a model root
+                every component at most NAME_MAX bytes (the filesystem's limit)
+    endpoints   store.endpoints (each once), sampler.endpoint              allow-listed
+    Redis       model.online.redis_url                                     allow-listed, and
+                                                                           carries no password
+    binds       model.runner.metrics_host                                  allow-listed hosts
+    tables      store.table_parameters, model.table_parameters             the store's
+                                                                           TableOptions rules
+
+A sampler endpoint or a serving Redis the deployment did not name would receive the
+data-plane token or the model's rows; a bind on every interface would publish a trainer's
+/metrics beyond the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+from streamrec.api.errors import EndpointRefused, PathRefused, Problem, SpecInvalid
+from streamrec.api.models import JobCreate
+from streamrec.errors import quote
+
+#: Longest path component (bytes, UTF-8): Linux's NAME_MAX; a longer one fails every open.
+NAME_MAX = 255
+#: Hosts a trainer's /metrics may bind without being allowed: the loopback.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+INVALID = SpecInvalid.code
+ENDPOINT = EndpointRefused.code
+
+#: Table options the trainer sets itself (one table per slot, dim from the model).
+TRAINER_TABLE_FIELDS = ("name", "dim", "embedx_dim")
+
+
+@dataclass(frozen=True)
+class SpecPolicy:
+    """What the deployment lets a job name (the API's settings).
+
+    Args:
+        data_roots / model_roots: resolved roots; a path outside all of them is refused.
+        store_endpoints: store shard endpoints a job may list (empty: none).
+        sampler_endpoints: sampler endpoints a job may name (empty: only the node-local
+            default, ``sampler.endpoint`` unset).
+        online_redis_urls: serving Redis URLs ``model.online.redis_url`` may name.
+        metrics_hosts: addresses ``model.runner.metrics_host`` may bind.
+    """
+
+    data_roots: Sequence[Path] = ()
+    model_roots: Sequence[Path] = ()
+    store_endpoints: Sequence[str] = ()
+    sampler_endpoints: Sequence[str] = ()
+    online_redis_urls: Sequence[str] = ()
+    metrics_hosts: Sequence[str] = field(default_factory=lambda: list(LOOPBACK_HOSTS))
+
+
+def resolve_under(field_name: str, value: str, roots: Sequence[Path]) -> Path:
+    """``value`` resolved (links and ``..``), provided it lies under one of ``roots`` and no
+    component is longer than :data:`NAME_MAX` bytes; :class:`SpecInvalid` naming the field."""
+    for part in Path(value).parts:
+        size = len(part.encode("utf-8", "surrogatepass"))
+        if size > NAME_MAX:
+            raise SpecInvalid(
+                [
+                    (
+                        field_name,
+                        f"a path component of {size} bytes is longer than NAME_MAX "
+                        f"({NAME_MAX}): {quote(part, 40)}",
+                        value,
+                    )
+                ]
+            )
+    try:
+        path = Path(value).expanduser().resolve()
+    except (ValueError, RuntimeError, OSError) as exc:  # NUL byte, symlink loop, bad ~user
+        raise SpecInvalid(
+            [(field_name, f"cannot be resolved: {type(exc).__name__}", value)]
+        ) from None
+    for root in roots:
+        if path == root or path.is_relative_to(root):
+            return path
+    raise PathRefused(field_name, value, [str(r) for r in roots])
+
+
+def _allowed(field_name: str, value: str, allowed: Sequence[str], what: str, flag: str) -> Problem:
+    where = f"one of {list(allowed)}" if allowed else f"none (no {flag} is configured)"
+    return (field_name, f"{quote(value)} is not an allowed {what}: {where}", value, ENDPOINT)
+
+
+def endpoint_problems(spec: JobCreate, policy: SpecPolicy) -> list[Problem]:
+    """Store endpoints listed twice or not allowed; a sampler endpoint not allowed."""
+    out: list[Problem] = []
+    seen: dict[str, int] = {}
+    for i, e in enumerate(spec.store.endpoints):
+        name = f"store.endpoints[{i}]"
+        if e in seen:
+            out.append(
+                (name, f"{quote(e)} is listed twice (also endpoints[{seen[e]}])", e, INVALID)
+            )
+        elif e not in policy.store_endpoints:
+            out.append(
+                _allowed(name, e, policy.store_endpoints, "store endpoint", "--store-endpoint")
+            )
+        seen.setdefault(e, i)
+    e = spec.sampler.endpoint
+    if e is not None and e not in policy.sampler_endpoints:
+        out.append(
+            _allowed(
+                "sampler.endpoint",
+                e,
+                policy.sampler_endpoints,
+                "sampler endpoint (unset: the trainer's node-local sampler)",
+                "--sampler-endpoint",
+            )
+        )
+    return out
+
+
+def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    value = cfg.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def model_problems(spec: JobCreate, policy: SpecPolicy) -> list[Problem]:
+    """``model`` fields that reach past the node: the online Redis, a metrics bind."""
+    out: list[Problem] = []
+    url = _section(spec.model, "online").get("redis_url")
+    if isinstance(url, str):
+        name = "model.online.redis_url"
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            password = None
+        if password:
+            out.append(
+                (
+                    name,
+                    "carries a password: a job spec is no place for a secret (the trainers "
+                    "read it from STREAMREC_REDIS_PASSWORD_FILE)",
+                    "redis://...",
+                    INVALID,
+                )
+            )
+        elif url not in policy.online_redis_urls:
+            out.append(
+                _allowed(name, url, policy.online_redis_urls, "serving Redis", "--online-redis-url")
+            )
+    host = _section(spec.model, "runner").get("metrics_host")
+    if isinstance(host, str) and host not in policy.metrics_hosts:
+        out.append(
+            _allowed(
+                "model.runner.metrics_host",
+                host,
+                policy.metrics_hosts,
+                "address for /metrics to bind",
+                "--metrics-host",
+            )
+        )
+    return out
+
+
+def table_problems(spec: JobCreate) -> list[Problem]:
+    """Table parameters checked by name and type with the store's ``TableOptions`` rules
+    (each field as the store reads it; unknown names refused). The store (and torch) is
+    imported by the first job that sets any."""
+    out: list[Problem] = []
+    sources = (
+        ("model.table_parameters", _section(spec.model, "table_parameters")),
+        ("store.table_parameters", spec.store.table_parameters),
+    )
+    if not any(params for _, params in sources):
+        return out
+    from streamrec.embedding_store import TableOptions
+
+    for where, params in sources:
+        for key in params:
+            if key in TRAINER_TABLE_FIELDS:
+                out.append(
+                    (
+                        f"{where}.{key}",
+                        "is set by the trainer (one table per slot, dim = "
+                        "model.hyper_parameters.arch_sparse_feature_size)",
+                        params[key],
+                        INVALID,
+                    )
+                )
+        checked = {k: v for k, v in params.items() if k not in TRAINER_TABLE_FIELDS}
+        try:
+            TableOptions.model_validate({**checked, "name": "slot_0", "dim": 2})
+        except ValidationError as exc:
+            for err in exc.errors():
+                loc = [str(p) for p in err["loc"]]
+                out.append((".".join([where, *loc]), err["msg"], err.get("input"), INVALID))
+    return out
+
+
+def check_spec(spec: JobCreate, policy: SpecPolicy) -> None:
+    """Every check above; one :class:`SpecInvalid` listing all the problems found."""
+    problems: list[Problem] = []
+    for name, value, roots in (
+        ("data.train_data_dir", spec.data.train_data_dir, policy.data_roots),
+        ("checkpoint.model_save_path", spec.checkpoint.model_save_path, policy.model_roots),
+        (
+            "model.negative_sampling.table_path",
+            _section(spec.model, "negative_sampling").get("table_path"),
+            policy.data_roots,
+        ),
+    ):
+        if not isinstance(value, str):
+            continue
+        try:
+            resolve_under(name, value, roots)
+        except SpecInvalid as exc:
+            problems.extend(exc.problems())
+    problems += endpoint_problems(spec, policy)
+    problems += model_problems(spec, policy)
+    problems += table_problems(spec)
+    if problems:
+        raise SpecInvalid(problems)
