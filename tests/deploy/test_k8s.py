@@ -475,3 +475,47 @@ def test_readme_steps_run_in_order() -> None:
     namespace = guide.index("kubectl create namespace streamrec")
     assert namespace < guide.index("kubectl -n streamrec create secret")
     assert "streamrec-trainer-job" not in guide
+
+
+def test_single_rank_groups_make_each_trainer_pod_a_group(tmp_path: Path) -> None:
+    """components/single-rank-groups after components/counts: 3 pods, 3 groups of 1 rank,
+    each meeting only itself and named after its pod (so scaling sizes the pool)."""
+    (tmp_path / "streamrec").symlink_to(ROOT)
+    mine = tmp_path / "my-cluster"
+    (mine / "counts").mkdir(parents=True)
+    components = "../streamrec/deploy/k8s/components"
+    (mine / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": ["../streamrec/deploy/k8s/overlays/cpu-dev"],
+                "components": [
+                    "counts",
+                    f"{components}/counts",
+                    f"{components}/single-rank-groups",
+                ],
+            }
+        )
+    )
+    (mine / "counts" / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+                "kind": "Component",
+                "replicas": [{"name": "trainer", "count": 3}],
+            }
+        )
+    )
+    r = Rendered("pool", tmp_path / "r.yaml", render(mine))
+    trainer = r.named("StatefulSet", "trainer")
+    assert trainer is not None and trainer["spec"]["replicas"] == 3
+    assert flag(trainer, "--nnodes") == "1"
+    assert flag(trainer, "--rdzv-endpoint") == "localhost:0"  # torchrun --standalone's
+    (c,) = trainer["spec"]["template"]["spec"]["containers"]
+    (name,) = [e for e in c["env"] if e["name"] == "STREAMREC_GROUP_NAME"]
+    assert name == {
+        "name": "STREAMREC_GROUP_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+    assert "components/single-rank-groups" in (K8S / "README.md").read_text()

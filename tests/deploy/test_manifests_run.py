@@ -16,8 +16,11 @@ rewritten by hand:
 
 Then the README's steps: the demo stream is written to the data volume, a job is created
 and started with two REST calls, and it must succeed on the trainer pool, whose group then
-goes back to the pool (its process keeps running). A flag, a port, a path or an env variable
-on which the manifests and the code disagree fails here.
+goes back to the pool (its process keeps running). A second layout, the README's overlay of
+one's own over cpu-dev with two trainer pods of one rank each
+(``components/single-rank-groups``), runs two jobs at once on the two groups of the pool.
+A flag, a port, a path or an env variable on which the manifests and the code disagree
+fails here.
 """
 
 from __future__ import annotations
@@ -47,12 +50,12 @@ VENV_BIN = Path(bin_path("streamrec-api")).parent
 JOB_TIMEOUT_S = 420.0
 
 
-def render() -> list[dict[str, Any]]:
+def render(overlay: Path) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl") or shutil.which("kubectl", path=str(ROOT / ".venv" / "bin"))
     if kubectl is None:
         pytest.fail("kubectl (>= 1.32, with kustomize) must be on PATH to render deploy/k8s")
     out = subprocess.run(
-        [kubectl, "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=120
+        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -221,6 +224,8 @@ class Cluster:
 
         def host(m: re.Match[str]) -> str:
             name = m.group(2)
+            if name == "localhost":  # the pod's own: no cluster name
+                return m.group(0)
             if re.fullmatch(r"127(\.\d+){3}", name):  # mapped already (env expanded in args)
                 return m.group(0)
             ip = own_ip if name == "0.0.0.0" and own_ip else self.hosts.get(name)
@@ -287,22 +292,82 @@ def wait_until(what: str, check: Any, timeout_s: float, cluster: Cluster) -> Any
         time.sleep(0.5)
 
 
+def single_rank_pool(tmp: Path, trainers: int) -> Path:
+    """An overlay of one's own over cpu-dev (the README's layout): ``trainers`` pods, each a
+    group of one rank (components/single-rank-groups)."""
+    (tmp / "streamrec").symlink_to(ROOT)
+    mine = tmp / "my-cluster"
+    (mine / "counts").mkdir(parents=True)
+    components = "../streamrec/deploy/k8s/components"
+    (mine / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": ["../streamrec/deploy/k8s/overlays/cpu-dev"],
+                "components": [
+                    "counts",
+                    f"{components}/counts",
+                    f"{components}/single-rank-groups",
+                ],
+            }
+        )
+    )
+    (mine / "counts" / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+                "kind": "Component",
+                "replicas": [{"name": "trainer", "count": trainers}],
+            }
+        )
+    )
+    return mine
+
+
+def job_body(name: str, data: Path, models: Path, endpoint: str) -> dict[str, Any]:
+    """The README's cpu-dev job: the demo stream, one endpoint, host tier, one CPU rank."""
+    return {
+        "name": name,
+        "data": {
+            "train_data_dir": str(data / "ctr"),
+            "start_day": "20190720",
+            "end_day": "20190720",
+            "split_interval": 360,
+            "split_per_pass": 1,
+            "data_donefile": "to.hadoop.done",
+            "data_format": "generated",
+        },
+        "checkpoint": {"model_save_path": str(models / name), "checkpoint_per_pass": 1},
+        "model": {"hyper_parameters": {"sparse_inputs_slots": 26, "arch_sparse_feature_size": 16}},
+        "store": {"endpoints": [endpoint], "tier": "host"},
+        "resources": {"trainer_ranks": 1, "device": "cpu"},
+    }
+
+
 @pytest.mark.slow
-def test_cpu_dev_manifests_run_a_job_started_over_rest(tmp_path: Path) -> None:
-    cluster = Cluster(render(), tmp_path)
+@pytest.mark.parametrize("layout", ["cpu-dev", "single-rank-pool"])
+def test_manifests_run_jobs_started_over_rest(tmp_path: Path, layout: str) -> None:
+    """cpu-dev as it is: one group, one job. With single-rank groups and two trainer pods:
+    two groups in the pool, two jobs at once."""
+    overlay = OVERLAY if layout == "cpu-dev" else single_rank_pool(tmp_path, trainers=2)
+    cluster = Cluster(render(overlay), tmp_path / "cluster")
+    trainers = [p for p in cluster.pods if p.name.startswith("trainer-")]
+    jobs = ["ctr"] if layout == "cpu-dev" else ["ctr-a", "ctr-b"]
+    assert len(trainers) == len(jobs)
     assert {p.name for p in cluster.pods} == {
         "api-0",
         "embedding-store-0",
         "redis-0",
         "sampler-0",
-        "trainer-0",
+        *(p.name for p in trainers),
     }
     try:
         for pod in cluster.pods:  # all at once, as a cluster starts them
             cluster.start(pod)
         api = cluster.pod("api-0")
         base = f"http://{api.ip}:{api.port('http')}"
-        (token,) = [v["api-token"] for k, v in cluster.secrets.items() if "api-token" in v]
+        (token,) = [v["api-token"] for v in cluster.secrets.values() if "api-token" in v]
         wait_until("the API ready", lambda: http("GET", f"{base}/readyz")[0] == 200, 90, cluster)
         # every scrape target answers on the port its monitor names
         for pod in cluster.pods:
@@ -313,77 +378,55 @@ def test_cpu_dev_manifests_run_a_job_started_over_rest(tmp_path: Path) -> None:
                 wait_until(
                     f"{pod.name} /metrics", lambda u=url: http("GET", u)[0] == 200, 120, cluster
                 )
+        idle = f'streamrec_api_pool_groups{{state="idle"}} {float(len(trainers))}'
+        wait_until(
+            "every group idle in the pool",
+            lambda: idle in str(http("GET", f"{base}/metrics")[1]),
+            120,
+            cluster,
+        )
 
         # the README's demo stream (cpu-dev: one file per split) on the data volume
-        data = cluster.pod("trainer-0").mounts["/data"]
-        models = cluster.pod("trainer-0").mounts["/models"]
+        data = trainers[0].mounts["/data"]
+        models = trainers[0].mounts["/models"]
         subprocess.run(
-            [
-                bin_path("streamrec-datagen"),
-                "--out",
-                str(data / "ctr"),
-                "--start-day",
-                "20190720",
-                "--days",
-                "1",
-                "--split-interval",
-                "360",
-                "--samples-per-split",
-                "400",
-                "--files-per-split",
-                "1",
-            ],
+            [bin_path("streamrec-datagen"), "--out", str(data / "ctr"), "--start-day", "20190720"]
+            + ["--days", "1", "--split-interval", "360", "--samples-per-split", "400"]
+            + ["--files-per-split", "1"],
             check=True,
             capture_output=True,
             timeout=120,
         )
         endpoint = cluster.resolve("tcp://embedding-store-0.embedding-store:5555")
-        status, job = http(
-            "POST",
-            f"{base}/v1/jobs",
-            token,
-            {
-                "name": "ctr",
-                "data": {
-                    "train_data_dir": str(data / "ctr"),
-                    "start_day": "20190720",
-                    "end_day": "20190720",
-                    "split_interval": 360,
-                    "split_per_pass": 1,
-                    "data_donefile": "to.hadoop.done",
-                    "data_format": "generated",
-                },
-                "checkpoint": {"model_save_path": str(models / "ctr"), "checkpoint_per_pass": 1},
-                "model": {
-                    "hyper_parameters": {"sparse_inputs_slots": 26, "arch_sparse_feature_size": 16}
-                },
-                "store": {"endpoints": [endpoint], "tier": "host"},
-                "resources": {"trainer_ranks": 1, "device": "cpu"},
-            },
-        )
-        assert status == 201, job
-        status, started = http("POST", f"{base}/v1/jobs/{job['id']}/start", token)
-        assert status == 200, started
+        ids = []
+        for name in jobs:  # REST calls only: create, start
+            status, job = http(
+                "POST", f"{base}/v1/jobs", token, job_body(name, data, models, endpoint)
+            )
+            assert status == 201, job
+            status, started = http("POST", f"{base}/v1/jobs/{job['id']}/start", token)
+            assert status == 200, started
+            ids.append(job["id"])
 
-        def state() -> str | None:
-            code, body = http("GET", f"{base}/v1/jobs/{job['id']}", token)
-            assert code == 200, body
-            assert body["state"] not in ("failed", "stopped"), body
-            return body["state"] == "succeeded" and body["state"]
+        def all_succeeded() -> bool:
+            states = []
+            for job_id in ids:
+                code, body = http("GET", f"{base}/v1/jobs/{job_id}", token)
+                assert code == 200, body
+                assert body["state"] not in ("failed", "stopped"), body
+                states.append(body["state"])
+            return all(s == "succeeded" for s in states)
 
-        wait_until("the job succeeded", state, JOB_TIMEOUT_S, cluster)
-        _, passes = http("GET", f"{base}/v1/jobs/{job['id']}/passes", token)
-        done = [p for p in passes["data"] if p["state"] == "done"]
-        assert len(done) == 4, passes
-        # the group went back to the pool: its process runs on, idle
-        trainer = cluster.pod("trainer-0")
-        assert trainer.proc is not None and trainer.proc.poll() is None, cluster.logs()
+        wait_until("every job succeeded", all_succeeded, JOB_TIMEOUT_S, cluster)
+        for job_id in ids:
+            _, passes = http("GET", f"{base}/v1/jobs/{job_id}/passes", token)
+            assert [p["state"] for p in passes["data"]] == ["done"] * 4, passes
+        # the groups went back to the pool: their processes run on, idle
+        for pod in trainers:
+            assert pod.proc is not None and pod.proc.poll() is None, cluster.logs()
         wait_until(
-            "the group idle in the pool",
-            lambda: (
-                'streamrec_api_pool_groups{state="idle"} 1.0'
-                in str(http("GET", f"{base}/metrics")[1])
-            ),
+            "every group idle in the pool again",
+            lambda: idle in str(http("GET", f"{base}/metrics")[1]),
             60,
             cluster,
         )
