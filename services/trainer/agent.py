@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from streamrec import layout
+from streamrec.control import redis_io
 from streamrec.control.channel import (
     TERMINAL_STATES,
     Command,
@@ -65,6 +66,7 @@ from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer.errors import PassFailed
+from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
 
 log = logging.getLogger("streamrec.trainer.agent")
@@ -280,8 +282,11 @@ class Agent:
         metrics_host: str | None = None,
         serve_metrics: bool = True,
         group: str | None = None,
+        guard: JobGuard | None = None,
     ) -> None:
         self.rank, self.world = ddp.env_world()
+        #: this trainer's own limits on a job read from Redis (job_guard.py)
+        self.guard = guard or JobGuard()
         #: runner fields this process sets over the job's (where its /metrics is: a
         #: property of the node it runs on, not of the job)
         self.runner_overrides: dict[str, Any] = {
@@ -322,7 +327,9 @@ class Agent:
             runner = data.get("runner")
             data = {**data, "runner": {**(runner if isinstance(runner, dict) else {})}}
             data["runner"].update(self.runner_overrides)
-        return TrainerConfig.parse(data, source=f"job {self.job_id}")
+        config = TrainerConfig.parse(data, source=f"job {self.job_id}")
+        self.guard.check(config)  # Redis is not trusted more than a REST body
+        return config
 
     def start(self) -> None:
         from streamrec.trainer.runner import OnlineTrainer
@@ -718,6 +725,18 @@ def build_parser() -> argparse.ArgumentParser:
         "job's runner.metrics_port)",
     )
     p.add_argument("--metrics-host", default=None, help="address /metrics binds")
+    p.add_argument(
+        "--redis-password-file",
+        default=None,
+        help="file holding Redis's password (default: $STREAMREC_REDIS_PASSWORD_FILE)",
+    )
+    for flag, what in (
+        ("--model-root", "a root a job's model_save_path must lie under"),
+        ("--data-root", "a root a job's train_data_dir and sampler table must lie under"),
+        ("--sampler-endpoint", "a sampler address a job may name (unset: the node-local one)"),
+        ("--online-redis-url", "a serving Redis a job may publish to"),
+    ):
+        p.add_argument(flag, action="append", default=[], help=f"{what} (repeatable)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -741,7 +760,21 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
     # released (Agent.close), not failed; the group leaves the pool
     signal.signal(signal.SIGTERM, _terminate)
+    guard = JobGuard.from_flags(
+        args.model_root, args.data_root, args.sampler_endpoint, args.online_redis_url
+    )
+    if not guard.enforce:
+        log.warning(
+            "INSECURE: no --model-root/--data-root/--sampler-endpoint: the paths and endpoints "
+            "of a job read from Redis are not checked by this trainer"
+        )
+    try:
+        args.redis_url = redis_io.with_password(args.redis_url, args.redis_password_file)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     agent_args: dict[str, Any] = {
+        "guard": guard,
         "heartbeat_ttl_s": args.heartbeat_ttl_s,
         "poll_ms": args.poll_ms,
         "stuck_timeout_s": args.stuck_timeout_s or None,

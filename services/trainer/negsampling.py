@@ -66,7 +66,9 @@ class NegativeSampler:
             config.skey_name,
             put_back=config.put_back,
             endpoint=config.endpoint,
-            auto_start=config.auto_start,
+            # a server is started only at this node's own default address: one at an address
+            # the job chose would serve (and outlive) whoever named it
+            auto_start=config.auto_start and config.endpoint is None,
         )
         if config.table_path and config.reload:
             self.sampler.reload(config.table_path)

@@ -1,0 +1,95 @@
+"""What a trainer group lets a job read from Redis make it do: paths under its own roots, the
+sampler only at an address it was told of.
+
+The API checks every job it stores (``streamrec.api.spec_checks``); a trainer config read
+back from Redis is checked again here against the trainer's own flags, because Redis is a
+second door: whoever can write a job's ``trainer_config`` there (a leaked password, a
+misconfigured network) could otherwise make the trainer write checkpoints, and delete an
+older ``<path>/<day>/<pass>``, anywhere it may write, or send the data-plane token to a
+listener of their choosing. Defence in depth: nothing in Redis is trusted more than a REST
+body.
+
+    runner.model_save_path               under a --model-root
+    runner.train_data_dir                under a --data-root
+    negative_sampling.table_path         under a --data-root
+    negative_sampling.endpoint           None (the node-local default) or a --sampler-endpoint
+    online.redis_url                     None or an --online-redis-url
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamrec.control.trainer_config import TrainerConfig
+from streamrec.errors import BadRequest, quote
+from streamrec.roots import confine, resolve_roots
+
+
+class EndpointRefused(BadRequest):
+    """A job's endpoint this trainer was not told to trust; the job fails, nothing is sent."""
+
+    code = "endpoint_refused"
+
+
+@dataclass(frozen=True)
+class JobGuard:
+    """The trainer's own limits on a job (``streamrec.trainer.agent`` flags).
+
+    Args:
+        model_roots / data_roots: where a job may write models / read data (resolved).
+        sampler_endpoints: sampler addresses a job may name besides the node-local default.
+        online_redis_urls: serving Redis URLs a job may publish to.
+        enforce: False when the trainer was given none of these flags (a local run, a test):
+            nothing is checked (the agent warns at start-up). ``streamrec up`` and the
+            manifests give them.
+    """
+
+    model_roots: Sequence[Path] = ()
+    data_roots: Sequence[Path] = ()
+    sampler_endpoints: Sequence[str] = ()
+    online_redis_urls: Sequence[str] = ()
+    enforce: bool = field(default=False)
+
+    @classmethod
+    def from_flags(
+        cls,
+        model_roots: Sequence[str | os.PathLike[str]] = (),
+        data_roots: Sequence[str | os.PathLike[str]] = (),
+        sampler_endpoints: Sequence[str] = (),
+        online_redis_urls: Sequence[str] = (),
+    ) -> JobGuard:
+        return cls(
+            resolve_roots(model_roots),
+            resolve_roots(data_roots),
+            tuple(sampler_endpoints),
+            tuple(online_redis_urls),
+            enforce=bool(model_roots or data_roots or sampler_endpoints or online_redis_urls),
+        )
+
+    def check(self, config: TrainerConfig) -> None:
+        """Raises :class:`~streamrec.errors.PathRefused` or :class:`EndpointRefused` naming
+        the first field of ``config`` outside this trainer's limits."""
+        if not self.enforce:
+            return
+        r, ns = config.runner, config.negative_sampling
+        confine("runner.model_save_path", r.model_save_path, self.model_roots)
+        confine("runner.train_data_dir", r.train_data_dir, self.data_roots, "--data-root")
+        if ns.enabled and ns.table_path:
+            confine("negative_sampling.table_path", ns.table_path, self.data_roots, "--data-root")
+        endpoint = config.negative_sampling.endpoint
+        ns_on = config.negative_sampling.enabled
+        if ns_on and endpoint is not None and endpoint not in self.sampler_endpoints:
+            raise EndpointRefused(
+                f"field 'negative_sampling.endpoint': {quote(endpoint)} is not a sampler "
+                f"this trainer trusts (--sampler-endpoint: {list(self.sampler_endpoints)}); "
+                f"unset, the node-local sampler is used"
+            )
+        url = config.online.redis_url
+        if url is not None and url not in self.online_redis_urls:
+            raise EndpointRefused(
+                f"field 'online.redis_url': {quote(url)} is not a serving Redis this trainer "
+                f"trusts (--online-redis-url)"
+            )
