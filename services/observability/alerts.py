@@ -280,17 +280,26 @@ ALERTS: list[Alert] = [
     ),
     Alert(
         # One pass at a time is handed out and taken within seconds: a pass that stays on
-        # the work stream means no group takes the job's work.
+        # the work stream of a job a group serves (it has a heartbeat age) means the group
+        # does not take it. A job waiting for a group is StreamRecNoTrainersForJob's.
         name="StreamRecWorkQueueGrowing",
-        expr=f"min_over_time(streamrec_api_work_queue_depth[15m]) > 0 and {LEADER}",
+        expr=(
+            "min_over_time(streamrec_api_work_queue_depth[15m]) > 0"
+            " and on (instance, job_id) streamrec_api_trainer_heartbeat_age_seconds"
+            f" and {LEADER}"
+        ),
         for_="5m",
         severity="warning",
         summary="Passes of job {{ $labels.job_id }} wait untaken on the work stream",
         description=(
             "Job {{ $labels.job_id }} has had {{ $value }} pass(es) handed out but not taken"
-            " by a trainer group for 20 minutes."
+            " by its trainer group for 20 minutes."
         ),
-        signals=("streamrec_api_work_queue_depth", "streamrec_api_scheduler_leader"),
+        signals=(
+            "streamrec_api_work_queue_depth",
+            "streamrec_api_trainer_heartbeat_age_seconds",
+            "streamrec_api_scheduler_leader",
+        ),
     ),
     Alert(
         name="StreamRecDataNotArriving",
