@@ -12,6 +12,9 @@ Two gauges per running job (:class:`~streamrec.api.metrics.ApiMetrics`):
   when training keeps up; shrinking during a backfill of data that landed long ago; growing
   when the data arrives faster than the trainers train.
 
+While no pass is in flight, :meth:`DataGauges.waiting_for` names the split the job waits
+for (REST ``waiting_for``, a ``data_wait`` event once per split: ``job_gauges.py``).
+
 Landing is probed on the job's data volume at most every ``probe_interval_s`` per job, with
 O(log n) donefile checks (data lands in order, so "ready" is a prefix of the passes).
 """
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from streamrec.api.lineage import job_plan
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import JobCreate, stored_spec
-from streamrec.layout import PassSpec, pass_ready
+from streamrec.layout import PassSpec, pass_ready, split_ready
 
 
 def data_time(p: PassSpec) -> float:
@@ -44,6 +47,14 @@ def landed_at(spec: JobCreate, p: PassSpec) -> float | None:
         except OSError:
             return None
     return max(times) if times else None
+
+
+def awaited_split(spec: JobCreate, p: PassSpec) -> str | None:
+    """``YYYYMMDD/HHMM`` of the first split of ``p`` that has not landed; None: all have."""
+    for split, d in zip(p.splits, p.split_dirs(spec.data.train_data_dir), strict=True):
+        if not split_ready(d, spec.data.data_donefile):
+            return f"{p.day}/{split}"
+    return None
 
 
 def newest_ready(spec: JobCreate, plan: list[PassSpec], start: int) -> int:
@@ -96,13 +107,7 @@ class DataGauges:
         if now - self._probed.get(job_id, float("-inf")) < self.probe_interval_s:
             return
         self._probed[job_id] = now
-        raw = fields.get("spec") or ""
-        cached = self._plans.get(job_id)
-        if cached is None or cached[0] != raw:
-            spec = stored_spec(raw)
-            cached = (raw, spec, job_plan(spec))
-            self._plans[job_id] = cached
-        _, spec, plan = cached
+        spec, plan = self._plan(job_id, fields)
         cursor = int(fields.get("cursor") or 0)
         in_flight = bool(fields.get("in_flight"))
         position = cursor - 1 if in_flight and cursor > 0 else cursor
@@ -116,6 +121,26 @@ class DataGauges:
             wait = max(now - since, 0.0)
         self.metrics.pass_lag.labels(job_id).set(max(lag, 0.0))
         self.metrics.data_wait.labels(job_id).set(wait)
+
+    def _plan(self, job_id: str, fields: dict[str, str]) -> tuple[JobCreate, list[PassSpec]]:
+        """The job's spec and plan, cached per job while its spec is unchanged."""
+        raw = fields.get("spec") or ""
+        cached = self._plans.get(job_id)
+        if cached is None or cached[0] != raw:
+            spec = stored_spec(raw)
+            cached = (raw, spec, job_plan(spec))
+            self._plans[job_id] = cached
+        return cached[1], cached[2]
+
+    def waiting_for(self, job_id: str, fields: dict[str, str]) -> str | None:
+        """``YYYYMMDD/HHMM``: the first split of the job's next pass whose donefile has not
+        landed, while no pass is in flight; None when the next pass is ready, in flight, or
+        there is none. At most ``split_per_pass`` stats, so it runs every tick."""
+        if fields.get("in_flight"):
+            return None
+        spec, plan = self._plan(job_id, fields)
+        cursor = int(fields.get("cursor") or 0)
+        return awaited_split(spec, plan[cursor]) if cursor < len(plan) else None
 
     def forget(self, job_id: str) -> None:
         """Drops what is cached for a job no longer running (its gauges: ``forget_running``)."""

@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
 from streamrec.api.data_gauges import DataGauges
 from streamrec.api.metrics import ApiMetrics
+from streamrec.api.models import stored_spec
 from streamrec.api.pool import WAITING
+from streamrec.api.state import event_fields
 from streamrec.control import keys, redis_io
 
 
@@ -59,10 +62,34 @@ class RunningJobGauges:
                 self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
             self.metrics.work_queue_depth.labels(job_id).set(depth)
             self.data.observe(job_id, fields)
+            self.note_wait(job_id, fields)
         for job_id in set(self._beats) - set(running):
             del self._beats[job_id]
             self.data.forget(job_id)
             self.metrics.forget_running(job_id)
+
+    def note_wait(self, job_id: str, fields: dict[str, str]) -> None:
+        """Keeps the job's ``waiting_for`` (the split its next pass waits for) in its hash,
+        and writes a ``data_wait`` event the first time each split is waited for."""
+        awaited = self.data.waiting_for(job_id, fields) or ""
+        if awaited == (fields.get("waiting_for") or ""):
+            return
+        with self.r.pipeline() as pipe:
+            pipe.hset(keys.job(job_id), "waiting_for", awaited)
+            if awaited:
+                spec = stored_spec(fields["spec"]).data
+                where = Path(spec.train_data_dir) / awaited
+                what = f"{where}/{spec.data_donefile}" if spec.data_donefile else str(where)
+                redis_io.xadd(
+                    pipe,
+                    keys.events(job_id),
+                    event_fields(
+                        "data_wait",
+                        f"waiting for split {awaited}: {what} is not there yet",
+                        {"split": awaited, "path": what},
+                    ),
+                )
+            pipe.execute()
 
     def _last_beat(self, job_id: str) -> tuple[float, float]:
         """(heartbeat ts, progress ts), wall clock: the live heartbeat's, else the last one

@@ -486,6 +486,13 @@ class JobPublic(BaseModel):
     passes_total: int
     passes_done: int
     in_flight: str | None = Field(None, description="the pass handed out, as 'YYYYMMDD/<id>'")
+    waiting_for: str | None = Field(
+        None,
+        description=(
+            "the split ('YYYYMMDD/HHMM') a running job's next pass waits for: its donefile has "
+            "not landed (None: in flight, ready, or not running)"
+        ),
+    )
     last_checkpoint: str | None = None
     error: str | None = None
     trainers: Literal["assigned", "waiting_for_trainers", "pinned"] | None = Field(

@@ -190,6 +190,11 @@ class Repo:
             passes_total=int(f["passes_total"]),
             passes_done=int(f["passes_done"]),
             in_flight=f.get("in_flight") or None,
+            waiting_for=(
+                f.get("waiting_for") or None
+                if f["state"] == JobState.RUNNING.value and not f.get("in_flight")
+                else None
+            ),
             last_checkpoint=f.get("last_checkpoint") or None,
             error=f.get("error") or None,
             trainers=f.get("trainers") or None,

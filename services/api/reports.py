@@ -218,6 +218,15 @@ class ReportApplier:
             self.metrics.pass_seconds.labels(job_id).observe(record["seconds"])
         if isinstance(record.get("samples"), int) and record["samples"] >= 0:
             self.metrics.pass_samples.labels(job_id).inc(record["samples"])
+        if record.get("samples") == 0:  # done, yet nothing trained: no AUC, no update
+            self.metrics.empty_passes.labels(job_id).inc()
+            self._event(
+                job_id,
+                "empty_pass",
+                f"pass {pk} had 0 samples: its splits held no usable line (no AUC, the model "
+                f"unchanged)",
+                {"pass": pk},
+            )
 
     def _on_pass_failed(self, job_id: str, data: dict[str, Any]) -> None:
         pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))

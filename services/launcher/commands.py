@@ -7,17 +7,31 @@ from PATH, else the Debian package's path.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from streamrec.launcher.prometheus import prometheus_binary
 from streamrec.process import bin_path
 
 
-def redis_command(port: int, directory: Path) -> list[str]:
-    """redis-server on 127.0.0.1:``port`` with an append-only file under ``directory``."""
+def redis_config(password_file: Path, config_file: Path) -> Path:
+    """Writes ``config_file`` (mode 0600) holding ``requirepass`` with the password of
+    ``password_file``: redis-server reads it from there, so the password is in no command
+    line (``ps`` shows every process's)."""
+    password = password_file.read_text().strip()
+    config_file.touch(mode=0o600)
+    config_file.chmod(0o600)
+    config_file.write_text(f"requirepass {password}\n")
+    return config_file
+
+
+def redis_command(port: int, directory: Path, config_file: Path | None = None) -> list[str]:
+    """redis-server on 127.0.0.1:``port`` with an append-only file under ``directory``; with
+    ``config_file`` (:func:`redis_config`) clients must authenticate."""
     server = shutil.which("redis-server") or "/usr/bin/redis-server"
     return [
         server,
+        *([] if config_file is None else [str(config_file)]),
         "--port",
         str(port),
         "--bind",
@@ -118,9 +132,11 @@ def api_command(
     data_root: Path,
     model_root: Path,
     store_endpoints: list[str],
+    sampler_endpoints: Sequence[str] = (),
 ) -> list[str]:
     """The control plane, allowed to read jobs' data under ``data_root`` only, to write
-    models under ``model_root`` only, and to give jobs the ``store_endpoints`` only."""
+    models under ``model_root`` only, and to give jobs the ``store_endpoints`` and the
+    ``sampler_endpoints`` only (Redis's password: ``$STREAMREC_REDIS_PASSWORD_FILE``)."""
     return [
         bin_path("streamrec-api"),
         "serve",
@@ -135,6 +151,7 @@ def api_command(
         "--model-root",
         str(model_root),
         *(arg for e in store_endpoints for arg in ("--store-endpoint", e)),
+        *(arg for e in sampler_endpoints for arg in ("--sampler-endpoint", e)),
         "--log-level",
         "warning",
     ]
@@ -192,11 +209,13 @@ def trainer_command(
     group_name: str,
     metrics_port: int | None = None,
     max_restarts: int = 10,
+    limits: Sequence[str] = (),
 ) -> list[str]:
     """A trainer group of ``ranks`` processes in the control plane's pool, named
     ``group_name``: torchrun's elastic agent (``--standalone``: c10d rendezvous on a free
     local port) restarts the whole group, up to ``max_restarts`` times, when a rank dies;
-    rank r serves /metrics on ``metrics_port`` + r (None: none)."""
+    rank r serves /metrics on ``metrics_port`` + r (None: none). ``limits``: the trainer's
+    own checks of a job (:func:`trainer_limits`)."""
     return [
         bin_path("torchrun"),
         "--standalone",
@@ -217,4 +236,19 @@ def trainer_command(
         "--log-level",
         "WARNING",
         *([] if metrics_port is None else ["--metrics-port", str(metrics_port)]),
+        *limits,
+    ]
+
+
+def trainer_limits(
+    model_root: Path, data_root: Path, sampler_endpoints: Sequence[str]
+) -> list[str]:
+    """The agent flags that confine a job read from Redis: its paths under the run's roots,
+    its sampler one of ``sampler_endpoints`` (streamrec.trainer.job_guard)."""
+    return [
+        "--model-root",
+        str(model_root),
+        "--data-root",
+        str(data_root),
+        *(arg for e in sampler_endpoints for arg in ("--sampler-endpoint", e)),
     ]

@@ -14,6 +14,12 @@ directory), at most ``--max-restarts`` times each (datagen, which lands the data
   its warm start loads the job's last checkpoint (the one the API names) into every shard,
   and the API hands the pass in flight out again from that checkpoint (the new group's
   heartbeat replaces the old one's).
+
+With ``--keep-running`` the supervision goes on after the job ends, until ``streamrec down``.
+Redis requires a password, new every run (``RUN/redis-password``, mode 0600, in
+``RUN/redis.conf`` for redis-server: in no command line); every child is told the file
+(``$STREAMREC_REDIS_PASSWORD_FILE``). The trainers check a job's paths and sampler against
+the run's roots and sampler (``commands.trainer_limits``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from typing import Any, TextIO
 import redis
 from streamrec.api.client import ApiClient
 from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
+from streamrec.control import redis_io
+from streamrec.control.redis_io import PASSWORD_FILE_ENV
 from streamrec.control.states import TERMINAL_STATES
 from streamrec.errors import RemoteError, ServiceUnavailable
 from streamrec.launcher import commands, prometheus
@@ -104,6 +112,8 @@ class Stack:
         self.prometheus_port = free_port() if args.prometheus else None
         # the data plane's peer token (streamrec.auth): every child gets it (env and flags)
         self.peer_token_file = self.run / "peer-token"
+        # Redis's password (AUTH), new every run: every child reads it from this file
+        self.redis_password_file = self.run / "redis-password"
         self.token = ""
         self.api: ApiClient | None = None
         self.job_id: str | None = None
@@ -140,6 +150,7 @@ class Stack:
                 "api_url": self.api_url,
                 "token_file": str(self.run / "api-token"),
                 "peer_token_file": str(self.peer_token_file),
+                "redis_password_file": str(self.redis_password_file),
                 "sampler_endpoint": self.sampler_endpoint,
                 "store_endpoints": self.store_endpoints,
                 "data_root": str(self.run / "data"),
@@ -178,13 +189,21 @@ class Stack:
         token_file.chmod(0o600)
         self.peer_token_file.unlink(missing_ok=True)  # a new token for every run
         write_token_file(self.peer_token_file)
+        self.redis_password_file.unlink(missing_ok=True)
+        self.redis_password_file.touch(mode=0o600)
+        self.redis_password_file.write_text(secrets.token_hex(24) + "\n")
+        commands.redis_config(self.redis_password_file, self.run / "redis.conf")
         tables = tables_config(self.args.slots, self.args.embedding_dim)
         (self.run / "tables.json").write_text(json.dumps(tables, indent=1))
 
     def add(
         self, name: str, args: list[str], restartable: bool, env: dict[str, str] | None = None
     ) -> Child:
-        env = {TOKEN_FILE_ENV: str(self.peer_token_file), **(env or {})}
+        env = {
+            TOKEN_FILE_ENV: str(self.peer_token_file),
+            PASSWORD_FILE_ENV: str(self.redis_password_file),
+            **(env or {}),
+        }
         child = Child(name, args, self.logs / f"{name}.log", restartable, env)
         child.start()
         self.children[name] = child
@@ -212,14 +231,23 @@ class Stack:
 
     def start_redis(self) -> None:
         child = self.add(
-            "redis", commands.redis_command(self.redis_port, self.run / "redis"), restartable=True
+            "redis",
+            commands.redis_command(self.redis_port, self.run / "redis", self.run / "redis.conf"),
+            restartable=True,
         )
         self.wait_redis(child)
-        self.say(f"  redis            {self.redis_url}  (appendonly, {self.run / 'redis'})")
+        self.say(
+            f"  redis            {self.redis_url}  (appendonly, {self.run / 'redis'}; password "
+            f"in {self.redis_password_file})"
+        )
 
     def wait_redis(self, child: Child) -> None:
         """Until Redis answers a PING (after loading its append-only file on a restart)."""
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis.from_url(
+            redis_io.with_password(self.redis_url, self.redis_password_file),
+            socket_timeout=1,
+            socket_connect_timeout=1,
+        )
         try:
             self.wait_until("redis-server", client.ping, child, 30)
         finally:
@@ -281,6 +309,7 @@ class Stack:
                 self.run / "data",
                 self.run / "models",
                 self.store_endpoints,
+                [self.sampler_endpoint],
             ),
             restartable=True,
         )
@@ -352,7 +381,12 @@ class Stack:
 
     def trainer_args(self, group: str) -> list[str]:
         port = self.trainer_metrics_ports[self.groups.index(group)]
-        return commands.trainer_command(self.args.trainers, self.redis_url, group, port)
+        limits = commands.trainer_limits(
+            self.run / "models", self.run / "data", [self.sampler_endpoint]
+        )
+        return commands.trainer_command(
+            self.args.trainers, self.redis_url, group, port, limits=limits
+        )
 
     def start_trainers(self) -> None:
         """The trainer pool: each group registers with the API and waits for a job."""
@@ -387,9 +421,21 @@ class Stack:
         self.summary()
         if a.keep_running and not self._stopping:
             self.say(f"services stay up (--keep-running): `streamrec down --run-dir {self.run}`")
-            while not self._stopping:
-                time.sleep(0.5)
+            self.supervise()
         return rc
+
+    def supervise(self) -> None:
+        """Until ``streamrec down`` (SIGTERM): restarts a service that exits, as during the
+        job (a sampler or shard that crashed after it is back for the next job)."""
+        while not self._stopping:
+            try:
+                self.check_children()
+            except StackError as exc:  # out of restarts: said once, the others stay up
+                self.say(f"! {exc}")
+                for child in self.children.values():
+                    if child.exited() is not None:
+                        child.done = True
+            time.sleep(0.5)
 
     # ---- supervision -------------------------------------------------------------------
     def check_children(self) -> None:

@@ -98,8 +98,9 @@ def rewrite_trainer_config(r, job_id: str, edit) -> None:
 
 def failed_with(client, job_id: str, agent, log: Path) -> str:
     job = wait_for(
-        lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("failed", "succeeded")
-        and j,
+        lambda: (
+            (j := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("failed", "succeeded") and j
+        ),
         timeout=120,
         interval=0.2,
         what=f"job ended; agent log: {log}",
@@ -143,7 +144,8 @@ def test_a_sampler_rewritten_into_redis_gets_no_token(
     rewrite_trainer_config(r, job_id, to_listener)
     assert client.post(f"/v1/jobs/{job_id}/start").status_code == 200
     log = tmp_path / "agent.log"
-    error = failed_with(client, job_id, run_guarded_agent(redis_server.url, job_id, roots, log), log)
+    agent = run_guarded_agent(redis_server.url, job_id, roots, log)
+    error = failed_with(client, job_id, agent, log)
     assert "negative_sampling.endpoint" in error and listener.endpoint in error
     assert listener.connections == 0 and not listener.received
 
@@ -169,7 +171,8 @@ def test_a_model_path_rewritten_into_redis_is_refused_by_the_trainer(
     rewrite_trainer_config(r, job_id, elsewhere)
     assert client.post(f"/v1/jobs/{job_id}/start").status_code == 200
     log = tmp_path / "agent.log"
-    error = failed_with(client, job_id, run_guarded_agent(redis_server.url, job_id, roots, log), log)
+    agent = run_guarded_agent(redis_server.url, job_id, roots, log)
+    error = failed_with(client, job_id, agent, log)
     assert "runner.model_save_path" in error and "outside the allowed roots" in error
     assert kept.read_text() == "not the trainer's"
     assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == [
