@@ -11,12 +11,11 @@ the events agree after every fault.
 
 from __future__ import annotations
 
-import json
 import time
 
 import redis
 from streamrec.api.models import JobCreate
-from streamrec.api.state import event_fields
+from streamrec.api.state import event_fields, watched
 from streamrec.control import keys, redis_io
 from streamrec.control.states import PassState
 from streamrec.layout import PassSpec, iter_passes
@@ -104,5 +103,5 @@ def rewind_for_start(r: redis.Redis, job_id: str, plan: list[PassSpec]) -> list[
         queue_rollback(pipe, job_id, rolled, ckpt, "the job starts again from its checkpoint")
         return rolled
 
-    rolled: list[str] = r.transaction(body, key, value_from_callable=True)  # type: ignore[arg-type]
-    return json.loads(json.dumps(rolled))
+    rolled = watched(r, body, key)
+    return list(rolled)

@@ -246,6 +246,9 @@ class ReportApplier:
                 failure=False,
             )
             return
+        if data.get("error_class") == "infra":  # a shard or the sampler unreachable
+            self._requeue(job_id, f, error, failure=False, infra=True)
+            return
         if data.get("error_class") != "data":  # transient: retried from the last checkpoint
             self._requeue(job_id, f, error)
             return
@@ -305,13 +308,18 @@ class ReportApplier:
             change_state(self.r, job_id, "stopped", reason="trainers stopped")
 
     def _on_released(self, job_id: str, data: dict[str, Any]) -> None:
-        """A group told to end (SIGTERM) gave its pass back: handed out again, no failure."""
+        """A group told to end (SIGTERM) gave its pass back: handed out again, no failure of
+        the pass, a restart of the group."""
         pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
         rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
         f = self.repo.job_fields(job_id)
         if f.get("in_flight") != pk or self._stale(job_id, rec, data):
             return
-        self._requeue(job_id, f, "released by a trainer group that was stopped", failure=False)
+        # SIGTERM: an evicted or deleted pod, or torchrun stopping the ranks that survived
+        # one that died; an infrastructure restart either way (budget, backoff), found at once
+        self._requeue(
+            job_id, f, "released by a trainer group that was stopped", failure=False, infra=True
+        )
 
     def _on_error(self, job_id: str, data: dict[str, Any]) -> None:
         self._event(job_id, "failure", f"trainer error: {str(data.get('message'))[:2000]}", data)

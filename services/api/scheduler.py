@@ -277,6 +277,8 @@ class Scheduler:
             else:
                 reason = f"trainer group {sorted(holders)} replaced by {beating!r}"
         else:
+            if self.reports.apply(job_id):  # what the group said as it went (e.g. released)
+                return  # first: the next tick judges what is left
             reason = "trainer group heartbeat expired"
         self.metrics.trainers_dead.labels(job_id).inc()
         self.requeue(job_id, f, reason, failure=False, infra=True)

@@ -15,7 +15,8 @@ PASS_HEADER = (
 )
 
 
-def _f(v: Any, width: int, digits: int = 4) -> str:
+def cell(v: Any, width: int, digits: int = 4) -> str:
+    """``v`` right-aligned in ``width`` with ``digits`` decimals; ``-`` when not a number."""
     return f"{v:>{width}.{digits}f}" if isinstance(v, int | float) else f"{'-':>{width}}"
 
 
@@ -23,7 +24,7 @@ def pass_row(p: dict[str, Any]) -> str:
     """The row of a finished pass, under :data:`PASS_HEADER`."""
     return (
         f"{p['day']:>8} {p['pass_id']:>4} {p.get('samples') or 0:>8} "
-        f"{_f(p.get('predict_auc'), 10)} {_f(p.get('train_auc'), 9)} "
-        f"{_f(p.get('best_auc'), 8)} {_f(p.get('logloss'), 8)} "
-        f"{_f(p.get('seconds'), 7, 1)}"
+        f"{cell(p.get('predict_auc'), 10)} {cell(p.get('train_auc'), 9)} "
+        f"{cell(p.get('best_auc'), 8)} {cell(p.get('logloss'), 8)} "
+        f"{cell(p.get('seconds'), 7, 1)}"
     )

@@ -9,7 +9,5 @@ Both sides import this package and nothing of each other:
   reports, heartbeats);
 * :mod:`~streamrec.control.trainer_config` the trainer config schema a job implies (the API
   validates a job's with it at create time; the trainer parses the same);
-* :mod:`~streamrec.control.redis_io` the typed Redis calls both sides make;
-* :mod:`~streamrec.control.pass_line` the one-line view of a finished pass (the demo's rows,
-  the trainer CLI's progress).
+* :mod:`~streamrec.control.redis_io` the typed Redis calls both sides make.
 """

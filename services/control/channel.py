@@ -12,7 +12,9 @@ Report kinds the scheduler understands (``report(kind, **data)``, :class:`Report
                                                follows the job's on_bad_split; "transient" is
                                                handed out again once, from the last checkpoint;
                                                "store_lost" (a shard lost the job's rows) goes
-                                               back to the last checkpoint, no failure
+                                               back to the last checkpoint, no failure;
+                                               "infra" (a shard or the sampler unreachable):
+                                               a restart of the group (budget, backoff)
     checkpoint     day, pass_id, path          a full checkpoint is complete on disk
     trigger_done   trigger_id, result          a checkpoint/export/shrink command finished
     trigger_failed trigger_id, error

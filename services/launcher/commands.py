@@ -223,6 +223,8 @@ def trainer_command(
         str(ranks),
         "--max-restarts",
         str(max_restarts),
+        "--rdzv-conf",
+        "timeout=600",  # the group's rendezvous (a restart waits for every rank this long)
         "-m",
         "streamrec.trainer.agent",
         "--redis-url",

@@ -10,27 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-PASS_HEADER = (
-    f"{'day':>8} {'pass':>4} {'samples':>8} {'predictAUC':>10} {'trainAUC':>9} "
-    f"{'bestAUC':>8} {'logloss':>8} {'seconds':>7}"
-)
+from streamrec.pass_line import cell
+
 SUMMARY_HEADER = (
     f"{'day':>8} {'pass':>4} {'predictAUC':>10} {'trainAUC':>9} {'bestAUC':>8} {'pred/best':>9}"
 )
-
-
-def _f(v: Any, width: int, digits: int = 4) -> str:
-    return f"{v:>{width}.{digits}f}" if isinstance(v, int | float) else f"{'-':>{width}}"
-
-
-def pass_row(p: dict[str, Any]) -> str:
-    """The live row of a finished pass, under :data:`PASS_HEADER`."""
-    return (
-        f"{p['day']:>8} {p['pass_id']:>4} {p.get('samples') or 0:>8} "
-        f"{_f(p.get('predict_auc'), 10)} {_f(p.get('train_auc'), 9)} "
-        f"{_f(p.get('best_auc'), 8)} {_f(p.get('logloss'), 8)} "
-        f"{_f(p.get('seconds'), 7, 1)}"
-    )
 
 
 def summary_row(p: dict[str, Any]) -> str:
@@ -39,8 +23,8 @@ def summary_row(p: dict[str, Any]) -> str:
     if p.get("predict_auc") is not None and p.get("best_auc"):
         ratio = p["predict_auc"] / p["best_auc"]
     return (
-        f"{p['day']:>8} {p['pass_id']:>4} {_f(p.get('predict_auc'), 10)} "
-        f"{_f(p.get('train_auc'), 9)} {_f(p.get('best_auc'), 8)} {_f(ratio, 9, 3)}"
+        f"{p['day']:>8} {p['pass_id']:>4} {cell(p.get('predict_auc'), 10)} "
+        f"{cell(p.get('train_auc'), 9)} {cell(p.get('best_auc'), 8)} {cell(ratio, 9, 3)}"
     )
 
 

@@ -50,8 +50,9 @@ from streamrec.launcher.children import Child
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.job import job_spec, tables_config
 from streamrec.launcher.plot import write_auc_png
-from streamrec.launcher.report import PASS_HEADER, pass_row, summary_lines
+from streamrec.launcher.report import summary_lines
 from streamrec.launcher.state import read_state, remove_state, write_state
+from streamrec.pass_line import PASS_HEADER, pass_row
 from streamrec.process import free_port, pid_alive
 from streamrec.wire import RpcClient
 

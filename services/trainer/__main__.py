@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 from streamrec.config import read_yaml_mapping
-from streamrec.control.pass_line import PASS_HEADER, pass_row
 from streamrec.control.trainer_config import TrainerConfig, flag_fields
 from streamrec.errors import BadRequest, StreamRecError
+from streamrec.pass_line import PASS_HEADER, pass_row
 from streamrec.trainer.errors import ConfigError
 
 log = logging.getLogger("streamrec.trainer")

@@ -41,21 +41,16 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from streamrec import layout
-from streamrec.control import redis_io
+from streamrec.control import keys, redis_io
 from streamrec.control.channel import (
     TERMINAL_STATES,
-    Command,
     CommandType,
     ReportKind,
     TrainerChannel,
@@ -63,193 +58,25 @@ from streamrec.control.channel import (
 )
 from streamrec.control.trainer_config import OnlineMode, TrainerConfig
 from streamrec.errors import BadRequest, NotFound, StreamRecError
-from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
-from streamrec.trainer.errors import PassFailed
+from streamrec.trainer.agent_steps import (
+    CHECKPOINT,
+    COMMAND_OPS,
+    EXIT,
+    EXPORT,
+    FRESH,
+    IDLE,
+    PASS,
+    STOP,
+    Step,
+    broadcast_step,
+)
+from streamrec.trainer.errors import PassFailed, error_class
 from streamrec.trainer.job_guard import JobGuard
+from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog, terminate
 from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
 
 log = logging.getLogger("streamrec.trainer.agent")
-
-# Step opcodes broadcast from rank 0 (header[0]).
-IDLE, PASS, CHECKPOINT, EXPORT, SHRINK, STOP, EXIT = range(7)
-#: The step a command asks for.
-COMMAND_OPS = {
-    CommandType.CHECKPOINT: CHECKPOINT,
-    CommandType.EXPORT: EXPORT,
-    CommandType.SHRINK: SHRINK,
-    CommandType.STOP: STOP,
-}
-#: Export mode <-> header[5]: 0 none, then 1 + its index in SAVE_MODES, then online.
-MODES: dict[str | None, int] = {
-    None: 0,
-    **{m: i + 1 for i, m in enumerate((*SAVE_MODES, OnlineMode.ONLINE.value))},
-}
-MODE_NAMES = {v: k for k, v in MODES.items()}
-#: op, day, pass_id, attempt, n_splits, mode, load day, load pass (0: none), skip bit mask
-HEADER = 9
-#: Exit code of a rank whose watchdog saw no progress for --stuck-timeout-s.
-STUCK_EXIT = 4
-#: ``Step.load`` of a step that starts the job afresh (no checkpoint to go back to).
-FRESH = ("fresh", 0)
-#: header[6] (load day) of FRESH.
-FRESH_DAY = -1
-
-
-@dataclass
-class Step:
-    """One unit of work, the same on every rank once broadcast."""
-
-    op: int
-    spec: layout.PassSpec | None = None
-    attempt: int = 1
-    mode: str | None = None
-    #: The checkpoint (day, pass_id) to load before the pass; None: go on in memory.
-    load: tuple[str, int] | None = None
-    #: Splits of ``spec`` left out (the job's on_bad_split: skip).
-    skip: tuple[str, ...] = ()
-    item: WorkItem | None = None  # rank 0 only: what to ack
-    command: Command | None = None  # rank 0 only: which trigger to report and ack
-
-
-def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-    """Header ``(9,) int64`` and splits ``(n,) int64`` (HHMM as integers)."""
-    spec = step.spec
-    splits = [int(s) for s in spec.splits] if spec else []
-    skip = sum(1 << i for i, s in enumerate(spec.splits) if s in step.skip) if spec else 0
-    header = torch.tensor(
-        [
-            step.op,
-            int(spec.day) if spec else 0,
-            spec.pass_id if spec else 0,
-            step.attempt,
-            len(splits),
-            MODES[step.mode],
-            FRESH_DAY if step.load == FRESH else int(step.load[0]) if step.load else 0,
-            step.load[1] if step.load else 0,
-            skip,
-        ],
-        dtype=torch.int64,
-    )
-    return header, torch.tensor(splits, dtype=torch.int64)
-
-
-def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
-    op, day, pass_id, attempt, _n, mode, load_day, load_pass, skip = (
-        int(v) for v in header.tolist()
-    )
-    spec = None
-    skipped: tuple[str, ...] = ()
-    if op == PASS:
-        spec = layout.PassSpec(f"{day:08d}", pass_id, tuple(f"{s:04d}" for s in splits.tolist()))
-        skipped = tuple(s for i, s in enumerate(spec.splits) if skip >> i & 1)
-    load = FRESH if load_day == FRESH_DAY else (f"{load_day:08d}", load_pass) if load_day else None
-    return Step(op, spec, attempt, MODE_NAMES[mode], load, skipped)
-
-
-def broadcast_step(step: Step | None, rank: int) -> Step:
-    """Rank 0's step to every rank (tensors only); identity when not distributed."""
-    if not ddp.active():
-        assert step is not None
-        return step
-    if rank == 0:
-        assert step is not None
-        header, splits = encode(step)
-    else:
-        header = torch.zeros(HEADER, dtype=torch.int64)
-    dist.broadcast(header, 0)
-    if rank != 0:
-        splits = torch.zeros(int(header[4]), dtype=torch.int64)
-    if int(header[4]):
-        dist.broadcast(splits, 0)
-    return step if rank == 0 else decode(header, splits)  # type: ignore[return-value]
-
-
-class Heartbeat:
-    """Renews the group's heartbeat every ``ttl/3`` seconds in a daemon thread.
-
-    torchrun starts each rank in its own session, so a launcher killed outright leaves its
-    ranks running; a rank whose parent changed (orphaned) stops beating and exits, so the
-    group is seen dead and its pass handed to the next group.
-    """
-
-    def __init__(
-        self,
-        channel: TrainerChannel,
-        ttl_s: float,
-        progress: Callable[[], dict[str, Any]] | None = None,
-        **info: Any,
-    ) -> None:
-        self.channel = channel
-        self.period = ttl_s / 3
-        self.info = info
-        #: The group's progress, sent with every beat (the API tells stuck from alive).
-        self.progress = progress or dict
-        self.parent = os.getppid()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="agent-heartbeat", daemon=True)
-
-    def start(self) -> None:
-        self.channel.heartbeat(**self.info, **self.progress())
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            if os.getppid() != self.parent:
-                log.error("launcher (pid %d) is gone: this rank exits", self.parent)
-                os._exit(3)
-            try:
-                self.channel.heartbeat(**self.info, **self.progress())
-            except Exception as exc:  # Redis blip: the next beat may succeed
-                log.warning("heartbeat failed: %s", exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-class Watchdog:
-    """Exits the process (code 4) when the rank has been working without progress for
-    ``timeout_s``: a rank stuck outside any bounded call (a collective is bounded by
-    ``distributed.timeout_s``) must not hold its group forever; its supervisor (torchrun,
-    Kubernetes) restarts the group and the API hands the pass out again.
-
-    ``busy_since()`` returns when the current work started (None while idle) and
-    ``progress_at()`` the last progress; both ``time.monotonic()``.
-    """
-
-    def __init__(
-        self,
-        timeout_s: float,
-        busy_since: Callable[[], float | None],
-        progress_at: Callable[[], float],
-    ) -> None:
-        self.timeout_s = timeout_s
-        self.busy_since = busy_since
-        self.progress_at = progress_at
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="agent-watchdog", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
-            since = self.busy_since()
-            if since is None:
-                continue
-            quiet = time.monotonic() - max(since, self.progress_at())
-            if quiet > self.timeout_s:
-                log.error(
-                    "no progress for %.0f s (stuck timeout %.0f s): this rank exits",
-                    quiet,
-                    self.timeout_s,
-                )
-                logging.shutdown()
-                os._exit(STUCK_EXIT)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 class Agent:
@@ -314,7 +141,7 @@ class Agent:
         self.busy_since: float | None = None
         self.last_progress = time.monotonic()
         self.watchdog = (
-            Watchdog(stuck_timeout_s, lambda: self.busy_since, self._progress_at)
+            Watchdog(stuck_timeout_s, lambda: self.busy_since, self._progress_at, self._stuck_limit)
             if stuck_timeout_s
             else None
         )
@@ -343,8 +170,9 @@ class Agent:
             "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
         )
         # the group outlives the job's trainer (a fresh start replaces the trainer)
+        dc = config.distributed
         _, _, self._own_group = ddp.init_from_env(
-            config.distributed.backend, config.distributed.timeout_s, device
+            dc.backend, max(dc.timeout_s, dc.checkpoint_timeout_s), device
         )
         self.job_config = config
         if self.rank == 0:  # beat from the start: warm start may take a while
@@ -427,6 +255,15 @@ class Agent:
             rolled = mark_rolled_back(self.trainer.model_root / PASSES_FILE, after)
             if rolled:
                 log.info("passes.jsonl: %s rolled back", ", ".join(rolled))
+
+    def _stuck_limit(self) -> float:
+        """The watchdog's limit now: the job's checkpoint timeout while the trainer saves or
+        loads a checkpoint (minutes of store I/O without a step), else --stuck-timeout-s."""
+        assert self.watchdog is not None
+        t = self.trainer
+        if t is not None and t.phase in ("save", "load"):
+            return max(self.watchdog.timeout_s, t.config.distributed.checkpoint_timeout_s)
+        return self.watchdog.timeout_s
 
     def _progress_at(self) -> float:
         t = self.trainer
@@ -655,35 +492,13 @@ class Agent:
         self.channel.close()
 
 
-#: What a store error that lost the job's rows says of itself (a shard restarted empty).
-STORE_LOST = ("ShardRestarted", "UnknownNamespace")
-
-
-def error_class(exc: BaseException) -> str:
-    """What kind of failure a pass had, for the control plane: ``data`` (the pass's own:
-    ``data.on_bad_split``), ``store_lost`` (a shard lost the job's rows: the job goes back
-    to a consistent start, no failed attempt) or ``transient`` (retried from the checkpoint).
-    Ranks quote each other's errors by type name, so the text is read too."""
-    if isinstance(exc, PassFailed) and exc.kind == "data":
-        return "data"
-    chain: BaseException | None = exc
-    while chain is not None:
-        if type(chain).__name__ in STORE_LOST or any(f"{n}:" in str(chain) for n in STORE_LOST):
-            return "store_lost"
-        chain = chain.__cause__
-    return "transient"
-
-
 def layout_key(found: tuple[str, int] | None) -> str | None:
     return None if found is None else f"{found[0]}/{found[1]}"
 
 
 def parse_key(key: str | None) -> tuple[str, int] | None:
     """``"20190720/3"`` -> ("20190720", 3); None or "" -> None."""
-    if not key:
-        return None
-    day, pass_id = key.split("/")
-    return day, int(pass_id)
+    return keys.parse_pass_key(key) if key else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -704,10 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
         "$STREAMREC_GROUP_NAME, else the host name)",
     )
     p.add_argument(
-        "--collective-timeout-s",
+        "--group-timeout-s",
         type=float,
-        default=30.0,
-        help="a pooled group's process-group timeout (a step's collectives)",
+        default=1800.0,
+        help="a pooled group's process-group timeout: the rendezvous of its ranks and a "
+        "checkpoint's agreement (a step's collectives wait the job's distributed.timeout_s)",
     )
     p.add_argument("--heartbeat-ttl-s", type=float, default=10.0)
     p.add_argument("--poll-ms", type=int, default=500)
@@ -741,16 +557,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: Set by SIGTERM: the rank was told to end (its pass is released, not a crash's to requeue).
-TERMINATING = threading.Event()
-
-
-def _terminate(signum: int, _frame: Any) -> None:
-    TERMINATING.set()
-    log.warning("SIGTERM: this rank ends (the pass in hand is released)")
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank = os.environ.get("RANK", "0")
@@ -759,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
     # released (Agent.close), not failed; the group leaves the pool
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, terminate)
     guard = JobGuard.from_flags(
         args.model_root, args.data_root, args.sampler_endpoint, args.online_redis_url
     )
@@ -790,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
             ttl_s=args.heartbeat_ttl_s,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host or "127.0.0.1",
-            collective_timeout_s=args.collective_timeout_s,
+            group_timeout_s=args.group_timeout_s,
         )
         try:
             return member.run()

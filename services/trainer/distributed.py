@@ -72,6 +72,22 @@ def init_from_env(
     return dist.get_rank(), dist.get_world_size(), True
 
 
+#: How long a collective inside a training step waits for the other ranks (the job's
+#: ``distributed.timeout_s``). The process group's own timeout is long (the rendezvous, a
+#: checkpoint's agreement: minutes); a step's collectives wait this long instead, per op.
+_step_timeout = dt.timedelta(seconds=30)
+
+
+def set_step_timeout(timeout_s: float) -> None:
+    global _step_timeout
+    _step_timeout = dt.timedelta(seconds=timeout_s)
+
+
+def _step_all_reduce(t: torch.Tensor) -> None:
+    """``all_reduce`` of a step: raises after the step timeout (a rank gone silent)."""
+    dist.all_reduce(t, async_op=True).wait(timeout=_step_timeout)
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -105,7 +121,7 @@ def sync_gradients(
     grads = [p.grad if (has_batch and p.grad is not None) else torch.zeros_like(p) for p in params]
     flags = torch.tensor([1.0 if has_batch else 0.0, 1.0 if failed else 0.0], device=device)
     flat = torch.cat([g.reshape(-1) for g in grads] + [flags])
-    dist.all_reduce(flat)
+    _step_all_reduce(flat)
     count, nfailed = (int(round(float(v))) for v in flat[-2:])
     if count == 0 or nfailed:
         return count, nfailed
@@ -152,7 +168,7 @@ def exchange_outcomes(code: int, marks: list[int], message: str = "") -> list[Ra
             list(raw), dtype=torch.int64
         )
     if world > 1:
-        dist.all_reduce(table)
+        dist.all_reduce(table)  # the group's long timeout: a save may run for minutes
     out = []
     for r, row in enumerate(table.tolist()):
         n = row[1]
@@ -164,7 +180,7 @@ def exchange_outcomes(code: int, marks: list[int], message: str = "") -> list[Ra
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum over ranks (in place) when distributed; the tensor itself otherwise."""
     if active():
-        dist.all_reduce(t)
+        _step_all_reduce(t)
     return t
 
 

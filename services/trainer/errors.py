@@ -72,3 +72,26 @@ class BadSplits(PassFailed, DataError):
     file and line, with the splits it was found in (``bad_splits``)."""
 
     code = "bad_data"
+
+
+#: What a store error that lost the job's rows says of itself (a shard restarted empty).
+STORE_LOST = ("ShardRestarted", "UnknownNamespace")
+#: What an unreachable service says of itself (a shard or the sampler down or restarting).
+UNREACHABLE = ("RpcTimeout", "ServiceUnavailable")
+
+
+def error_class(exc: BaseException) -> str:
+    """What kind of failure a pass had, for the control plane: ``data`` (the pass's own:
+    ``data.on_bad_split``), ``store_lost`` (a shard lost the job's rows: the job goes back
+    to a consistent start), ``infra`` (a shard or the sampler unreachable: a restart with
+    backoff, no failed attempt) or ``transient`` (retried once from the checkpoint). Ranks
+    quote each other's errors by type name, so the text is read too."""
+    if isinstance(exc, PassFailed) and exc.kind == "data":
+        return "data"
+    for kind, names in (("store_lost", STORE_LOST), ("infra", UNREACHABLE)):
+        chain: BaseException | None = exc
+        while chain is not None:
+            if type(chain).__name__ in names or any(f"{n}:" in str(chain) for n in names):
+                return kind
+            chain = chain.__cause__
+    return "transient"

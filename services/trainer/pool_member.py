@@ -52,8 +52,7 @@ def broadcast_assignment(a: Assignment | None, rank: int) -> Assignment | None:
         raw = a.encode().encode()[:ASSIGNMENT_BYTES]
         buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     dist.broadcast(buf, 0)
-    raw = bytes(buf.tolist()).rstrip(b"\0").decode()
-    return Assignment.decode(raw)
+    return Assignment.decode(bytes(buf.tolist()).rstrip(b"\0").decode())
 
 
 class PoolMember:
@@ -68,7 +67,8 @@ class PoolMember:
         ttl_s: the registration expires this long after rank 0's last renewal.
         metrics_port / metrics_host: where this rank serves /metrics for its whole life
             (port + local rank; 0 a free port; None: not served).
-        collective_timeout_s: the process group's timeout (a step's collectives).
+        group_timeout_s: the process group's timeout: the rendezvous of the ranks and a
+            checkpoint's agreement (a step's collectives wait the job's own, shorter, one).
     """
 
     def __init__(
@@ -80,7 +80,7 @@ class PoolMember:
         ttl_s: float = 10.0,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
-        collective_timeout_s: float = 30.0,
+        group_timeout_s: float = 1800.0,
     ) -> None:
         self.rank, self.world = ddp.env_world()
         self.redis_url = redis_url
@@ -90,7 +90,7 @@ class PoolMember:
         self.ttl_s = ttl_s
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
-        self.collective_timeout_s = collective_timeout_s
+        self.group_timeout_s = group_timeout_s
         #: The job this group works for now (rank 0's registration says it).
         self.job_id: str | None = None
         #: The token of the last assignment carried out (not to be run again).
@@ -111,7 +111,7 @@ class PoolMember:
     def start(self) -> None:
         """Joins the process group, serves /metrics, registers (rank 0)."""
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-        ddp.init_from_env(backend, self.collective_timeout_s)
+        ddp.init_from_env(backend, self.group_timeout_s)
         if self.metrics_port is not None:
             local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
             port = self.metrics_port + local_rank if self.metrics_port else 0

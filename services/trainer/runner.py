@@ -121,9 +121,15 @@ class OnlineTrainer:
                 f"store.endpoints to the embedding-store shards (an in-process store would "
                 f"give each rank its own)"
             )
+        dc = config.distributed
+        # the group waits long (a checkpoint's agreement); a step's collectives, timeout_s
         self.rank, self.world, self._own_group = ddp.init_from_env(
-            config.distributed.backend, config.distributed.timeout_s, self.device
+            dc.backend, max(dc.timeout_s, dc.checkpoint_timeout_s), self.device
         )
+        ddp.set_step_timeout(dc.timeout_s)
+        #: What the trainer does now ("idle", "train", "save", "load"): the agent's watchdog
+        #: allows a save or load its own, longer, time without progress.
+        self.phase = "idle"
         self.label = str(self.rank)
         self.tables = build_table_options(config)
         self._own_store = store is None
@@ -442,6 +448,7 @@ class OnlineTrainer:
             "world_size": self.world,
         }
         self.last_pass = (spec.day, spec.pass_id)
+        self.phase = "save"
         try:
             written = self._save_due(spec, checkpoint)
             record["checkpoint"] = str(written) if written is not None else None
@@ -449,7 +456,10 @@ class OnlineTrainer:
                 self.record_pass(record)
         except Exception as exc:
             failure = exc
-        self._together(spec, failure, files, "save")
+        try:
+            self._together(spec, failure, files, "save")
+        finally:
+            self.phase = "idle"
         self.clean = True
         m.observe_pass(
             self.label, record, pstats.malformed + tstats.malformed, r.predict_before_train
@@ -588,6 +598,13 @@ class OnlineTrainer:
         incomplete or corrupt on any."""
         directory = layout.checkpoint_dir(self.model_root, day, pass_id)
         self.clean = False  # until both parts are in
+        self.phase = "load"
+        try:
+            return self._load_checkpoint(directory, day, pass_id)
+        finally:
+            self.phase = "idle"
+
+    def _load_checkpoint(self, directory: Path, day: str, pass_id: int) -> tuple[str, int]:
         failure: Exception | None = None
         try:
             manifest, state = ckpt.read_checkpoint(directory)

@@ -118,9 +118,9 @@ class Stack:
         return child_pids(self.run)[group]
 
 
-def model(dim: int) -> dict[str, Any]:
+def model(dim: int, batch: int = 256) -> dict[str, Any]:
     return {
-        "runner": {"train_batch_size": 256},
+        "runner": {"train_batch_size": batch},
         "hyper_parameters": {
             "sparse_inputs_slots": 8,
             "arch_sparse_feature_size": dim,
@@ -222,7 +222,7 @@ def test_two_jobs_with_other_dims_run_at_once_on_their_own_rows(stack: Stack) ->
             namespace=job_id,
             auth_token_file=stack.run / "peer-token",
         ) as store:
-            tables = store.tables()
+            tables = store.tables
             assert {t.dim for t in tables.values()} == {dim}
             assert sum(store.size(t) for t in tables) > 0
     # a new job never reads another's rows: each starts near chance on its first pass
@@ -301,7 +301,8 @@ def kill_when_running(stack: Stack, job_id: str, pass_id: int, rank: int, sig: i
 
 def test_a_rank_killed_three_times_on_one_pass_does_not_fail_the_job(stack: Stack) -> None:
     stack.idle()
-    job_id = stack.create("killed", data={"split_per_pass": 4})  # 3 passes of 4 splits
+    # 3 passes of 4 splits, small batches: a pass lasts seconds, long enough to be seen running
+    job_id = stack.create("killed", data={"split_per_pass": 4}, model=model(8, batch=4))
     stack.call("POST", f"/{job_id}/start")
     pids = set()
     for n in range(3):
@@ -319,7 +320,7 @@ def test_a_rank_killed_three_times_on_one_pass_does_not_fail_the_job(stack: Stac
 
 def test_sigterm_of_a_rank_releases_its_pass(stack: Stack) -> None:
     stack.idle()
-    job_id = stack.create("sigterm", data={"split_per_pass": 4})
+    job_id = stack.create("sigterm", data={"split_per_pass": 4}, model=model(8, batch=4))
     stack.call("POST", f"/{job_id}/start")
     kill_when_running(stack, job_id, 2, 0, signal.SIGTERM)
     job = stack.wait_state(job_id, "succeeded", "failed")
@@ -328,6 +329,7 @@ def test_sigterm_of_a_rank_releases_its_pass(stack: Stack) -> None:
     assert any("released by a trainer group that was stopped" in e["message"] for e in events)
     p2 = next(p for p in stack.passes(job_id) if p["pass_id"] == 2)
     assert p2["failures"] == 0 and p2["state"] == "done"
+    assert stack.job(job_id)["restarts_total"] == 1  # an infrastructure restart, not a failure
 
 
 def test_a_shard_lost_before_the_first_checkpoint_replays_from_the_start(stack: Stack) -> None:

@@ -9,11 +9,12 @@ import textwrap
 import pytest
 from streamrec.layout import PassSpec
 from streamrec.trainer import distributed as ddp
-from streamrec.trainer.agent import PASS, STUCK_EXIT, Step, decode, encode
+from streamrec.trainer.agent_steps import PASS, Step, decode, encode
+from streamrec.trainer.liveness import STUCK_EXIT
 
 STUCK = textwrap.dedent("""
     import sys, time
-    from streamrec.trainer.agent import Watchdog
+    from streamrec.trainer.liveness import Watchdog
     t0 = time.monotonic()
     busy = float(sys.argv[1])
     dog = Watchdog(0.5, lambda: t0 if busy else None, lambda: t0)

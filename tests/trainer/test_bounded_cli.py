@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import yaml
-from streamrec.control.pass_line import PASS_HEADER, pass_row
 from streamrec.launcher import report
+from streamrec.pass_line import PASS_HEADER, pass_row
 from trainer_helpers import small_config, write_stream
 
 

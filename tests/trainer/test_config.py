@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 import yaml
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.errors import BadRequest
 from streamrec.trainer.__main__ import _train_parser, load_config
-from streamrec.control.trainer_config import TrainerConfig
 
 JOB = """
 runner:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from streamrec import layout
-from streamrec.process import bin_path
 from streamrec.control.trainer_config import TrainerConfig
+from streamrec.process import bin_path
 from streamrec.trainer.criteo_layout import LineReader, split_at
 from streamrec.trainer.data import CRITEO_SLOTS, NUM_DENSE, ParseStats, read_file
 from streamrec.trainer.runner import OnlineTrainer

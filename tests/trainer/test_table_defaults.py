@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from streamrec.embedding_store import EmbeddingStore, TableOptions
 from streamrec.control.trainer_config import TrainerConfig
+from streamrec.embedding_store import EmbeddingStore, TableOptions
 from streamrec.trainer.store import build_table_options
 
 DIM = 16
