@@ -47,7 +47,7 @@ THIRD_PARTY_IMAGES = {"redis"}
 #: (kind, name) the user creates out of band -> (its keys, the README line that says how).
 OUT_OF_BAND = {
     ("Secret", "streamrec-tokens"): (
-        {"api-token", "peer-token"},
+        {"api-token", "peer-token", "redis-password"},
         "kubectl -n streamrec create secret generic streamrec-tokens",
     ),
 }
@@ -287,7 +287,8 @@ def api_settings(r: Rendered) -> Any:
         (config,) = [c for c in r.of("ConfigMap") if c["metadata"]["name"] == ref]
         env.update(config["data"])
     env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
-    env.pop("STREAMREC_API_TOKEN_FILE", None)  # a mounted Secret: not here
+    for secret in ("STREAMREC_API_TOKEN_FILE", "STREAMREC_REDIS_PASSWORD_FILE"):
+        env.pop(secret, None)  # a mounted Secret: not here
     return Settings.load({"auth_disabled": True}, env=env)
 
 
