@@ -286,7 +286,25 @@ def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> No
         firing = p.drawn('ALERTS{alertstate="firing"}')
         assert not firing, f"alerts fired in a healthy stack: {[f['metric'] for f in firing]}"
         # (e) injected faults: each one's alert holds its condition (pending; the `for` that
-        # turns it firing is promtool's to test) while the fault lasts
+        # turns it firing is promtool's to test) while the fault lasts. Data that stops
+        # arriving: a job whose next split never lands; the wait StreamRecDataNotArriving
+        # reads (past 2 h) grows from the job's start.
+        api = ApiClient(state["api_url"], token)
+        try:
+            spec = api.job(state["job_id"])["spec"]
+            data = {**spec["data"], "start_day": "20190722", "end_day": "20190722"}
+            starved = api.create_job({**spec, "name": "starved", "data": data})["id"]
+            api.action(starved, "start")
+            wait_for(
+                "the starved job's data wait growing",
+                # probed every 30 s (data_gauges.py): 0 at the start, then past 5 s
+                lambda: p.series(f'streamrec_api_data_wait_seconds{{job_id="{starved}"}} > 5'),
+                60,
+                up,
+            )
+            api.action(starved, "stop")
+        finally:
+            api.close()
         children = (read_state(run) or {}).get("children") or {}
         for program, alert in (
             ("redis-server", "StreamRecRedisUnreachable"),
