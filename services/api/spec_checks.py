@@ -113,12 +113,12 @@ def endpoint_problems(spec: JobCreate, policy: SpecPolicy) -> list[Problem]:
                 _allowed(name, e, policy.store_endpoints, "store endpoint", "--store-endpoint")
             )
         seen.setdefault(e, i)
-    e = spec.sampler.endpoint
-    if e is not None and e not in policy.sampler_endpoints:
+    sampler = spec.sampler.endpoint
+    if sampler is not None and sampler not in policy.sampler_endpoints:
         out.append(
             _allowed(
                 "sampler.endpoint",
-                e,
+                sampler,
                 policy.sampler_endpoints,
                 "sampler endpoint (unset: the trainer's node-local sampler)",
                 "--sampler-endpoint",
