@@ -127,7 +127,7 @@ def encode(header: dict[str, Any], meta: Meta | None, arrays: Mapping[str, Any] 
     head = dict(header, v=PROTOCOL_VERSION, meta=meta or {}, arrays=descriptors)
     try:
         packed = msgpack.packb(head, use_bin_type=True)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. an int beyond 64 bits
         raise BadRequest(f"metadata cannot be encoded: {exc}") from exc
     return [packed, *buffers]
 
@@ -334,7 +334,7 @@ class RpcServer:
                 envelope, body = frames[:1], frames[1:]
                 if body and body[0].bytes == b"":
                     envelope, body = frames[:2], frames[2:]
-                reply = self._handle(body)
+                reply = self.handle(body)
                 # Dropped before the next wait: an idle worker would otherwise hold its last
                 # request's frames (up to max_message_bytes) until the next one comes.
                 del frames, body
@@ -345,7 +345,9 @@ class RpcServer:
         finally:
             sock.close(linger=0)
 
-    def _handle(self, body: list) -> list:
+    def handle(self, body: list) -> list:
+        """The reply frames to one request's frames (what a worker thread runs; the handler
+        fuzz target calls it in-process). Never raises."""
         started = time.perf_counter()
         op: object = "?"  # what the request names, checked below
         request_id: Any = None

@@ -21,7 +21,7 @@ SECONDS = 10
 
 
 def test_there_are_targets():
-    assert {"fuzz_wire.py", "fuzz_lines.py"} <= set(TARGETS)
+    assert {"fuzz_wire.py", "fuzz_lines.py", "fuzz_handlers.py"} <= set(TARGETS)
 
 
 @pytest.mark.slow
