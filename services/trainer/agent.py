@@ -579,6 +579,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    if redis_io.redacted(args.redis_url) == args.redis_url:  # no password in it
+        log.warning(
+            "INSECURE: Redis without a password (--redis-password-file or "
+            "STREAMREC_REDIS_PASSWORD_FILE): whoever reaches it may rewrite this group's jobs"
+        )
     agent_args: dict[str, Any] = {
         "guard": guard,
         "heartbeat_ttl_s": args.heartbeat_ttl_s,

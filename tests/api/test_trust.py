@@ -174,6 +174,7 @@ def test_a_model_path_rewritten_into_redis_is_refused_by_the_trainer(
     agent = run_guarded_agent(redis_server.url, job_id, roots, log)
     error = failed_with(client, job_id, agent, log)
     assert "runner.model_save_path" in error and "outside the allowed roots" in error
+    assert "INSECURE: Redis without a password" in log.read_text()  # this test's Redis has none
     assert kept.read_text() == "not the trainer's"
     assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == [
         Path("20190720"),
