@@ -5,6 +5,7 @@ The public API is what this module exports; other services import nothing else o
 
     from streamrec.embedding_store import EmbeddingStore, TableOptions, StoreEmbeddingBags
     from streamrec.embedding_store import EmbeddingStoreClient, LocalShards, unique_keys
+    from streamrec.embedding_store import SparseStore  # what the two stores above share
 
 See ``README.md`` in this directory for the semantics (seed 002), the tiers (seed 003) and
 where each concept lives.
@@ -34,6 +35,7 @@ from streamrec.embedding_store.options import (
     ZerosInitializer,
 )
 from streamrec.embedding_store.redis_converter import RedisConverter
+from streamrec.embedding_store.sparse_store import SparseStore
 from streamrec.embedding_store.store import EmbeddingStore
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "NormalInitializer",
     "PulledBatch",
     "SgdRuleParam",
+    "SparseStore",
     "StoreEmbeddingBags",
     "StoreOptions",
     "TableOptions",

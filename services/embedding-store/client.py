@@ -3,8 +3,7 @@
 A request is checked (:mod:`~streamrec.embedding_store.validation`, the in-process store's
 rules), routed (:mod:`~streamrec.embedding_store.routing`: deduplicated, split by shard,
 cut into requests of bounded size), sent to every shard at once and put back in the
-caller's order. This module holds the transport: one ZeroMQ socket per shard and thread,
-every request in flight at once, replies matched to requests.
+caller's order.
 
 ``push`` sums the gradients, shows and clicks of duplicate keys before sending, and checks
 them for NaN/Inf first, so a bad push writes nothing on any shard. The push of a training
@@ -12,27 +11,16 @@ step reuses the route of the pull that sent the same keys. The reply rows are sp
 and the push's repeats summed by C++ ops over every core (``take_rows``, ``sum_rows``:
 repeats in float64, in key order, as the store's update).
 
-``pull_many``/``push_many`` do the same for every table of a batch and send ONE request per
-shard holding each table's part for that shard (``counts`` per table, arrays concatenated and
-flattened, see :mod:`~streamrec.embedding_store.service`): a batch of 15 tables costs one
-round trip per shard instead of 15.
+``pull_many``/``push_many`` (and ``pull_rows``/``push_rows``, one block of every table's keys)
+send ONE request per shard holding each table's part (``counts`` per table): a batch of 15
+tables costs one round trip per shard instead of 15.
 
-Threads: the client may be shared by several threads (a prefetch thread pulls while the main
-thread pushes). Each thread gets its own ZeroMQ socket per shard (``threading.local``), so
-requests of different threads are in flight at the same time and never see each other's
-replies. A thread's sockets are closed when the thread ends (with its ``threading.local``)
-or at :meth:`EmbeddingStoreClient.close`, which closes those of every thread.
-
-Failures: a request that fails on one shard raises after every shard has answered; the other
-shards may have applied their part (a push is then partly applied, as with any parameter
-server; the client refuses malformed input before sending to avoid that in the common case).
-
-Restarts: the client holds the incarnation each shard first answered with
-(:mod:`~streamrec.embedding_store.incarnation`). A shard restarted empty at the same address
-answers its next data op (pull, push, shrink, advance_day, save) with
-:class:`~streamrec.embedding_store.errors.ShardRestarted` and does nothing; ``ping``,
-``size``, ``stats`` and ``load`` run. A full :meth:`EmbeddingStoreClient.load` (a checkpoint)
-takes the new incarnation, as :meth:`EmbeddingStoreClient.accept_restarts` does.
+Transport (:mod:`~streamrec.embedding_store.shard_link`): one ZeroMQ socket per shard and
+thread, every request in flight at once, failures raised after every shard has answered, and
+the incarnation of each shard: a shard restarted empty at the same address answers its next
+data op with :class:`~streamrec.embedding_store.errors.ShardRestarted`; a full
+:meth:`EmbeddingStoreClient.load` (a checkpoint) takes the new incarnation, as
+:meth:`EmbeddingStoreClient.accept_restarts` does.
 
 Namespaces (:mod:`~streamrec.embedding_store.namespaces`): a client made with ``namespace``
 creates its tables in that namespace on every shard (``create_tables``, idempotent) and sends
@@ -45,10 +33,8 @@ frees them. A shard that does not hold the namespace (restarted empty, or droppe
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import streamrec.embedding_store._C as _C
@@ -56,82 +42,36 @@ import torch
 from streamrec.auth import load_token
 from streamrec.embedding_store.config import shard_dir_name
 from streamrec.embedding_store.dedup import DedupPolicy
-from streamrec.embedding_store.errors import (
-    InvalidInput,
-    NonFiniteGradient,
-    ShardRestarted,
-    UnknownNamespace,
-    UnknownTable,
-)
-from streamrec.embedding_store.incarnation import Incarnations, restarted_message
+from streamrec.embedding_store.errors import UnknownTable
 from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, check_namespace
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.routing import (
     MAX_REQUEST_KEYS,
     Route,
     Router,
+    ShardPart,
     assemble,
+    assemble_block,
+    cut_arrays,
+    many_parts,
     request_cuts,
+    route_block,
+    split_many_replies,
 )
+from streamrec.embedding_store.shard_link import Request, ShardLink
+from streamrec.embedding_store.sparse_store import check_rows_layout
 from streamrec.embedding_store.stats import sum_stats
-from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
-from streamrec.errors import BadRequest, RemoteError
-from streamrec.keyhash import shard_of
+from streamrec.embedding_store.validation import (
+    as_floats,
+    as_keys,
+    check_aligned,
+    first_bad_value,
+    refuse_push,
+)
+from streamrec.errors import BadRequest
 from streamrec.malloc import keep_freed_memory
 from streamrec.save_modes import FULL_MODES, SAVE_MODES
-from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta, RpcClient
-
-
-class _ThreadSockets:
-    """One thread's RpcClients; closed when the thread ends and its local storage goes."""
-
-    def __init__(self, clients: list[RpcClient]) -> None:
-        self.clients = clients
-
-    def __del__(self) -> None:
-        for c in self.clients:
-            c.close()
-
-
-def _bad_value(columns: Mapping[str, Any]) -> tuple[str, int, bool] | None:
-    """The first value of push columns that may not be applied: (column, row, whether it is
-    NaN/Inf rather than negative), or None. grads must be finite, shows and clicks finite and
-    >= 0; a column is (n,) or (n, dim), a tensor or an array; other columns are skipped."""
-    for name in ("grads", "shows", "clicks"):
-        value = columns.get(name)
-        if value is None:
-            continue
-        v = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-        if not _C.all_finite(v):
-            finite = torch.isfinite(v.reshape(v.shape[0], -1)).all(dim=1)
-            return name, int((~finite).nonzero()[0, 0]), True
-        if name != "grads" and bool((v < 0).any()):
-            return name, int((v < 0).nonzero()[0, 0]), False
-    return None
-
-
-def _refuse(bad: tuple[str, int, bool], table: str, where: str) -> NoReturn:
-    """Raises the error for :func:`_bad_value`'s finding in ``table`` (``where``: which row)."""
-    name, _row, non_finite = bad
-    if non_finite:
-        raise NonFiniteGradient(
-            f"{name}: holds NaN or Inf ({where}); nothing was pushed to table {table!r}"
-        )
-    raise InvalidInput(f"{name}: must be >= 0 ({where}); nothing was pushed to table {table!r}")
-
-
-#: One shard's part of a pull_rows/push_rows call: (shard, counts (T,) int64, its keys, their
-#: positions among the caller's keys, or None when they are all of them in order).
-_ShardPart = tuple[int, np.ndarray, np.ndarray, torch.Tensor | None]
-
-
-def _check_rows(shard: int, values: np.ndarray, n: int, dim: int) -> None:
-    """Raises ``bad_reply`` unless a shard's reply holds (n, dim) float32 values."""
-    if values.dtype != np.float32 or values.size != n * dim:
-        raise RemoteError(
-            "bad_reply",
-            f"shard {shard} sent {values.size} {values.dtype} values, expected {n} x {dim} float32",
-        )
+from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta
 
 
 class EmbeddingStoreClient:
@@ -177,8 +117,6 @@ class EmbeddingStoreClient:
         namespace: str | None = None,
     ) -> None:
         self.namespace = check_namespace(namespace, "namespace")
-        # added to every request but ping (one dict merge per request, nothing per key)
-        self._ns_meta: Meta = {"namespace": self.namespace} if self.namespace else {}
         self._created: list[TableOptions] = []  # what create_tables made, made again on load
         if not endpoints:
             raise BadRequest("endpoints: at least one shard endpoint is needed, got []")
@@ -192,14 +130,14 @@ class EmbeddingStoreClient:
         self.num_shards = len(self.endpoints)
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
-        self._token = load_token(auth_token_file)
-        self._local = threading.local()
         self._router = Router(self.num_shards, policy)
-        # weak: the sockets of a thread that ended go with its threading.local storage
-        self._all_clients: weakref.WeakSet[RpcClient] = weakref.WeakSet()
-        self._clients_lock = threading.Lock()
-        self._closed = False
-        self._incarnations = Incarnations(self.endpoints)
+        self._link = ShardLink(
+            self.endpoints,
+            timeout_s,
+            max_message_bytes,
+            load_token(auth_token_file),
+            self.namespace,
+        )
         try:
             self._tables = self._check_shards(tables, check)
         except BaseException:
@@ -211,7 +149,7 @@ class EmbeddingStoreClient:
     ) -> dict[str, TableOptions]:
         """Pings every shard (index and count) and returns the tables they serve."""
         if ping:
-            for k, meta in enumerate(self._broadcast("ping")):
+            for k, meta in enumerate(self._link.broadcast("ping")):
                 if meta.get("shard_id") != k or meta.get("num_shards") != self.num_shards:
                     raise BadRequest(
                         f"endpoints[{k}] ({self.endpoints[k]}) serves shard "
@@ -235,97 +173,14 @@ class EmbeddingStoreClient:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _clients(self) -> list[RpcClient]:
-        """This thread's RpcClient per shard (made on first use)."""
-        if self._closed:
-            raise BadRequest("the EmbeddingStoreClient is closed")
-        held = getattr(self._local, "sockets", None)
-        if held is None:
-            held = _ThreadSockets(
-                [
-                    RpcClient(
-                        e,
-                        timeout_s=self.timeout_s,
-                        max_message_bytes=self.max_message_bytes,
-                        token=self._token,
-                    )
-                    for e in self.endpoints
-                ]
-            )
-            with self._clients_lock:
-                self._all_clients.update(held.clients)
-            self._local.sockets = held
-        return held.clients
-
-    def _exchange(
-        self, requests: list[tuple[int, str, Meta, Arrays]], adopt: bool = False
-    ) -> list[tuple[Meta, Arrays]]:
-        """Sends every (shard, op, meta, arrays) at once, then receives every reply in order.
-
-        Each reply's shard incarnation is checked (``adopt``: taken as the one to expect, see
-        :class:`~streamrec.embedding_store.incarnation.Incarnations`). Raises the first error
-        (a :class:`ShardRestarted` before any other) only after every reply is in (or timed
-        out), so no reply is left behind on a socket.
-        """
-        clients = self._clients()
-        known = self._incarnations
-        sent: list[tuple[int, str, int | None, BaseException | None]] = []
-        for shard, op, meta, arrays in requests:
-            if self._ns_meta and op != "ping":
-                meta = {**meta, **self._ns_meta}
-            try:
-                sent_id = clients[shard].send(op, known.expect(shard, op, meta), arrays)
-                sent.append((shard, op, sent_id, None))
-            except Exception as exc:  # refused before sending (e.g. over the size cap)
-                sent.append((shard, op, None, exc))
-        replies: list[tuple[Meta, Arrays]] = []
-        error: BaseException | None = None
-        for shard, op, request_id, failure in sent:
-            if failure is None and request_id is not None:
-                try:
-                    reply = clients[shard].receive(request_id)
-                    known.check(shard, op, reply[0], adopt)
-                    replies.append(reply)
-                    continue
-                except Exception as exc:
-                    failure = exc
-            replies.append(({}, {}))
-            if isinstance(failure, RemoteError) and failure.code == UnknownNamespace.code:
-                failure = UnknownNamespace(
-                    f"shard {shard} ({self.endpoints[shard]}) holds no namespace "
-                    f"{self.namespace!r}: it restarted empty, or the namespace was dropped "
-                    f"({failure.remote_message}); reload the job's last checkpoint "
-                    f"(EmbeddingStoreClient.load makes its tables again) or call "
-                    f"accept_restarts() to go on with fresh rows"
-                )
-            elif isinstance(failure, RemoteError) and failure.code == ShardRestarted.code:
-                failure = ShardRestarted(
-                    restarted_message(shard, self.endpoints[shard], failure.remote_message)
-                )
-            elif isinstance(failure, RemoteError):
-                failure.args = (f"shard {shard} ({self.endpoints[shard]}): {failure}",)
-            if error is None or (
-                isinstance(failure, ShardRestarted) and not isinstance(error, ShardRestarted)
-            ):
-                error = failure
-        if error is not None:
-            raise error
-        return replies
-
     def _create_tables(self) -> None:
         """Makes this client's tables in its namespace on every shard (idempotent)."""
         if self._created:
             tables = [t.model_dump(mode="json") for t in self._created]
-            self._broadcast("create_tables", {"tables": tables})
-
-    def _broadcast(self, op: str, meta: Meta | None = None, adopt: bool = False) -> list[Meta]:
-        requests: list[tuple[int, str, Meta, Arrays]] = [
-            (k, op, meta or {}, {}) for k in range(self.num_shards)
-        ]
-        return [m for m, _ in self._exchange(requests, adopt)]
+            self._link.broadcast("create_tables", {"tables": tables})
 
     def _fetch_tables(self) -> dict[str, TableOptions]:
-        meta, _ = self._exchange([(0, "tables", {}, {})])[0]
+        meta, _ = self._link.exchange([(0, "tables", {}, {})])[0]
         return {
             t["name"]: TableOptions.parse(t, source="tables from shard 0") for t in meta["tables"]
         }
@@ -334,18 +189,6 @@ class EmbeddingStoreClient:
         if not isinstance(table, str) or table not in self._tables:
             raise UnknownTable(f"unknown table {table!r}; tables: {sorted(self._tables)}")
         return self._tables[table]
-
-    def _cuts(self, bounds: list[int], dim: int) -> list[tuple[int, int, int]]:
-        """(shard, start, end) of each request (see ``routing.request_cuts``)."""
-        return request_cuts(bounds, dim, self.max_request_keys)
-
-    def _requests(
-        self, op: str, meta: Meta, grouped: dict[str, np.ndarray], cuts: list[tuple[int, int, int]]
-    ) -> list[tuple[int, str, Meta, Arrays]]:
-        """One request per cut, each array's rows [start, end)."""
-        return [
-            (k, op, meta, {name: arr[a:b] for name, arr in grouped.items()}) for k, a, b in cuts
-        ]
 
     def _assemble(
         self, table: str, r: Route, parts: list[tuple[int, int, np.ndarray]]
@@ -360,23 +203,10 @@ class EmbeddingStoreClient:
         tables: list[str],
         routes: list[Route],
         columns: list[dict[str, torch.Tensor]],
-    ) -> list[tuple[int, str, Meta, Arrays]]:
-        """One request per shard holding every table's part for that shard: ``counts`` (T,)
-        and each column's parts concatenated, flattened (tables may differ in dim)."""
-        requests = []
-        for k in range(self.num_shards):
-            counts = np.array([r.bounds[k + 1] - r.bounds[k] for r in routes], dtype=np.int64)
-            if not counts.any():
-                continue
-            arrays: Arrays = {"counts": counts}
-            for name in columns[0]:
-                flat = [
-                    cols[name][r.bounds[k] : r.bounds[k + 1]].reshape(-1)
-                    for r, cols in zip(routes, columns, strict=True)
-                ]
-                arrays[name] = torch.cat(flat).numpy()
-            requests.append((k, op, {**meta, "tables": list(tables)}, arrays))
-        return requests
+    ) -> list[Request]:
+        """One request per shard holding every table's part (``routing.many_parts``)."""
+        meta = {**meta, "tables": list(tables)}
+        return [(k, op, meta, arrays) for k, arrays in many_parts(routes, columns)]
 
     # -- the store interface ----------------------------------------------------------
 
@@ -397,8 +227,10 @@ class EmbeddingStoreClient:
             return torch.zeros((0, dim), dtype=torch.float32)
         r = self._router.route(table, keys_t)
         meta = {"table": table, "create": bool(create)}
-        cuts = self._cuts(r.bounds, dim)
-        replies = self._exchange(self._requests("pull", meta, {"keys": r.keys.numpy()}, cuts))
+        cuts = request_cuts(r.bounds, dim, self.max_request_keys)
+        replies = self._link.exchange(
+            [(k, "pull", meta, part) for k, part in cut_arrays({"keys": r.keys.numpy()}, cuts)]
+        )
         parts = [
             (k, b - a, reply["values"]) for (k, a, b), (_, reply) in zip(cuts, replies, strict=True)
         ]
@@ -430,17 +262,14 @@ class EmbeddingStoreClient:
             routes,
             [{"keys": r.keys} for r in routes],
         )
-        parts: list[list[tuple[int, int, np.ndarray]]] = [[] for _ in tables]
-        for (k, _, _, arrays), (_, reply) in zip(requests, self._exchange(requests), strict=True):
-            values = np.asarray(reply["values"]).reshape(-1)
-            cuts = np.cumsum(arrays["counts"] * np.asarray(dims, dtype=np.int64))
-            if values.size != (cuts[-1] if cuts.size else 0):
-                raise RemoteError(
-                    "bad_reply",
-                    f"shard {k} sent {values.size} values, expected {int(cuts[-1])}",
-                )
-            for t, v in enumerate(np.split(values, cuts[:-1])):
-                parts[t].append((k, int(arrays["counts"][t]), v))
+        replies = self._link.exchange(requests)
+        parts = split_many_replies(
+            [
+                (k, arrays["counts"], reply["values"])
+                for (k, _, _, arrays), (_, reply) in zip(requests, replies, strict=True)
+            ],
+            dims,
+        )
         return [self._assemble(t, r, p) for t, r, p in zip(tables, routes, parts, strict=True)]
 
     # -- every table of a batch as one block of rows (the trainer's fused path) ---------
@@ -466,19 +295,10 @@ class EmbeddingStoreClient:
         dim, keys_t, plan = self._rows_plan(tables, keys, counts)
         meta = {"create": bool(create), "tables": list(tables)}
         requests = [(k, "pull_many", meta, {"counts": c, "keys": kk}) for k, c, kk, _ in plan]
-        replies = self._exchange(requests)
-        if len(plan) == 1 and plan[0][3] is None:  # one shard, the caller's order
-            values = np.asarray(replies[0][1].get("values"))
-            _check_rows(plan[0][0], values, keys_t.numel(), dim)
-            rows = torch.from_numpy(values if values.flags.writeable else values.copy())
-            return rows.view(keys_t.numel(), dim)
-        out = torch.empty(keys_t.numel(), dim)
-        for (k, _, kk, where), (_, reply) in zip(plan, replies, strict=True):
-            assert where is not None  # several shards: each part has its positions
-            values = np.asarray(reply.get("values"))
-            _check_rows(k, values, kk.size, dim)
-            out.index_copy_(0, where, torch.from_numpy(values).view(kk.size, dim))
-        return out
+        replies = self._link.exchange(requests)
+        return assemble_block(
+            plan, [reply.get("values") for _, reply in replies], keys_t.numel(), dim
+        )
 
     def push_rows(
         self,
@@ -509,10 +329,10 @@ class EmbeddingStoreClient:
             columns[name] = (
                 torch.full((n,), fill) if value is None else as_floats(value, name, (n,))
             )
-        bad = _bad_value(columns)
+        bad = first_bad_value(columns)
         if bad is not None:
             table = tables[int(np.searchsorted(np.cumsum(counts), bad[1], side="right"))]
-            _refuse(bad, table, f"key {bad[1]} of {n}")
+            refuse_push(bad, table, f"key {bad[1]} of {n}")
         requests = []
         for k, c, kk, where in plan:
             arrays: Arrays = {"counts": c, "keys": kk}
@@ -520,46 +340,18 @@ class EmbeddingStoreClient:
                 part = v if where is None else v.index_select(0, where)
                 arrays[name] = part.reshape(-1).numpy()
             requests.append((k, "push_many", {"tables": list(tables)}, arrays))
-        self._exchange(requests)
+        self._link.exchange(requests)
 
     def _rows_plan(
         self, tables: list[str], keys: Any, counts: list[int]
-    ) -> tuple[int, torch.Tensor, list[_ShardPart]]:
+    ) -> tuple[int, torch.Tensor, list[ShardPart]]:
         """Checks a :meth:`pull_rows`/:meth:`push_rows` call and routes its keys: (dim, keys,
-        per shard with keys (shard, counts (T,) int64, its keys, their positions among the
-        caller's keys, None when they are all of them in order))."""
+        each shard's part, ``routing.route_block``)."""
         check_aligned(tables, counts=counts)
-        dims = {self._table(t).checked_dim() for t in tables}
-        if len(dims) > 1:
-            raise InvalidInput(f"tables must share one dim for one block of rows, got {dims}")
         keys_t = as_keys(keys)
-        if (
-            any(not isinstance(c, int | np.integer) or isinstance(c, bool) or c < 0 for c in counts)
-            or sum(counts) != keys_t.numel()
-        ):
-            raise InvalidInput(
-                f"counts must be T ints >= 0 summing to the {keys_t.numel()} keys, got "
-                f"{list(counts)!r:.200}"
-            )
-        dim = dims.pop() if dims else 0
-        counts_arr = np.asarray(counts, dtype=np.int64)
-        if keys_t.numel() == 0:
-            return dim, keys_t, []
-        if self.num_shards == 1:
-            return dim, keys_t, [(0, counts_arr, keys_t.numpy(), None)]
-        arr = keys_t.numpy()
-        owner = shard_of(arr, self.num_shards)
-        table_of = np.repeat(np.arange(len(tables)), counts_arr)
-        per = np.bincount(owner * len(tables) + table_of, minlength=self.num_shards * len(tables))
-        per = per.reshape(self.num_shards, len(tables))
-        order = np.argsort(owner, kind="stable")  # table-major within each shard
-        bounds = np.concatenate([[0], np.cumsum(per.sum(axis=1))])
-        plan: list[_ShardPart] = []
-        for k in range(self.num_shards):
-            where = order[bounds[k] : bounds[k + 1]]
-            if where.size:
-                plan.append((k, per[k], arr[where], torch.from_numpy(where)))
-        return dim, keys_t, plan
+        dims = {self._table(t).checked_dim() for t in tables}
+        dim = check_rows_layout(tables, keys_t, counts, dims)
+        return dim, keys_t, route_block(keys_t, counts, self.num_shards)
 
     def push(
         self, table: str, keys: Any, grads: Any, shows: Any = None, clicks: Any = None
@@ -573,8 +365,9 @@ class EmbeddingStoreClient:
             return
         r, columns = checked
         grouped = {name: v.numpy() for name, v in columns.items()}
-        cuts = self._cuts(r.bounds, self._tables[table].checked_dim())
-        self._exchange(self._requests("push", {"table": table}, grouped, cuts))
+        cuts = request_cuts(r.bounds, self._tables[table].checked_dim(), self.max_request_keys)
+        meta = {"table": table}
+        self._link.exchange([(k, "push", meta, part) for k, part in cut_arrays(grouped, cuts)])
 
     def push_many(
         self,
@@ -619,12 +412,12 @@ class EmbeddingStoreClient:
             [r for _, (r, _) in kept],
             [c for _, (_, c) in kept],
         )
-        if any(_bad_value(arrays) for _, _, _, arrays in requests):
+        if any(first_bad_value(arrays) for _, _, _, arrays in requests):
             for t, (_, cols) in kept:  # the first bad table, named in the error
-                bad = _bad_value(cols)
+                bad = first_bad_value(cols)
                 if bad is not None:
-                    _refuse(bad, t, "after summing duplicate keys")
-        self._exchange(requests)
+                    refuse_push(bad, t, "after summing duplicate keys")
+        self._link.exchange(requests)
 
     def _push_columns(
         self, table: str, keys: Any, grads: Any, shows: Any, clicks: Any, check: bool = True
@@ -654,32 +447,36 @@ class EmbeddingStoreClient:
                 columns[name] = summed.view((u, *v.shape[1:]))
         if u < n and "shows" not in columns:  # the store's 1 show per occurrence
             columns["shows"] = torch.bincount(r.inverse, minlength=u).to(torch.float32)
-        bad = _bad_value(columns) if check else None
+        bad = first_bad_value(columns) if check else None
         if bad is not None:
-            _refuse(bad, table, "after summing duplicate keys")
+            refuse_push(bad, table, "after summing duplicate keys")
         return r, {"keys": r.keys, **columns}
+
+    def resident_device(self) -> None:
+        """The rows live in the shards' processes: pulled into host memory (``SparseStore``)."""
+        return None
 
     def size(self, table: str) -> int:
         """Rows of ``table`` over all shards."""
         self._table(table)
-        return sum(int(m["size"]) for m in self._broadcast("size", {"table": table}))
+        return sum(int(m["size"]) for m in self._link.broadcast("size", {"table": table}))
 
     def sizes(self, table: str) -> list[int]:
         """Rows of ``table`` per shard."""
         self._table(table)
-        return [int(m["size"]) for m in self._broadcast("size", {"table": table})]
+        return [int(m["size"]) for m in self._link.broadcast("size", {"table": table})]
 
     def shrink(self) -> dict[str, int]:
         """Shrinks every shard; returns rows deleted per table (summed over shards)."""
         total: dict[str, int] = {}
-        for meta in self._broadcast("shrink"):
+        for meta in self._link.broadcast("shrink"):
             for name, count in (meta.get("deleted") or {}).items():
                 total[name] = total.get(name, 0) + int(count)
         return total
 
     def advance_day(self) -> None:
         """Advances the day on every shard (unseen-day counters, decay at the next shrink)."""
-        self._broadcast("advance_day")
+        self._link.broadcast("advance_day")
 
     def save(
         self, path: str, mode: str = "checkpoint", converter: str | None = None
@@ -700,7 +497,7 @@ class EmbeddingStoreClient:
         if mode not in SAVE_MODES:
             raise BadRequest(f"mode must be one of {list(SAVE_MODES)}, got {mode!r}")
         meta = {"path": str(path), "mode": mode, **self._converter_meta(converter)}
-        metas = self._broadcast("save", meta)
+        metas = self._link.broadcast("save", meta)
         return {"path": str(path), "mode": mode, "num_shards": self.num_shards, "shards": metas}
 
     def load(self, path: str, converter: str | None = None) -> None:
@@ -715,8 +512,8 @@ class EmbeddingStoreClient:
         """
         meta = {"path": str(path), **self._converter_meta(converter)}
         self._create_tables()  # a shard restarted empty holds the namespace again
-        modes = {m.get("mode") for m in self._broadcast("load", {**meta, "verify_only": True})}
-        self._broadcast("load", meta, adopt=modes <= FULL_MODES)
+        modes = {m.get("mode") for m in self._link.broadcast("load", {**meta, "verify_only": True})}
+        self._link.broadcast("load", meta, adopt=modes <= FULL_MODES)
 
     def accept_restarts(self, incarnations: list[int | None] | None = None) -> list[str]:
         """Goes on with the shards as they are: a restarted (empty) shard is served again.
@@ -732,11 +529,11 @@ class EmbeddingStoreClient:
             the endpoints of the shards that had restarted.
         """
         if incarnations is not None:
-            return self._incarnations.adopt(incarnations)
+            return self._link.incarnations.adopt(incarnations)
         self._create_tables()  # a shard restarted empty holds the namespace again
-        before = self._incarnations.known()
-        self._broadcast("ping", adopt=True)
-        after = self._incarnations.known()
+        before = self._link.incarnations.known()
+        self._link.broadcast("ping", adopt=True)
+        after = self._link.incarnations.known()
         return [
             e
             for e, old, new in zip(self.endpoints, before, after, strict=True)
@@ -757,7 +554,7 @@ class EmbeddingStoreClient:
                 "--tables), which is not dropped; make the client with namespace=..."
             )
         total: dict[str, int] = {}
-        for meta in self._broadcast("drop_tables"):
+        for meta in self._link.broadcast("drop_tables"):
             for name, rows in (meta.get("dropped") or {}).items():
                 total[name] = total.get(name, 0) + int(rows)
         return total
@@ -765,7 +562,7 @@ class EmbeddingStoreClient:
     def incarnations(self) -> list[int | None]:
         """Shard K's incarnation this client expects (None: not known yet, or a shard that
         sends none)."""
-        return self._incarnations.known()
+        return self._link.incarnations.known()
 
     @staticmethod
     def _converter_meta(converter: Any) -> Meta:
@@ -780,7 +577,7 @@ class EmbeddingStoreClient:
 
     def stats(self) -> dict[str, Any]:
         """{"num_shards", "shards": [stats of each shard], "total": numeric leaves summed}."""
-        shards = [m["stats"] for m in self._broadcast("stats")]
+        shards = [m["stats"] for m in self._link.broadcast("stats")]
         return {
             "num_shards": self.num_shards,
             "shards": shards,
@@ -793,12 +590,8 @@ class EmbeddingStoreClient:
 
     def close(self) -> None:
         """Closes the sockets of every thread; the client is unusable afterwards."""
-        self._closed = True
         self._router.clear()
-        with self._clients_lock:
-            for c in list(self._all_clients):
-                c.close()
-            self._all_clients.clear()
+        self._link.close()
 
     def __enter__(self) -> EmbeddingStoreClient:
         return self

@@ -22,7 +22,9 @@ routed again.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import streamrec.embedding_store._C as _C
@@ -85,6 +87,117 @@ def split_by_shard(keys: torch.Tensor, num_shards: int) -> tuple[torch.Tensor | 
     return torch.from_numpy(order), bounds.tolist()
 
 
+#: One shard's part of a block of rows (``SparseStore.pull_rows``): (shard, counts (T,) int64,
+#: its keys, their positions among the caller's keys, or None when they are all of them in
+#: order).
+ShardPart = tuple[int, np.ndarray, np.ndarray, torch.Tensor | None]
+
+
+def route_block(keys: torch.Tensor, counts: Sequence[int], num_shards: int) -> list[ShardPart]:
+    """A checked block of T tables' keys (n,) int64, table-major, split by shard with no
+    per-table work: each shard's keys stay table-major (a stable sort by shard), its
+    ``counts`` say how many of each table it got; shards without keys are left out::
+
+        counts [2, 1]  keys [7, 3, 9]  shard of 7, 3, 9: 1, 0, 1
+        shard 0: counts [1, 0] keys [3]      positions [1]
+        shard 1: counts [1, 1] keys [7, 9]   positions [0, 2]
+    """
+    counts_arr = np.asarray(counts, dtype=np.int64)
+    if keys.numel() == 0:
+        return []
+    if num_shards == 1:
+        return [(0, counts_arr, keys.numpy(), None)]
+    tables = len(counts_arr)
+    arr = keys.numpy()
+    owner = shard_of(arr, num_shards)
+    table_of = np.repeat(np.arange(tables), counts_arr)
+    per = np.bincount(owner * tables + table_of, minlength=num_shards * tables)
+    per = per.reshape(num_shards, tables)
+    order = np.argsort(owner, kind="stable")  # table-major within each shard
+    bounds = np.concatenate([[0], np.cumsum(per.sum(axis=1))])
+    parts: list[ShardPart] = []
+    for k in range(num_shards):
+        where = order[bounds[k] : bounds[k + 1]]
+        if where.size:
+            parts.append((k, per[k], arr[where], torch.from_numpy(where)))
+    return parts
+
+
+def _check_block_reply(shard: int, values: np.ndarray, n: int, dim: int) -> None:
+    """Raises ``bad_reply`` unless a shard's reply to its part of a block holds (n, dim)
+    float32 values."""
+    if values.dtype != np.float32 or values.size != n * dim:
+        raise RemoteError(
+            "bad_reply",
+            f"shard {shard} sent {values.size} {values.dtype} values, expected {n} x {dim} float32",
+        )
+
+
+def assemble_block(parts: list[ShardPart], replies: list[Any], n: int, dim: int) -> torch.Tensor:
+    """The caller's block of rows (n, dim) float32 from each part's reply values (one per
+    part of :func:`route_block`, in order).
+
+    Raises:
+        RemoteError: ``bad_reply``, a reply that is not (keys of its part, dim) float32.
+    """
+    if len(parts) == 1 and parts[0][3] is None:  # one shard, the caller's order
+        values = np.asarray(replies[0])
+        _check_block_reply(parts[0][0], values, n, dim)
+        rows = torch.from_numpy(values if values.flags.writeable else values.copy())
+        return rows.view(n, dim)
+    out = torch.empty(n, dim)
+    for (k, _, keys, where), reply in zip(parts, replies, strict=True):
+        assert where is not None  # several shards: each part has its positions
+        values = np.asarray(reply)
+        _check_block_reply(k, values, keys.size, dim)
+        out.index_copy_(0, where, torch.from_numpy(values).view(keys.size, dim))
+    return out
+
+
+def split_many_replies(
+    replies: list[tuple[int, np.ndarray, Any]], dims: list[int]
+) -> list[list[tuple[int, int, np.ndarray]]]:
+    """Each table's reply parts (shard, rows, values), for :func:`assemble`, from the
+    ``pull_many`` replies (shard, counts (T,), values: the tables' rows flattened, in order).
+
+    Raises:
+        RemoteError: ``bad_reply``, a reply of the wrong number of values.
+    """
+    parts: list[list[tuple[int, int, np.ndarray]]] = [[] for _ in dims]
+    for k, counts, reply in replies:
+        values = np.asarray(reply).reshape(-1)
+        cuts = np.cumsum(counts * np.asarray(dims, dtype=np.int64))
+        if values.size != (cuts[-1] if cuts.size else 0):
+            raise RemoteError(
+                "bad_reply", f"shard {k} sent {values.size} values, expected {int(cuts[-1])}"
+            )
+        for t, v in enumerate(np.split(values, cuts[:-1])):
+            parts[t].append((k, int(counts[t]), v))
+    return parts
+
+
+def many_parts(
+    routes: list[Route], columns: list[dict[str, torch.Tensor]]
+) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """Every table's part for each shard as one set of arrays (``pull_many``/``push_many``
+    ops): ``counts`` (T,) and each column's parts concatenated, flattened (the tables may
+    differ in dim); shards without keys are left out."""
+    out = []
+    for k in range(len(routes[0].bounds) - 1 if routes else 0):
+        counts = np.array([r.bounds[k + 1] - r.bounds[k] for r in routes], dtype=np.int64)
+        if not counts.any():
+            continue
+        arrays = {"counts": counts}
+        for name in columns[0]:
+            flat = [
+                cols[name][r.bounds[k] : r.bounds[k + 1]].reshape(-1)
+                for r, cols in zip(routes, columns, strict=True)
+            ]
+            arrays[name] = torch.cat(flat).numpy()
+        out.append((k, arrays))
+    return out
+
+
 def request_cuts(bounds: list[int], dim: int, max_keys: int) -> list[tuple[int, int, int]]:
     """(shard, start, end) of each request: every shard's rows (``bounds``: N + 1 offsets)
     in parts of at most ``max_keys`` keys and :data:`MAX_REQUEST_ROW_BYTES` of ``dim``
@@ -95,6 +208,14 @@ def request_cuts(bounds: list[int], dim: int, max_keys: int) -> list[tuple[int, 
         for k in range(len(bounds) - 1)
         for a in range(bounds[k], bounds[k + 1], step)
     ]
+
+
+def cut_arrays(
+    grouped: dict[str, np.ndarray], cuts: list[tuple[int, int, int]]
+) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """(shard, arrays) of each request of :func:`request_cuts`: every array's rows
+    [start, end)."""
+    return [(k, {name: arr[a:b] for name, arr in grouped.items()}) for k, a, b in cuts]
 
 
 class Router:

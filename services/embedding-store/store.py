@@ -48,6 +48,7 @@ from streamrec.embedding_store.errors import (
 from streamrec.embedding_store.host_tier import HostTable
 from streamrec.embedding_store.locks import RWLock
 from streamrec.embedding_store.options import StoreOptions, TableOptions
+from streamrec.embedding_store.sparse_store import RowsFromTables
 from streamrec.embedding_store.ssd_tier import SsdTable
 from streamrec.embedding_store.tier import TableTier
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
@@ -76,7 +77,7 @@ class _Push(NamedTuple):
     clicks: torch.Tensor  # (n,) float32
 
 
-class EmbeddingStore:
+class EmbeddingStore(RowsFromTables):
     """Dynamic multi-table sparse parameter store (PaddleRec tables, OneEmbedding tiers).
 
     Args:
@@ -429,6 +430,14 @@ class EmbeddingStore:
             self._write_push(p)
             if on_table is not None:
                 on_table(p.table, p.keys.numel(), time.perf_counter() - started)
+
+    def accept_restarts(self, incarnations: list[int | None] | None = None) -> list[str]:
+        """No shards to restart in-process: nothing restarted (``SparseStore``)."""
+        return []
+
+    def incarnations(self) -> list[int | None]:
+        """No shards in-process: none (``SparseStore``)."""
+        return []
 
     def _constant(self, value: float, n: int) -> torch.Tensor:
         """(n,) float32 of ``value``, a read-only view of a kept buffer (the push defaults;

@@ -13,16 +13,20 @@ keys (:func:`as_keys`)::
               (a ValueError) naming the field, the dtype and the shape
 
 Weights, gradients, shows and clicks (:func:`as_floats`) must be float32 tensors or arrays
-of the expected shape; nothing is converted, so a float64 push is refused, not rounded.
+of the expected shape; nothing is converted, so a float64 push is refused, not rounded. The
+client checks a push's values (:func:`first_bad_value`) before anything is sent.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 import numpy as np
+import streamrec.embedding_store._C as _C
 import torch
-from streamrec.embedding_store.errors import InvalidInput
+from streamrec.embedding_store.errors import InvalidInput, NonFiniteGradient
 
 #: torch dtypes taken as keys: int64, those that widen to it without loss, uint64 (viewed)
 _INTEGER = (
@@ -49,7 +53,7 @@ def as_keys(keys: Any, field: str = "keys") -> torch.Tensor:
     if isinstance(keys, torch.Tensor) and keys.dtype == torch.int64 and keys.dim() == 1:
         return keys.detach().to("cpu").contiguous()
     if isinstance(keys, np.ndarray) and keys.dtype == np.int64 and keys.ndim == 1:
-        return torch.from_numpy(_contiguous(keys))
+        return _tensor(keys)
     if isinstance(keys, torch.Tensor):
         dtype, shape = str(keys.dtype), tuple(keys.shape)
         integer = keys.dtype in _INTEGER
@@ -66,7 +70,7 @@ def as_keys(keys: Any, field: str = "keys") -> torch.Tensor:
             return keys.detach().cpu().view(torch.int64).contiguous()
         return keys.detach().to("cpu", torch.int64).contiguous()
     arr = arr.view(np.int64) if arr.dtype == np.uint64 else arr.astype(np.int64, copy=False)
-    return torch.from_numpy(_contiguous(arr))
+    return _tensor(arr)
 
 
 def _as_array(keys: Any, field: str) -> np.ndarray:
@@ -94,10 +98,21 @@ def _as_array(keys: Any, field: str) -> np.ndarray:
     )
 
 
-def _contiguous(arr: np.ndarray) -> np.ndarray:
-    """``arr`` itself when C-contiguous, else a contiguous copy (torch takes no negative
-    strides); unlike np.ascontiguousarray, a 0-D array stays 0-D."""
-    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+def _tensor(arr: np.ndarray) -> torch.Tensor:
+    """``arr`` as a CPU tensor, sharing its memory when C-contiguous (else a contiguous copy:
+    torch takes no negative strides; a 0-D array stays 0-D).
+
+    The service's arrays are zero-copy views of the received frames, which are read-only;
+    the store never writes its inputs (see ``EmbeddingStore.push``), so torch's warning
+    about wrapping a read-only array is noise here (a copy of 25 MB per push is not) and is
+    silenced for this call only."""
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    if arr.flags.writeable:
+        return torch.from_numpy(arr)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(arr)
 
 
 def _numpy_dtype(given: Any, arr: np.ndarray) -> str:
@@ -113,7 +128,7 @@ def as_floats(value: Any, field: str, shape: tuple[int, ...]) -> torch.Tensor:
         InvalidInput: another type, dtype or shape; the message names ``field``.
     """
     if isinstance(value, np.ndarray):
-        value = torch.from_numpy(_contiguous(value))
+        value = _tensor(value)
     if not isinstance(value, torch.Tensor):
         raise InvalidInput(
             f"{field} must be a torch.Tensor or numpy array, got {type(value).__name__}"
@@ -143,3 +158,31 @@ def check_aligned(tables: Any, **lists: Any) -> int:
                 f"{name} has {len(value)} entries for {len(tables)} tables {list(tables)[:8]}"
             )
     return len(tables)
+
+
+def first_bad_value(columns: Mapping[str, Any]) -> tuple[str, int, bool] | None:
+    """The first value of push columns that may not be applied: (column, row, whether it is
+    NaN/Inf rather than negative), or None. grads must be finite, shows and clicks finite and
+    >= 0; a column is (n,) or (n, dim), a tensor or an array; other columns are skipped."""
+    for name in ("grads", "shows", "clicks"):
+        value = columns.get(name)
+        if value is None:
+            continue
+        v = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        if not _C.all_finite(v):
+            finite = torch.isfinite(v.reshape(v.shape[0], -1)).all(dim=1)
+            return name, int((~finite).nonzero()[0, 0]), True
+        if name != "grads" and bool((v < 0).any()):
+            return name, int((v < 0).nonzero()[0, 0]), False
+    return None
+
+
+def refuse_push(bad: tuple[str, int, bool], table: str, where: str) -> NoReturn:
+    """Raises the error for :func:`first_bad_value`'s finding in ``table`` (``where``: which
+    row)."""
+    name, _row, non_finite = bad
+    if non_finite:
+        raise NonFiniteGradient(
+            f"{name}: holds NaN or Inf ({where}); nothing was pushed to table {table!r}"
+        )
+    raise InvalidInput(f"{name}: must be >= 0 ({where}); nothing was pushed to table {table!r}")

@@ -1,14 +1,14 @@
 """``SparseTables``: every slot's embedding rows for a batch as one tensor, one op per step.
 
-The store is called once per batch for every table (``pull_many``/``push_many``, one
-request per shard with the service, whose client takes every table's keys and rows as one
-block: ``pull_rows``/``push_rows``; stores without them: one ``pull``/``push`` per table);
-everything around those calls is fused over the tables, so a batch costs a fixed number of
-torch ops whatever the number of slots. For ``S`` slots of a batch of ``B`` samples::
+The store (a :class:`~streamrec.embedding_store.SparseStore`: in-process or the shards'
+client) is called once per batch for every table, with every table's keys and rows as one
+block (``pull_rows``/``push_rows``: one request per shard with the service); everything
+around those calls is fused over the tables, so a batch costs a fixed number of torch ops
+whatever the number of slots. For ``S`` slots of a batch of ``B`` samples::
 
     prepare (prefetch thread, pure):  per slot the unique keys u_t and the inverse, all
         inverses shifted into one row space: index (nnz,) over U = sum(u_t) rows
-    pull (sparse worker):  one pull_many of S tables -> weights (U, dim), one leaf with
+    pull (sparse worker):  one pull_rows of S tables -> weights (U, dim), one leaf with
         requires_grad
     forward (main thread):  one gather (one id per bag) or one embedding_bag (ragged)
         -> (B, S, dim)
@@ -24,14 +24,16 @@ each unique key, as :class:`streamrec.embedding_store.StoreEmbeddingBags` comput
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from streamrec.trainer.data import Batch
 from streamrec.trainer.errors import ModelShapeError
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store import SparseStore
 
 
 class _Gather(torch.autograd.Function):
@@ -68,8 +70,7 @@ class SparseBatch:
         value_rows: None, or (nnz,) int64 the sample of each value (ragged case).
         batch: B.
         weights: (U, dim) float32 leaf with ``requires_grad`` once pulled, else None.
-        flat_keys: (U,) int64, ``keys`` concatenated, once a store that takes every table's
-            keys as one block (``pull_rows``) has been sent them, else None.
+        flat_keys: (U,) int64, ``keys`` concatenated, once pulled, else None.
     """
 
     keys: list[torch.Tensor]
@@ -91,14 +92,10 @@ class SparseTables:
     """The sparse slots of a DLRM over an embedding store, fused over tables.
 
     Args:
-        store: anything with ``pull(table, keys, create)`` and ``push(table, keys, grads,
-            shows, clicks)`` (the in-process store or the service client); when it also has
-            ``pull_many``/``push_many`` those carry every table of a batch in one call.
+        store: the embedding store, in-process or the shards' client.
         tables: table names, one per slot, in slot order.
         dim: the rows' width.
-        threads: > 1 runs the tables' pulls and pushes on that many threads (worth it when
-            each call waits on a network round trip); 1 runs them in the calling thread. Not
-            used with a store that has ``pull_many``/``push_many``.
+        threads: not used: every ``SparseStore`` takes a batch's tables in one call.
 
     Example:
         >>> sp = SparseTables(store, ["t0", "t1"], dim=16)
@@ -107,7 +104,7 @@ class SparseTables:
         >>> loss(dense(batch.dense, ly)).backward(); sp.push(sb, batch.labels)
     """
 
-    def __init__(self, store: Any, tables: list[str], dim: int, threads: int = 1) -> None:
+    def __init__(self, store: SparseStore, tables: list[str], dim: int, threads: int = 1) -> None:
         from streamrec.embedding_store import unique_keys
 
         if not tables:
@@ -116,27 +113,11 @@ class SparseTables:
         self.tables = list(tables)
         self.dim = int(dim)
         # an in-process store whose rows live on a GPU hands them over there (no host copy)
-        resident = getattr(store, "resident_device", None)
-        self.device: torch.device | None = resident() if callable(resident) else None
+        self.device: torch.device | None = store.resident_device()
         self._unique = unique_keys
-        # one call per batch for every table (one request per shard with the service); the
-        # service client also takes every table's keys as one block (no per-table work here)
-        self._many = hasattr(store, "pull_many") and hasattr(store, "push_many")
-        self._rows = hasattr(store, "pull_rows") and hasattr(store, "push_rows")
-        self._pool = (
-            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="trainer-table")
-            if threads > 1 and not self._many
-            else None
-        )
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
-    def _map(self, fn: Any, items: list[Any]) -> list[Any]:
-        if self._pool is None or len(items) < 2:
-            return [fn(*it) for it in items]
-        return list(self._pool.map(lambda it: fn(*it), items))
+        """Nothing held (kept for the runner's teardown)."""
 
     def prepare(self, batch: Batch) -> SparseBatch:
         """Dedup per table and the fused row index (pure: safe on the prefetch thread).
@@ -172,24 +153,9 @@ class SparseTables:
 
         create: create absent keys (training), or read them as zeros (prediction).
         """
-        on = {} if self.device is None else {"device": self.device}
-        if self._rows:
-            sb.flat_keys = torch.cat(sb.keys)
-            weights = self.store.pull_rows(self.tables, sb.flat_keys, sb.counts, create=create)
-            sb.weights = weights.detach().requires_grad_(True)
-            return sb
-        if self._many:
-            parts = self.store.pull_many(self.tables, sb.keys, create=create, **on)
-        else:
-            parts = self._map(
-                lambda name, k: (
-                    self.store.pull(name, k, create=create, **on)
-                    if k.numel()
-                    else torch.zeros(0, self.dim, device=self.device)
-                ),
-                list(zip(self.tables, sb.keys, strict=True)),
-            )
-        sb.weights = torch.cat(parts).detach().requires_grad_(True)
+        sb.flat_keys = torch.cat(sb.keys)
+        weights = self.store.pull_rows(self.tables, sb.flat_keys, sb.counts, create=create)
+        sb.weights = weights.detach().requires_grad_(True)
         return sb
 
     def forward(self, sb: SparseBatch) -> torch.Tensor:
@@ -231,26 +197,6 @@ class SparseTables:
             value_labels = labels[sb.value_rows]
         shows = torch.bincount(index, minlength=u).to(torch.float32)
         clicks = torch.zeros(u).index_add_(0, index, value_labels)
-        if self._rows:
-            assert sb.flat_keys is not None, "pulled by pull_rows"
-            self.store.push_rows(self.tables, sb.flat_keys, sb.counts, grad, shows, clicks)
-            sb.weights.grad = None
-            return
-        used = [t for t in range(len(self.tables)) if sb.bounds[t + 1] > sb.bounds[t]]
-        rows = [slice(sb.bounds[t], sb.bounds[t + 1]) for t in used]
-        if self._many:
-            self.store.push_many(
-                [self.tables[t] for t in used],
-                [sb.keys[t] for t in used],
-                [grad[r] for r in rows],
-                [shows[r] for r in rows],
-                [clicks[r] for r in rows],
-            )
-        else:
-            self._map(
-                lambda t, r: self.store.push(
-                    self.tables[t], sb.keys[t], grad[r], shows[r], clicks[r]
-                ),
-                list(zip(used, rows, strict=True)),
-            )
+        assert sb.flat_keys is not None, "pulled by pull_rows"
+        self.store.push_rows(self.tables, sb.flat_keys, sb.counts, grad, shows, clicks)
         sb.weights.grad = None

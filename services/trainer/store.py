@@ -12,10 +12,13 @@ shard, before any pass runs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store import SparseStore, TableOptions
 
 #: The sparse rule of every column: PaddleRec's StdAdaGradSGDRule at PaddleRec's defaults. It
 #: does not step like torch's Adagrad (the quality bench's baseline): its step is
@@ -43,7 +46,7 @@ DEFAULT_TABLE_PARAMETERS: dict[str, Any] = {
 }
 
 
-def build_table_options(config: TrainerConfig) -> list[Any]:
+def build_table_options(config: TrainerConfig) -> list[TableOptions]:
     """One ``TableOptions`` per sparse slot (``slot_<k>``), dim = arch_sparse_feature_size."""
     from streamrec.embedding_store import TableOptions
 
@@ -63,16 +66,18 @@ def build_table_options(config: TrainerConfig) -> list[Any]:
     ]
 
 
-def make_store(config: TrainerConfig, tables: list[Any]) -> Any:
+def make_store(config: TrainerConfig, tables: list[TableOptions]) -> SparseStore:
     """The store ``config.store`` names, with ``tables``; its tier checked (:func:`check_tier`).
 
-    The caller owns it (``close()``).
+    The caller owns it (``close()``). Both stores are checked against ``SparseStore`` here
+    (mypy).
     """
     sc = config.store
+    store: SparseStore
     if sc.endpoints:
         from streamrec.embedding_store import EmbeddingStoreClient
 
-        store: Any = EmbeddingStoreClient(
+        store = EmbeddingStoreClient(
             sc.endpoints, tables, timeout_s=sc.timeout_s, namespace=sc.namespace
         )
     else:
@@ -94,7 +99,9 @@ def make_store(config: TrainerConfig, tables: list[Any]) -> Any:
     return store
 
 
-def check_tier(store: Any, expected: str | None, endpoints: list[str] | None = None) -> None:
+def check_tier(
+    store: SparseStore, expected: str | None, endpoints: list[str] | None = None
+) -> None:
     """Raises ConfigError unless every shard of ``store`` serves tier ``expected``.
 
     Args:

@@ -18,7 +18,7 @@ from streamrec.embedding_store import (
     StoreEmbeddingBags,
     TableOptions,
 )
-from streamrec.embedding_store.routing import MAX_REQUEST_ROW_BYTES
+from streamrec.embedding_store.routing import MAX_REQUEST_ROW_BYTES, request_cuts
 from streamrec.embedding_store.stats import sum_stats
 from streamrec.errors import BadRequest
 from streamrec.ragged import RaggedTensor
@@ -181,14 +181,14 @@ def test_sockets_of_ended_threads_are_closed(shards):
     import gc
 
     client = EmbeddingStoreClient(shards.endpoints, timeout_s=30)
-    mine = len(client._all_clients)  # this thread's, one per shard
+    mine = client._link.open_sockets()  # this thread's, one per shard
     assert mine == 2
     for _ in range(4):
         th = threading.Thread(target=lambda: client.pull("a", np.arange(10, dtype=np.int64)))
         th.start()
         th.join()
     gc.collect()
-    assert len(client._all_clients) == mine
+    assert client._link.open_sockets() == mine
     client.close()
     with pytest.raises(BadRequest, match="closed"):
         client.pull("a", np.arange(3, dtype=np.int64))
@@ -218,19 +218,16 @@ def test_start_up_checks(shards):
 def test_requests_are_cut_by_keys_and_by_row_bytes():
     """A shard's part goes in requests of at most max_request_keys keys and
     MAX_REQUEST_ROW_BYTES of rows: narrow tables by keys, wide ones by bytes (pure logic)."""
-    client = EmbeddingStoreClient.__new__(EmbeddingStoreClient)
-    client.num_shards, client.max_request_keys = 2, 1 << 17
     per_dim64 = MAX_REQUEST_ROW_BYTES // 256
-    assert client._cuts([0, 100_000, 100_000], 64) == [
+    assert request_cuts([0, 100_000, 100_000], 64, 1 << 17) == [
         (0, a, min(a + per_dim64, 100_000)) for a in range(0, 100_000, per_dim64)
     ]
-    assert client._cuts([0, 150_000, 160_000], 16) == [
+    assert request_cuts([0, 150_000, 160_000], 16, 1 << 17) == [
         (0, 0, 1 << 17),
         (0, 1 << 17, 150_000),
         (1, 150_000, 160_000),
     ]
-    client.max_request_keys = 97
-    assert client._cuts([0, 200, 200], 64) == [(0, 0, 97), (0, 97, 194), (0, 194, 200)]
+    assert request_cuts([0, 200, 200], 64, 97) == [(0, 0, 97), (0, 97, 194), (0, 194, 200)]
 
 
 def test_shards_on_ipc_sockets_serve_a_node_local_client(tmp_path):

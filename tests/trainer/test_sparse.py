@@ -12,14 +12,14 @@ from streamrec.trainer.sparse import SparseTables
 SLOTS, DIM = 3, 4
 
 
-def make_store() -> EmbeddingStore:
+def make_store(cls: type[EmbeddingStore] = EmbeddingStore) -> EmbeddingStore:
     opts = {
         "embedx_threshold": 0,
         "initializer": {"type": "uniform", "low": -0.1, "high": 0.1},
         "embed_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05},
         "embedx_sgd_param": {"name": "StdAdaGradSGDRule", "learning_rate": 0.05},
     }
-    return EmbeddingStore(
+    return cls(
         [TableOptions.parse(dict(opts, name=f"t{i}", dim=DIM)) for i in range(SLOTS)], seed=7
     )
 
@@ -34,44 +34,28 @@ def make_batch(ragged: bool, b: int = 64) -> Batch:
     return Batch(torch.zeros(b, 13), labels, keys, present)
 
 
-class PerTableStore:
-    """A store with only the per-table pull/push (no pull_many/push_many)."""
+class CountingStore(EmbeddingStore):
+    """The in-process store, counting the block calls SparseTables makes."""
 
-    def __init__(self, store: EmbeddingStore) -> None:
-        self.store = store
-        self.calls = 0
+    calls = 0
 
-    def pull(self, table, keys, create=True):
+    def pull_rows(self, tables, keys, counts, create=True):
         self.calls += 1
-        return self.store.pull(table, keys, create)
+        return super().pull_rows(tables, keys, counts, create)
 
-    def push(self, table, keys, grads, shows=None, clicks=None):
+    def push_rows(self, tables, keys, counts, grads, shows=None, clicks=None):
         self.calls += 1
-        self.store.push(table, keys, grads, shows, clicks)
-
-
-class ManyStore(PerTableStore):
-    """A store with pull_many/push_many too, counting calls."""
-
-    def pull_many(self, tables, keys, create=True):
-        self.calls += 1
-        return self.store.pull_many(tables, keys, create)
-
-    def push_many(self, tables, keys, grads, shows=None, clicks=None):
-        self.calls += 1
-        self.store.push_many(tables, keys, grads, shows, clicks)
+        super().push_rows(tables, keys, counts, grads, shows, clicks)
 
 
 @pytest.mark.parametrize("ragged", [False, True])
-@pytest.mark.parametrize(("threads", "many"), [(1, True), (1, False), (3, False)])
-def test_matches_store_embedding_bags(ragged, threads, many):
-    """Over pull_many/push_many (one call per batch) or per-table calls, the same rows."""
+def test_matches_store_embedding_bags(ragged):
+    """One pull_rows and one push_rows per batch give StoreEmbeddingBags' rows."""
     batch = make_batch(ragged)
     names = [f"t{i}" for i in range(SLOTS)]
-    ref_store, store = make_store(), make_store()
+    ref_store, store = make_store(), make_store(CountingStore)
     ref = StoreEmbeddingBags(ref_store, names)
-    counting = ManyStore(store) if many else PerTableStore(store)
-    sp = SparseTables(counting, names, DIM, threads)
+    sp = SparseTables(store, names, DIM)
     w = torch.randn(batch.keys.shape[0], SLOTS, DIM, generator=torch.Generator().manual_seed(1))
     try:
         for _ in range(3):  # later rounds read rows the earlier pushes trained
@@ -96,9 +80,7 @@ def test_matches_store_embedding_bags(ragged, threads, many):
             torch.testing.assert_close(a["click"], b["click"])
         if ragged:
             assert store.size("t2") == 0
-        # 3 rounds: one pull_many and one push_many each, or a pull and a push per
-        # non-empty table
-        assert counting.calls == 3 * 2 * (1 if many else SLOTS - 1 if ragged else SLOTS)
+        assert store.calls == 3 * 2  # 3 rounds: one pull_rows and one push_rows each
     finally:
         sp.close()
 
@@ -125,3 +107,18 @@ def test_bad_shapes():
         sp.prepare(make_batch(False))
     with pytest.raises(ModelShapeError, match="at least one table"):
         SparseTables(store, [], DIM)
+
+
+def test_rows_block_is_checked_before_anything_is_written():
+    """A block whose counts do not add up, or of tables of two dims, is refused by name."""
+    from streamrec.embedding_store.errors import InvalidInput
+
+    store = make_store()
+    with pytest.raises(InvalidInput, match="counts must be 3 ints >= 0 summing to the 2 keys"):
+        store.pull_rows(["t0", "t1", "t2"], torch.tensor([1, 2]), [1, 0, 0])
+    with pytest.raises(InvalidInput, match="counts must be"):
+        store.push_rows(["t0"], torch.tensor([1]), [-1], torch.zeros(1, DIM))
+    assert store.size("t0") == 0
+    wide = EmbeddingStore([TableOptions(name="a", dim=2), TableOptions(name="b", dim=3)])
+    with pytest.raises(InvalidInput, match="one dim"):
+        wide.pull_rows(["a", "b"], torch.tensor([1, 2]), [1, 1])
