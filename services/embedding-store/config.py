@@ -20,6 +20,7 @@ shard may start with none and serve only the namespaces its clients create
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,8 +33,18 @@ from streamrec.errors import BadRequest
 
 
 def shard_dir_name(shard_id: int, num_shards: int) -> str:
-    """The per-shard directory under a save path or ``persistent_path``: ``shard-K-of-N``."""
+    """The per-shard directory under a save path or ``persistent_path``: ``shard-K-of-N``
+    (read back by :func:`parse_shard_dir_name`)."""
     return f"shard-{shard_id}-of-{num_shards}"
+
+
+_SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
+
+
+def parse_shard_dir_name(name: str) -> tuple[int, int] | None:
+    """(K, N) of a :func:`shard_dir_name` ``shard-K-of-N``; None for any other name."""
+    m = _SHARD_DIR.match(name)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
 class ShardConfig(StrictConfig):

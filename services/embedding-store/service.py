@@ -68,17 +68,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest
-from streamrec.embedding_store.config import shard_dir_name
+from streamrec.embedding_store.config import parse_shard_dir_name, shard_dir_name
 from streamrec.embedding_store.disk import NoSpaceBackoff, with_disk_errors
 from streamrec.embedding_store.errors import (
     InvalidInput,
@@ -101,11 +99,6 @@ from streamrec.roots import confine, resolve_roots
 from streamrec.save_modes import SAVE_MODES
 from streamrec.wire import Arrays, Handler, Meta
 
-# A push's arrays reach the store as zero-copy views of the received frames, which are
-# read-only; the store never writes a push's inputs (see EmbeddingStore.push), so torch's
-# warning about wrapping a read-only array is noise here (a copy of 25 MB per push is not).
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
 if TYPE_CHECKING:
     from streamrec.embedding_store.store import TableHook
 
@@ -125,7 +118,6 @@ OPS = (
     "load",
     "stats",
 )
-_SHARD_DIR = re.compile(r"^shard-(\d+)-of-(\d+)$")
 #: Ops that act on one namespace's store (named by the request's ``namespace`` field).
 NAMESPACED_OPS = frozenset(OPS) - {"ping", "create_tables", "drop_tables"}
 #: A namespaced op's handler: (namespace, its store, meta, arrays) -> reply.
@@ -494,12 +486,13 @@ class StoreService:
         root = self._root(meta)
         target = self._shard_dir(root)
         if not target.is_dir():
-            found = (
-                sorted(p.name for p in root.iterdir() if _SHARD_DIR.match(p.name))
-                if (root.is_dir())
-                else []
+            named = (
+                {p.name: parse_shard_dir_name(p.name) for p in root.iterdir()}
+                if root.is_dir()
+                else {}
             )
-            counts = sorted({int(_SHARD_DIR.match(n).group(2)) for n in found})  # type: ignore[union-attr]
+            found = sorted(name for name, kn in named.items() if kn is not None)
+            counts = sorted({kn[1] for kn in named.values() if kn is not None})
             if counts and self.num_shards not in counts:
                 raise ShardCountMismatch(
                     f"checkpoint {str(root)!r} was saved by {counts[0]} shard(s) "
