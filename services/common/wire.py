@@ -452,7 +452,7 @@ class RpcClient:
         self._monitor.close(linger=0)
         self.sock.close(linger=0)
 
-    def _wait(self, timeout_ms: int) -> bool:
+    def poll(self, timeout_ms: int) -> bool:
         """Whether a reply is ready within ``timeout_ms``.
 
         Raises:
@@ -493,7 +493,7 @@ class RpcClient:
             while request_id not in self._early:
                 remaining = deadline - time.monotonic()
                 try:
-                    ready = remaining > 0 and self._wait(int(remaining * 1000))
+                    ready = remaining > 0 and self.poll(int(remaining * 1000))
                 except RemoteError:
                     self._reset()
                     raise

@@ -222,7 +222,7 @@ class LocalRpcDataSampler:
         try:
             with rpc.lock:  # one request in flight per client; the prefetch thread queues here
                 request_id = rpc.send(op, meta, arrays)
-                while not rpc.sock.poll(250):
+                while not rpc.poll(250):  # raises on a refused handshake
                     if self._server_alive() is False:
                         self._reset()
                         raise SamplerUnavailable(

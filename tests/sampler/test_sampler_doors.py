@@ -4,6 +4,8 @@ token file of the client that started it."""
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 import numpy as np
 import pytest
@@ -70,9 +72,13 @@ def test_requests_without_the_token_are_refused_and_good_clients_served(token_se
         assert reply["error"]["code"] == "unauthorized", (header, reply)
     wrong = tmp_path / "wrong"
     wrong.write_text("another-token-of-enough-length-0000")
+    started = time.monotonic()
     with pytest.raises(RemoteError) as err:
-        LocalRpcDataSampler(*TAGS, endpoint=srv.endpoint, auto_start=False, auth_token_file=wrong)
+        LocalRpcDataSampler(
+            *TAGS, endpoint=srv.endpoint, auto_start=False, auth_token_file=wrong, timeout_s=60
+        )
     assert err.value.code == "unauthorized"
+    assert time.monotonic() - started < 10  # refused in the handshake: told, not timed out
     ids = good.sample_ids(torch.tensor([0, 100]), 3, torch.tensor([0, 1]))
     assert ids.numel() == 6
     assert good.stats()["generation"] == before  # nothing reloaded by the refused peers
