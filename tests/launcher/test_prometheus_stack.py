@@ -12,11 +12,16 @@ How the expressions are evaluated, through Prometheus's HTTP API:
   (``$__rate_interval``, ``$__interval``, ``$__range`` ...) by ``1m``; every template variable
   (``$job``, ``${job}``, ``[[job]]``) by ``.*``, Grafana's "All" (the dashboards use them in
   regex matchers, ``=~"$job"``).
-- An alert's ``signals`` are range queries like the panels; its ``expr`` must be accepted by
-  an instant query (status ``success``): it need not fire in a healthy stack.
+- An alert's ``signals`` are range queries like the panels (but those of an alert whose
+  series exist only with a device or an event this stack has not, ``only_with``); its
+  ``expr`` must be accepted by an instant query (status ``success``).
 - Scrape targets: the API's, the shards' and the sampler's are up at the end (``up == 1``);
-  each trainer rank's target was up during the run (``max_over_time(up[...]) == 1``): the
-  ranks exit when the job is done.
+  each trainer rank's target was up during the run (``max_over_time(up[...]) == 1``).
+- Alerts, as the stack's Prometheus evaluates them: none fires during the healthy job, the
+  idle pool after it and a second job stopped mid-way; then injected faults make theirs
+  hold: Redis hung and a store shard hung (pending: their ``for`` is promtool's to test), a
+  job whose data never lands (the wait grows), a rank killed three times on its pass (the
+  crash-loop alert fires).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from streamrec.api.client import ApiClient
 from streamrec.launcher.prometheus import API_JOB, JOBS, SAMPLER_JOB, STORE_JOB, TRAINER_JOB
 from streamrec.launcher.state import read_state
 from streamrec.observability import alerts
-from streamrec.process import bin_path, pid_alive, spawn, stop_process
+from streamrec.process import bin_path, descendants, pid_alive, spawn, stop_process
 from streamrec.ragged import RaggedTensor
 from streamrec.sampler import LocalRpcDataSampler
 
@@ -211,6 +216,61 @@ def drive_the_sampler(state: dict[str, Any], requests: int = 20) -> None:
             assert got.numel() == 24
 
 
+def rank_pid(torchrun_pid: int) -> int | None:
+    """The pid of the trainer rank (streamrec.trainer.agent) torchrun ``torchrun_pid`` runs."""
+    for pid in descendants(torchrun_pid):
+        try:
+            if b"streamrec.trainer.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def crash_loop(state: dict[str, Any], token: str, run: Path, up: Any, p: Prometheus) -> None:
+    """Kills the rank of a job's group three times while its pass runs (one pass of the
+    whole day in small batches: seconds long), then waits for the crash-loop alert."""
+    api = ApiClient(state["api_url"], token)
+    try:
+        spec = api.job(state["job_id"])["spec"]
+        model = {
+            **spec["model"],
+            "runner": {**spec["model"].get("runner", {}), "train_batch_size": 4},
+        }
+        data = {**spec["data"], "split_per_pass": 4}
+        job_id = api.create_job({**spec, "name": "crash-loop", "data": data, "model": model})["id"]
+        api.action(job_id, "start")
+        for n in range(3):
+            wait_for(
+                f"the crash-loop job's pass running ({n})",
+                lambda: any(x["state"] == "running" for x in api.passes(job_id)),
+                90,
+                up,
+            )
+            group = api.job(job_id)["group"]
+            torchrun = ((read_state(run) or {}).get("children") or {})[group]["pid"]
+            pid = wait_for("the group's rank", lambda t=torchrun: rank_pid(t), 30, up)
+            os.kill(pid, signal.SIGKILL)
+            wait_for(
+                f"restart {n + 1} counted",
+                lambda n=n: api.job(job_id)["restarts_total"] > n,
+                90,
+                up,
+            )
+        wait_for(
+            "StreamRecTrainerGroupRestarting firing",
+            lambda: p.series(
+                'ALERTS{alertname="StreamRecTrainerGroupRestarting", alertstate="firing",'
+                f' job_id="{job_id}"}}'
+            ),
+            30,
+            up,
+        )
+        api.action(job_id, "stop")
+    finally:
+        api.close()
+
+
 def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> None:
     queries = dashboard_queries()  # fail first, and fast, when there are none
     run = tmp_path / "run"
@@ -321,6 +381,9 @@ def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> No
                 )
             finally:
                 os.kill(pid, signal.SIGCONT)
+        # (f) a group that keeps dying on its pass (its rank killed three times): the
+        # restarts make StreamRecTrainerGroupRestarting fire (its `for` is 0)
+        crash_loop(state, token, run, up, p)
     finally:
         if prom is not None:
             prom.http.close()
