@@ -37,6 +37,7 @@ with atheris.instrument_imports(
     from streamrec import wire
     from streamrec.embedding_store.config import ShardConfig
     from streamrec.embedding_store.server import Shard
+    from streamrec.embedding_store.service import OPS
     from streamrec.errors import BadRequest
     from streamrec.keyhash import shard_of
     from streamrec.sampler.config import ServerConfig
@@ -62,6 +63,11 @@ INT_DTYPES = [np.int8, np.int32, np.int64, np.uint32, np.uint64]
 FLOATS = [0.0, 1.0, -1.0, 1e38, -1e38, float("nan"), float("inf"), -float("inf"), 5e-324]
 TAGS = {"sample_tag": "cat", "dedup_tag": "item", "weight_tag": "w", "skey_name": "skey"}
 TABLES = ["user", "item", "nope", ""]
+SAMPLER_OPS = ["sample_ids", "valid_sample_ids", "pack_feature", "reload", "ping", "stats"]
+STORE_OPS = [
+    *("pull", "push", "pull_many", "push_many", "size", "save", "load", "shrink"),
+    *("advance_day", "stats", "tables", "ping", "create_tables", "drop_tables"),
+]
 #: Most entries of an array (and rows of a table) one input builds: keeps runs fast and small.
 MAX_N = 48
 
@@ -135,6 +141,9 @@ class Target:
         self.sampler_rpc = wire.RpcServer(
             f"ipc://{self.dir}/sampler-rpc.sock", self.sampler.handlers, token=None
         )
+        # every op is fuzzed: one added to a service without a case here fails at once
+        assert sorted(STORE_OPS) == sorted(OPS), sorted(set(OPS) ^ set(STORE_OPS))
+        assert sorted(SAMPLER_OPS) == sorted(self.sampler.handlers)
         self.good_table()
 
     def good_table(self) -> None:
@@ -157,9 +166,7 @@ class Target:
     # ---- the sampler --------------------------------------------------------------------
 
     def sampler_op(self, fdp: atheris.FuzzedDataProvider) -> None:
-        op = ["sample_ids", "valid_sample_ids", "pack_feature", "reload", "ping", "stats"][
-            fdp.ConsumeIntInRange(0, 5)
-        ]
+        op = SAMPLER_OPS[fdp.ConsumeIntInRange(0, len(SAMPLER_OPS) - 1)]
         meta: dict = {}
         arrays: dict = {}
         if op == "sample_ids":
@@ -203,23 +210,7 @@ class Target:
         return keys
 
     def store_op(self, fdp: atheris.FuzzedDataProvider) -> None:
-        ops = [
-            "pull",
-            "push",
-            "pull_many",
-            "push_many",
-            "size",
-            "save",
-            "load",
-            "shrink",
-            "advance_day",
-            "stats",
-            "tables",
-            "ping",
-            "create_tables",
-            "drop_tables",
-        ]
-        op = ops[fdp.ConsumeIntInRange(0, len(ops) - 1)]
+        op = STORE_OPS[fdp.ConsumeIntInRange(0, len(STORE_OPS) - 1)]
         meta: dict = {}
         arrays: dict = {}
         dims = {"user": 4, "item": 3}  # pulled width: embed_w + embedx_dim
