@@ -17,7 +17,7 @@ import redis
 from streamrec.api.models import JobCreate
 from streamrec.api.state import event_fields, watched
 from streamrec.control import keys, redis_io
-from streamrec.control.states import PassState
+from streamrec.control.states import JobState, PassState
 from streamrec.layout import PassSpec, iter_passes
 
 
@@ -91,7 +91,7 @@ def rewind_for_start(r: redis.Redis, job_id: str, plan: list[PassSpec]) -> list[
 
     def body(pipe: redis.client.Pipeline) -> list[str]:
         f = redis_io.hgetall(pipe, key)
-        if f.get("state") not in ("stopped", "failed"):
+        if f.get("state") not in (JobState.STOPPED, JobState.FAILED):
             pipe.multi()
             return []
         ckpt = f.get("last_checkpoint") or ""

@@ -39,6 +39,7 @@ from streamrec.api.models import (
 from streamrec.api.spec_checks import SpecPolicy, check_spec, resolve_under
 from streamrec.api.state import (
     ACTIVE_STATES,
+    JobAction,
     JobState,
     TriggerState,
     change_state,
@@ -220,15 +221,15 @@ class Repo:
         jobs = [self._job_public(f) for f in rows if f]
         return JobsPublic(data=jobs, count=total)
 
-    def act(self, job_id: str, action: str) -> JobPublic:
+    def act(self, job_id: str, action: JobAction) -> JobPublic:
         """Applies an operator action (start, stop, pause, resume) to a job."""
         command = (
             {"type": CommandType.STOP.value, "ts": f"{time.time():.3f}"}
-            if action == "stop"
+            if action == JobAction.STOP
             else None
         )
         extra = None
-        if action == "start":
+        if action == JobAction.START:
             extra = {"error": "", "started_at": f"{time.time():.3f}"}
             f = self.job_fields(job_id)
             if not f.get("trainer_config"):  # a job stored before the API kept it
@@ -248,7 +249,7 @@ class Repo:
             if state is None:
                 raise JobNotFound(f"job {job_id!r} not found")
             try:
-                next_state(JobState(state), "delete")
+                next_state(JobState(state), JobAction.DELETE)
             except KeyError:
                 raise InvalidTransition(job_id, state, "delete") from None
             spec_raw = redis_io.hget(pipe, key, "spec")
@@ -258,8 +259,7 @@ class Repo:
             pipe.multi()
             pipe.delete(*keys.all_job_keys(job_id))
             for pk in pass_keys:
-                day, pid = pk.split("/")
-                pipe.delete(keys.pass_record(job_id, day, int(pid)))
+                pipe.delete(keys.pass_record(job_id, *keys.parse_pass_key(pk)))
             for tid in trigger_ids:
                 pipe.delete(keys.trigger(job_id, tid))
             pipe.srem(keys.jobs_in_state(state), job_id)
@@ -276,8 +276,7 @@ class Repo:
         names = redis_io.zrange(self.r, keys.passes(job_id), offset, offset + limit - 1)
         with self.r.pipeline(transaction=False) as pipe:
             for name in names:
-                day, pid = name.split("/")
-                pipe.hgetall(keys.pass_record(job_id, day, int(pid)))
+                pipe.hgetall(keys.pass_record(job_id, *keys.parse_pass_key(name)))
             rows = pipe.execute()
         return PassesPublic(data=[pass_public(f) for f in rows if f], count=total)
 

@@ -19,7 +19,14 @@ from streamrec.api.errors import ApiError
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.repo import Repo
-from streamrec.api.state import JobState, PassState, TriggerState, change_state, event_fields
+from streamrec.api.state import (
+    JobAction,
+    JobState,
+    PassState,
+    TriggerState,
+    change_state,
+    event_fields,
+)
 from streamrec.control import keys, redis_io
 from streamrec.control.channel import CommandType, ReportKind
 
@@ -305,7 +312,7 @@ class ReportApplier:
 
     def _on_stopped(self, job_id: str, data: dict[str, Any]) -> None:
         if redis_io.hget(self.r, keys.job(job_id), "state") == JobState.STOPPING.value:
-            change_state(self.r, job_id, "stopped", reason="trainers stopped")
+            change_state(self.r, job_id, JobAction.TRAINERS_STOPPED, reason="trainers stopped")
 
     def _on_released(self, job_id: str, data: dict[str, Any]) -> None:
         """A group told to end (SIGTERM) gave its pass back: handed out again, no failure of
@@ -328,4 +335,4 @@ class ReportApplier:
         """A trainer cannot run this job at all (e.g. its config is invalid): fail it."""
         msg = str(data.get("message"))[:2000]
         self.r.hset(keys.job(job_id), "error", msg)
-        change_state(self.r, job_id, "fail", reason=msg)
+        change_state(self.r, job_id, JobAction.FAIL, reason=msg)

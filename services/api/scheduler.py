@@ -46,6 +46,7 @@ from streamrec.api.repo import Repo, stuck_for
 from streamrec.api.reports import ReportApplier
 from streamrec.api.state import (
     ACTIVE_STATES,
+    JobAction,
     JobState,
     PassState,
     change_state,
@@ -151,7 +152,9 @@ class Scheduler:
             f = self.repo.job_fields(job_id)
         state = JobState(f["state"])
         if state == JobState.STOPPING and not self.r.exists(keys.heartbeat(job_id)):
-            change_state(self.r, job_id, "stopped", reason="no trainer group alive")
+            change_state(
+                self.r, job_id, JobAction.TRAINERS_STOPPED, reason="no trainer group alive"
+            )
         elif state == JobState.RUNNING:
             self.hand_out(job_id, f)
 
@@ -174,7 +177,10 @@ class Scheduler:
             if int(f["passes_done"]) >= int(f["passes_total"]):
                 end = f"{plan[-1].day}/{plan[-1].splits[-1]}" if plan else "-"
                 change_state(
-                    self.r, job_id, "succeed", reason=f"every pass done, through split {end}"
+                    self.r,
+                    job_id,
+                    JobAction.SUCCEED,
+                    reason=f"every pass done, through split {end}",
                 )
             return
         if time.time() < float(f.get("not_before") or 0):
@@ -374,7 +380,7 @@ class Scheduler:
         self.r.transaction(body, rec, keys.job(job_id))
         self._last_probe.pop(job_id, None)
         if failed_why is not None:
-            change_state(self.r, job_id, "fail", reason=f"pass {pk}: {failed_why}")
+            change_state(self.r, job_id, JobAction.FAIL, reason=f"pass {pk}: {failed_why}")
         else:
             self.metrics.passes_requeued.labels(job_id).inc()
 

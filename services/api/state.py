@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any, TypeVar, cast
 
 import redis
@@ -35,32 +36,49 @@ from streamrec.control.states import (  # noqa: F401 (re-exported for the api)
 
 T = TypeVar("T")
 S = JobState
+
+
+class JobAction(StrEnum):
+    """What changes a job's state (the value is written in its state events)."""
+
+    START = "start"
+    STOP = "stop"
+    PAUSE = "pause"
+    RESUME = "resume"
+    DELETE = "delete"
+    #: the trainers left a stopping job (or none is alive): stopping -> stopped
+    TRAINERS_STOPPED = "stopped"
+    SUCCEED = "succeed"
+    FAIL = "fail"
+
+
+A = JobAction
 #: (current state, action) -> new state. ``delete`` maps to None (the job is removed).
-TRANSITIONS: dict[tuple[JobState, str], JobState | None] = {
-    (S.CREATED, "start"): S.RUNNING,
-    (S.STOPPED, "start"): S.RUNNING,
-    (S.FAILED, "start"): S.RUNNING,
-    (S.RUNNING, "pause"): S.PAUSED,
-    (S.PAUSED, "resume"): S.RUNNING,
-    (S.RUNNING, "stop"): S.STOPPING,
-    (S.PAUSED, "stop"): S.STOPPING,
-    (S.STOPPING, "stopped"): S.STOPPED,
-    (S.RUNNING, "succeed"): S.SUCCEEDED,
-    (S.PAUSED, "succeed"): S.SUCCEEDED,
-    (S.STOPPING, "succeed"): S.SUCCEEDED,
-    (S.RUNNING, "fail"): S.FAILED,
-    (S.PAUSED, "fail"): S.FAILED,
-    (S.STOPPING, "fail"): S.FAILED,
-    (S.CREATED, "delete"): None,
-    (S.STOPPED, "delete"): None,
-    (S.SUCCEEDED, "delete"): None,
-    (S.FAILED, "delete"): None,
+TRANSITIONS: dict[tuple[JobState, JobAction], JobState | None] = {
+    (S.CREATED, A.START): S.RUNNING,
+    (S.STOPPED, A.START): S.RUNNING,
+    (S.FAILED, A.START): S.RUNNING,
+    (S.RUNNING, A.PAUSE): S.PAUSED,
+    (S.PAUSED, A.RESUME): S.RUNNING,
+    (S.RUNNING, A.STOP): S.STOPPING,
+    (S.PAUSED, A.STOP): S.STOPPING,
+    (S.STOPPING, A.TRAINERS_STOPPED): S.STOPPED,
+    (S.RUNNING, A.SUCCEED): S.SUCCEEDED,
+    (S.PAUSED, A.SUCCEED): S.SUCCEEDED,
+    (S.STOPPING, A.SUCCEED): S.SUCCEEDED,
+    (S.RUNNING, A.FAIL): S.FAILED,
+    (S.PAUSED, A.FAIL): S.FAILED,
+    (S.STOPPING, A.FAIL): S.FAILED,
+    (S.CREATED, A.DELETE): None,
+    (S.STOPPED, A.DELETE): None,
+    (S.SUCCEEDED, A.DELETE): None,
+    (S.FAILED, A.DELETE): None,
 }
 #: Actions an operator may ask for over REST.
-USER_ACTIONS = ("start", "stop", "pause", "resume", "delete")
+USER_ACTIONS = (A.START, A.STOP, A.PAUSE, A.RESUME, A.DELETE)
 
 
-def next_state(current: JobState, action: str) -> JobState | None:
+def next_state(current: JobState, action: JobAction) -> JobState | None:
     """The state after ``action``; raises KeyError when the machine does not allow it."""
     return TRANSITIONS[(current, action)]
 
@@ -78,7 +96,7 @@ def event_fields(kind: str, message: str, data: dict[str, Any] | None = None) ->
 def change_state(
     r: redis.Redis,
     job_id: str,
-    action: str,
+    action: JobAction,
     reason: str = "",
     extra: dict[str, str] | None = None,
     command: dict[str, str] | None = None,

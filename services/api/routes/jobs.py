@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 from streamrec.api.deps import ReadAuth, RepoDep, SettingsDep, WriteAuth
 from streamrec.api.models import JobCreate, JobPublic, JobsPublic, WorkerPublic
-from streamrec.api.state import JobState
+from streamrec.api.state import JobAction, JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -38,25 +38,25 @@ def get_job(job_id: JobId, repo: RepoDep) -> JobPublic:
 @router.post("/{job_id}/start", dependencies=[WriteAuth])
 def start_job(job_id: JobId, repo: RepoDep) -> JobPublic:
     """created|stopped|failed -> running (a restarted job resumes from its last checkpoint)."""
-    return repo.act(job_id, "start")
+    return repo.act(job_id, JobAction.START)
 
 
 @router.post("/{job_id}/stop", dependencies=[WriteAuth])
 def stop_job(job_id: JobId, repo: RepoDep) -> JobPublic:
     """running|paused -> stopping; the trainers finish the pass in flight, then stopped."""
-    return repo.act(job_id, "stop")
+    return repo.act(job_id, JobAction.STOP)
 
 
 @router.post("/{job_id}/pause", dependencies=[WriteAuth])
 def pause_job(job_id: JobId, repo: RepoDep) -> JobPublic:
     """running -> paused: no new pass is handed out; the one in flight finishes."""
-    return repo.act(job_id, "pause")
+    return repo.act(job_id, JobAction.PAUSE)
 
 
 @router.post("/{job_id}/resume", dependencies=[WriteAuth])
 def resume_job(job_id: JobId, repo: RepoDep) -> JobPublic:
     """paused -> running."""
-    return repo.act(job_id, "resume")
+    return repo.act(job_id, JobAction.RESUME)
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[WriteAuth])
