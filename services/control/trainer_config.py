@@ -288,10 +288,10 @@ class DistributedConfig(StrictConfig):
     #: tells the others at once (distributed.exchange_outcomes); this bounds the wait for a
     #: rank gone silent (killed, stuck), so keep it well under a minute.
     timeout_s: float = Field(30.0, gt=0, le=3600)
-    #: How long the ranks wait for each other around a checkpoint save or load (rank 0 may
-    #: write or read many GiB of store shards meanwhile: the process group's own timeout; a
-    #: step's collectives wait ``timeout_s``), and how long the watchdog lets a save or load
-    #: run without progress. The rendezvous of a group is torchrun's (``--rdzv-conf
+    #: How long the ranks wait for each other at the end of a phase, a checkpoint save or
+    #: load above all (rank 0 may write or read many GiB of store shards meanwhile; the
+    #: wait is in the group's store, not a collective), and how long the watchdog lets a
+    #: save or load run without progress. The rendezvous of a group is torchrun's (``--rdzv-conf
     #: timeout=``, 600 s in ``streamrec up`` and the manifests).
     checkpoint_timeout_s: float = Field(1800.0, gt=0, le=86400)
 

@@ -170,9 +170,8 @@ class Agent:
             "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
         )
         # the group outlives the job's trainer (a fresh start replaces the trainer)
-        dc = config.distributed
         _, _, self._own_group = ddp.init_from_env(
-            dc.backend, max(dc.timeout_s, dc.checkpoint_timeout_s), device
+            config.distributed.backend, config.distributed.timeout_s, device
         )
         self.job_config = config
         if self.rank == 0:  # beat from the start: warm start may take a while
@@ -521,9 +520,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--group-timeout-s",
         type=float,
-        default=1800.0,
-        help="a pooled group's process-group timeout: the rendezvous of its ranks and a "
-        "checkpoint's agreement (a step's collectives wait the job's distributed.timeout_s)",
+        default=60.0,
+        help="a pooled group's process-group timeout (its ranks' rendezvous; a step's "
+        "collectives wait the job's distributed.timeout_s, a checkpoint's agreement its "
+        "distributed.checkpoint_timeout_s)",
     )
     p.add_argument("--heartbeat-ttl-s", type=float, default=10.0)
     p.add_argument("--poll-ms", type=int, default=500)

@@ -73,9 +73,36 @@ def init_from_env(
 
 
 #: How long a collective inside a training step waits for the other ranks (the job's
-#: ``distributed.timeout_s``). The process group's own timeout is long (the rendezvous, a
-#: checkpoint's agreement: minutes); a step's collectives wait this long instead, per op.
+#: ``distributed.timeout_s``; a pooled group's own timeout may differ).
 _step_timeout = dt.timedelta(seconds=30)
+
+
+#: How long a rank waits for the others at an outcome exchange (the job's
+#: ``distributed.checkpoint_timeout_s``: rank 0 may save or load the store for minutes).
+_wait_timeout = dt.timedelta(seconds=1800)
+#: Outcome exchanges so far (the same count on every rank: they all make the same calls).
+_arrivals = 0
+
+
+def set_wait_timeout(timeout_s: float) -> None:
+    global _wait_timeout
+    _wait_timeout = dt.timedelta(seconds=timeout_s)
+
+
+def _arrive_all() -> None:
+    """Returns once every rank has arrived here, however long the slowest takes, up to the
+    wait timeout: keys in the group's store (a collective gives up after the group's own,
+    short, timeout). Rank 0 deletes the previous arrival's keys (every rank is past it)."""
+    global _arrivals
+    _arrivals += 1
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tag = f"streamrec/arrive/{_arrivals}"
+    store.set(f"{tag}/{rank}", "1")
+    store.wait([f"{tag}/{r}" for r in range(world)], _wait_timeout)
+    if rank == 0 and _arrivals > 1:
+        for r in range(world):
+            store.delete_key(f"streamrec/arrive/{_arrivals - 1}/{r}")
 
 
 def set_step_timeout(timeout_s: float) -> None:
@@ -168,7 +195,8 @@ def exchange_outcomes(code: int, marks: list[int], message: str = "") -> list[Ra
             list(raw), dtype=torch.int64
         )
     if world > 1:
-        dist.all_reduce(table)  # the group's long timeout: a save may run for minutes
+        _arrive_all()  # a save may run for minutes: every rank here before the collective
+        dist.all_reduce(table)
     out = []
     for r, row in enumerate(table.tolist()):
         n = row[1]

@@ -67,8 +67,8 @@ class PoolMember:
         ttl_s: the registration expires this long after rank 0's last renewal.
         metrics_port / metrics_host: where this rank serves /metrics for its whole life
             (port + local rank; 0 a free port; None: not served).
-        group_timeout_s: the process group's timeout: the rendezvous of the ranks and a
-            checkpoint's agreement (a step's collectives wait the job's own, shorter, one).
+        group_timeout_s: the process group's timeout (the rendezvous of the ranks; a job's
+            step collectives and checkpoint agreements wait the job's own timeouts).
     """
 
     def __init__(
@@ -80,7 +80,7 @@ class PoolMember:
         ttl_s: float = 10.0,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
-        group_timeout_s: float = 1800.0,
+        group_timeout_s: float = 60.0,
     ) -> None:
         self.rank, self.world = ddp.env_world()
         self.redis_url = redis_url

@@ -122,11 +122,13 @@ class OnlineTrainer:
                 f"give each rank its own)"
             )
         dc = config.distributed
-        # the group waits long (a checkpoint's agreement); a step's collectives, timeout_s
         self.rank, self.world, self._own_group = ddp.init_from_env(
-            dc.backend, max(dc.timeout_s, dc.checkpoint_timeout_s), self.device
+            dc.backend, dc.timeout_s, self.device
         )
+        # a step's collectives wait timeout_s; the outcome of a phase (a save, a load) waits
+        # for every rank up to checkpoint_timeout_s
         ddp.set_step_timeout(dc.timeout_s)
+        ddp.set_wait_timeout(dc.checkpoint_timeout_s)
         #: What the trainer does now ("idle", "train", "save", "load"): the agent's watchdog
         #: allows a save or load its own, longer, time without progress.
         self.phase = "idle"
