@@ -90,6 +90,7 @@ def agent_args(redis_url: str, job_id: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_agent_trains_obeys_triggers_stops_and_resumes(client, roots, redis_server, tmp_path):
     data = roots["data"] / "agent"
@@ -258,6 +259,7 @@ def fails_at_start(client, redis_server, body: dict, log: Path) -> dict:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_group_of_another_size_fails_the_job(client, roots, redis_server, tmp_path):
     body = small_job(
@@ -270,6 +272,7 @@ def test_a_group_of_another_size_fails_the_job(client, roots, redis_server, tmp_
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_shards_of_another_tier_fail_the_job(client, roots, redis_server, tmp_path):
     from streamrec.control.trainer_config import TrainerConfig
@@ -295,6 +298,7 @@ def test_shards_of_another_tier_fail_the_job(client, roots, redis_server, tmp_pa
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_negatives_and_threads_reach_the_trainer_group(client, roots, redis_server, tmp_path):
     """sampler.neg_num negatives per click from sampler.endpoint; threads_per_rank threads."""

@@ -14,6 +14,7 @@ from streamrec.process import spawn, stop_process
 from test_agent import agent_args, alive, datagen, finished, small_job, started_job
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_rank_serves_metrics_and_a_failed_save_is_a_checkpoint_failure(
     client, roots, redis_server, tmp_path: Path

@@ -61,6 +61,7 @@ def test_a_pass_against_a_restarted_shard_fails_transient_and_the_checkpoint_rec
             assert t.run_pass(second)["samples"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_two_ranks_fail_the_pass_and_both_train_on_after_the_checkpoint(
     tmp_path: Path, stream: Path
