@@ -100,7 +100,7 @@ from streamrec.save_modes import SAVE_MODES
 from streamrec.wire import Arrays, Handler, Meta
 
 if TYPE_CHECKING:
-    from streamrec.embedding_store.store import TableHook
+    from streamrec.embedding_store.store import EmbeddingStore, TableHook
 
 OPS = (
     "ping",
@@ -121,7 +121,7 @@ OPS = (
 #: Ops that act on one namespace's store (named by the request's ``namespace`` field).
 NAMESPACED_OPS = frozenset(OPS) - {"ping", "create_tables", "drop_tables"}
 #: A namespaced op's handler: (namespace, its store, meta, arrays) -> reply.
-NamespacedHandler = Callable[[str, Any, Meta, Arrays], tuple[Meta, Arrays]]
+NamespacedHandler = Callable[[str, "EmbeddingStore", Meta, Arrays], tuple[Meta, Arrays]]
 
 
 def _jsonable(value: Any) -> Any:
@@ -155,7 +155,7 @@ class StoreService:
 
     def __init__(
         self,
-        store: Any,
+        store: EmbeddingStore,
         shard_id: int,
         num_shards: int,
         metrics: StoreMetrics | None = None,
@@ -218,14 +218,14 @@ class StoreService:
     # -- validation -----------------------------------------------------------------
 
     @staticmethod
-    def _table(store: Any, meta: Meta) -> tuple[str, int]:
+    def _table(store: EmbeddingStore, meta: Meta) -> tuple[str, int]:
         name = meta.get("table")
         if not isinstance(name, str):
             raise BadRequest(f"field 'table' must be a table name (string), got {quote(name)}")
         tables = store.tables
         if name not in tables:
             raise UnknownTable(f"unknown table {quote(name)}; tables: {sorted(tables)}")
-        return name, int(tables[name].dim)
+        return name, tables[name].checked_dim()
 
     @staticmethod
     def _array(
@@ -263,7 +263,7 @@ class StoreService:
         return np.array(keys)
 
     @staticmethod
-    def _tables(store: Any, meta: Meta) -> tuple[list[str], np.ndarray]:
+    def _tables(store: EmbeddingStore, meta: Meta) -> tuple[list[str], np.ndarray]:
         """The ``tables`` field of a multi-table op: names and dims (T,) int64."""
         names = meta.get("tables")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -367,10 +367,14 @@ class StoreService:
             self.metrics.forget_namespace(namespace)
         return {"dropped": dropped}, {}
 
-    def op_tables(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_tables(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         return {"tables": [t.model_dump(mode="json") for t in store.tables.values()]}, {}
 
-    def op_pull(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_pull(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         table, _dim = self._table(store, meta)
         create = self._create(meta)
         keys = self._keys(arrays)
@@ -379,9 +383,11 @@ class StoreService:
         record = self._on_table("pull", ns)
         if record is not None:
             record(table, keys.size, time.perf_counter() - started)
-        return {}, {"values": values.numpy() if hasattr(values, "numpy") else values}
+        return {}, {"values": values.numpy()}
 
-    def op_push(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_push(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         table, dim = self._table(store, meta)
         keys = self._keys(arrays)
         n = keys.size
@@ -396,7 +402,9 @@ class StoreService:
             record(table, n, time.perf_counter() - started)
         return {}, {}
 
-    def op_pull_many(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_pull_many(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         names, _dims = self._tables(store, meta)
         create = self._create(meta)
         keys = self._keys(arrays)
@@ -406,7 +414,9 @@ class StoreService:
         flat = [v.reshape(-1).numpy() for v in values]
         return {}, {"values": np.concatenate(flat) if flat else np.zeros(0, np.float32)}
 
-    def op_push_many(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_push_many(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         names, dims = self._tables(store, meta)
         keys = self._keys(arrays)
         n = keys.size
@@ -430,15 +440,19 @@ class StoreService:
         )
         return {}, {}
 
-    def op_size(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_size(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         table, _dim = self._table(store, meta)
         return {"size": int(store.size(table))}, {}
 
-    def op_shrink(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_shrink(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         return {"deleted": _jsonable(store.shrink() or {})}, {}
 
     def op_advance_day(
-        self, ns: str, store: Any, meta: Meta, arrays: Arrays
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
     ) -> tuple[Meta, Arrays]:
         store.advance_day()
         return {}, {}
@@ -469,7 +483,9 @@ class StoreService:
                 )
             return self._redis
 
-    def op_save(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_save(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         mode = meta.get("mode", "checkpoint")
         if mode not in SAVE_MODES:
             raise BadRequest(f"field 'mode' must be one of {list(SAVE_MODES)}, got {quote(mode)}")
@@ -482,7 +498,9 @@ class StoreService:
             self.metrics.save_seconds.labels(mode).observe(time.perf_counter() - started)
         return {"dir": str(target), "manifest": _jsonable(manifest or {})}, {}
 
-    def op_load(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_load(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         root = self._root(meta)
         target = self._shard_dir(root)
         if not target.is_dir():
@@ -531,7 +549,9 @@ class StoreService:
             self.metrics.load_seconds.observe(time.perf_counter() - started)
         return {"dir": str(target)}, {}
 
-    def op_stats(self, ns: str, store: Any, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+    def op_stats(
+        self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
+    ) -> tuple[Meta, Arrays]:
         stats = {**store.stats(), "namespaces": self.namespaces.summary()}
         return {
             "shard_id": self.shard_id,
