@@ -53,6 +53,8 @@ def test_disk_errors_are_codes_and_a_full_disk_leaves_nothing(small_disk, tmp_pa
 
             err = remote_error(lambda: client.save(str(root / ("x" * 300))))
             assert err.code == "bad_request" and "File name too long" in str(err), err
+            err = remote_error(lambda: client.load(str(root / ("x" * 300))))
+            assert err.code == "bad_request" and "File name too long" in str(err), err
             (root / "a-file").write_text("not a directory")
             err = remote_error(lambda: client.save(str(root / "a-file" / "ckpt")))
             assert err.code == "exists" and "a-file" in str(err), err

@@ -58,6 +58,7 @@ EXTREME = [
     2**63 - 1,
     -(2**63),
     -(2**62),
+    2**64 - 1,  # msgpack's largest: a meta int beyond int64
 ]
 INT_DTYPES = [np.int8, np.int32, np.int64, np.uint32, np.uint64]
 FLOATS = [0.0, 1.0, -1.0, 1e38, -1e38, float("nan"), float("inf"), -float("inf"), 5e-324]
