@@ -26,11 +26,14 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrec.embedding_store.errors import TableConflict, UnknownNamespace
 from streamrec.embedding_store.options import TableOptions
 from streamrec.errors import BadRequest, quote
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store import EmbeddingStore
 
 #: What a namespace may be called (the trainer config's ``store.namespace`` uses the same).
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -45,7 +48,7 @@ MAX_TABLES = 1024
 FIELD = "namespace"
 
 #: Makes the store of a new namespace: (namespace, its first tables) -> store.
-StoreFactory = Callable[[str, list[TableOptions]], Any]
+StoreFactory = Callable[[str, list[TableOptions]], "EmbeddingStore"]
 
 
 def check_namespace(value: object, field: str = FIELD) -> str:
@@ -111,21 +114,23 @@ class Namespaces:
         max_namespaces: namespaces held at once besides the default one.
     """
 
-    def __init__(self, default: Any, make: StoreFactory, max_namespaces: int = MAX_NAMESPACES):
-        self._stores: dict[str, Any] = {DEFAULT_NAMESPACE: default}
+    def __init__(
+        self, default: EmbeddingStore, make: StoreFactory, max_namespaces: int = MAX_NAMESPACES
+    ):
+        self._stores: dict[str, EmbeddingStore] = {DEFAULT_NAMESPACE: default}
         self._make = make
         self.max_namespaces = max_namespaces
         self._lock = threading.Lock()  # serialises create and drop
 
     @property
-    def default(self) -> Any:
+    def default(self) -> EmbeddingStore:
         return self._stores[DEFAULT_NAMESPACE]
 
     def names(self) -> list[str]:
         """Namespaces held, the default one first."""
         return list(self._stores)
 
-    def get(self, namespace: str) -> Any:
+    def get(self, namespace: str) -> EmbeddingStore:
         """The store of ``namespace`` (checked with :func:`check_namespace` already).
 
         Raises:
@@ -141,7 +146,7 @@ class Namespaces:
             )
         return store
 
-    def of(self, meta: dict[str, Any]) -> tuple[str, Any]:
+    def of(self, meta: dict[str, Any]) -> tuple[str, EmbeddingStore]:
         """(namespace, store) of a request's ``namespace`` field."""
         namespace = check_namespace(meta.get(FIELD))
         return namespace, self.get(namespace)
@@ -227,6 +232,4 @@ class Namespaces:
         with self._lock:
             stores, self._stores = list(self._stores.values()), {}
         for store in stores:
-            close = getattr(store, "close", None)
-            if close is not None:
-                close()
+            store.close()

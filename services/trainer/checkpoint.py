@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from streamrec import layout
@@ -32,6 +32,9 @@ from streamrec.layout import MANIFEST_NAME
 from streamrec.save_modes import SaveMode
 from streamrec.trainer import faults
 from streamrec.trainer.errors import CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store import SparseStore
 
 DENSE_NAME = "dense.pt"
 SPARSE_NAME = "sparse"
@@ -146,7 +149,7 @@ def dense_state(
 
 
 def write_model(
-    directory: Path, state: dict[str, Any], store: Any, mode: str, info: dict[str, Any]
+    directory: Path, state: dict[str, Any], store: SparseStore, mode: str, info: dict[str, Any]
 ) -> Path:
     """Dense state, the store's save in ``mode`` and the manifest (last) into a fresh
     ``directory``. One process writes it (the store saves every shard)."""
@@ -184,6 +187,6 @@ def restore_dense(
         raise CheckpointError(f"{source}: dense state does not fit this model: {exc}") from exc
 
 
-def load_sparse(store: Any, directory: Path) -> None:
+def load_sparse(store: SparseStore, directory: Path) -> None:
     """The store's part of a checkpoint back into ``store`` (every shard)."""
     store.load(str(directory / SPARSE_NAME))
