@@ -80,9 +80,12 @@ class _ZapHandler:
             while True:
                 frames = self.sock.recv_multipart()
                 # version, request id, domain, address, identity, mechanism, credentials...
-                version, request_id, domain, address, _identity, mechanism = frames[:6]
+                # (libzmq sends at least six frames; fewer is refused, never a dead handler)
+                version, request_id, domain, address, _identity, mechanism = (frames + [b""] * 6)[
+                    :6
+                ]
                 creds = frames[6:8] if len(frames) >= 8 else [b"", b""]
-                ok = self._allowed(domain, mechanism, creds[0], creds[1])
+                ok = len(frames) >= 6 and self._allowed(domain, mechanism, creds[0], creds[1])
                 if not ok:
                     self._log_refusal(address.decode(errors="replace"))
                 status = [b"200", b"OK"] if ok else [b"400", b"wrong or missing peer token"]
