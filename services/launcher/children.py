@@ -40,7 +40,9 @@ class Child:
             self.log_offset = self.log.stat().st_size
         except OSError:
             self.log_offset = 0
-        self.proc = spawn(self.args, log=self.log, env=self.env)
+        # the stack's main thread starts every child: if `streamrec up` is killed outright
+        # (no tear-down), its children get SIGTERM instead of running on as orphans
+        self.proc = spawn(self.args, log=self.log, env=self.env, die_with_parent=True)
 
     @property
     def pid(self) -> int | None:

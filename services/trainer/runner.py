@@ -38,7 +38,6 @@ or ``transient``. After a failed pass the model is not the state after any pass
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import threading
@@ -53,25 +52,22 @@ from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.metrics import serve_metrics
 from streamrec.sampler import Prefetcher
-from streamrec.save_modes import SaveMode
-from streamrec.trainer import checkpoint as ckpt
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
 from streamrec.trainer.data import Batch, ParseStats, iter_batches
 from streamrec.trainer.errors import (
-    CheckpointError,
     ConfigError,
     GroupError,
     PassFailed,
     TrainerError,
 )
 from streamrec.trainer.evaluation import AucAccumulator
-from streamrec.trainer.group_outcome import agree, share_pass_outcome
+from streamrec.trainer.group_outcome import share_pass_outcome
 from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.model_saves import ModelSaves
 from streamrec.trainer.negsampling import NegativeSampler
-from streamrec.trainer.pass_log import PASSES_FILE, write_lines
 from streamrec.trainer.run_plan import RunPlan, plan_run
 from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.store import build_table_options, make_store
@@ -79,11 +75,8 @@ from streamrec.trainer.thread_tuner import ThreadTuner
 
 log = logging.getLogger(__name__)
 
-#: What save_model writes (a checkpoint is save_checkpoint's).
-EXPORT_MODES = frozenset(SaveMode) - {SaveMode.CHECKPOINT}
 
-
-class OnlineTrainer:
+class OnlineTrainer(ModelSaves):
     """DLRM trainer over the streaming layout; the programmatic API of a trainer rank.
 
     Args:
@@ -468,211 +461,6 @@ class OnlineTrainer:
         )
         return record
 
-    def record_pass(self, record: dict[str, Any]) -> None:
-        """Appends ``record`` to passes.jsonl, dropping any record of this pass or a later
-        one (trained before a restart from an earlier checkpoint): each pass once, in
-        training order. Written via a temporary file, so a failure leaves the old file."""
-        self.model_root.mkdir(parents=True, exist_ok=True)
-        path = self.model_root / PASSES_FILE
-        here = (record["day"], record["pass_id"])
-        kept = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    old = json.loads(line)
-                    if (old["day"], old["pass_id"]) >= here:
-                        continue
-                except (ValueError, KeyError, TypeError):
-                    pass  # not ours to judge: keep it
-                kept.append(line)
-        write_lines(path, [*kept, json.dumps(record)])
-
-    def _save_due(self, spec: layout.PassSpec, checkpoint: bool = False) -> Path | None:
-        """The saves due after ``spec`` (a checkpoint when ``checkpoint``); returns the
-        checkpoint written (None: none due)."""
-        r = self.config.runner
-        last_of_day = spec.is_last_of_day(r.split_interval, r.split_per_pass)
-        if (
-            r.save_delta_frequency
-            and spec.pass_id % r.save_delta_frequency == 0
-            and (not last_of_day)
-        ):
-            self.save_model(SaveMode.DELTA, spec.day, spec.pass_id)
-        if last_of_day and r.save_base_at_day_end:
-            self._rank0_store(self.store.advance_day)
-            self.shrink()
-            self.save_model(SaveMode.BASE, spec.day)
-            self.save_model(SaveMode.BATCH, spec.day)
-            return self.save_checkpoint(spec.day, spec.pass_id)
-        # the pass that ends the span (end_day's end_split) is one too: a job driven by the
-        # control plane ends there, and export and the next run start from its checkpoint
-        at_end = spec.day == r.end_day and spec.splits[-1:] == (r.end_split,)
-        if (
-            checkpoint
-            or at_end
-            or (r.checkpoint_per_pass and spec.pass_id % r.checkpoint_per_pass == 0)
-        ):
-            return self.save_checkpoint(spec.day, spec.pass_id)
-        return None
-
-    # -- saving and loading -----------------------------------------------------------------
-    def _rank0_store(self, fn: Any, *args: Any) -> Any:
-        """Runs a store admin call once (rank 0; the ranks share the store), ranks in step;
-        a failure raises on every rank (:meth:`_agree`)."""
-        ddp.barrier()
-        out, failure = None, None
-        if self.rank == 0:
-            try:
-                out = fn(*args)
-            except Exception as exc:
-                failure = exc
-        agree(failure, getattr(fn, "__name__", "store call"))
-        return out
-
-    def dense_state(self) -> dict[str, Any]:
-        return ckpt.dense_state(
-            self.dense,
-            self.optimizer,
-            self.scheduler,
-            self.last_pass,
-            self.step,
-            self.config.hyper_parameters.model_dump(mode="json"),
-        )
-
-    def _write(self, mode: str, day: str, pass_id: int | None) -> Path:
-        """A save of ``mode`` (dense + store, manifest last); rank 0 writes, ranks in step."""
-        started = time.monotonic()
-        mode = SaveMode(mode).value  # plain str on the wire and in labels
-        directory = ckpt.model_dir(self.model_root, mode, day, pass_id)
-        ddp.barrier()
-        self.progress_at = time.monotonic()  # a save is one long step: its start is progress
-        failure = None
-        if self.rank == 0:
-            info = {
-                "day": day,
-                "pass_id": pass_id,
-                "step": self.step,
-                "world_size": self.world,
-                "tables": self.config.table_names,
-            }
-            try:
-                ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
-            except Exception as exc:
-                failure = exc
-        agree(failure, f"{mode} save to {directory}")
-        self.progress_at = time.monotonic()
-        m.SAVE_SECONDS.labels(self.label, mode).observe(time.monotonic() - started)
-        return directory
-
-    def save_checkpoint(self, day: str, pass_id: int) -> Path:
-        """Full checkpoint after pass ``pass_id`` of ``day`` (dense + store, manifest last)."""
-        return self._write(SaveMode.CHECKPOINT, day, pass_id)
-
-    def save_model(self, mode: str, day: str, pass_id: int | None = None) -> Path:
-        """``base`` / ``batch`` (end of day) or ``delta`` (after ``pass_id``) model."""
-        if mode not in EXPORT_MODES:
-            raise ConfigError(f"mode must be one of {sorted(EXPORT_MODES)}, got {mode!r}")
-        directory = self._write(mode, day, pass_id if mode == SaveMode.DELTA else None)
-        if mode in self.config.online.modes and self.config.online.redis_url:
-            from streamrec.trainer.online import publish_save
-
-            self.last_online = publish_save(self, directory, mode, day, pass_id)
-        return directory
-
-    def shrink(self) -> dict[str, Any]:
-        """The store's shrink (decay show/click, delete stale rows); deleted rows per table."""
-        out = self._rank0_store(self.store.shrink)
-        return dict(out or {})
-
-    def warm_start(self) -> tuple[str, int] | None:
-        """Loads the newest complete checkpoint; returns its (day, pass_id) or None.
-
-        For a trainer on its own; a group driven by the control plane loads the checkpoint
-        the API names instead (:meth:`load_checkpoint`)."""
-        found = layout.newest_checkpoint(self.model_root)
-        if found is None:
-            return None
-        return self.load_checkpoint(found[0], found[1])
-
-    def load_checkpoint(self, day: str, pass_id: int) -> tuple[str, int]:
-        """Loads exactly the checkpoint after pass ``pass_id`` of ``day`` (every rank its
-        dense part, rank 0 the store's); CheckpointError on every rank when it is missing,
-        incomplete or corrupt on any."""
-        directory = layout.checkpoint_dir(self.model_root, day, pass_id)
-        self.clean = False  # until both parts are in
-        self.phase = "load"
-        try:
-            return self._load_checkpoint(directory, day, pass_id)
-        finally:
-            self.phase = "idle"
-
-    def _load_checkpoint(self, directory: Path, day: str, pass_id: int) -> tuple[str, int]:
-        failure: Exception | None = None
-        try:
-            manifest, state = ckpt.read_checkpoint(directory)
-            step = ckpt.restore_dense(state, self.dense, self.optimizer, self.scheduler, directory)
-        except Exception as exc:
-            failure = exc
-        self._agree_checkpoint(failure, directory)
-        if self.rank == 0:
-            try:
-                ckpt.load_sparse(self.store, directory)
-            except Exception as exc:
-                failure = exc
-        self._agree_checkpoint(failure, directory)
-        self.accept_store_restarts(ask=False)  # rank 0's client took them in the load
-        self.step = step
-        self.clean = True
-        self.progress_at = time.monotonic()
-        self.last_pass = (day, pass_id)
-        log.info(
-            "warm start from %s (step %d, manifest %s)", directory, self.step, manifest.get("mode")
-        )
-        return self.last_pass
-
-    def accept_store_restarts(self, ask: bool = True) -> list[str]:
-        """Every rank's store client expects the shard incarnations rank 0's holds (asked of
-        the shards first when ``ask``), so shards restarted empty are served again instead
-        of failing every pass with ``ShardRestarted``: after rank 0 loaded a checkpoint into
-        every shard, or when there is none to go back to. Returns the restarted shards'
-        endpoints (rank 0). The in-process store has no shards: nothing to do."""
-        store = self.store
-        if not hasattr(store, "accept_restarts"):
-            return []
-        restarted: list[str] = []
-        failure: Exception | None = None
-        if self.rank == 0 and ask:
-            try:
-                restarted = store.accept_restarts()
-            except Exception as exc:
-                failure = exc
-        if ask:  # the same on every rank
-            agree(failure, "accepting the store's shards as they are")
-        if restarted:
-            log.warning("store shards %s restarted empty: going on with them", restarted)
-        if ddp.active():  # rank 0's ids to every rank (a sum: the others send zeros)
-            ids = [0 if i is None else i - (1 << 64) * (i >> 63) for i in store.incarnations()]
-            shared = torch.tensor(ids if self.rank == 0 else [0] * len(ids), dtype=torch.int64)
-            ddp.all_reduce_sum(shared)
-            if self.rank != 0:
-                store.accept_restarts([(int(v) % (1 << 64)) or None for v in shared.tolist()])
-        return restarted
-
-    def _agree_checkpoint(self, failure: Exception | None, directory: Path) -> None:
-        try:
-            agree(failure, f"loading checkpoint {directory}")
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            raise CheckpointError(f"cannot load checkpoint {directory}: {exc}") from exc
-
-    def export_serving(self, out_dir: str | Path) -> Path:
-        """Dense part int8-quantized + the store's base rows, for :mod:`.export`'s predict."""
-        from streamrec.trainer.export import export_serving
-
-        return export_serving(self, Path(out_dir))
-
-    # -- the whole job ----------------------------------------------------------------------
     def passes_todo(self) -> list[layout.PassSpec]:
         """Every pass of start_day..end_day (to end_split) after the last one done."""
         return plan_run(self.config.runner, self.data_root, self.last_pass).passes

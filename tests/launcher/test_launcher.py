@@ -15,9 +15,10 @@ from streamrec.api.models import JobCreate
 from streamrec.launcher.__main__ import build_parser, check_args
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.job import TABLE_PARAMETERS, job_spec, tables_config
-from streamrec.launcher.report import pass_row, summary_lines, summary_row
+from streamrec.launcher.report import summary_lines, summary_row
 from streamrec.launcher.stack import Stack
 from streamrec.launcher.state import STATE_FILE, read_state, stack_down, write_state
+from streamrec.pass_line import pass_row
 from streamrec.process import pid_alive, spawn, stop_process
 
 PASS = {
