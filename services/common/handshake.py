@@ -81,9 +81,8 @@ class _ZapHandler:
                 frames = self.sock.recv_multipart()
                 # version, request id, domain, address, identity, mechanism, credentials...
                 # (libzmq sends at least six frames; fewer is refused, never a dead handler)
-                version, request_id, domain, address, _identity, mechanism = (frames + [b""] * 6)[
-                    :6
-                ]
+                padded = [*frames, *[b""] * 6]
+                version, request_id, domain, address, _identity, mechanism = padded[:6]
                 creds = frames[6:8] if len(frames) >= 8 else [b"", b""]
                 ok = len(frames) >= 6 and self._allowed(domain, mechanism, creds[0], creds[1])
                 if not ok:
