@@ -24,7 +24,7 @@ from streamrec import __version__
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError, InvalidTransition, SpecInvalid
 from streamrec.api.metrics import ApiMetrics
-from streamrec.api.models import ErrorPublic
+from streamrec.api.public import ErrorPublic
 from streamrec.api.repo import Repo
 from streamrec.api.routes import events, health, jobs, passes, triggers
 from streamrec.api.scheduler import Scheduler

@@ -1,4 +1,5 @@
-"""REST models, named by role: ``JobCreate`` (body), ``JobPublic`` (one), ``JobsPublic`` (page).
+"""REST request bodies: ``JobCreate`` (a job spec) and ``TriggerCreate``; what the API returns
+(``JobPublic`` one, ``JobsPublic`` a page, ...) is in :mod:`streamrec.api.public`.
 
 The job spec keeps the seed-002 knob names (``train_data_dir``, ``split_interval``,
 ``split_per_pass``, ``checkpoint_per_pass``, ``data_donefile``, ``data_sleep_second``,
@@ -23,7 +24,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from streamrec.api.state import JobState, PassState, TriggerState
 from streamrec.control.channel import CommandType
 from streamrec.control.trainer_config import END_LANDED, OnlineMode
 from streamrec.layout import (
@@ -476,76 +476,6 @@ def stored_spec(raw: str) -> JobCreate:
     return JobCreate.model_validate_json(raw, context=STORED)
 
 
-class JobPublic(BaseModel):
-    id: str
-    name: str
-    state: JobState
-    spec: JobCreate
-    created_at: float
-    updated_at: float
-    passes_total: int
-    passes_done: int
-    in_flight: str | None = Field(None, description="the pass handed out, as 'YYYYMMDD/<id>'")
-    waiting_for: str | None = Field(
-        None,
-        description=(
-            "the split ('YYYYMMDD/HHMM') a running job's next pass waits for: its donefile has "
-            "not landed (None: in flight, ready, or not running)"
-        ),
-    )
-    last_checkpoint: str | None = None
-    error: str | None = None
-    trainers: Literal["assigned", "waiting_for_trainers", "pinned"] | None = Field(
-        None,
-        description=(
-            "how the job stands with the trainer pool: a group assigned, waiting for a free "
-            "group that fits, or served by a group pinned to it (--job-id)"
-        ),
-    )
-    group: str | None = Field(None, description="the pooled trainer group running the job")
-    restarts: int = Field(
-        0, description="infrastructure restarts of the trainer group in a row (budget)"
-    )
-    restarts_total: int = Field(0, description="infrastructure restarts of the job in all")
-
-
-class JobsPublic(BaseModel):
-    data: list[JobPublic]
-    count: int
-
-
-class PassPublic(BaseModel):
-    day: str
-    pass_id: int
-    splits: list[str]
-    state: PassState
-    attempts: int = Field(description="times the pass was handed out (rewinds included)")
-    failures: int = Field(
-        0, description="attempts that failed (a pass re-handed by a rewind is no failure)"
-    )
-    resume_from: str | None = Field(None, description="checkpoint the last attempt resumed from")
-    skipped_splits: list[str] = Field(
-        default_factory=list, description="bad splits left out (data.on_bad_split: skip)"
-    )
-    predict_auc: float | None = None
-    train_auc: float | None = None
-    logloss: float | None = None
-    best_auc: float | None = None
-    samples: int | None = None
-    malformed_lines: int | None = None
-    seconds: float | None = None
-    ranks: int | None = None
-    queued_at: float | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    error: str | None = None
-
-
-class PassesPublic(BaseModel):
-    data: list[PassPublic]
-    count: int
-
-
 TriggerKind = Literal[CommandType.CHECKPOINT, CommandType.EXPORT, CommandType.SHRINK]
 #: The save modes an export writes (a checkpoint is its own trigger kind); ``online``: a base
 #: published to the job's serving Redis (its trainer config's ``online.redis_url``).
@@ -565,58 +495,3 @@ class TriggerCreate(Spec):
         if self.kind != CommandType.EXPORT and self.mode is not None:
             raise ValueError(f"mode: only export takes a mode (got {self.mode!r} for {self.kind})")
         return self
-
-
-class TriggerPublic(BaseModel):
-    id: str
-    kind: TriggerKind
-    mode: ExportMode | None = None
-    state: TriggerState
-    created_at: float
-    finished_at: float | None = None
-    result: dict[str, Any] | None = None
-    error: str | None = None
-
-
-class TriggersPublic(BaseModel):
-    data: list[TriggerPublic]
-    count: int
-
-
-class EventPublic(BaseModel):
-    id: str = Field(description="stream id; pass it as `after` to read the next page")
-    type: str
-    message: str
-    ts: float
-    data: dict[str, Any]
-
-
-class EventsPublic(BaseModel):
-    data: list[EventPublic]
-    next: str | None = Field(None, description="`after` for the next page; None at the end")
-
-
-class WorkerPublic(BaseModel):
-    alive: bool
-    stuck: bool = Field(
-        False, description="alive but no progress for trainer_stuck_s while working on a pass"
-    )
-    heartbeat: dict[str, Any] | None = None
-    ttl_s: float | None = None
-    trainers: Literal["assigned", "waiting_for_trainers", "pinned"] | None = Field(
-        None, description="the job's standing with the trainer pool (see JobPublic)"
-    )
-    group: str | None = None
-
-
-class ErrorPublic(BaseModel):
-    """Body of every error other than 422: what went wrong, a code, the job's state on 409."""
-
-    detail: str
-    code: str | None = None
-    state: str | None = None
-
-
-class HealthPublic(BaseModel):
-    status: Literal["ok", "unavailable"]
-    redis: bool | None = None

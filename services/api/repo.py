@@ -21,20 +21,17 @@ from streamrec.api.errors import (
     TriggerNotFound,
 )
 from streamrec.api.lineage import job_plan, rewind_for_start
-from streamrec.api.models import (
-    JOB_OWNED,
+from streamrec.api.models import JOB_OWNED, JobCreate, TriggerCreate, stored_spec
+from streamrec.api.public import (
     EventPublic,
     EventsPublic,
-    JobCreate,
     JobPublic,
     JobsPublic,
     PassesPublic,
     PassPublic,
-    TriggerCreate,
     TriggerPublic,
     TriggersPublic,
     WorkerPublic,
-    stored_spec,
 )
 from streamrec.api.spec_checks import SpecPolicy, check_spec, resolve_under
 from streamrec.api.state import (

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import AfterValidator
 from streamrec.api.deps import ReadAuth, RepoDep
-from streamrec.api.models import EventsPublic
+from streamrec.api.public import EventsPublic
 from streamrec.api.routes.jobs import JobId
 
 #: Both halves of a Redis stream id are unsigned 64-bit.

@@ -6,7 +6,7 @@ import redis
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from streamrec.api.deps import MetricsDep, RepoDep
-from streamrec.api.models import HealthPublic
+from streamrec.api.public import HealthPublic
 
 router = APIRouter(tags=["health"])
 

@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 from streamrec.api.deps import ReadAuth, RepoDep, SettingsDep, WriteAuth
-from streamrec.api.models import JobCreate, JobPublic, JobsPublic, WorkerPublic
+from streamrec.api.models import JobCreate
+from streamrec.api.public import JobPublic, JobsPublic, WorkerPublic
 from streamrec.api.state import JobAction, JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 from streamrec.api.deps import ReadAuth, RepoDep
-from streamrec.api.models import PassesPublic, PassPublic
+from streamrec.api.public import PassesPublic, PassPublic
 from streamrec.api.routes.jobs import JobId
 
 router = APIRouter(prefix="/jobs/{job_id}/passes", tags=["passes"])

@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
 from streamrec.api.deps import ReadAuth, RepoDep, WriteAuth
-from streamrec.api.models import TriggerCreate, TriggerPublic, TriggersPublic
+from streamrec.api.models import TriggerCreate
+from streamrec.api.public import TriggerPublic, TriggersPublic
 from streamrec.api.routes.jobs import JobId
 
 router = APIRouter(prefix="/jobs/{job_id}/triggers", tags=["triggers"])
