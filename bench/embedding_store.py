@@ -1,4 +1,4 @@
-"""Benchmark of the embedding store (issue 3, "Speed"): every figure next to a baseline
+"""Benchmark of the embedding store : every figure next to a baseline
 measured in the same run, printed as a ratio.
 
 Figures:

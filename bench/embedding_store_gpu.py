@@ -1,5 +1,5 @@
-"""Benchmark of the GPU embedding store (issue 14, "Speed"): every figure next to a baseline
-measured in the same run on the same GPU, printed as a ratio.
+"""Benchmark of the GPU embedding store (docs/design-notes.md, "The embedding store on a
+GPU"): every figure next to a baseline measured in the same run on the same GPU, printed as a ratio.
 
 Figures (HierarchicalKV's benchmark shape: 1,048,576 keys per call):
 1. device bandwidth: a device-to-device copy (bytes read + written per second).

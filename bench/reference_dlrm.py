@@ -6,7 +6,7 @@ defaults: no ``OMP_WAIT_POLICY``, torch's own thread count, glibc's own malloc s
 imports nothing of StreamRec, so none of StreamRec's process settings reach it.
 
 What is reproduced, as the reference does it (checked against its code: BENCHMARKS.md,
-"Fair baseline (issue 15)")::
+"Fair baseline")::
 
     tables  nn.EmbeddingBag(n, d, mode="sum", sparse=True), weights U(-sqrt(1/n), sqrt(1/n))
     MLPs    nn.Linear + ReLU (Sigmoid after the top's last layer), weights
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-#: benchmark setups: (a) the seed 004 CPU table, (b) Criteo-Kaggle-like
+#: benchmark setups: (a) the reference DLRM's CPU table, (b) Criteo-Kaggle-like
 SETUPS: dict[str, dict] = {
     "a": {
         "ln_emb": [100] * 12 + [1000] * 3,

@@ -1,4 +1,4 @@
-"""Sampler benchmark (issue 2): negatives/s through the service, in-process, and numpy.
+"""Sampler benchmark: negatives/s through the service, in-process, and numpy.
 
 Table: ``--items`` items in ``--categories`` categories, Pareto(1.2) weights (a few items
 carry most of each category's weight), plus a float and a ragged feature column. Batches:

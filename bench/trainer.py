@@ -1,6 +1,6 @@
 """Trainer benchmark: StreamRec end to end against the reference DLRM step, and quality.
 
-Throughput, for each setup (a: the seed 004 CPU table, b: Criteo-Kaggle-like)::
+Throughput, for each setup (a: the reference DLRM's CPU table, b: Criteo-Kaggle-like)::
 
     baseline     the reference's DLRM step (facebookresearch/dlrm ``DLRM_Net``: nn.EmbeddingBag
                  sparse=True + SGD, the same MLPs, dot interaction) as reproduced by

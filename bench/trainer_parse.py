@@ -1,4 +1,4 @@
-"""Trainer parse benchmark (issue 15): text -> Batch, MB/s and ms per 2048-sample batch.
+"""Trainer parse benchmark: text -> Batch, MB/s and ms per 2048-sample batch.
 
 Text: setup (b)'s samples as bench/trainer.py writes them (``make_data`` + ``to_criteo_text``:
 13 ints, 26 hex categoricals), and the generator's format for the planted stream with 26
@@ -88,7 +88,7 @@ def pyarrow_read(text: bytes, gen: bool) -> pa.Table:
     )
 
 
-# --- the old path (services/trainer/data.py before issue 15), bench code only ---
+# --- the old path (services/trainer/data.py before its C++ parser), bench code only ---
 
 
 def _old_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:

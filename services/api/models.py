@@ -1,7 +1,7 @@
 """REST request bodies: ``JobCreate`` (a job spec) and ``TriggerCreate``; what the API returns
 (``JobPublic`` one, ``JobsPublic`` a page, ...) is in :mod:`streamrec.api.public`.
 
-The job spec keeps the seed-002 knob names (``train_data_dir``, ``split_interval``,
+The job spec keeps PaddleRec's knob names (``train_data_dir``, ``split_interval``,
 ``split_per_pass``, ``checkpoint_per_pass``, ``data_donefile``, ``data_sleep_second``,
 ``model_save_path``), the same as the trainer's config, so a PaddleRec user finds them where
 they expect. Every field does what it names or is refused: :meth:`JobCreate.trainer_config`
@@ -114,7 +114,7 @@ def _renamed(
 
 
 class DataSpec(Spec):
-    """Where the streaming data lands and how it is cut into passes (seed 002 names, the
+    """Where the streaming data lands and how it is cut into passes (PaddleRec names, the
     same as the trainer's ``runner`` section)."""
 
     train_data_dir: str = Field(
@@ -233,7 +233,7 @@ class DataSpec(Spec):
 
 
 class CheckpointSpec(Spec):
-    """Checkpoint and export policy (seed 002: checkpoints per pass, base/delta/batch models)."""
+    """Checkpoint and export policy (PaddleRec: checkpoints per pass, base/delta/batch models)."""
 
     model_save_path: str = Field(
         min_length=1, max_length=4096, description="model root; under a configured model root"
@@ -250,7 +250,7 @@ class CheckpointSpec(Spec):
 
 
 class SamplerSpec(Spec):
-    """Negative sampling (seed 000): ``neg_num`` negatives per positive from the sampler.
+    """Negative sampling (RecIS): ``neg_num`` negatives per positive from the sampler.
 
     Becomes the trainer's ``negative_sampling`` section (``enabled``, ``sample_size =
     neg_num + 1``, ``endpoint``); the negative table comes from

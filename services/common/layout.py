@@ -1,4 +1,4 @@
-"""The streaming data layout and the model layout of seed 002, shared by trainer and api.
+"""The streaming data layout and the model layout of PaddleRec, shared by trainer and api.
 
 Data::
 

@@ -1,4 +1,4 @@
-"""The four ways a model is saved (seed 002), shared by every service that names one.
+"""The four ways a model is saved (PaddleRec's), shared by every service that names one.
 
 ``checkpoint``: every row with its optimizer state and statistics, for warm start.
 ``batch``: the same after the daily shrink. ``base``: weights of the rows worth serving

@@ -3,7 +3,7 @@
 A job file has up to eight sections; unknown keys anywhere are an error that names them (a
 renamed one names its new name)::
 
-    runner:                       # PaddleRec online runner names (seed 002)
+    runner:                       # PaddleRec online runner names
       train_data_dir: data        # train_data_dir/YYYYMMDD/HHMM/part-*
       data_format: generated      # or criteo (reader_type is accepted as an alias)
       split_interval: 5           # minutes per split
@@ -17,7 +17,7 @@ renamed one names its new name)::
       save_delta_frequency: 6
       model_save_path: output_model
       train_batch_size: 2048
-    hyper_parameters:             # reference DLRM names (seed 004)
+    hyper_parameters:             # reference DLRM names
       arch_sparse_feature_size: 16
       arch_mlp_bot: 13-512-256-64-16
       arch_mlp_top: 512-256-1
@@ -78,7 +78,7 @@ def parse_dims(value: Any, field: str, min_len: int = 2) -> list[int]:
 
 
 class RunnerConfig(StrictConfig):
-    """The streaming runner (seed 002 names)."""
+    """The streaming runner (PaddleRec names)."""
 
     train_data_dir: str = "data"
     data_format: DataFormat = "generated"
@@ -177,7 +177,7 @@ class RunnerConfig(StrictConfig):
 
 
 class ModelConfig(StrictConfig):
-    """The DLRM model and dense optimizer (reference DLRM names, seed 004)."""
+    """The DLRM model and dense optimizer (reference DLRM names)."""
 
     arch_sparse_feature_size: int = Field(16, ge=1)
     arch_mlp_bot: list[int] = Field(default_factory=lambda: [13, 512, 256, 64, 16])
@@ -195,7 +195,7 @@ class ModelConfig(StrictConfig):
     #: that trails the reference model trained by torch Adagrad (0.05) by 0.010 AUC on the
     #: 26-slot planted stream (0.020 on the 8-slot one), and adagrad at 0.05 trails it by
     #: 0.007-0.024 (four seeds); adagrad at 0.02 leads it on all four (BENCHMARKS.md,
-    #: "Defaults (issue 15)").
+    #: "Defaults").
     optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
     learning_rate: float = Field(0.02, gt=0)
     lr_num_warmup_steps: int = Field(0, ge=0)
@@ -297,7 +297,7 @@ class DistributedConfig(StrictConfig):
 
 
 class NegativeSamplingConfig(StrictConfig):
-    """Negative sampling through the node-local sampler (seed 000); see negsampling.py."""
+    """Negative sampling through the node-local sampler (RecIS); see negsampling.py."""
 
     enabled: bool = False
     #: Parquet negative table, loaded by local rank 0 (LOCAL_RANK) at start.

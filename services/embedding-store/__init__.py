@@ -7,7 +7,7 @@ The public API is what this module exports; other services import nothing else o
     from streamrec.embedding_store import EmbeddingStoreClient, LocalShards, unique_keys
     from streamrec.embedding_store import SparseStore  # what the two stores above share
 
-See ``README.md`` in this directory for the semantics (seed 002), the tiers (seed 003) and
+See ``README.md`` in this directory for the semantics (PaddleRec's), the tiers (OneEmbedding's) and
 where each concept lives.
 """
 

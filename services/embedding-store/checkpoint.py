@@ -1,7 +1,7 @@
-"""Save and load of a store: full checkpoints, batch models, base and delta models (seed 002).
+"""Save and load of a store: full checkpoints, batch models, base and delta models (PaddleRec's).
 
 A save writes one directory (one store or one shard; the trainer puts the shards and the
-dense part under ``model_root/YYYYMMDD/<pass_id>/``, see shared/DESIGN.md)::
+dense part under ``model_root/YYYYMMDD/<pass_id>/``, see docs/architecture.md)::
 
     <path>/
       <table>.keys.npy          (n,) int64            checkpoint / batch: every row

@@ -1,4 +1,4 @@
-"""Converters: where base/delta rows go for online serving (seed 002's converter/deconverter).
+"""Converters: where base/delta rows go for online serving (PaddleRec's converter/deconverter).
 
 A :class:`Converter` receives the rows a base or delta save selects, as keys and weights, and
 gives them back (``read_rows``, the deconverter). :class:`FileConverter` writes the project's

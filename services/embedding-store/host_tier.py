@@ -1,4 +1,4 @@
-"""The host tier: every row of a table in RAM (OneEmbedding's host store, seed 003).
+"""The host tier: every row of a table in RAM (OneEmbedding's host store).
 
 A row matrix ``_data`` (rows, width) float32, the row keys ``_row_keys`` (rows,) int64 and an
 open-addressing hash index key -> row (the C++ ops of ``csrc/cpu``). Rows ``[0, size)`` are

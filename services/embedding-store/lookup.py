@@ -30,7 +30,7 @@ class PullingStore(Protocol):
 def lookup(
     store: PullingStore, ids: Any, table_ids: Any | None = None, create: bool = True
 ) -> torch.Tensor:
-    """Multi-table lookup (seed 003); the tables involved must share one dim.
+    """Multi-table lookup (OneEmbedding's); the tables involved must share one dim.
 
     Args:
         store: where the rows are.

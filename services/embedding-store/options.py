@@ -1,11 +1,11 @@
-"""Table and store options, with the knob names of PaddleRec (seed 002) and OneEmbedding (003).
+"""Table and store options, with the knob names of PaddleRec and OneEmbedding.
 
 A row of a table holds ``dim = 1 + embedx_dim`` weights: column 0 is the 1-dim *embed* part,
 trained by ``embed_sgd_param``; columns 1.. are the *embedx* part, trained by
 ``embedx_sgd_param``, read as zeros and not trained until the row's score reaches
 ``embedx_threshold`` (then initialised and trained; ``embedx_threshold = 0`` gives a plain
 embedding table). Score = ``nonclk_coeff * (show - click) + click_coeff * click`` (the
-parameter server's formula; seed 002's text has ``click - show``, a typo).
+parameter server's formula; PaddleRec's text has ``click - show``, a typo: docs/design-notes.md).
 
 Example:
     >>> t = TableOptions(name="user", embedx_dim=8, embedx_threshold=0,

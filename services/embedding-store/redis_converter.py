@@ -1,4 +1,4 @@
-"""Redis as the online serving key-value store for base/delta models (seed 002's converter).
+"""Redis as the online serving key-value store for base/delta models (PaddleRec's converter).
 
 Serving looks a feature up by key and gets its row. Per table (and per shard of the store
 that wrote it) the rows live in one Redis hash; key names come from :meth:`RedisConverter.key`

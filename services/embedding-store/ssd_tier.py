@@ -1,4 +1,4 @@
-"""The ssd tier: a table's rows in a file, a host table as write-back RAM cache (seed 003).
+"""The ssd tier: a table's rows in a file, a host table as write-back RAM cache (OneEmbedding's).
 
 The file ``<persistent_path>/<table>/rows.f32`` holds up to ``capacity`` rows; a RAM hash
 index maps key -> file slot. The cache is a

@@ -5,7 +5,7 @@ Example:
     >>> w = store.pull("item", torch.tensor([3, 7, 3]))         # (3, 16) float32
     >>> store.push("item", torch.tensor([3, 7]), torch.ones(2, 16))
 
-Semantics (seed 002, PaddleRec's CtrCommonAccessor):
+Semantics (PaddleRec's CtrCommonAccessor, docs/design-notes.md):
 
 - ``pull(create=True)`` finds or creates rows (new rows get their deterministic initial
   values); ``pull(create=False)`` (prediction) creates nothing and reads absent keys as zeros.
@@ -465,7 +465,7 @@ class EmbeddingStore(RowsFromTables):
 
     # -- OneEmbedding-style multi-table lookup and bag pooling (lookup.py) ---------------
     def lookup(self, ids: Any, table_ids: Any | None = None, create: bool = True) -> torch.Tensor:
-        """Multi-table lookup (seed 003): ids (batch, num_tables) int64 -> (batch,
+        """Multi-table lookup (OneEmbedding's): ids (batch, num_tables) int64 -> (batch,
         num_tables, dim) float32, or ids (n,) with table_ids (n,) -> (n, dim); see
         :func:`streamrec.embedding_store.lookup.lookup`."""
         return lookups.lookup(self, ids, table_ids, create)

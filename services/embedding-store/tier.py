@@ -1,4 +1,4 @@
-"""The storage-tier interface of one table (OneEmbedding's store options, seed 003).
+"""The storage-tier interface of one table (OneEmbedding's store options).
 
 Implementations: :class:`~streamrec.embedding_store.host_tier.HostTable` (rows in RAM) and
 :class:`~streamrec.embedding_store.ssd_tier.SsdTable` (rows in a file, a host table as its

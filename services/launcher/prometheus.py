@@ -17,7 +17,8 @@ from pathlib import Path
 import yaml
 from streamrec.launcher.errors import StackError
 
-#: Prometheus ``job`` label of each service (issue 13: the same locally and in Kubernetes).
+#: Prometheus ``job`` label of each service, the same locally and in Kubernetes
+#: (docs/design-notes.md, "One Prometheus job label").
 API_JOB = "streamrec-api"
 STORE_JOB = "streamrec-embedding-store"
 SAMPLER_JOB = "streamrec-sampler"

@@ -1,4 +1,4 @@
-"""Trainer checkpoints in the model layout of seed 002 (see :mod:`streamrec.layout`).
+"""Trainer checkpoints in PaddleRec's model layout (see :mod:`streamrec.layout`).
 
 A full checkpoint ``model_root/YYYYMMDD/<pass_id>/`` holds::
 

@@ -15,7 +15,7 @@ Lines are in the trainer's ``generated`` format (see :mod:`streamrec.trainer.dat
 
     label  p_true  I1..I13  C1..C{slots}
 
-and land in the streaming layout of seed 002 with a donefile per split, written after the
+and land in PaddleRec's streaming layout with a donefile per split, written after the
 split's files, optionally paced at ``--rate`` splits per second::
 
     streamrec-datagen --out data --start-day 20190720 --days 2 --split-interval 360 \\

@@ -2,7 +2,7 @@
 
 An exported model directory::
 
-    dense_int8.pt   the dense DLRM with every nn.Linear int8-dynamically quantized (seed 004:
+    dense_int8.pt   the dense DLRM with every nn.Linear int8-dynamically quantized (as in DLRM:
                     ``quantize_dynamic(dlrm, {nn.Linear}, torch.qint8)``), as a state dict
     model.json      the architecture (hyper_parameters), the sparse tables' options and the
                     lineage: the splits the model was trained on (:mod:`.lineage`)

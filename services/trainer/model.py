@@ -1,4 +1,5 @@
-"""DLRM (seed 004): bottom MLP, feature interaction, top MLP with a sigmoid.
+"""DLRM (as the reference DLRM, docs/design-notes.md): bottom MLP, feature interaction, top
+MLP with a sigmoid.
 
 The sparse part lives in the embedding store, so :class:`DLRMDense` takes the pooled
 embeddings as inputs. :class:`DLRM` adds ``nn.EmbeddingBag`` tables (sum pooling, sparse

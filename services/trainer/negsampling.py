@@ -1,4 +1,5 @@
-"""Negative sampling through the node-local sampler (seed 000's ``neg_sampling_fn``).
+"""Negative sampling through the node-local sampler (RecIS's ``neg_sampling_fn``, see
+docs/design-notes.md).
 
 Each batch of positives is expanded, in the prefetch thread, to positives + sampled
 negatives before it reaches the store and the model::

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 #: where torch's is ``lr * sign(g)``; later steps match torch's at rate
 #: ``lr * sqrt(initial_g2sum)`` (tests/trainer/test_table_defaults.py). With the dense default
 #: (adagrad 0.02, see ``ModelConfig``) it matches torch Adagrad at 0.05 on the planted streams
-#: without tuning (BENCHMARKS.md, "Defaults (issue 15)").
+#: without tuning (BENCHMARKS.md, "Defaults").
 DEFAULT_RULE: dict[str, Any] = {
     "name": "StdAdaGradSGDRule",
     "learning_rate": 0.05,

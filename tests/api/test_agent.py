@@ -489,11 +489,11 @@ def run_group(redis_url: str, job_id: str, log: Path, **env: str) -> subprocess.
 def test_a_failure_in_one_rank_moves_the_two_rank_job_on_fast(
     client, roots, redis_server, tmp_path, fault
 ):
-    """The hang of issue 12, reproduced with two agent ranks: rank 1's split of binary
-    garbage (DataError), or rank 0's full disk while saving pass 2 (ENOSPC). Both ranks learn
-    it at once: the job fails (bad data, on_bad_split: fail) or pass 2 is retried from
-    checkpoint 1 and the job succeeds, each pass recorded once, well within the time rank 0
-    used to wait in a gloo collective (600 s)."""
+    """The hang of docs/design-notes.md ("A failure in one rank"), with two agent ranks:
+    rank 1's split of binary garbage (DataError), or rank 0's full disk while saving pass 2
+    (ENOSPC). Both ranks learn it at once: the job fails (bad data, on_bad_split: fail) or
+    pass 2 is retried from checkpoint 1 and the job succeeds, each pass recorded once, well
+    within the time rank 0 used to wait in a gloo collective (600 s)."""
     from streamrec.control.trainer_config import TrainerConfig
     from streamrec.embedding_store import LocalShards
     from streamrec.trainer.datagen import StreamParams, generate

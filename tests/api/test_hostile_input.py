@@ -1,5 +1,6 @@
 """Hostile job bodies over real HTTP: every client error is a 4xx naming the field, and no
-request costs more than its size (issue 12: a 200-year job, NaN, NUL, lone surrogates)."""
+request costs more than its size (a 200-year job, NaN, NUL, lone surrogates; see
+docs/design-notes.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A plain-numpy reference of the sparse table semantics (seed 002), for the library tests.
+"""A plain-numpy reference of the sparse table semantics (PaddleRec's), for the library tests.
 
 Slow and obvious on purpose: one Python dict entry per key, float64 math.
 """

@@ -1,5 +1,5 @@
 """``tier="device"`` and the GPU cache wired through the store, the shard process and the
-trainer's in-process store (issue #14).
+trainer's in-process store (docs/design-notes.md, "The embedding store on a GPU").
 
 Without a GPU: each refuses with a message naming the tier (or option) and that it needs a
 CUDA GPU; the shard process exits nonzero saying so. With one (``gpu``): the shard serves the

@@ -1,4 +1,4 @@
-"""Negative sampling through a real node-local sampler process (seed 000's flow)."""
+"""Negative sampling through a real node-local sampler process (RecIS's flow)."""
 
 from __future__ import annotations
 

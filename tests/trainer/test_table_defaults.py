@@ -59,7 +59,7 @@ def torch_steps(lr: float, grads: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def test_defaults_are_the_ones_benchmarked() -> None:
-    """BENCHMARKS.md "Defaults (issue 15)" measured these; change both together."""
+    """BENCHMARKS.md "Defaults" measured these; change both together."""
     hp = TrainerConfig.parse({}).hyper_parameters
     assert (hp.optimizer, hp.learning_rate) == ("adagrad", 0.02)
     cfg = TrainerConfig.parse({"hyper_parameters": {"sparse_inputs_slots": 2}})

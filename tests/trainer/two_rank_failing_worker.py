@@ -4,8 +4,8 @@ fail: runs it and writes OUT/rank<r>.json with what it raised and how long it to
 It leaves with os._exit(0) after closing the trainer (process group destroyed): about one
 run in ten, interpreter finalization after a failed pass aborted in a C++ destructor
 ("terminate called without an active exception", no Python frame), after both ranks had
-written their outcome; that teardown is not what this worker measures (see the issue 12
-report).
+written their outcome; that teardown is not what this worker measures (docs/design-notes.md,
+"A failure in one rank").
 """
 
 import json
