@@ -1,6 +1,6 @@
 """``OnlineTrainer``: streaming passes, predict-then-train, checkpoints, warm start.
 
-One pass (seed 002)::
+One pass (as PaddleRec's online training, docs/design-notes.md)::
 
     files of the pass (rank r takes files r::world)
       -> prefetch thread: read + parse (the compiled parser, whole chunks), cut into batches,

@@ -1,4 +1,5 @@
-"""The docs say what is: every path the README's layout table names exists."""
+"""The docs say what is: the README's layout table, docs/architecture.md (every module),
+no reference that cannot be followed from the repository."""
 
 from __future__ import annotations
 
@@ -40,3 +41,64 @@ def test_every_service_readme_exists_and_names_its_package():
     }.items():
         text = (ROOT / "services" / service / "README.md").read_text()
         assert package in text, f"services/{service}/README.md does not name {package}"
+
+
+#: docs/architecture.md's paragraph of each directory under services/
+ARCHITECTURE_SECTIONS = {
+    "common": "**Shared**",
+    "sampler": "**Sampler**",
+    "embedding-store": "**Embedding store**",
+    "trainer": "**Trainer**",
+    "api": "**API**",
+    "control": "**Control contract**",
+    "observability": "**Observability**",
+    "launcher": "**Launcher**",
+}
+
+
+def architecture_section(text: str, heading: str) -> str:
+    """The text of ``heading``'s paragraphs, up to the next service's heading or section."""
+    start = text.index(heading)
+    ends = [text.find(h, start + 1) for h in ARCHITECTURE_SECTIONS.values()]
+    ends.append(text.find("\n## ", start))
+    return text[start : min([e for e in ends if e > start] or [len(text)])]
+
+
+def test_architecture_names_every_module_under_services():
+    """A newcomer finds every module in docs/architecture.md, under its own service."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    services = sorted(p.name for p in (ROOT / "services").iterdir() if p.is_dir())
+    assert set(ARCHITECTURE_SECTIONS) >= {s for s in services if s != "__pycache__"}
+    missing = []
+    for service, heading in ARCHITECTURE_SECTIONS.items():
+        section = architecture_section(text, heading)
+        for path in sorted((ROOT / "services" / service).rglob("*.py")):
+            if path.name in ("__init__.py", "__main__.py"):
+                continue
+            rel = path.relative_to(ROOT / "services" / service).as_posix()
+            if f"`{rel}`" not in section and f"`{path.name}`" not in section:
+                missing.append(f"services/{service}/{rel}")
+    assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+#: a reference to an issue tracker or to a seed file, neither of which is in the repository
+_UNFOLLOWABLE = re.compile(r"\b[Ii]ssues? #?\d+|\bseed[ -]0\d\d\b")
+
+
+def test_no_reference_that_cannot_be_followed_from_the_repository():
+    """Code and docs point at in-repo docs (docs/design-notes.md), never at "issue N"."""
+    files = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "RELIABILITY.md"]
+    for top in ("services", "docs", "tests", "bench", "tools", "deploy"):
+        files += [
+            p
+            for p in (ROOT / top).rglob("*")
+            if p.is_file() and p.suffix in {".py", ".md", ".cpp", ".h", ".cu", ".cuh", ".yaml"}
+        ]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in files
+        if p.exists()
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if _UNFOLLOWABLE.search(line)
+    ]
+    assert not found, f"references to follow elsewhere: {found}"
