@@ -44,7 +44,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -76,6 +76,9 @@ from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog, terminate
 from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
 
+if TYPE_CHECKING:
+    from streamrec.embedding_store import SparseStore
+
 log = logging.getLogger("streamrec.trainer.agent")
 
 
@@ -103,7 +106,7 @@ class Agent:
         job_id: str,
         heartbeat_ttl_s: float = 10.0,
         poll_ms: int = 500,
-        store: Any | None = None,
+        store: SparseStore | None = None,
         stuck_timeout_s: float | None = 300.0,
         metrics_port: int | None = None,
         metrics_host: str | None = None,

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from streamrec import layout
@@ -27,6 +27,9 @@ from streamrec.trainer.group_outcome import agree
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.pass_log import PASSES_FILE, write_lines
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store import SparseStore
 
 log = logging.getLogger("streamrec.trainer.runner")
 
@@ -43,7 +46,7 @@ class ModelSaves:
     label: str
     model_root: Path
     data_root: Path
-    store: Any
+    store: SparseStore
     dense: DLRMDense
     optimizer: torch.optim.Optimizer
     scheduler: LRPolicyScheduler
@@ -223,7 +226,7 @@ class ModelSaves:
         every shard, or when there is none to go back to. Returns the restarted shards'
         endpoints (rank 0). The in-process store has no shards: nothing to do."""
         store = self.store
-        if not hasattr(store, "accept_restarts"):
+        if not store.incarnations():  # no shards (the same on every rank)
             return []
         restarted: list[str] = []
         failure: Exception | None = None

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from streamrec import layout
@@ -73,6 +73,9 @@ from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.store import build_table_options, make_store
 from streamrec.trainer.thread_tuner import ThreadTuner
 
+if TYPE_CHECKING:
+    from streamrec.embedding_store import SparseStore
+
 log = logging.getLogger(__name__)
 
 
@@ -81,7 +84,7 @@ class OnlineTrainer(ModelSaves):
 
     Args:
         config: the job.
-        store: an embedding store (in-process ``EmbeddingStore`` or ``EmbeddingStoreClient``);
+        store: an embedding store (a ``SparseStore``: in-process or the shards' client);
             None builds one (:func:`~streamrec.trainer.store.make_store`): the client when
             ``store.endpoints`` is set, else in-process.
 
@@ -91,7 +94,7 @@ class OnlineTrainer(ModelSaves):
         >>> t.close()
     """
 
-    def __init__(self, config: TrainerConfig, store: Any | None = None) -> None:
+    def __init__(self, config: TrainerConfig, store: SparseStore | None = None) -> None:
         self.config = config
         hp, r = config.hyper_parameters, config.runner
         self.device = torch.device(
