@@ -1,5 +1,6 @@
-"""Helpers shared by the test directories: a free local port, a real redis-server, and
-Prometheus's text format read from a live /metrics."""
+"""Helpers shared by the test directories: a free local port, a real redis-server,
+Prometheus's text format read from a live /metrics, and the one wait of the tests
+(:func:`wait_for`: a condition with a deadline, never a fixed sleep)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,50 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 from streamrec.process import free_port, spawn, stop_process
+
+T = TypeVar("T")
+
+
+def wait_for(
+    probe: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    what: str = "condition",
+    gone: Callable[[], str | None] | None = None,
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """Polls ``probe`` until it returns a truthy value, and returns that value.
+
+    Args:
+        probe: the condition; what it returns when true is handed back.
+        timeout: seconds before the wait fails; interval: seconds between probes.
+        what: what is waited for, named in the failure.
+        gone: returns why the wait cannot succeed any more (e.g. the process it waits on
+            exited), else None: checked after each probe, the wait fails at once.
+        detail: what the failure adds (e.g. the end of a log), read only on failure.
+
+    Raises:
+        AssertionError: ``timeout`` passed, or ``gone`` said why.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        why = gone() if gone is not None else None
+        if why is None and time.monotonic() > deadline:
+            why = f"not within {timeout:g} s"
+        if why is not None:
+            more = f"\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"gave up waiting for {what}: {why}{more}")
+        time.sleep(interval)
 
 
 def torchrun_command(nproc: int, *target: str) -> list[str]:

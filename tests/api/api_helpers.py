@@ -6,13 +6,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from servers import free_port
+from servers import free_port, wait_for
 from streamrec.process import spawn, stop_process
 
 TOKEN = "test-token-0123456789"
@@ -74,16 +73,15 @@ class ApiServer:
         env = {"STREAMREC_API_LOCK_TTL_S": "0.5", **self.env}
         self.log = self.token_file.parent / f"api-{self.port}.log"
         self.proc = spawn(args, log=self.log, env=env, die_with_parent=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"API did not start: {self.log.read_text()[-2000:]}")
-            time.sleep(0.1)
+        proc, log = self.proc, self.log
+        wait_for(
+            lambda: healthy(self.url),
+            30,
+            0.1,
+            what="the API's /healthz",
+            gone=lambda: None if proc.poll() is None else f"it exited ({proc.returncode})",
+            detail=lambda: log.read_text()[-2000:],
+        )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """SIGTERM, SIGKILL after 15 s; another ``sig`` is sent first (SIGKILL: a crash)."""
@@ -131,12 +129,9 @@ def land_split(
     return d
 
 
-def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
+def healthy(url: str) -> bool:
+    """Whether the API at ``url`` answers /healthz with 200 now."""
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from api_helpers import TEST_SAMPLER_ENDPOINT, TEST_STORE_ENDPOINT, wait_for
+from api_helpers import TEST_SAMPLER_ENDPOINT, TEST_STORE_ENDPOINT
+from servers import wait_for
 from streamrec.process import spawn, stop_process
 
 SMALL_MODEL = {

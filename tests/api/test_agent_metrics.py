@@ -8,8 +8,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from api_helpers import free_port, wait_for
-from servers import parse_metrics
+from api_helpers import free_port
+from servers import parse_metrics, wait_for
 from streamrec.process import spawn, stop_process
 from test_agent import agent_args, alive, datagen, finished, small_job, started_job
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from api_helpers import free_port, job_body, land_split, make_api, wait_for
+from api_helpers import free_port, job_body, land_split, make_api
+from servers import wait_for
 from streamrec.control.channel import TrainerChannel
 
 
@@ -22,14 +23,18 @@ def scrape(client) -> dict[str, float]:
 
 def scrape_holding(client, names: list[str], timeout_s: float = 10.0) -> dict[str, float]:
     """The first scrape in which every one of ``names`` appears (gauges set on a tick)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metrics = scrape(client)
-        missing = [name for name in names if name not in metrics]
-        if not missing:
-            return metrics
-        assert time.monotonic() < deadline, f"never in one scrape: {missing}"
-        time.sleep(0.05)
+    last: dict[str, float] = {}
+
+    def holding() -> dict[str, float] | None:
+        last.update(metrics := scrape(client))
+        return metrics if all(name in metrics for name in names) else None
+
+    return wait_for(
+        holding,
+        timeout_s,
+        what=f"{names} in one scrape",
+        detail=lambda: f"missing: {[n for n in names if n not in last]}",
+    )
 
 
 def sample(client, name: str) -> float | None:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import redis
-from api_helpers import TOKEN, job_body, wait_for
+from api_helpers import TOKEN, job_body
+from servers import wait_for
 from streamrec.api.state import change_state
 from streamrec.control import keys
 

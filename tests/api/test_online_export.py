@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from api_helpers import job_body, land_split, wait_for
+from api_helpers import job_body, land_split
+from servers import wait_for
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import EmbeddingStore, FileConverter, RedisConverter
 from streamrec.process import spawn, stop_process

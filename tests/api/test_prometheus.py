@@ -6,7 +6,8 @@ import shutil
 
 import httpx
 import pytest
-from api_helpers import free_port, job_body, wait_for
+from api_helpers import free_port, job_body
+from servers import wait_for
 from streamrec.process import spawn, stop_process
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from api_helpers import job_body, land_split, make_api, wait_for
+from api_helpers import job_body, land_split, make_api
+from servers import wait_for
 from streamrec.control import keys
 from streamrec.control.channel import TrainerChannel
 from streamrec.process import spawn

@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from api_helpers import job_body, wait_for
-from servers import free_port
+from api_helpers import job_body
+from servers import free_port, wait_for
 from streamrec.control import keys
 from streamrec.process import spawn, stop_process
 from test_agent import SMALL_MODEL, datagen

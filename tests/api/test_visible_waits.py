@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from api_helpers import job_body, land_split, make_api, wait_for
-from servers import RedisServer, free_port
+from api_helpers import job_body, land_split, make_api
+from servers import RedisServer, free_port, wait_for
 from streamrec.control.channel import ReportKind, TrainerChannel
 
 

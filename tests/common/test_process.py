@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from servers import wait_for
 from streamrec.process import (
     SpawnError,
     bin_path,
@@ -37,12 +38,11 @@ def read_line(proc: subprocess.Popen, timeout_s: float = 30.0) -> str:
 
 
 def wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.02)
-    return False
+    """Whether ``pid`` is gone within ``timeout_s`` (False: still alive then)."""
+    try:
+        return wait_for(lambda: not pid_alive(pid), timeout_s, 0.02, what=f"pid {pid} to end")
+    except AssertionError:
+        return False
 
 
 def test_child_logs_both_streams_in_a_session_of_its_own(tmp_path: Path) -> None:
@@ -144,10 +144,8 @@ def test_pid_alive_refuses_what_is_not_a_live_pid() -> None:
     assert pid_alive(os.getpid())
     assert not pid_alive(None) and not pid_alive("1") and not pid_alive(0) and not pid_alive(-5)
     proc = spawn(["true"])
-    deadline = time.monotonic() + 10
-    while pid_alive(proc.pid) and time.monotonic() < deadline:  # exited, not yet reaped
-        time.sleep(0.02)
-    assert not pid_alive(proc.pid) and proc.poll() == 0
+    assert wait_dead(proc.pid)  # exited, not yet reaped
+    assert proc.poll() == 0
 
 
 def test_bin_path_and_spawn_errors(tmp_path: Path) -> None:

@@ -6,13 +6,13 @@ message of a good client is freed once answered, not held by the idle worker thr
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import zmq
+from servers import wait_for
 from streamrec.auth import write_token_file
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
 from streamrec.handshake import FAILED_EVENTS, set_credentials
@@ -71,23 +71,27 @@ def test_unauthenticated_400mb_messages_cost_a_shard_no_memory(tmp_path):
                 for password in (None, "x" * 40, None)
             ]
             assert torch.equal(client.pull("user", keys), before)  # served throughout
-            deadline = time.monotonic() + 10  # memory a server did take is freed promptly
-            while rss_bytes(pid) - start > SLACK_BYTES and time.monotonic() < deadline:
-                time.sleep(0.1)
-            grown = rss_bytes(pid) - start
-            assert grown <= SLACK_BYTES, (
-                f"shard RSS grew by {grown >> 20} MB after 3 unauthenticated "
-                f"{FRAME_BYTES >> 20} MB messages (ends: {ends})"
+            wait_for(  # memory a server did take is freed promptly
+                lambda: rss_bytes(pid) - start <= SLACK_BYTES,
+                10,
+                0.1,
+                what=f"the shard's RSS back within {SLACK_BYTES >> 20} MB",
+                detail=lambda: (
+                    f"it grew by {(rss_bytes(pid) - start) >> 20} MB after 3 unauthenticated "
+                    f"{FRAME_BYTES >> 20} MB messages (ends: {ends})"
+                ),
             )
             assert ends == ["refused"] * 3  # no message of theirs was read
 
             # An authenticated 400 MB request is buffered, answered, and then let go.
             with RpcClient(shards.endpoints[0], timeout_s=60, token=token.read_text().strip()) as c:
                 assert c.call("ping", None, {"x": body})[0]["shard_id"] == 0
-            deadline = time.monotonic() + 10
-            while rss_bytes(pid) - start > SLACK_BYTES and time.monotonic() < deadline:
-                time.sleep(0.1)
-            grown = rss_bytes(pid) - start
-            assert grown <= SLACK_BYTES, f"a served 400 MB request left {grown >> 20} MB behind"
+            wait_for(
+                lambda: rss_bytes(pid) - start <= SLACK_BYTES,
+                10,
+                0.1,
+                what="the memory of a served 400 MB request let go",
+                detail=lambda: f"{(rss_bytes(pid) - start) >> 20} MB left behind",
+            )
         finally:
             client.close()

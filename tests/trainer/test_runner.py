@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from prometheus_client import REGISTRY
+from servers import wait_for
 from streamrec import layout
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.datagen import StreamParams, generate
@@ -79,15 +79,6 @@ def test_predict_uses_the_model_before_training_on_the_pass(stream, tmp_path):
     assert after.auc() > before.auc()  # having trained on it, the model fits it better
 
 
-def wait_until(pred, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-    return value
-
-
 def test_waits_for_donefiles(tmp_path):
     data, model = tmp_path / "data", tmp_path / "m"
     cfg = small_config(data, model, end_day="20190720", **NO_SAVES)
@@ -96,7 +87,7 @@ def test_waits_for_donefiles(tmp_path):
         runner = threading.Thread(target=t.run)
         runner.start()
         # pass 2 has no donefile yet: the runner waits for it, pass 1 done
-        spec, _ = wait_until(lambda: t.waiting, what="the runner waiting for pass 2")
+        spec, _ = wait_for(lambda: t.waiting, 30, what="the runner waiting for pass 2")
         assert (spec.day, spec.pass_id) == ("20190720", 2)
         assert [r["pass_id"] for r in records(model)] == [1]
         split = data / "20190720" / "1200"
@@ -104,7 +95,7 @@ def test_waits_for_donefiles(tmp_path):
         (split / "part-00000").write_bytes((data / "20190720" / "0000" / "part-00000").read_bytes())
         # data without its donefile is not read: two more polls see the files, still waiting
         landed = t.waiting[1]
-        wait_until(lambda: (w := t.waiting) is not None and w[1] >= landed + 2, what="2 polls")
+        wait_for(lambda: (w := t.waiting) is not None and w[1] >= landed + 2, 30, what="2 polls")
         assert runner.is_alive() and [r["pass_id"] for r in records(model)] == [1]
         (split / "to.hadoop.done").touch()
         runner.join(timeout=30)
@@ -124,7 +115,7 @@ def test_data_wait_timeout_and_stop(tmp_path):
     with OnlineTrainer(small_config(tmp_path / "none", tmp_path / "m2", **NO_SAVES)) as t:
         runner = threading.Thread(target=t.run)
         runner.start()
-        wait_until(lambda: t.waiting, what="the runner waiting")
+        wait_for(lambda: t.waiting, 30, what="the runner waiting")
         t.stop_event.set()
         runner.join(timeout=10)
         assert not runner.is_alive() and not (tmp_path / "m2" / "passes.jsonl").exists()

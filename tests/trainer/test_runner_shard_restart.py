@@ -4,12 +4,11 @@ pass fails as transient, and loading the last checkpoint is the recovery."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from servers import torchrun_command
+from servers import torchrun_command, wait_for
 from streamrec.embedding_store import LocalShards
 from streamrec.process import free_port, spawn, stop_process
 from streamrec.trainer.errors import PassFailed
@@ -82,11 +81,14 @@ def test_two_ranks_fail_the_pass_and_both_train_on_after_the_checkpoint(
             die_with_parent=True,
         )
         try:
-            deadline = time.monotonic() + 120
-            while not all((tmp_path / f"rank{r}.ready").exists() for r in (0, 1)):
-                assert group.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.1)
+            wait_for(
+                lambda: all((tmp_path / f"rank{r}.ready").exists() for r in (0, 1)),
+                120,
+                0.1,
+                what="both ranks ready",
+                gone=lambda: None if group.poll() is None else "the group exited",
+                detail=lambda: log.read_text()[-3000:],
+            )
             shards.kill(0)
             shards.start_shard(0)
             (tmp_path / "restarted").touch()
