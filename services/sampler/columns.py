@@ -327,7 +327,10 @@ def decode_columns(spec: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, Col
             raise BadTable(f"column {name!r}: str values must be uint8, got {values.dtype}")
         if offsets is None or offsets.dtype != np.int64 or offsets.ndim != 1 or len(offsets) < 1:
             raise BadTable(f"column {name!r}: {kind} column needs (n + 1,) int64 offsets '{i}.o'")
-        if offsets[0] != 0 or offsets[-1] != len(values) or bool(np.any(np.diff(offsets) < 0)):
+        # compared, not subtracted: np.diff wraps int64 (0, 2**62, 2**63-1, -2**63, ... would
+        # pass as rising)
+        rising = not bool(np.any(offsets[1:] < offsets[:-1]))
+        if offsets[0] != 0 or offsets[-1] != len(values) or not rising:
             raise BadTable(
                 f"column {name!r}: offsets must rise from 0 to len(values)="
                 f"{len(values)}, got {offsets[0]}..{offsets[-1]}"

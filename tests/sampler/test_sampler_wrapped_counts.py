@@ -45,3 +45,23 @@ def test_wrapped_counts_are_bad_requests_and_the_server_keeps_serving(server, pu
     ids = good.sample_ids(torch.tensor([0, 100]), 3, torch.tensor([0, 1]))
     assert ids.numel() == 6
     good.close()
+
+
+def test_ragged_offsets_that_wrap_are_refused(server):
+    """Offsets whose int64 differences wrap (``np.diff`` saw them rising) are refused by
+    ``reload``; the table in place stays."""
+    good = LocalRpcDataSampler(*TAGS, endpoint=server.endpoint, auto_start=False)
+    good.reload(table())
+    j = np.arange(6, dtype=np.int64)
+    offsets = np.array([0, 2**62, 2**63 - 1, -(2**63), -(2**62), 0, 3], np.int64)
+    meta = {
+        "tags": {"sample_tag": "cat", "dedup_tag": "item", "weight_tag": "w", "skey_name": "skey"},
+        "columns": [["item", "dense"], ["cat", "dense"], ["w", "dense"], ["skey", "ragged"]],
+    }
+    arrays = {"0.v": j * 100, "1.v": j % 5, "2.v": np.ones(6, np.float32), "3.v": j[:3]}
+    with RpcClient(server.endpoint, timeout_s=30) as raw:
+        with pytest.raises(RemoteError) as err:
+            raw.call("reload", meta, {**arrays, "3.o": offsets})
+    assert err.value.code == "bad_table" and "offsets must rise" in str(err.value)
+    assert good.stats()["rows"] == 50  # the good table stays
+    good.close()
