@@ -10,11 +10,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrec.pass_line import cell
+from streamrec.pass_line import cell, pass_row
 
 SUMMARY_HEADER = (
     f"{'day':>8} {'pass':>4} {'predictAUC':>10} {'trainAUC':>9} {'bestAUC':>8} {'pred/best':>9}"
 )
+
+
+def new_pass_rows(
+    passes: list[dict[str, Any]], shown: set[tuple[str, int]], total: int
+) -> list[str]:
+    """A row for each pass done and not shown yet (added to ``shown``), ending in
+    ``[k/total]``, k the passes shown so far: one more per row, so the counter never repeats
+    or skips a value, and a pass rolled back and trained again (done a second time) is
+    neither shown again nor counted twice. The job's ``passes_done`` is not used: read apart
+    from the passes, it may already count a pass the list does not show done yet, and it
+    goes down when passes are rolled back."""
+    rows = []
+    for p in passes:
+        key = (p["day"], p["pass_id"])
+        if p["state"] == "done" and key not in shown:
+            shown.add(key)
+            rows.append(pass_row(p) + f"   [{len(shown)}/{total}]")
+    return rows
 
 
 def summary_row(p: dict[str, Any]) -> str:

@@ -50,9 +50,9 @@ from streamrec.launcher.children import Child
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.job import job_spec, tables_config
 from streamrec.launcher.plot import write_auc_png
-from streamrec.launcher.report import summary_lines
+from streamrec.launcher.report import new_pass_rows, summary_lines
 from streamrec.launcher.state import read_state, remove_state, write_state
-from streamrec.pass_line import PASS_HEADER, pass_row
+from streamrec.pass_line import PASS_HEADER
 from streamrec.process import free_port, pid_alive
 from streamrec.wire import RpcClient
 
@@ -510,11 +510,8 @@ class Stack:
                     last_error = str(exc)
                 time.sleep(1)
                 continue
-            for p in passes:
-                key = (p["day"], p["pass_id"])
-                if p["state"] == "done" and key not in shown:
-                    shown.add(key)
-                    self.say(pass_row(p) + f"   [{job['passes_done']}/{job['passes_total']}]")
+            for row in new_pass_rows(passes, shown, job["passes_total"]):
+                self.say(row)
             if job["state"] in TERMINAL_STATES:
                 self.say(
                     f"job {self.job_id} {job['state']}"

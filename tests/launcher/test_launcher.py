@@ -15,7 +15,7 @@ from streamrec.api.models import JobCreate
 from streamrec.launcher.__main__ import build_parser, check_args
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.job import TABLE_PARAMETERS, job_spec, tables_config
-from streamrec.launcher.report import summary_lines, summary_row
+from streamrec.launcher.report import new_pass_rows, summary_lines, summary_row
 from streamrec.launcher.stack import Stack
 from streamrec.launcher.state import STATE_FILE, read_state, stack_down, write_state
 from streamrec.pass_line import pass_row
@@ -74,6 +74,25 @@ def test_summary_compares_the_mean_and_the_first_and_last_pass() -> None:
     assert lines[5] == "first pass predict AUC 0.7000 -> last 0.8000"
     # nothing reported yet: the header and no means
     assert len(summary_lines([dict(PASS, predict_auc=None)])) == 3
+
+
+def test_the_progress_counter_counts_each_pass_once_and_never_goes_back() -> None:
+    """Two passes done between two polls get [1/4] and [2/4] (not the job's passes_done twice);
+    a pass rolled back and trained again is neither shown again nor counted twice."""
+
+    def polled(*states: str) -> list[dict]:
+        return [dict(PASS, pass_id=k, state=s) for k, s in enumerate(states, 1)]
+
+    shown: set[tuple[str, int]] = set()
+    counters = []
+    for passes in (
+        polled("done", "done", "running", "queued"),
+        polled("done", "rolled_back", "queued", "queued"),  # a rewind to pass 1's checkpoint
+        polled("done", "done", "done", "running"),  # pass 2 trained again, then pass 3
+        polled("done", "done", "done", "done"),
+    ):
+        counters += [row.split()[-1] for row in new_pass_rows(passes, shown, 4)]
+    assert counters == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
 
 
 def test_the_job_and_the_shards_agree_on_the_tables(tmp_path: Path) -> None:
