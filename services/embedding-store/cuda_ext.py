@@ -216,7 +216,7 @@ class CudaOps:
         return Index(slots.data_ptr(), slots.shape[0])
 
     def _data(self, op: str, data: torch.Tensor, p: TableParams) -> None:
-        self._check(op, "data", data, self._torch.float32, 2, p.width)
+        self._check(op, "data", data, self._torch.float32, 2, p.stride)
 
     # -- hash index --------------------------------------------------------------------------
     def index_new(self, capacity: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from streamrec.embedding_store.errors import EmbeddingStoreError, TierUnavailabl
 from streamrec.embedding_store.tier import TABLE_SCALARS
 
 #: the C API version this loader binds (streamrec_cuda_api_version)
-API_VERSION = 2
+API_VERSION = 3
 #: the sources and the header
 CUDA_DIR = Path(__file__).resolve().parent / "csrc" / "cuda"
 #: the row math both builds (and the CPU core) include
@@ -136,12 +136,15 @@ class TableParams(ctypes.Structure):
         ("embedx_init", Init),
         *[(name, ctypes.c_double) for name in TABLE_SCALARS],
         ("seed", ctypes.c_uint64),
+        ("stride", ctypes.c_int64),
     ]
 
     @classmethod
-    def of(cls, p: Any) -> TableParams:
-        """From the CPU core's finalized TableParams (``tier.table_params``)."""
+    def of(cls, p: Any, pad: bool = False) -> TableParams:
+        """From the CPU core's finalized TableParams (``tier.table_params``); pad: rows
+        padded to a multiple of 4 floats (16 bytes: the gather loads 4 weights at once)."""
         out = cls()
+        out.stride = -(-p.width // 4) * 4 if pad else p.width
         for name in ("dim", "width", "embed_state", "embedx_state", "seed", *TABLE_SCALARS):
             setattr(out, name, getattr(p, name))
         for part in ("embed", "embedx"):

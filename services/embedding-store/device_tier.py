@@ -1,10 +1,11 @@
 """The device tier: every row of a table in GPU memory, over the CUDA ops.
 
-The same layout as the host tier (``tier.py``) on the GPU: a row matrix ``_data`` (rows,
-width) float32, the row keys ``_row_keys`` (rows,) int64 and the CUDA hash index, all CUDA
-tensors; rows ``[0, size)`` are in use. Keys, gradients and results cross the interface as
-CPU tensors (the store's contract); the rows never leave the GPU except for ``export``,
-``inspect`` and the weights a pull returns.
+The same layout as the host tier (``tier.py``) on the GPU, each row padded to 16 bytes (the
+gather loads 4 weights at once): a row matrix ``_data`` (rows, stride) float32 whose first
+width columns are the host tier's row, the row keys ``_row_keys`` (rows,) int64 and the CUDA
+hash index, all CUDA tensors; rows ``[0, size)`` are in use. Keys, gradients and results
+cross the interface as CPU tensors (the store's contract); the rows never leave the GPU except
+for ``export``, ``inspect`` and the weights a pull returns.
 
 Differences from the host tier, by design: new rows are numbered by an atomic counter (a
 table's row order differs from the host tier's; keys, weights and statistics do not), and
@@ -60,13 +61,15 @@ class DeviceTable(TableTier):
                 f"table {options.name!r}: admission_score / admission_probability are not "
                 "implemented by the device tier yet; use tier 'host' or 'ssd'"
             )
-        self._gp = cuda_ext.TableParams.of(self.params)
+        # rows padded to 16 bytes: the gather loads 4 weights at once
+        self._gp = cuda_ext.TableParams.of(self.params, pad=True)
+        self._stride = self._gp.stride
         self.capacity = capacity
         rows = max(MIN_ROWS, options.init_capacity)
         if capacity is not None:
             rows = max(MIN_ROWS, min(rows, capacity))
         self._init_rows = rows
-        self._data = torch.empty((rows, self.width), dtype=torch.float32, device=self.device)
+        self._data = torch.empty((rows, self._stride), dtype=torch.float32, device=self.device)
         self._row_keys = torch.empty(rows, dtype=torch.int64, device=self.device)
         self._slots = self._ops.index_new(index_slots(rows))
         self._next = torch.zeros(1, dtype=torch.int64, device=self.device)  # the next row id
@@ -82,7 +85,7 @@ class DeviceTable(TableTier):
             rows = max(need, 2 * self._data.shape[0])
             if self.capacity is not None:
                 rows = max(min(rows, self.capacity), need)
-            data = torch.empty((rows, self.width), dtype=torch.float32, device=self.device)
+            data = torch.empty((rows, self._stride), dtype=torch.float32, device=self.device)
             keys = torch.empty(rows, dtype=torch.int64, device=self.device)
             data[: self._size] = self._data[: self._size]
             keys[: self._size] = self._row_keys[: self._size]
@@ -162,7 +165,7 @@ class DeviceTable(TableTier):
 
     def inspect(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
         rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
-        full = self._data.index_select(0, rows.clamp(min=0)).cpu()
+        full = self._data.index_select(0, rows.clamp(min=0))[:, : self.width].cpu()
         return self._stats_of(rows.cpu(), full)
 
     def advance_day(self) -> None:
@@ -180,7 +183,8 @@ class DeviceTable(TableTier):
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
         mask = self._ops.select_rows(self._data, self._size, select, self._gp)
         idx = mask.nonzero().squeeze(1)
-        return self._row_keys.index_select(0, idx).cpu(), self._data.index_select(0, idx).cpu()
+        rows = self._data.index_select(0, idx)[:, : self.width]
+        return self._row_keys.index_select(0, idx).cpu(), rows.cpu()
 
     def clear_dirty(self) -> None:
         self._ops.clear_dirty(self._data, self._size, self._gp)
@@ -192,7 +196,7 @@ class DeviceTable(TableTier):
                 f"got {tuple(rows.shape)}"
             )
         where, _ = self._find_or_create(self._cuda(keys, torch.int64), "loading")
-        self._data[where] = self._cuda(rows, torch.float32)
+        self._data[where, : self.width] = self._cuda(rows, torch.float32)
 
     def import_weights(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if values.dim() != 2 or values.shape != (keys.numel(), self.dim):
@@ -222,6 +226,6 @@ class DeviceTable(TableTier):
 
     def close(self) -> None:
         self._size = 0
-        self._data = torch.empty((0, self.width), dtype=torch.float32, device=self.device)
+        self._data = torch.empty((0, self._stride), dtype=torch.float32, device=self.device)
         self._row_keys = torch.empty(0, dtype=torch.int64, device=self.device)
         self._slots = self._ops.index_new(1)

@@ -157,6 +157,11 @@ def test_library_binds_and_checks_arguments_without_a_gpu(
     rc = lib.streamrec_cuda_update(push, None, 0, ctypes.byref(params), None)
     assert rc == cuda_ext.ERR_ARGUMENT
     assert b"n and R must be >= 0" in lib.streamrec_cuda_last_error()
+    params.stride = params.width - 1  # rows would overlap
+    rc = lib.streamrec_cuda_update(cuda_ext.Push(n=1), None, 0, ctypes.byref(params), None)
+    assert rc == cuda_ext.ERR_ARGUMENT
+    assert b"update: params stride 9 is below the width 10" in lib.streamrec_cuda_last_error()
+    params.stride = params.width
     params.embedx_rule.kind = 3  # Adam: the columns finalize() gave no longer fit
     rc = lib.streamrec_cuda_update(cuda_ext.Push(n=1), None, 0, ctypes.byref(params), None)
     assert rc == cuda_ext.ERR_ARGUMENT
@@ -222,3 +227,16 @@ def test_row_creation_kernels_compute_their_draws_on_the_device(tmp_path: Path) 
     assert any("InitRows" in name for name in ops), ops
     for name, count in ops.items():
         assert count >= 20, (name, count)  # uniform and normal draws: 80 with CUDA 13
+
+
+@needs_nvcc
+def test_gather_of_padded_rows_loads_4_weights_at_once(tmp_path: Path) -> None:
+    ptx = tmp_path / "gather.ptx"
+    subprocess.run(
+        [NVCC, "-std=c++17", "-O3", "-arch=compute_90", "-ptx", "-o", str(ptx),
+         str(cuda_ext.CUDA_DIR / "gather.cu")],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    text = ptx.read_text()
+    assert re.search(r"ld\.global(\.nc)?\.v4\.f32", text) and "st.global.v4.f32" in text

@@ -74,6 +74,37 @@ def test_a_hot_key_repeated_100k_times_sums_as_the_cpu_core(
     assert float(device_data[0, _C.SHOW]) == pytest.approx(float(shows[rows == 0].sum()), 1e-6)
 
 
+@pytest.mark.parametrize("dim", [128, 9])  # 4 weights per load, and one at a time
+def test_rows_padded_to_16_bytes_hold_the_cpu_cores_rows_and_padding_is_never_touched(
+    ops: cuda_ext.CudaOps, dim: int
+) -> None:
+    p, _ = params(dim, embedx_threshold=1.0)
+    gp = cuda_ext.TableParams.of(p, pad=True)
+    assert gp.stride % 4 == 0 and gp.stride >= p.width
+    n = 500
+    keys = distinct_keys(n, seed=7)
+    want = torch.zeros((n, p.width))
+    _C.init_rows(want, keys, 0, n, p)
+    data = torch.full((n, gp.stride), 7.0, device=ops.device)
+    ops.init_rows(data, on(ops, keys), 0, n, gp)
+    g = torch.Generator().manual_seed(8)
+    rows = torch.randint(0, n, (3000,), generator=g)
+    grads = torch.randn((3000, dim), generator=g) * 0.1
+    shows = torch.rand(3000, generator=g) * 2
+    assert ops.update(
+        data, on(ops, keys), on(ops, rows), on(ops, grads), on(ops, shows), on(ops, shows * 0.3),
+        gp,
+    ) == _C.update(want, keys, rows, grads, shows, shows * 0.3, p)  # fmt: skip
+    torch.testing.assert_close(data[:, : p.width].cpu(), want, **TOL)
+    gathered = ops.gather(data, on(ops, torch.tensor([3, -1, 499, 0])), gp).cpu()
+    assert torch.equal(
+        gathered, _C.gather(data[:, : p.width].cpu().contiguous(), torch.tensor([3, -1, 499, 0]), p)
+    )
+    assert torch.equal(ops.shrink(data, n, gp).cpu(), _C.shrink(want, n, p))
+    ops.mark_dirty(data, on(ops, rows), gp)
+    assert bool((data[:, p.width :] == 7.0).all())  # the padding, never read or written
+
+
 def test_rows_full_clamps_next_row_and_a_retry_after_growth_leaves_no_hole(
     ops: cuda_ext.CudaOps,
 ) -> None:

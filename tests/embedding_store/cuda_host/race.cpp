@@ -31,6 +31,7 @@ StreamrecTableParams adagrad_dim8() {
   p.embed_state = 4 + 8;     // kEmbedW + dim
   p.embedx_state = 12 + 1;   // + AdaGrad's one g2sum
   p.width = 13 + 1;
+  p.stride = 16;             // rows padded to 16 bytes, as the device tier pads them
   p.embed_rule = p.embedx_rule = rule;
   p.embed_init = p.embedx_init = init;
   p.nonclk_coeff = 0.1;
@@ -44,7 +45,7 @@ int run() {
   const StreamrecTableParams p = adagrad_dim8();
   const int64_t R = 400, n = 20000, distinct = 300;
   std::vector<int64_t> slots(2 * 1024), keys(n), rows(n), row_keys(R), next(1, 0), created(1, 0);
-  std::vector<float> data(R * p.width);
+  std::vector<float> data(R * p.stride);
   std::vector<int32_t> flag(1, 0);
   for (int64_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>((i * 7919) % distinct) * 1000003;
   StreamrecIndex index{slots.data(), 1024};
@@ -67,7 +68,7 @@ int run() {
   OK(streamrec_cuda_update(push, aligned, bytes, &p, nullptr));
   OK(streamrec_cuda_status(flag.data(), nullptr));
   CHECK(expanded[0] > 0);
-  const float hot_show = data[rows[0] * p.width + 0];
+  const float hot_show = data[rows[0] * p.stride + 0];
   CHECK(hot_show == 13400.0f);  // 2/3 of 20000 positions and 67 of key 0's own
   // erase a third (duplicates erase once), then new keys reuse the tombstones
   std::vector<int64_t> erased(1, 0);

@@ -123,7 +123,7 @@ int64_t update(const PushArgs& a, const TableParams& p) {
         }
         const int64_t i = pos[j];
         if (counts.slots[where[j]].count == 1)
-          ex += update_row(d, k, r[i], g + i * p.dim, sh[i], cl[i], p, CpuPairs{});
+          ex += update_row(d + r[i] * p.width, k + r[i], g + i * p.dim, sh[i], cl[i], p, CpuPairs{});
         else
           rep.push_back(j);
       }
@@ -154,8 +154,9 @@ int64_t update(const PushArgs& a, const TableParams& p) {
           click += cl[i];
         }
         std::copy(sum.begin(), sum.end(), sum_f.begin());
-        ex += update_row(d, k, counts.slots[group_slot[q]].row, sum_f.data(),
-                         static_cast<float>(show), static_cast<float>(click), p, CpuPairs{});
+        const int64_t row = counts.slots[group_slot[q]].row;
+        ex += update_row(d + row * p.width, k + row, sum_f.data(), static_cast<float>(show),
+                         static_cast<float>(click), p, CpuPairs{});
       }
       expanded += ex;
     }

@@ -50,6 +50,16 @@ int launched(const char* op);
 // CUDA devices the runtime sees (0 in the CPU build, or without a driver).
 int device_count();
 
+// Four floats moved in one 16-byte access (a float4 load or store on the GPU), at a 16-byte
+// aligned address.
+#if defined(__CUDACC__)
+using Vec4 = float4;
+#else
+struct __attribute__((may_alias, aligned(16))) Vec4 {
+  float x, y, z, w;
+};
+#endif
+
 // ---- atomics on device memory (the GPU's, or the CPU build's threads) ----
 template <class T>
 using Atomic = cuda::atomic_ref<T, cuda::thread_scope_device>;

@@ -39,6 +39,8 @@ int check_params(const StreamrecTableParams* p, const char* op) {
           p->width == p->embedx_state + state_width(p->embedx_rule.kind, p->dim - 1),
       "%s: params not finalized (dim %lld, width %lld): finalize them after every change", op,
       static_cast<long long>(p->dim), static_cast<long long>(p->width));
+  STREAMREC_CUDA_REQUIRE(p->stride >= p->width, "%s: params stride %lld is below the width %lld",
+                         op, static_cast<long long>(p->stride), static_cast<long long>(p->width));
   return STREAMREC_CUDA_OK;
 }
 
@@ -99,7 +101,7 @@ using namespace streamrec_cuda;
 
 extern "C" const char* streamrec_cuda_last_error(void) { return last_message; }
 
-extern "C" int streamrec_cuda_api_version(void) { return 2; }
+extern "C" int streamrec_cuda_api_version(void) { return 3; }
 
 extern "C" int streamrec_cuda_device_count(void) { return device_count(); }
 

@@ -1,5 +1,6 @@
 // Gather and bag pooling: the weights of given rows (a pull), and their sum or mean over CSR
-// bags (DLRM's EmbeddingBag). One thread per output float: consecutive threads read
+// bags (DLRM's EmbeddingBag). One thread per output float, or per 4 floats (one 16-byte load)
+// where rows are padded to 16 bytes and dim is a multiple of 4: consecutive threads read
 // consecutive columns of a row (coalesced).
 #include "common.cuh"
 
@@ -12,14 +13,34 @@ struct Gather {
   const int64_t* rows;
   float* out;
   int32_t* flag;
-  int64_t dim, width;
+  int64_t dim, stride;
   STREAMREC_HD void operator()(int64_t t) const {
     const int64_t i = t / dim, c = t - i * dim;
     const int64_t r = rows[i];
     if (r >= R && c == 0) raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
-    out[t] = (r >= 0 && r < R) ? data[r * width + kEmbedW + c] : 0.0f;
+    out[t] = (r >= 0 && r < R) ? data[r * stride + kEmbedW + c] : 0.0f;
   }
 };
+
+// Gather by 4 weights: out (n, dim) as (n, dim / 4) Vec4; the weights start at column 4.
+struct Gather4 {
+  const float* data;
+  int64_t R;
+  const int64_t* rows;
+  Vec4* out;
+  int32_t* flag;
+  int64_t quads, stride;
+  STREAMREC_HD void operator()(int64_t t) const {
+    const int64_t i = t / quads, q = t - i * quads;
+    const int64_t r = rows[i];
+    if (r >= R && q == 0) raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
+    out[t] = (r >= 0 && r < R)
+                 ? *reinterpret_cast<const Vec4*>(data + r * stride + kEmbedW + 4 * q)
+                 : Vec4{};
+  }
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Bag b's column c: summed in position order (as torch's embedding_bag on the CPU).
 struct Pooled {
@@ -30,7 +51,7 @@ struct Pooled {
   bool mean;
   float* out;
   int32_t* flag;
-  int64_t dim, width;
+  int64_t dim, stride;
   STREAMREC_HD void operator()(int64_t t) const {
     const int64_t b = t / dim, c = t - b * dim;
     const int64_t begin = offsets[b], end = offsets[b + 1];
@@ -38,7 +59,7 @@ struct Pooled {
     for (int64_t j = begin; j < end; ++j) {
       const int64_t r = rows[j];
       if (r >= 0 && r < R)
-        sum += data[r * width + kEmbedW + c];
+        sum += data[r * stride + kEmbedW + c];
       else if (r >= R && c == 0)
         raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
     }
@@ -61,9 +82,17 @@ extern "C" int streamrec_cuda_gather(const float* data, int64_t R, const int64_t
   STREAMREC_CUDA_REQUIRE(rows != nullptr && out != nullptr && flag != nullptr &&
                              (R == 0 || data != nullptr),
                          "gather: data, rows, out and flag must be set");
-  STREAMREC_CUDA_TRY(launch(n * params->dim,
-                            Gather{data, R, rows, out, flag, params->dim, params->width}, stream,
-                            "gather"));
+  const int64_t dim = params->dim, stride = params->stride;
+  static_assert(kEmbedW % 4 == 0, "the weights of a padded row start 16-byte aligned");
+  if (dim % 4 == 0 && stride % 4 == 0 && aligned16(data) && aligned16(out)) {
+    STREAMREC_CUDA_TRY(launch(n * (dim / 4),
+                              Gather4{data, R, rows, reinterpret_cast<Vec4*>(out), flag, dim / 4,
+                                      stride},
+                              stream, "gather"));
+    return ok();
+  }
+  STREAMREC_CUDA_TRY(
+      launch(n * dim, Gather{data, R, rows, out, flag, dim, stride}, stream, "gather"));
   return ok();
 }
 
@@ -81,7 +110,7 @@ extern "C" int streamrec_cuda_gather_pooled(const float* data, int64_t R, const 
                          "gather_pooled: offsets, out and flag must be set");
   STREAMREC_CUDA_TRY(launch(
       bags * params->dim,
-      Pooled{data, R, rows, offsets, mode == 1, out, flag, params->dim, params->width}, stream,
+      Pooled{data, R, rows, offsets, mode == 1, out, flag, params->dim, params->stride}, stream,
       "gather_pooled"));
   return ok();
 }

@@ -155,7 +155,7 @@ struct FindOrInsert {
       return;
     }
     nr.row_keys[id] = key;
-    if (nr.data != nullptr) init_row(nr.data + id * p.width, key, p, expand, PortablePairs{});
+    if (nr.data != nullptr) init_row(nr.data + id * p.stride, key, p, expand, PortablePairs{});
     add_to(nr.created, 1);
     publish(s, c.slot, id);
     rows[i] = id;

@@ -13,7 +13,7 @@ struct InitRows {
   bool expand;
   STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = start + i;
-    init_row(data + r * p.width, row_keys[r], p, expand, PortablePairs{});
+    init_row(data + r * p.stride, row_keys[r], p, expand, PortablePairs{});
   }
 };
 

@@ -15,7 +15,7 @@ struct Shrink {
   float* d;
   uint8_t* keep;
   StreamrecTableParams p;
-  STREAMREC_HD void operator()(int64_t r) const { keep[r] = shrink_row(d + r * p.width, p); }
+  STREAMREC_HD void operator()(int64_t r) const { keep[r] = shrink_row(d + r * p.stride, p); }
 };
 
 struct Select {
@@ -23,7 +23,7 @@ struct Select {
   int mode;
   uint8_t* sel;
   StreamrecTableParams p;
-  STREAMREC_HD void operator()(int64_t r) const { sel[r] = select_row(d + r * p.width, mode, p); }
+  STREAMREC_HD void operator()(int64_t r) const { sel[r] = select_row(d + r * p.stride, mode, p); }
 };
 
 struct ClearDirty {
@@ -63,7 +63,7 @@ extern "C" int streamrec_cuda_advance_day(float* data, int64_t size,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "advance_day"));
   STREAMREC_CUDA_TRY(check_rows(data, size, "advance_day"));
-  STREAMREC_CUDA_TRY(launch(size, AdvanceDay{data, params->width}, stream, "advance_day"));
+  STREAMREC_CUDA_TRY(launch(size, AdvanceDay{data, params->stride}, stream, "advance_day"));
   return ok();
 }
 
@@ -94,7 +94,7 @@ extern "C" int streamrec_cuda_clear_dirty(float* data, int64_t size,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "clear_dirty"));
   STREAMREC_CUDA_TRY(check_rows(data, size, "clear_dirty"));
-  STREAMREC_CUDA_TRY(launch(size, ClearDirty{data, params->width}, stream, "clear_dirty"));
+  STREAMREC_CUDA_TRY(launch(size, ClearDirty{data, params->stride}, stream, "clear_dirty"));
   return ok();
 }
 
@@ -106,6 +106,6 @@ extern "C" int streamrec_cuda_mark_dirty(float* data, int64_t R, const int64_t* 
   if (n == 0 || R == 0) return ok();
   STREAMREC_CUDA_REQUIRE(data != nullptr && rows != nullptr, "mark_dirty: data and rows must be "
                                                               "set");
-  STREAMREC_CUDA_TRY(launch(n, MarkDirty{data, R, rows, params->width}, stream, "mark_dirty"));
+  STREAMREC_CUDA_TRY(launch(n, MarkDirty{data, R, rows, params->stride}, stream, "mark_dirty"));
   return ok();
 }

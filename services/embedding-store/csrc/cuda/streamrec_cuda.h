@@ -16,7 +16,8 @@
 //   NULL) and every call has finished when it returns; streamrec_cuda_cpu_device() says which.
 // - Not safe for two calls on one index from two streams at once (lookups read plain words):
 //   the store serialises a table's calls.
-// - Row layout (csrc/shared/row_layout.h): row r of data (R, width) float32 is
+// - Row layout (csrc/shared/row_layout.h): row r of data (R, stride) float32 (stride >= width:
+//   the columns past width are padding, never read or written) is
 //   [show, click, unseen_days, flags, embed_w, embedx_w (dim-1), embed_state, embedx_state].
 //
 // Hash index: the CPU core's layout, (capacity, 2) int64 [key, row] slots, capacity a power of
@@ -104,6 +105,9 @@ typedef struct {
   double delta_threshold;           // a delta save takes dirty rows scoring at least this
   double delta_keep_days;           // ... and unseen for at most this many days
   uint64_t seed;                    // initializer seed (store seed mixed with the table name)
+  int64_t stride;                   // floats from one row's start to the next's, >= width: the
+                                    // device tier pads rows to a multiple of 4 (16 bytes), so
+                                    // the weights (from column 4) load as float4
 } StreamrecTableParams;
 
 // ---- hash index (index.cu) ----
@@ -125,7 +129,7 @@ typedef struct {
   int64_t* next_row;       // (1,) int64 device: the next free row id, updated
   int64_t max_rows;        // R: a new id must be < R (else ERR_ROWS_FULL in flag)
   int64_t* row_keys;       // (R,) int64 device: row_keys[id] = key for every new row
-  float* data;             // (R, width) float32 device, or NULL: new rows left unwritten
+  float* data;             // (R, stride) float32 device, or NULL: new rows left unwritten
   int64_t* created;        // (1,) int64 device or NULL: += rows this call created
   int32_t* flag;           // (1,) int32 device: set to an ERR_* code by a failing key
 } StreamrecNewRows;
@@ -164,7 +168,7 @@ int streamrec_cuda_index_rebuild(StreamrecIndex src, StreamrecIndex dst, int32_t
 // ---- row creation (row_init.cu): the CPU core's counter-based draws ----
 // Initialises rows [start, start + count) of data from row_keys (stats zero, dirty, weights
 // drawn per (seed, key, column), optimizer state initial, embedx expanded at once when
-// score(0, 0) >= embedx_threshold). data: (R, width) float32 device; row_keys: (R,) int64
+// score(0, 0) >= embedx_threshold). data: (R, stride) float32 device; row_keys: (R,) int64
 // device; start + count <= R (checked by the caller).
 int streamrec_cuda_init_rows(float* data, const int64_t* row_keys, int64_t start, int64_t count,
                              const StreamrecTableParams* params, cudaStream_t stream);
@@ -176,7 +180,7 @@ int streamrec_cuda_initial_weights(const int64_t* keys, int64_t n, int with_embe
 
 // ---- gather and bag pooling (gather.cu) ----
 // Weights of rows, zeros where rows[i] < 0; a row >= R sets ERR_ROW_OUTSIDE in flag (and
-// reads zeros). data: (R, width) float32 device; rows: (n,) int64 device; out: (n, dim)
+// reads zeros). data: (R, stride) float32 device; rows: (n,) int64 device; out: (n, dim)
 // float32 device; flag: (1,) int32 device.
 int streamrec_cuda_gather(const float* data, int64_t R, const int64_t* rows, int64_t n,
                           float* out, int32_t* flag, const StreamrecTableParams* params,
@@ -192,7 +196,7 @@ int streamrec_cuda_gather_pooled(const float* data, int64_t R, const int64_t* ro
 
 // ---- the fused push (update.cu) ----
 typedef struct {
-  float* data;              // (R, width) float32 device, updated in place
+  float* data;              // (R, stride) float32 device, updated in place
   int64_t R;                // rows of data
   const int64_t* row_keys;  // (R,) int64 device: an expansion draws embedx from the key
   const int64_t* rows;      // (n,) int64 device: row per position, < 0 skipped
@@ -216,7 +220,7 @@ int streamrec_cuda_update(StreamrecPush push, void* scratch, size_t scratch_byte
 size_t streamrec_cuda_update_scratch_bytes(int64_t n, int64_t dim);
 
 // ---- day advance, shrink, save selection, dirty marks (shrink.cu) ----
-// data: (R, width) float32 device; size: the rows in use, 0 <= size <= R.
+// data: (R, stride) float32 device; size: the rows in use, 0 <= size <= R.
 // unseen_days += 1 on rows [0, size).
 int streamrec_cuda_advance_day(float* data, int64_t size, const StreamrecTableParams* params,
                                cudaStream_t stream);

@@ -163,7 +163,8 @@ struct Apply {
     if (flagged(flag) || !starts_group(sorted, j)) return;
     const float* s = sums + j * W;
     const int64_t row = static_cast<int64_t>(sorted[j] - 1);
-    if (update_row(data, row_keys, row, s, s[dim], s[dim + 1], p, PortablePairs{}) != 0)
+    if (update_row(data + row * p.stride, row_keys + row, s, s[dim], s[dim + 1], p,
+                   PortablePairs{}) != 0)
       add_to(expanded, 1);
   }
 };

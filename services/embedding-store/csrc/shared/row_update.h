@@ -74,13 +74,12 @@ STREAMREC_HD inline void apply_rule(float* w, float* st, const float* g, int64_t
   }
 }
 
-// One row's step: statistics, the embed rule, the embedx rule or the expansion. The row's
-// key (row_keys[row]) is read only when the row expands. Returns 1 when the row expanded.
+// One row's step on row w: statistics, the embed rule, the embedx rule or the expansion.
+// The row's key (*key) is read only when the row expands (a random load per row otherwise).
+// Returns 1 when the row expanded.
 template <class Pairs, class P>
-STREAMREC_HD inline int update_row(float* data, const int64_t* row_keys, int64_t row,
-                                   const float* g, float show, float click, const P& p,
-                                   const Pairs& pairs) {
-  float* w = data + row * p.width;
+STREAMREC_HD inline int update_row(float* w, const int64_t* key, const float* g, float show,
+                                   float click, const P& p, const Pairs& pairs) {
   w[kShow] += show;
   w[kClick] += click;
   w[kUnseen] = 0.0f;
@@ -90,7 +89,7 @@ STREAMREC_HD inline int update_row(float* data, const int64_t* row_keys, int64_t
   if (flags & kFlagExpanded) {
     apply_rule(w + kEmbedW + 1, w + p.embedx_state, g + 1, p.dim - 1, p.embedx_rule);
   } else if (score(p, w[kShow], w[kClick]) >= p.embedx_threshold) {
-    init_embedx(w, row_keys[row], p, pairs);
+    init_embedx(w, *key, p, pairs);
     flags |= kFlagExpanded;
     expanded = 1;
   }
