@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from api_fixtures import api, client, r, redis_server, roots  # noqa: F401 (the agent tests)
 from trainer_helpers import write_stream
 
 
