@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
+from servers import wait_for
 from streamrec.process import bin_path, spawn, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,16 +280,13 @@ def http(method: str, url: str, token: str = "", body: dict | None = None) -> tu
 
 
 def wait_until(what: str, check: Any, timeout_s: float, cluster: Cluster) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
+    """``check``'s truthy value within ``timeout_s``; fails at once when a pod exited."""
+
+    def exited() -> str | None:
         dead = [p.name for p in cluster.pods if p.proc is not None and p.proc.poll() is not None]
-        assert not dead and time.monotonic() < deadline, (
-            f"{what}: not after {timeout_s:.0f} s; exited: {dead}\n{cluster.logs()}"
-        )
-        time.sleep(0.5)
+        return f"exited: {dead}" if dead else None
+
+    return wait_for(check, timeout_s, 0.5, what=what, gone=exited, detail=cluster.logs)
 
 
 def single_rank_pool(tmp: Path, trainers: int) -> Path:

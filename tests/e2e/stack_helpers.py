@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from servers import wait_for
 from streamrec.process import descendants, spawn
 
 STREAMREC = str(Path(sys.executable).parent / "streamrec")
@@ -32,16 +33,16 @@ class Output:
             self.times.append(time.strftime("%T"))
 
     def wait_for(self, needle: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if needle in line:
-                    return line
-            time.sleep(0.1)
-        raise AssertionError(
-            f"no {needle!r} in output:\n"
-            + "\n".join(self.lines[-60:])
-            + f"\nstderr:\n{self.stderr.read_text(errors='replace')}"
+        """The first output line holding ``needle``, within ``timeout`` seconds."""
+        return wait_for(
+            lambda: next((line for line in list(self.lines) if needle in line), None),
+            timeout,
+            0.1,
+            what=f"{needle!r} in the output",
+            detail=lambda: (
+                "\n".join(self.lines[-60:])
+                + f"\nstderr:\n{self.stderr.read_text(errors='replace')}"
+            ),
         )
 
     @property

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from servers import wait_for
 from stack_helpers import STREAMREC, Output, child_pids, start_stack, stderr_log, trainer_rank
 
 pytestmark = pytest.mark.slow
@@ -58,18 +59,20 @@ class Rest:
         return resp.json() if resp.status_code == 200 else None
 
     def wait(self, what: str, check: Callable[[], object], timeout: float) -> object:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = check()
-            if got:
-                return got
-            time.sleep(0.2)
         logs = self.run / "logs"
-        raise AssertionError(
-            f"{what}: not within {timeout:.0f}s; output:\n"
-            + "\n".join(self.out.lines[-40:])
-            + "\ntrainers' log:\n"
-            + "\n".join((logs / "trainers-0.log").read_text(errors="replace").splitlines()[-30:])
+        return wait_for(
+            check,
+            timeout,
+            0.2,
+            what=what,
+            detail=lambda: (
+                "output:\n"
+                + "\n".join(self.out.lines[-40:])
+                + "\ntrainers' log:\n"
+                + "\n".join(
+                    (logs / "trainers-0.log").read_text(errors="replace").splitlines()[-30:]
+                )
+            ),
         )
 
     def passes(self) -> list[dict]:

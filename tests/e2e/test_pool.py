@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from servers import wait_for
 from stack_helpers import STREAMREC, Output, child_pids, trainer_rank
 from streamrec.embedding_store import EmbeddingStoreClient
 from streamrec.process import spawn, stop_process
@@ -88,14 +88,8 @@ class Stack:
         return self.call("GET", f"/{job_id}/events", params={"limit": 1000})["data"]
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float = 240) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = check()
-            if got:
-                return got
-            time.sleep(0.2)
-        raise AssertionError(
-            f"{what}: not within {timeout:.0f}s\n" + "\n".join(self.out.lines[-30:])
+        return wait_for(
+            check, timeout, 0.2, what=what, detail=lambda: "\n".join(self.out.lines[-30:])
         )
 
     def wait_state(self, job_id: str, *states: str, timeout: float = 240) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 import pytest
+import servers
 import torch
 from streamrec.api.client import ApiClient
 from streamrec.launcher.prometheus import API_JOB, JOBS, SAMPLER_JOB, STORE_JOB, TRAINER_JOB
@@ -89,16 +90,16 @@ T = TypeVar("T")
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, up: Any) -> T:
     """Polls ``probe`` until it returns a truthy value; fails after ``timeout_s`` or as soon as
     the ``streamrec up`` process exits, with the end of its output."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if up.proc.poll() is not None:
-            pytest.fail(f"streamrec up exited ({up.proc.returncode}) before {what}:\n{up.tail()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} after {timeout_s:.0f}s:\n{up.tail()}")
-        time.sleep(0.5)
+    return servers.wait_for(
+        probe,
+        timeout_s,
+        0.5,
+        what=what,
+        gone=lambda: (
+            None if up.proc.poll() is None else f"streamrec up exited ({up.proc.returncode})"
+        ),
+        detail=up.tail,
+    )
 
 
 class Up:

@@ -5,12 +5,11 @@ child processes and from the tests alike."""
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from servers import free_port
+from servers import free_port, wait_for
 from streamrec.process import spawn, stop_process
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.wire import RpcClient
@@ -91,18 +90,26 @@ def start_server(directory: str, *extra: str) -> ServerProcess:
         log=log,
         die_with_parent=True,
     )
-    deadline = time.monotonic() + 60
     with RpcClient(endpoint, timeout_s=1) as client:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text(errors='replace')}")
+
+        def answers() -> bool:
+            if not os.path.exists(endpoint[6:]):
+                return False
             try:
-                if os.path.exists(endpoint[6:]):
-                    client.call("ping", timeout_s=1)
-                    break
+                client.call("ping", timeout_s=1)
+                return True
             except Exception:
-                if time.monotonic() > deadline:
-                    stop_process(proc)
-                    raise
-            time.sleep(0.05)
+                return False
+
+        try:
+            wait_for(
+                answers,
+                60,
+                what="the sampler server's ping",
+                gone=lambda: None if proc.poll() is None else "the server exited",
+                detail=lambda: log.read_text(errors="replace"),
+            )
+        except AssertionError:
+            stop_process(proc)
+            raise
     return ServerProcess(endpoint, port, proc)
