@@ -37,8 +37,10 @@ export STREAMREC_CUDA_CPU_LIB=$OUT/libstreamrec_cuda_cpu.so
 "$PY" - >"$OUT/cuda-cpu.log" 2>&1 <<'EOF' || { tail -50 "$OUT/cuda-cpu.log"; exit 1; }
 from streamrec.embedding_store import cuda_lib
 
+# -fno-sanitize=null: Thrust binds references to null pointers of its stateless system tags
+# by design (thrust/detail/reference.h); a real null access is still ASan's SEGV report
 flags = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-         "-fno-sanitize-recover=all")
+         "-fno-sanitize=null", "-fno-sanitize-recover=all")
 print(cuda_lib.build_cpu(extra=flags, force=True))
 EOF
 rm -rf "$LOGS" && mkdir -p "$LOGS"
