@@ -114,14 +114,16 @@ class Target:
     """One shard (shard 0 of 2, so ownership is checked) and one sampler, in-process."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="fz-", dir="/tmp"))  # short: ipc paths
+        # under $TMPDIR (test_fuzz.py points it at the test's tmp_path): libFuzzer ends the
+        # process without Python's atexit, so the directory may outlive the run
+        self.dir = Path(tempfile.mkdtemp(prefix="fuzz-handlers-"))
         atexit.register(shutil.rmtree, self.dir, True)
         self.root = self.dir / "models"
         self.root.mkdir()
         config = ShardConfig(
             shard_id=0,
             num_shards=2,
-            endpoint=f"ipc://{self.dir}/shard.sock",
+            endpoint="tcp://127.0.0.1:*",
             tables=[
                 {"name": "user", "embedx_dim": 3, "embedx_threshold": 0},
                 {"name": "item", "embedx_dim": 2},
@@ -131,17 +133,14 @@ class Target:
             insecure_no_auth=True,
         )
         self.shard = Shard(config)  # the RpcServer is built, never started: handle() only
-        self.sampler = SamplerServer(
+        self.sampler = SamplerServer(  # its own endpoint is never bound: start() is not called
             ServerConfig(
-                endpoint=f"ipc://{self.dir}/sampler.sock",
                 max_negatives=1 << 16,
                 seed=1,
                 insecure_no_auth=True,
             )
         )
-        self.sampler_rpc = wire.RpcServer(
-            f"ipc://{self.dir}/sampler-rpc.sock", self.sampler.handlers, token=None
-        )
+        self.sampler_rpc = wire.RpcServer("tcp://127.0.0.1:*", self.sampler.handlers, token=None)
         # every op is fuzzed: one added to a service without a case here fails at once
         assert sorted(STORE_OPS) == sorted(OPS), sorted(set(OPS) ^ set(STORE_OPS))
         assert sorted(SAMPLER_OPS) == sorted(self.sampler.handlers)
