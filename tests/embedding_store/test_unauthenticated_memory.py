@@ -6,51 +6,18 @@ message of a good client is freed once answered, not held by the idle worker thr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import zmq
 from servers import wait_for
 from streamrec.auth import write_token_file
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
-from streamrec.handshake import FAILED_EVENTS, set_credentials
-from streamrec.wire import RpcClient, encode
+from streamrec.wire import RpcClient
+from unauthenticated import rss_bytes, send_unauthenticated
 
 FRAME_BYTES = 400 << 20
 SLACK_BYTES = 50 << 20
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
-def send_unauthenticated(endpoint: str, body: np.ndarray, password: str | None) -> str:
-    """One ``ping`` carrying ``body`` from a peer without the token (no credentials, or
-    ``password``); returns how it ended: a reply or a refused handshake."""
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    if password is not None:
-        set_credentials(sock, password)
-    monitor = sock.get_monitor_socket(FAILED_EVENTS)
-    try:
-        sock.connect(endpoint)
-        sock.send_multipart(encode({"op": "ping", "id": 1}, None, {"x": body}), copy=False)
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        ready = dict(poller.poll(60_000))
-        assert ready, "neither a reply nor a refused handshake within 60 s"
-        return "reply" if sock in ready else "refused"
-    finally:
-        sock.disable_monitor()
-        monitor.close(linger=0)
-        sock.close(linger=0)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from streamrec.handshake import set_credentials
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
 from streamrec.wire import PROTOCOL_VERSION, RpcClient
+from unauthenticated import rss_bytes, send_unauthenticated
 
 
 def table(n: int = 50) -> dict:
@@ -102,3 +103,20 @@ def test_an_auto_started_server_gets_the_clients_token_file(short_dir, monkeypat
     finally:
         stop_server(s.server_pid)
         s.close()
+
+
+@pytest.mark.slow
+def test_unauthenticated_400mb_messages_cost_the_sampler_no_memory(token_server):
+    """Three 400 MB messages from peers without the token: none is read, and the sampler's
+    resident memory stays within 50 MB of where it started; good clients are served."""
+    srv, _token = token_server
+    good = LocalRpcDataSampler(*TAGS, endpoint=srv.endpoint, auto_start=False)
+    good.reload(table())
+    start = rss_bytes(srv.proc.pid)
+    body = np.ones(400 << 20, np.uint8)
+    ends = [send_unauthenticated(srv.endpoint, body, pw) for pw in (None, "x" * 40, None)]
+    assert ends == ["refused"] * 3
+    assert good.sample_ids(torch.tensor([0]), 4, torch.tensor([0])).numel() == 4
+    grown = rss_bytes(srv.proc.pid) - start
+    assert grown <= 50 << 20, f"sampler RSS grew by {grown >> 20} MB"
+    good.close()

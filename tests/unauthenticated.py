@@ -1,0 +1,43 @@
+"""Helpers of the tests that a peer without the token costs a server no memory: a process's
+resident memory, and one large message sent by a peer that does not have the token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zmq
+from streamrec.handshake import FAILED_EVENTS, set_credentials
+from streamrec.wire import encode
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def send_unauthenticated(endpoint: str, body: np.ndarray, password: str | None) -> str:
+    """One ``ping`` carrying ``body`` from a peer without the token (no credentials, or
+    ``password``); returns how it ended: ``"reply"`` or ``"refused"`` (the handshake)."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if password is not None:
+        set_credentials(sock, password)
+    monitor = sock.get_monitor_socket(FAILED_EVENTS)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(encode({"op": "ping", "id": 1}, None, {"x": body}), copy=False)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        ready = dict(poller.poll(60_000))
+        assert ready, "neither a reply nor a refused handshake within 60 s"
+        return "reply" if sock in ready else "refused"
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
