@@ -28,6 +28,7 @@ from streamrec.control.states import ACTIVE_STATES, JobState
 #: The job hash's ``trainers`` field: how the job stands with the pool.
 WAITING = "waiting_for_trainers"
 ASSIGNED = "assigned"
+PINNED = "pinned"
 
 
 class PoolScheduler:
@@ -46,7 +47,10 @@ class PoolScheduler:
         served = {a.job_id for a in held.values()}
         waiting = 0
         for job_id in running:
-            if job_id in served or self.r.exists(keys.heartbeat(job_id)):
+            if job_id in served:
+                continue
+            if self.r.exists(keys.heartbeat(job_id)):  # a group pinned to it (--job-id)
+                self.mark(job_id, PINNED)
                 continue
             name = self.pick(job_id, groups, busy)
             if name is None:
@@ -112,6 +116,11 @@ class PoolScheduler:
                 event_fields("pool", f"assigned to trainer group {name}", {"group": name}),
             )
             pipe.execute()
+
+    def mark(self, job_id: str, standing: str) -> None:
+        """Sets the job's ``trainers`` field when it differs (no write otherwise)."""
+        if redis_io.hget(self.r, keys.job(job_id), "trainers") != standing:
+            redis_io.hset(self.r, keys.job(job_id), {"trainers": standing})
 
     def mark_waiting(self, job_id: str) -> int:
         """Marks the job waiting for trainers (an event the first time); returns 1."""
