@@ -7,36 +7,24 @@
 namespace streamrec_cuda {
 namespace {
 
+// Weights of rows, T (a float, or a Vec4 of 4 weights) per thread: out (n, dim) as
+// (n, per_row) T; the weights start at column kEmbedW.
+template <class T>
 struct Gather {
   const float* data;
   int64_t R;
   const int64_t* rows;
-  float* out;
+  T* out;
   int32_t* flag;
-  int64_t dim, stride;
+  int64_t per_row, stride;
   STREAMREC_HD void operator()(int64_t t) const {
-    const int64_t i = t / dim, c = t - i * dim;
-    const int64_t r = rows[i];
-    if (r >= R && c == 0) raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
-    out[t] = (r >= 0 && r < R) ? data[r * stride + kEmbedW + c] : 0.0f;
-  }
-};
-
-// Gather by 4 weights: out (n, dim) as (n, dim / 4) Vec4; the weights start at column 4.
-struct Gather4 {
-  const float* data;
-  int64_t R;
-  const int64_t* rows;
-  Vec4* out;
-  int32_t* flag;
-  int64_t quads, stride;
-  STREAMREC_HD void operator()(int64_t t) const {
-    const int64_t i = t / quads, q = t - i * quads;
+    constexpr int64_t kWidth = sizeof(T) / sizeof(float);
+    const int64_t i = t / per_row, q = t - i * per_row;
     const int64_t r = rows[i];
     if (r >= R && q == 0) raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
     out[t] = (r >= 0 && r < R)
-                 ? *reinterpret_cast<const Vec4*>(data + r * stride + kEmbedW + 4 * q)
-                 : Vec4{};
+                 ? *reinterpret_cast<const T*>(data + r * stride + kEmbedW + kWidth * q)
+                 : T{};
   }
 };
 
@@ -85,14 +73,12 @@ extern "C" int streamrec_cuda_gather(const float* data, int64_t R, const int64_t
   const int64_t dim = params->dim, stride = params->stride;
   static_assert(kEmbedW % 4 == 0, "the weights of a padded row start 16-byte aligned");
   if (dim % 4 == 0 && stride % 4 == 0 && aligned16(data) && aligned16(out)) {
-    STREAMREC_CUDA_TRY(launch(n * (dim / 4),
-                              Gather4{data, R, rows, reinterpret_cast<Vec4*>(out), flag, dim / 4,
-                                      stride},
-                              stream, "gather"));
+    const Gather<Vec4> by4{data, R, rows, reinterpret_cast<Vec4*>(out), flag, dim / 4, stride};
+    STREAMREC_CUDA_TRY(launch(n * (dim / 4), by4, stream, "gather"));
     return ok();
   }
   STREAMREC_CUDA_TRY(
-      launch(n * dim, Gather{data, R, rows, out, flag, dim, stride}, stream, "gather"));
+      launch(n * dim, Gather<float>{data, R, rows, out, flag, dim, stride}, stream, "gather"));
   return ok();
 }
 
