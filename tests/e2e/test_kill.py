@@ -106,6 +106,8 @@ def test_kill_each_service_mid_job_every_pass_exactly_once(tmp_path: Path) -> No
         "300",
         "--trainers",
         "2",
+        "--trainer-groups",
+        "1",  # the job's group is trainers-0
         "--store-shards",
         "2",
         "--max-restarts",
@@ -120,7 +122,7 @@ def test_kill_each_service_mid_job_every_pass_exactly_once(tmp_path: Path) -> No
     recovery: dict[str, float] = {}
     kill_times: dict[str, tuple[float, int]] = {}
     try:
-        out.wait_for("trainers         2 group(s) of 2 rank(s)", timeout=120)
+        out.wait_for("trainers         1 group(s) of 2 rank(s)", timeout=120)
         rest = Rest(run, out)
         rest.wait("a first pass done", lambda: rest.done_after(0), timeout=90)
         for name in KILLS:

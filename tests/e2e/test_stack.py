@@ -29,6 +29,8 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
         "1500",
         "--trainers",
         "2",
+        "--trainer-groups",
+        "1",  # the job's group is trainers-0
         "--store-shards",
         "2",
         "--timeout-s",
@@ -37,7 +39,7 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
     )
     out = Output(up, stderr_log(run))
     try:
-        out.wait_for("trainers         2 group(s) of 2 rank(s)", timeout=120)
+        out.wait_for("trainers         1 group(s) of 2 rank(s)", timeout=120)
         state = json.loads((run / "stack.json").read_text())
         pids = {name: info["pid"] for name, info in state["children"].items()}
         want = {"redis", "store-0", "store-1", "sampler", "api", "datagen", "trainers-0"}
