@@ -11,11 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from agent_helpers import SMALL_MODEL, datagen
 from api_helpers import job_body
 from servers import free_port, wait_for
 from streamrec.control import keys
 from streamrec.process import spawn, stop_process
-from test_agent import SMALL_MODEL, datagen
 
 
 class Listener:

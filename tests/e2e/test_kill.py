@@ -123,6 +123,7 @@ def test_kill_each_service_mid_job_every_pass_exactly_once(tmp_path: Path) -> No
     kill_times: dict[str, tuple[float, int]] = {}
     try:
         out.wait_for("trainers         1 group(s) of 2 rank(s)", timeout=120)
+        out.wait_for("  job  ", timeout=60)  # submitted after the pool: stack.json names it
         rest = Rest(run, out)
         rest.wait("a first pass done", lambda: rest.done_after(0), timeout=90)
         for name in KILLS:

@@ -10,7 +10,6 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,76 +18,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from agent_helpers import (
+    SMALL_MODEL,
+    agent_args,
+    alive,
+    datagen,
+    finished,
+    run_agent,
+    small_job,
+    started_job,
+)
 from api_helpers import TEST_SAMPLER_ENDPOINT, TEST_STORE_ENDPOINT
 from servers import wait_for
 from streamrec.process import spawn, stop_process
-
-SMALL_MODEL = {
-    "runner": {"train_batch_size": 128},
-    "hyper_parameters": {
-        "sparse_inputs_slots": 4,
-        "arch_sparse_feature_size": 4,
-        "arch_mlp_bot": "13-16-4",
-        "arch_mlp_top": "8-1",
-        "optimizer": "adagrad",
-        "learning_rate": 0.05,
-    },
-}
-
-
-def datagen(out: Path, max_splits: int | None = None) -> None:
-    args = [
-        str(Path(sys.executable).parent / "streamrec-datagen"),
-        "--out",
-        str(out),
-        "--start-day",
-        "20190720",
-        "--days",
-        "1",
-        "--split-interval",
-        "720",
-        "--samples-per-split",
-        "1500",
-        "--slots",
-        "4",
-        "--vocab",
-        "300",
-        "--seed",
-        "5",
-    ]
-    if max_splits is not None:
-        args += ["--max-splits", str(max_splits)]
-    subprocess.run(args, check=True, capture_output=True, timeout=120)
-
-
-def alive(agent: subprocess.Popen, log: Path) -> None:
-    if agent.poll() is not None:
-        raise AssertionError(f"agent exited {agent.returncode}: {log.read_text()[-3000:]}")
-
-
-def run_agent(
-    redis_url: str, job_id: str, log: Path, env: dict[str, str] | None = None
-) -> subprocess.Popen:
-    return spawn(
-        [sys.executable, "-m", "streamrec.trainer.agent", *agent_args(redis_url, job_id)],
-        log=log,
-        die_with_parent=True,
-        env=env,
-    )
-
-
-def agent_args(redis_url: str, job_id: str) -> list[str]:
-    """The agent's flags in these tests: short heartbeats and polls."""
-    return [
-        "--redis-url",
-        redis_url,
-        "--job-id",
-        job_id,
-        "--heartbeat-ttl-s",
-        "3",
-        "--poll-ms",
-        "200",
-    ]
 
 
 @pytest.mark.slow
@@ -220,32 +162,6 @@ def test_agent_trains_obeys_triggers_stops_and_resumes(client, roots, redis_serv
     assert (model / "20190720" / "base" / "MANIFEST.json").is_file()
 
 
-def small_job(name: str, data: Path, model: Path, **sections) -> dict:
-    return {
-        "name": name,
-        "data": {
-            "train_data_dir": str(data),
-            "start_day": "20190720",
-            "end_day": "20190720",
-            "split_interval": 720,
-            "split_per_pass": 1,
-            "data_donefile": "to.hadoop.done",
-            "data_sleep_second": 0.1,
-        },
-        "checkpoint": {"model_save_path": str(model), "checkpoint_per_pass": 1},
-        "model": SMALL_MODEL,
-        **sections,
-    }
-
-
-def started_job(client, body: dict) -> str:
-    job = client.post("/v1/jobs", json=body)
-    assert job.status_code == 201, job.text
-    job_id = job.json()["id"]
-    assert client.post(f"/v1/jobs/{job_id}/start").status_code == 200
-    return job_id
-
-
 def fails_at_start(client, redis_server, body: dict, log: Path) -> dict:
     """Runs an agent on a job it cannot take: it reports why and exits 2; the job fails."""
     job_id = started_job(client, body)
@@ -369,19 +285,6 @@ def garble(split_dir: Path) -> None:
     """Replaces the split's data file with binary garbage (every line malformed)."""
     (part,) = sorted(split_dir.glob("part-*"))
     part.write_bytes(random.Random(3).randbytes(1 << 15))
-
-
-def finished(client, job_id: str, agent: subprocess.Popen, log: Path, timeout: float = 120):
-    return wait_for(
-        lambda: (
-            alive(agent, log)
-            or (j := client.get(f"/v1/jobs/{job_id}").json())["state"] in ("succeeded", "failed")
-            and j
-        ),
-        timeout=timeout,
-        interval=0.2,
-        what="job finished",
-    )
 
 
 def events_of(client, job_id: str, kind: str) -> list[dict]:

@@ -8,10 +8,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from agent_helpers import agent_args, alive, datagen, finished, small_job, started_job
 from api_helpers import free_port
 from servers import parse_metrics, wait_for
 from streamrec.process import spawn, stop_process
-from test_agent import agent_args, alive, datagen, finished, small_job, started_job
 
 
 @pytest.mark.slow
