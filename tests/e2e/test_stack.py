@@ -47,6 +47,7 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
         # the first pass is done: kill the trainer launcher outright (its ranks, in sessions
         # of their own, notice they are orphaned and exit; the group is dead)
         out.wait_for("[1/6]", timeout=120)
+        state = json.loads((run / "stack.json").read_text())  # now with the job's id
         ranks = [p for p in descendants(pids["trainers-0"])]
         assert len(ranks) >= 2
         os.killpg(pids["trainers-0"], signal.SIGKILL)
