@@ -1,6 +1,6 @@
 """The trainer agent: each rank's loop when the control plane (streamrec.api) drives the job.
 
-Run one per rank under torchrun::
+Run one per rank under torchrun (the command line: :mod:`.agent_cli`)::
 
     torchrun --nproc-per-node 2 -m streamrec.trainer.agent \\
         --redis-url redis://127.0.0.1:6379/0 --job-id 3f2a...
@@ -36,10 +36,8 @@ supervisor restarts the group.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import signal
 import socket
 import time
 import uuid
@@ -48,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from streamrec.control import keys, redis_io
+from streamrec.control import keys
 from streamrec.control.channel import (
     TERMINAL_STATES,
     CommandType,
@@ -73,7 +71,7 @@ from streamrec.trainer.agent_steps import (
 )
 from streamrec.trainer.errors import PassFailed, error_class
 from streamrec.trainer.job_guard import JobGuard
-from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog, terminate
+from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog
 from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
 
 if TYPE_CHECKING:
@@ -503,126 +501,11 @@ def parse_key(key: str | None) -> tuple[str, int] | None:
     return keys.parse_pass_key(key) if key else None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="streamrec.trainer.agent", description="trainer rank driven by the control plane"
-    )
-    p.add_argument("--redis-url", required=True)
-    p.add_argument(
-        "--job-id",
-        default=None,
-        help="pin this group to one job (it exits when the job ends); without it the group "
-        "joins the control plane's pool and runs the jobs it is given, one after another",
-    )
-    p.add_argument(
-        "--group-name",
-        default=None,
-        help="the group's name in the pool, stable across restarts (default: "
-        "$STREAMREC_GROUP_NAME, else the host name)",
-    )
-    p.add_argument(
-        "--group-timeout-s",
-        type=float,
-        default=60.0,
-        help="a pooled group's process-group timeout (its ranks' rendezvous; a step's "
-        "collectives wait the job's distributed.timeout_s, a checkpoint's agreement its "
-        "distributed.checkpoint_timeout_s)",
-    )
-    p.add_argument("--heartbeat-ttl-s", type=float, default=10.0)
-    p.add_argument("--poll-ms", type=int, default=500)
-    p.add_argument(
-        "--stuck-timeout-s",
-        type=float,
-        default=300.0,
-        help="exit (code 4) after working this long without progress (0: no watchdog)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve /metrics on this port + the local rank (0: a free port; default: the "
-        "job's runner.metrics_port)",
-    )
-    p.add_argument("--metrics-host", default=None, help="address /metrics binds")
-    p.add_argument(
-        "--redis-password-file",
-        default=None,
-        help="file holding Redis's password (default: $STREAMREC_REDIS_PASSWORD_FILE)",
-    )
-    for flag, what in (
-        ("--model-root", "a root a job's model_save_path must lie under"),
-        ("--data-root", "a root a job's train_data_dir and sampler table must lie under"),
-        ("--sampler-endpoint", "a sampler address a job may name (unset: the node-local one)"),
-        ("--online-redis-url", "a serving Redis a job may publish to"),
-    ):
-        p.add_argument(flag, action="append", default=[], help=f"{what} (repeatable)")
-    p.add_argument("--log-level", default="INFO")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(
-        level=args.log_level.upper(), format=f"%(asctime)s rank{rank} %(name)s %(message)s"
-    )
-    # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
-    # released (Agent.close), not failed; the group leaves the pool
-    signal.signal(signal.SIGTERM, terminate)
-    guard = JobGuard.from_flags(
-        args.model_root, args.data_root, args.sampler_endpoint, args.online_redis_url
-    )
-    if not guard.enforce:
-        log.warning(
-            "INSECURE: no --model-root/--data-root/--sampler-endpoint: the paths and endpoints "
-            "of a job read from Redis are not checked by this trainer"
-        )
-    try:
-        args.redis_url = redis_io.with_password(args.redis_url, args.redis_password_file)
-    except ValueError as exc:
-        log.error("%s", exc)
-        return 2
-    if redis_io.redacted(args.redis_url) == args.redis_url:  # no password in it
-        log.warning(
-            "INSECURE: Redis without a password (--redis-password-file or "
-            "STREAMREC_REDIS_PASSWORD_FILE): whoever reaches it may rewrite this group's jobs"
-        )
-    agent_args: dict[str, Any] = {
-        "guard": guard,
-        "heartbeat_ttl_s": args.heartbeat_ttl_s,
-        "poll_ms": args.poll_ms,
-        "stuck_timeout_s": args.stuck_timeout_s or None,
-    }
-    if args.job_id is None:
-        from streamrec.trainer.pool_member import PoolMember, default_group_name
+    """The ``streamrec-trainer-agent`` command (its flags: :mod:`.agent_cli`)."""
+    from streamrec.trainer.agent_cli import main as cli_main
 
-        member = PoolMember(
-            args.redis_url,
-            args.group_name or default_group_name(),
-            agent_args,
-            poll_ms=args.poll_ms,
-            ttl_s=args.heartbeat_ttl_s,
-            metrics_port=args.metrics_port,
-            metrics_host=args.metrics_host or "127.0.0.1",
-            group_timeout_s=args.group_timeout_s,
-        )
-        try:
-            return member.run()
-        except StreamRecError as exc:
-            log.error("%s", exc)
-            return 2
-    agent = Agent(
-        args.redis_url,
-        args.job_id,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        **agent_args,
-    )
-    try:
-        return agent.run()
-    except StreamRecError as exc:
-        log.error("%s", exc)
-        return 2
+    return cli_main(argv)
 
 
 if __name__ == "__main__":
