@@ -8,7 +8,8 @@ whose credentials a ZAP handler (ZeroMQ's authentication protocol, one thread pe
 checks at connection time: the password must be the server's peer token (compared in
 constant time). A peer without it never completes the handshake, so none of its messages
 is read; the connection is dropped and the client sees ``EVENT_HANDSHAKE_FAILED_AUTH``
-(:func:`auth_failures` turns that into an ``unauthorized`` error instead of a timeout).
+(:func:`connection_events` lets the client turn that into an ``unauthorized`` error instead
+of a timeout).
 
 PLAIN sends the token in clear, as the header did: it proves the peer knows the token, it
 does not encrypt the data plane (see RELIABILITY.md). A server run without a token
@@ -136,16 +137,18 @@ def set_credentials(sock: zmq.Socket, token: str) -> None:
 
 def secure_client(sock: zmq.Socket, token: str) -> zmq.Socket:
     """:func:`set_credentials`, and a monitor socket that receives the events of a failed
-    handshake (read by :func:`auth_failures`)."""
+    handshake and of a dropped connection (read by :func:`connection_events`)."""
     set_credentials(sock, token)
-    return sock.get_monitor_socket(FAILED_EVENTS)
+    return sock.get_monitor_socket(FAILED_EVENTS | zmq.EVENT_DISCONNECTED)
 
 
-def auth_failures(monitor: zmq.Socket) -> int:
-    """How many failed-handshake events ``monitor`` holds now (read without waiting)."""
-    failed = 0
+def connection_events(monitor: zmq.Socket) -> tuple[int, int]:
+    """(failed handshakes, dropped connections) among the events ``monitor`` holds now
+    (read without waiting)."""
+    failed = dropped = 0
     while monitor.poll(0):
         frames = monitor.recv_multipart()
         event = int.from_bytes(frames[0][:2], "little")
         failed += bool(event & FAILED_EVENTS)
-    return failed
+        dropped += bool(event & zmq.EVENT_DISCONNECTED)
+    return failed, dropped

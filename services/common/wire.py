@@ -49,11 +49,12 @@ from streamrec.errors import (
     BadRequest,
     RemoteError,
     RpcTimeout,
+    ServiceUnavailable,
     StreamRecError,
     Unauthorized,
     quote,
 )
-from streamrec.handshake import auth_failures, release, secure_client, secure_server
+from streamrec.handshake import connection_events, release, secure_client, secure_server
 
 log = logging.getLogger(__name__)
 
@@ -432,6 +433,8 @@ class RpcClient:
         self.sock = self._connect()
         # ids sent and not yet received, and replies that came before their receive
         self._awaited: set[int] = set()
+        #: failed handshakes seen while no request was in flight (reported at the next poll)
+        self._refused = 0
         self._early: dict[int, tuple[Meta, Arrays] | RemoteError] = {}
 
     def _connect(self) -> zmq.Socket:
@@ -458,19 +461,32 @@ class RpcClient:
         Raises:
             RemoteError: ``unauthorized``: the server refused this client's token in the
                 handshake (no request of it was read).
+            ServiceUnavailable: the connection dropped with requests in flight (the server
+                died: their replies never come; no waiting for the timeout).
         """
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             ready = dict(self._poller.poll(max(0, int((deadline - time.monotonic()) * 1000)) + 1))
             if self.sock in ready:
                 return True
-            if self._monitor in ready and auth_failures(self._monitor):
-                raise RemoteError(
-                    "unauthorized",
-                    f"{self.endpoint} refused this client's peer token in the handshake "
-                    "(send the token of the server's --auth-token-file / "
-                    "$STREAMREC_AUTH_TOKEN_FILE)",
-                )
+            if self._refused or self._monitor in ready:
+                failed, dropped = connection_events(self._monitor)
+                if dropped and not failed and self._monitor.poll(100):
+                    failed += connection_events(self._monitor)[0]  # a refusal drops it too
+                failed, self._refused = failed + self._refused, 0
+                if failed:
+                    raise RemoteError(
+                        "unauthorized",
+                        f"{self.endpoint} refused this client's peer token in the handshake "
+                        "(send the token of the server's --auth-token-file / "
+                        "$STREAMREC_AUTH_TOKEN_FILE)",
+                    )
+                if dropped and self._awaited:  # the server died: its replies never come
+                    raise ServiceUnavailable(
+                        f"the connection to {self.endpoint} dropped with "
+                        f"{len(self._awaited)} request(s) in flight: the server stopped or "
+                        "restarted (a restarted store shard is empty)"
+                    )
             if time.monotonic() >= deadline:
                 return False
 
@@ -483,6 +499,9 @@ class RpcClient:
         if size > self.max_message_bytes:
             raise BadRequest(f"request of {size} bytes exceeds the cap of {self.max_message_bytes}")
         with self.lock:
+            if not self._awaited:  # a connection dropped while idle concerns no request
+                failed, _ = connection_events(self._monitor)
+                self._refused += failed
             self.sock.send_multipart(frames, copy=size < ZERO_COPY_THRESHOLD)
             self._awaited.add(request_id)
         return request_id
@@ -494,7 +513,7 @@ class RpcClient:
                 remaining = deadline - time.monotonic()
                 try:
                     ready = remaining > 0 and self.poll(int(remaining * 1000))
-                except RemoteError:
+                except (RemoteError, ServiceUnavailable):
                     self._reset()
                     raise
                 if not ready:

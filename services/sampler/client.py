@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from streamrec.auth import read_token, token_file
-from streamrec.errors import BadRequest, RemoteError, RpcTimeout
+from streamrec.errors import BadRequest, RemoteError, RpcTimeout, ServiceUnavailable
 from streamrec.process import spawn, stop_process
 from streamrec.ragged import RaggedTensor
 from streamrec.sampler.columns import Column, decode_columns, encode_columns, to_columns
@@ -137,7 +137,7 @@ class LocalRpcDataSampler:
             return None
         try:
             meta, _ = self._rpc.call("ping", timeout_s=timeout_s)
-        except RpcTimeout:
+        except (RpcTimeout, ServiceUnavailable):
             return None
         return meta
 
@@ -214,6 +214,15 @@ class LocalRpcDataSampler:
 
     # ---- calls ------------------------------------------------------------------------------
 
+    @staticmethod
+    def _poll(rpc: RpcClient) -> bool:
+        """A reply ready within 250 ms (raises on a refused handshake); a dropped connection
+        is no answer: whether the server died is for :meth:`_server_alive` to say."""
+        try:
+            return rpc.poll(250)
+        except ServiceUnavailable:
+            return False
+
     def _call(
         self, op: str, meta: dict[str, Any] | None = None, arrays: Mapping[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -222,7 +231,7 @@ class LocalRpcDataSampler:
         try:
             with rpc.lock:  # one request in flight per client; the prefetch thread queues here
                 request_id = rpc.send(op, meta, arrays)
-                while not rpc.poll(250):  # raises on a refused handshake
+                while not self._poll(rpc):
                     if self._server_alive() is False:
                         self._reset()
                         raise SamplerUnavailable(
