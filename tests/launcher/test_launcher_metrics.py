@@ -29,7 +29,7 @@ def stack(tmp_path: Path, *flags: str) -> Stack:
 
 
 def test_every_service_gets_a_metrics_port_recorded_in_stack_json(tmp_path: Path) -> None:
-    s = stack(tmp_path, "--store-shards", "3", "--trainers", "2")
+    s = stack(tmp_path, "--store-shards", "3", "--trainers", "2", "--trainer-groups", "2")
     s.prepare()
     s.record()
     recorded = read_state(s.run)
@@ -38,13 +38,15 @@ def test_every_service_gets_a_metrics_port_recorded_in_stack_json(tmp_path: Path
     assert set(targets) == set(prometheus.JOBS)
     assert targets[prometheus.API_JOB] == [f"127.0.0.1:{s.api_port}"]
     assert len(targets[prometheus.STORE_JOB]) == 3
-    base = s.trainer_metrics_port
-    assert targets[prometheus.TRAINER_JOB] == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+    # each group's ranks on consecutive ports from its own base
+    assert targets[prometheus.TRAINER_JOB] == [
+        f"127.0.0.1:{base + r}" for base in s.trainer_metrics_ports for r in range(2)
+    ]
     ports = [int(h.rsplit(":", 1)[1]) for hosts in targets.values() for h in hosts]
-    assert len(set(ports)) == len(ports) == 1 + 3 + 1 + 2
+    assert len(set(ports)) == len(ports) == 1 + 3 + 1 + 2 * 2
     assert recorded["prometheus_url"] is None  # no --prometheus
-    s.job_id = "j1"
-    assert flag_values(s.trainer_args(), "--metrics-port") == [str(base)]
+    for group, base in zip(s.groups, s.trainer_metrics_ports, strict=True):
+        assert flag_values(s.trainer_args(group), "--metrics-port") == [str(base)]
 
 
 def test_commands_carry_metrics_ports_and_the_ssd_tier(tmp_path: Path) -> None:

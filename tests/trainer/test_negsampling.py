@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.runner import OnlineTrainer
@@ -55,8 +56,15 @@ def test_positives_expanded_with_negatives(stream, tmp_path, short_dir):
         "endpoint": f"ipc://{short_dir}/sampler.sock",
     }
     cfg = type(cfg).parse(job)
+    # a trainer starts a sampler only at its node's own default address: at the one named
+    # here the operator starts it (a client that may auto-start it, as a node's would)
+    ns = cfg.negative_sampling
+    starter = LocalRpcDataSampler(
+        "slot_0", "slot_0", ns.weight_tag, ns.skey_name, endpoint=ns.endpoint
+    )
+    pid = starter.server_pid
+    starter.close()
     t = OnlineTrainer(cfg)
-    pid = t.negatives.sampler.server_pid
     try:
         positives = batches[0].slice(0, 200)
         out = t.negatives(positives)
