@@ -39,20 +39,7 @@ def test_agent_trains_obeys_triggers_stops_and_resumes(client, roots, redis_serv
     data = roots["data"] / "agent"
     model = roots["model"] / "agent"
     datagen(data, max_splits=1)  # only pass 1 of 2 has landed
-    body = {
-        "name": "agent",
-        "data": {
-            "train_data_dir": str(data),
-            "start_day": "20190720",
-            "end_day": "20190720",
-            "split_interval": 720,
-            "split_per_pass": 1,
-            "data_donefile": "to.hadoop.done",
-            "data_sleep_second": 0.1,
-        },
-        "checkpoint": {"model_save_path": str(model), "checkpoint_per_pass": 1},
-        "model": SMALL_MODEL,
-    }
+    body = small_job("agent", data, model)
     job = client.post("/v1/jobs", json=body)
     assert job.status_code == 201, job.text
     job_id = job.json()["id"]
