@@ -4,8 +4,9 @@ Each tick (leader only):
 
 1. **Release.** An assignment whose job has ended (stopped, succeeded, failed, deleted) is
    cleared: the group waits for its next job. An assignment whose group's registration has
-   expired (the group is gone: its processes died and did not come back within the TTL) is
-   cleared too, so the job goes to another group (or the same one once it is back).
+   been missing for ``gone_after_s`` (the group is gone: its processes died and did not come
+   back) is cleared too, so the job goes to another group (or the same one once it is back);
+   a group restarting (torchrun restarts all its ranks) keeps its job meanwhile.
 2. **Assign.** A running job that no group serves (no assignment, no heartbeat of a group
    pinned to it with ``--job-id``) goes to an idle, unassigned group whose ranks fit
    ``resources.trainer_ranks`` (any size when unset), the first by name. With none, the job
@@ -16,6 +17,7 @@ Each tick (leader only):
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import redis
@@ -34,9 +36,13 @@ PINNED = "pinned"
 class PoolScheduler:
     """Matches running jobs with the pool's groups (see the module docstring)."""
 
-    def __init__(self, r: redis.Redis, metrics: ApiMetrics) -> None:
+    def __init__(self, r: redis.Redis, metrics: ApiMetrics, gone_after_s: float = 30.0) -> None:
         self.r = r
         self.metrics = metrics
+        #: a group whose registration is missing this long loses its job (a restart of its
+        #: processes, torchrun's, takes seconds: the job waits for it meanwhile)
+        self.gone_after_s = gone_after_s
+        self._missing_since: dict[str, float] = {}
 
     def tick(self, running: list[str]) -> None:
         groups = {g.name: g for g in pool.live_groups(self.r)}
@@ -63,17 +69,20 @@ class PoolScheduler:
     def release(self, groups: dict[str, pool.GroupInfo]) -> dict[str, pool.Assignment]:
         """Clears the assignments of ended jobs and gone groups; returns the ones kept."""
         kept = {}
+        now = time.monotonic()
         for name, a in pool.assignments(self.r).items():
             state = redis_io.hget(self.r, keys.job(a.job_id), "state")
-            if state is not None and JobState(state) in ACTIVE_STATES and name in groups:
+            ended = state is None or JobState(state) not in ACTIVE_STATES
+            if name in groups:
+                self._missing_since.pop(name, None)
+                gone = False
+            else:  # gone, or restarting (torchrun): it keeps its job a while
+                gone = now - self._missing_since.setdefault(name, now) > self.gone_after_s
+            if not ended and not gone:
                 kept[name] = a
                 continue
-            why = (
-                "the job ended"
-                if state is None or JobState(state) not in ACTIVE_STATES
-                else "the group is gone"
-            )
-            self._unassign(name, a, why)
+            self._missing_since.pop(name, None)
+            self._unassign(name, a, "the job ended" if ended else "the group is gone")
         return kept
 
     def _unassign(self, name: str, a: pool.Assignment, why: str) -> None:

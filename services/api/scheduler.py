@@ -91,7 +91,7 @@ class Scheduler:
         self._lease = self.r.register_script(_LEASE)
         self._release = self.r.register_script(_RELEASE)
         self.gauges = RunningJobGauges(self.r, metrics)
-        self.pool = PoolScheduler(self.r, metrics)
+        self.pool = PoolScheduler(self.r, metrics, gone_after_s=3 * settings.heartbeat_ttl_s)
         self.reports = ReportApplier(repo, metrics, self.requeue, self._ack_work)
 
     # ---- thread -----------------------------------------------------------------------

@@ -42,6 +42,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -111,8 +112,12 @@ class Agent:
         serve_metrics: bool = True,
         group: str | None = None,
         guard: JobGuard | None = None,
+        still_assigned: Callable[[], bool] | None = None,
     ) -> None:
         self.rank, self.world = ddp.env_world()
+        #: rank 0 of a pooled group: whether the control plane still gives it this job (a
+        #: group back from a restart after its job went to another must not train it too)
+        self.still_assigned = still_assigned
         #: this trainer's own limits on a job read from Redis (job_guard.py)
         self.guard = guard or JobGuard()
         #: runner fields this process sets over the job's (where its /metrics is: a
@@ -288,6 +293,9 @@ class Agent:
 
     # ---- rank 0: what next --------------------------------------------------------------
     def next_step(self) -> Step:
+        if self.still_assigned is not None and not self.still_assigned():
+            log.warning("job %s was given to another group: this group stops it", self.job_id)
+            return Step(EXIT)
         for cmd in self.channel.take_commands():
             try:
                 op = COMMAND_OPS[CommandType(cmd.type)]

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -138,6 +139,13 @@ class PoolMember:
             return None
         return a
 
+    def _holds(self, a: Assignment) -> Callable[[], bool] | None:
+        """Rank 0: whether the group's assignment is still ``a`` (None on the other ranks)."""
+        channel = self.channel
+        if channel is None:
+            return None
+        return lambda: channel.assignment() == a
+
     def free_deleted_jobs(self) -> None:
         """Rank 0 of an idle group: drops the store rows of jobs deleted over REST."""
         from streamrec.embedding_store import EmbeddingStoreClient
@@ -174,6 +182,7 @@ class PoolMember:
                     a.job_id,
                     serve_metrics=False,
                     group=self.name,
+                    still_assigned=self._holds(a),
                     **self.agent_args,
                 )
                 try:
