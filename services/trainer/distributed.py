@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from streamrec.control.trainer_config import ResourcesConfig
-from streamrec.trainer.errors import ConfigError
+from streamrec.trainer.errors import ConfigError, GroupError
 
 
 def env_world() -> tuple[int, int]:
@@ -99,7 +100,19 @@ def _arrive_all() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     tag = f"streamrec/arrive/{_arrivals}"
     store.set(f"{tag}/{rank}", "1")
-    store.wait([f"{tag}/{r}" for r in range(world)], _wait_timeout)
+    names = [f"{tag}/{r}" for r in range(world)]
+    # polled, not one blocking wait: a SIGTERM (torchrun stopping the group after a rank
+    # died, which never arrives) is handled between polls instead of after the whole wait
+    deadline = time.monotonic() + _wait_timeout.total_seconds()
+    pause = 0.005
+    while not store.check(names):
+        if time.monotonic() > deadline:
+            raise GroupError(
+                f"the other ranks did not reach the end of the phase within "
+                f"{_wait_timeout.total_seconds():.0f} s (distributed.checkpoint_timeout_s)"
+            )
+        time.sleep(pause)
+        pause = min(0.2, pause * 2)
     if rank == 0 and _arrivals > 1:
         for r in range(world):
             store.delete_key(f"streamrec/arrive/{_arrivals - 1}/{r}")
