@@ -16,7 +16,6 @@ Each tick (leader only):
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -149,7 +148,7 @@ class PoolScheduler:
                         "waiting for trainers: no free trainer group in the pool fits "
                         "resources.trainer_ranks (start one with streamrec-trainer-agent "
                         "without --job-id)",
-                        {"groups": json.loads(json.dumps(groups))},
+                        {"groups": groups},
                     ),
                 )
                 pipe.execute()
