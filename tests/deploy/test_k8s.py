@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from k8s_overlays import single_rank_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -481,33 +482,7 @@ def test_readme_steps_run_in_order() -> None:
 def test_single_rank_groups_make_each_trainer_pod_a_group(tmp_path: Path) -> None:
     """components/single-rank-groups after components/counts: 3 pods, 3 groups of 1 rank,
     each meeting only itself and named after its pod (so scaling sizes the pool)."""
-    (tmp_path / "streamrec").symlink_to(ROOT)
-    mine = tmp_path / "my-cluster"
-    (mine / "counts").mkdir(parents=True)
-    components = "../streamrec/deploy/k8s/components"
-    (mine / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": ["../streamrec/deploy/k8s/overlays/cpu-dev"],
-                "components": [
-                    "counts",
-                    f"{components}/counts",
-                    f"{components}/single-rank-groups",
-                ],
-            }
-        )
-    )
-    (mine / "counts" / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1alpha1",
-                "kind": "Component",
-                "replicas": [{"name": "trainer", "count": 3}],
-            }
-        )
-    )
+    mine = single_rank_pool(tmp_path, 3)
     r = Rendered("pool", tmp_path / "r.yaml", render(mine))
     trainer = r.named("StatefulSet", "trainer")
     assert trainer is not None and trainer["spec"]["replicas"] == 3

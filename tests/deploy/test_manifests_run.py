@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
+from k8s_overlays import single_rank_pool
 from servers import wait_for
 from streamrec.process import bin_path, spawn, stop_process
 
@@ -287,39 +288,6 @@ def wait_until(what: str, check: Any, timeout_s: float, cluster: Cluster) -> Any
         return f"exited: {dead}" if dead else None
 
     return wait_for(check, timeout_s, 0.5, what=what, gone=exited, detail=cluster.logs)
-
-
-def single_rank_pool(tmp: Path, trainers: int) -> Path:
-    """An overlay of one's own over cpu-dev (the README's layout): ``trainers`` pods, each a
-    group of one rank (components/single-rank-groups)."""
-    (tmp / "streamrec").symlink_to(ROOT)
-    mine = tmp / "my-cluster"
-    (mine / "counts").mkdir(parents=True)
-    components = "../streamrec/deploy/k8s/components"
-    (mine / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": ["../streamrec/deploy/k8s/overlays/cpu-dev"],
-                "components": [
-                    "counts",
-                    f"{components}/counts",
-                    f"{components}/single-rank-groups",
-                ],
-            }
-        )
-    )
-    (mine / "counts" / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1alpha1",
-                "kind": "Component",
-                "replicas": [{"name": "trainer", "count": trainers}],
-            }
-        )
-    )
-    return mine
 
 
 def job_body(name: str, data: Path, models: Path, endpoint: str) -> dict[str, Any]:
