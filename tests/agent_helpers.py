@@ -115,3 +115,14 @@ def finished(client, job_id: str, agent: subprocess.Popen, log: Path, timeout: f
         interval=0.2,
         what="job finished",
     )
+
+
+def pass_done(client, job_id: str, pass_id: int, agent: subprocess.Popen, log: Path) -> dict:
+    """The record of pass ``pass_id`` of day 20190720 once it is done (the agent alive)."""
+
+    def done() -> dict | None:
+        alive(agent, log)
+        p = client.get(f"/v1/jobs/{job_id}/passes/20190720/{pass_id}")
+        return p.json() if p.status_code == 200 and p.json()["state"] == "done" else None
+
+    return wait_for(done, timeout=120, interval=0.2, what=f"pass {pass_id} done")

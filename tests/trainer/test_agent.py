@@ -21,9 +21,9 @@ import torch
 from agent_helpers import (
     SMALL_MODEL,
     agent_args,
-    alive,
     datagen,
     finished,
+    pass_done,
     run_agent,
     small_job,
     started_job,
@@ -46,17 +46,7 @@ def test_agent_trains_obeys_triggers_stops_and_resumes(client, roots, redis_serv
     assert client.post(f"/v1/jobs/{job_id}/start").status_code == 200
     agent = run_agent(redis_server.url, job_id, tmp_path / "agent1.log")
     try:
-        p1 = wait_for(
-            lambda: (
-                alive(agent, tmp_path / "agent1.log")
-                or (p := client.get(f"/v1/jobs/{job_id}/passes/20190720/1")).status_code == 200
-                and p.json()["state"] == "done"
-                and p.json()
-            ),
-            timeout=120,
-            interval=0.2,
-            what="pass 1 done",
-        )
+        p1 = pass_done(client, job_id, 1, agent, tmp_path / "agent1.log")
         assert p1["samples"] == 1500 and p1["ranks"] == 1 and p1["malformed_lines"] == 0
         assert 0.5 < p1["train_auc"] <= 1 and 0 < p1["best_auc"] <= 1
         assert p1["logloss"] > 0 and p1["seconds"] > 0
@@ -243,17 +233,7 @@ def test_negatives_and_threads_reach_the_trainer_group(client, roots, redis_serv
     job_id = started_job(client, body)
     agent = run_agent(redis_server.url, job_id, tmp_path / "agent.log")
     try:
-        p1 = wait_for(
-            lambda: (
-                alive(agent, tmp_path / "agent.log")
-                or (p := client.get(f"/v1/jobs/{job_id}/passes/20190720/1")).status_code == 200
-                and p.json()["state"] == "done"
-                and p.json()
-            ),
-            timeout=120,
-            interval=0.2,
-            what="pass 1 done",
-        )
+        p1 = pass_done(client, job_id, 1, agent, tmp_path / "agent.log")
         assert 0 < clicks < 1500 and p1["samples"] == 3 * clicks  # each click + 2 negatives
         assert client.post(f"/v1/jobs/{job_id}/stop").json()["state"] == "stopping"
         assert agent.wait(timeout=60) == 0
