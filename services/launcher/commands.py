@@ -203,6 +203,13 @@ def prometheus_command(config: Path, data: Path, port: int) -> list[str]:
     ]
 
 
+#: The environment of a trainer group's torchrun. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``:
+#: the ranks meet in a store of their own each attempt, not in the agent's, which outlives
+#: a restart and hands the new ranks the dead ones' gloo addresses (pytorch/pytorch#135712:
+#: "connectFullMesh ... Connection refused" after a rank is killed).
+TRAINER_GROUP_ENV = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def trainer_command(
     ranks: int,
     redis_url: str,

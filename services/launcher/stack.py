@@ -393,7 +393,7 @@ class Stack:
         """The trainer pool: each group registers with the API and waits for a job."""
         for group in self.groups:
             self.add(
-                group, self.trainer_args(group), restartable=True, env={"OMP_NUM_THREADS": "1"}
+                group, self.trainer_args(group), restartable=True, env=commands.TRAINER_GROUP_ENV
             )
         self.say(
             f"  trainers         {len(self.groups)} group(s) of {self.args.trainers} rank(s) in "

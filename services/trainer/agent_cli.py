@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 from typing import Any
 
 from streamrec.control import redis_io
 from streamrec.errors import StreamRecError
 from streamrec.trainer.agent import Agent
 from streamrec.trainer.job_guard import JobGuard
-from streamrec.trainer.liveness import terminate
+from streamrec.trainer.liveness import handle_sigterm
 
 log = logging.getLogger("streamrec.trainer.agent")
 
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
     # released (Agent.close), not failed; the group leaves the pool
-    signal.signal(signal.SIGTERM, terminate)
+    handle_sigterm()
     guard = JobGuard.from_flags(
         args.model_root, args.data_root, args.sampler_endpoint, args.online_redis_url
     )

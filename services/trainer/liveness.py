@@ -115,8 +115,43 @@ class Watchdog:
 TERMINATING = threading.Event()
 
 
+#: Seconds a rank told to end has to end cleanly before it exits outright.
+TERMINATE_GRACE_S = 10.0
+#: The wakeup socket pair of :func:`handle_sigterm`.
+_WAKEUP: list[Any] = []
+
+
 def terminate(signum: int, _frame: Any) -> None:
     """The SIGTERM handler: the rank ends cleanly (``Agent.close`` releases its pass)."""
     TERMINATING.set()
     log.warning("SIGTERM: this rank ends (the pass in hand is released)")
     raise SystemExit(128 + signum)
+
+
+def handle_sigterm(grace_s: float = TERMINATE_GRACE_S) -> None:
+    """Installs :func:`terminate`, and a thread that ends the rank outright ``grace_s``
+    after a SIGTERM it has not ended by. Python runs a signal handler on the main thread
+    between bytecodes only: a rank blocked in native code (joining a process group whose
+    peer died, an all-reduce) would otherwise hold torchrun's restart for its whole stop
+    timeout (30 s) or its own (60 s). The C-level handler writes to the wakeup fd at once,
+    whatever the main thread is doing. Call from the main thread."""
+    import signal
+    import socket
+
+    read_end, write_end = socket.socketpair()
+    write_end.setblocking(False)
+    signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, terminate)
+
+    _WAKEUP.extend((read_end, write_end))  # open for the process's life
+
+    def watch() -> None:
+        while (got := read_end.recv(1)) != bytes([signal.SIGTERM]):
+            if not got:
+                return
+        time.sleep(grace_s)
+        log.warning("SIGTERM %.0f s ago and this rank still runs: it exits now", grace_s)
+        logging.shutdown()
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sigterm-grace", daemon=True).start()

@@ -140,7 +140,10 @@ def test_event_paging(client, roots):
         after = page["next"]
         if after is None:
             break
-    assert ids == [e["id"] for e in everything["data"]] and len(ids) == 1 + 3 * 5
+    assert ids == [e["id"] for e in everything["data"]]
+    # the pool scheduler may add "waiting for trainers" events between the moves
+    states = [e for e in everything["data"] if e["type"] == "state"]
+    assert len(states) == 1 + 3 * 5
 
 
 def test_auth(api, client, roots):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from streamrec.layout import PassSpec
@@ -33,6 +35,43 @@ def test_a_rank_busy_without_progress_exits(busy, code):
     if busy:
         assert "still here" not in proc.stdout  # it left long before its 5 s sleep ended
         assert "no progress for" in proc.stderr
+
+
+SIGTERMED = textwrap.dedent("""
+    import sys, time
+    from streamrec.trainer.liveness import handle_sigterm
+    handle_sigterm(float(sys.argv[1]))
+    hangs = sys.argv[2] == "1"
+    print("ready", flush=True)
+    while True:
+        try:
+            time.sleep(60)
+        except SystemExit:
+            if not hangs:
+                raise
+            print("cleanup hangs", flush=True)  # e.g. a release stuck on a dead peer
+""")
+
+
+@pytest.mark.parametrize("hangs", [False, True])
+def test_sigterm_ends_a_rank_cleanly_or_after_its_grace(hangs):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERMED, "1.0", "1" if hangs else "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM: this rank ends" in err
+    if hangs:  # the grace thread ended it: 1 s, not the 60 s sleep
+        assert "cleanup hangs" in out and "it exits now" in err and 0.9 < took < 20, took
+    else:
+        assert "it exits now" not in err and took < 20, took
 
 
 def test_a_step_crosses_as_tensors_with_its_load_and_skips():
