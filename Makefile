@@ -87,20 +87,20 @@ build/cuda/libstreamrec_cuda.so: $(CUDA_SOURCES) $(wildcard $(CUDA_DIR)/*.h $(CU
 	mv $@.tmp $@
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGES := api:services/api/Dockerfile sampler:services/sampler/Dockerfile \
-  embedding-store:services/embedding-store/Dockerfile trainer:services/trainer/Dockerfile \
-  embedding-store-gpu:services/embedding-store/Dockerfile.gpu \
-  trainer-gpu:services/trainer/Dockerfile.gpu
+# <target>:<Dockerfile>: the four CPU targets of Dockerfile, the two GPU ones of Dockerfile.gpu.
+IMAGES := api:Dockerfile sampler:Dockerfile embedding-store:Dockerfile trainer:Dockerfile \
+  embedding-store-gpu:Dockerfile.gpu trainer-gpu:Dockerfile.gpu
 
-# The six images (build context: the repository root) as streamrec-<name>:$(VERSION). Where no
-# Docker engine answers (`docker info` fails, as on the CI machines) it says so and builds
-# nothing; the Dockerfiles are checked statically by tests/deploy/test_images.py (hadolint).
+# The six images (build context: the repository root), target <name> as
+# streamrec-<name>:$(VERSION). Where no Docker engine answers (`docker info` fails, as on the CI
+# machines) it says so and builds nothing; the Dockerfiles are checked statically by
+# tests/deploy/test_images.py (hadolint).
 images:
 	@if ! docker info >/dev/null 2>&1; then \
 	  echo "make images: skipped, no Docker engine answers here (docker info failed)"; exit 0; fi; \
 	set -e; for i in $(IMAGES); do \
-	  echo "docker build -f $${i#*:} -t streamrec-$${i%%:*}:$(VERSION) ."; \
-	  docker build -f $${i#*:} -t streamrec-$${i%%:*}:$(VERSION) .; done
+	  echo "docker build -f $${i#*:} --target $${i%%:*} -t streamrec-$${i%%:*}:$(VERSION) ."; \
+	  docker build -f $${i#*:} --target $${i%%:*} -t streamrec-$${i%%:*}:$(VERSION) .; done
 
 demo: install
 	$(VENV)/bin/streamrec up

@@ -92,6 +92,7 @@ def test_no_reference_that_cannot_be_followed_from_the_repository():
     assert not _UNFOLLOWABLE.search("reissue 3 seeds 0, 1")
     files = [ROOT / n for n in ("README.md", "BENCHMARKS.md", "RELIABILITY.md", "Makefile")]
     files += [ROOT / "pyproject.toml", ROOT / "setup.py", ROOT / ".importlinter"]
+    files += [ROOT / "Dockerfile", ROOT / "Dockerfile.gpu"]
     for top in ("services", "docs", "tests", "bench", "tools", "deploy"):
         files += [
             p

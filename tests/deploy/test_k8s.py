@@ -33,7 +33,7 @@ KUBERNETES_VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"  # its own venv: it pins old packaging
 PROMTOOL = Path(shutil.which("promtool") or "/usr/bin/promtool")
 JOBS = {"streamrec-api", "streamrec-embedding-store", "streamrec-sampler", "streamrec-trainer"}
-IMAGES = {  # the images of services/*/Dockerfile*
+IMAGES = {  # the targets of Dockerfile and Dockerfile.gpu
     f"streamrec-{name}"
     for name in (
         "api",
