@@ -31,8 +31,10 @@ from streamrec.ragged import RaggedTensor
 from torch import nn
 
 
-class SparseStore(Protocol):
-    """What the module needs of a store (the in-process store or the remote client)."""
+class TableStore(Protocol):
+    """What the module needs of a store, one table at a time (the in-process store or the
+    remote client; the trainer's fused path uses
+    :class:`~streamrec.embedding_store.SparseStore`)."""
 
     def pull(self, table: str, keys: Any, create: bool = True) -> torch.Tensor: ...
 
@@ -77,7 +79,7 @@ class StoreEmbeddingBags(nn.Module):
         pooling: "sum" or "mean".
     """
 
-    def __init__(self, store: SparseStore, tables: list[str], pooling: str = "sum") -> None:
+    def __init__(self, store: TableStore, tables: list[str], pooling: str = "sum") -> None:
         super().__init__()
         if pooling not in ("sum", "mean"):
             raise InvalidInput(f"pooling must be 'sum' or 'mean', got {pooling!r}")

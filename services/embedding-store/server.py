@@ -10,7 +10,7 @@ from a :class:`~streamrec.embedding_store.config.ShardConfig`), its request hand
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from streamrec.embedding_store.config import ShardConfig
 from streamrec.embedding_store.metrics import StoreMetrics
@@ -19,6 +19,9 @@ from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.service import StoreService
 from streamrec.wire import RpcServer
 
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store import EmbeddingStore
+
 __all__ = ["Shard", "build_store"]
 
 
@@ -26,7 +29,7 @@ def build_store(
     config: ShardConfig,
     namespace: str = DEFAULT_NAMESPACE,
     tables: list[TableOptions] | None = None,
-) -> Any:
+) -> EmbeddingStore:
     """The in-process store of one namespace of a shard (``tables`` None: the config's)."""
     from streamrec.embedding_store.store import EmbeddingStore
 
@@ -50,7 +53,7 @@ class Shard:
         store: the store to serve; None builds one from ``config``.
     """
 
-    def __init__(self, config: ShardConfig, store: Any | None = None) -> None:
+    def __init__(self, config: ShardConfig, store: EmbeddingStore | None = None) -> None:
         self.config = config
         self.store = store if store is not None else build_store(config)
         self.namespaces = Namespaces(

@@ -342,3 +342,25 @@ def decode_columns(spec: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, Col
     if extra:
         raise BadTable(f"arrays {sorted(extra)} do not belong to any column")
     return out
+
+
+def single_values(col: Column, name: str, integer: bool) -> np.ndarray:
+    """A tag column as (n,) values: dense, or ragged with exactly one value per row."""
+    if col.kind == "str":
+        raise BadTable(f"column {name!r}: must be numeric, got strings")
+    if col.offsets is not None:
+        lens = np.diff(col.offsets)
+        bad = np.flatnonzero(lens != 1)
+        if len(bad):
+            raise BadTable(
+                f"column {name!r}: must hold exactly one value per row; row "
+                f"{int(bad[0])} has {int(lens[bad[0]])}"
+            )
+    values = col.values
+    if integer:
+        if values.dtype.kind not in "iu":
+            raise BadTable(f"column {name!r}: ids must be integers, got dtype {values.dtype}")
+        return values.astype(np.int64)  # uint64 feasigns keep their bit pattern
+    if values.dtype.kind not in "iuf":
+        raise BadTable(f"column {name!r}: weights must be numeric, got dtype {values.dtype}")
+    return values

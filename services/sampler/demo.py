@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,34 @@ BATCH = 1024
 BATCHES = 20
 sample_size = 6  # 1 positive + 5 negatives, as in the seed
 sample_tag, dedup_tag, weight_tag, skey_name = "cate_id", "item_id", "weight", "skey"
+
+
+def seed_neg_sampling_fn(
+    neg_sampler: LocalRpcDataSampler, sample_tag: str, dedup_tag: str, sample_size: int
+) -> Callable[[Any], Any]:
+    """RecIS's ``neg_sampling_fn``, verbatim (the seed's example), over ``neg_sampler``: only
+    its imports changed. The demo runs it, and a test checks what it returns."""
+
+    def neg_sampling_fn(batch):
+        sample_tag_ragged_tensor = batch[0][sample_tag]
+        dedup_tag_ragged_tensor = batch[0][dedup_tag]
+        sample_cnts = sample_size - torch.ones_like(dedup_tag_ragged_tensor.values())
+        neg_sample_ids = neg_sampler.sample_ids(
+            dedup_tag_ragged_tensor=dedup_tag_ragged_tensor,
+            sample_cnts=sample_cnts,
+            sample_tag_ragged_tensor=sample_tag_ragged_tensor,
+        )
+        pos_ids = neg_sampler.valid_sample_ids(
+            dedup_tag_ragged_tensor.values(), default_value=MISSING_ITEM_ID
+        )
+        pos_neg_ids = neg_sampler.combine_vector_with_sample_counts(
+            pos_ids, sample_cnts, neg_sample_ids
+        )
+        output_sample_table = neg_sampler.pack_feature(pos_neg_ids, default_value=MISSING_ITEM_ID)
+        combined_batch = neg_sampler.combine(batch, output_sample_table, sample_cnts)
+        return combined_batch
+
+    return neg_sampling_fn
 
 
 def make_table(seed: int, id_offset: int = 0) -> dict[str, Any]:
@@ -91,27 +120,7 @@ def run(neg_sampler: LocalRpcDataSampler, endpoint: str) -> int:
         f"(Pareto weights) in {time.perf_counter() - t0:.2f}s"
     )
 
-    # --- RecIS's neg_sampling_fn, verbatim -------------------------------------------------
-    def neg_sampling_fn(batch):
-        sample_tag_ragged_tensor = batch[0][sample_tag]
-        dedup_tag_ragged_tensor = batch[0][dedup_tag]
-        sample_cnts = sample_size - torch.ones_like(dedup_tag_ragged_tensor.values())
-        neg_sample_ids = neg_sampler.sample_ids(
-            dedup_tag_ragged_tensor=dedup_tag_ragged_tensor,
-            sample_cnts=sample_cnts,
-            sample_tag_ragged_tensor=sample_tag_ragged_tensor,
-        )
-        pos_ids = neg_sampler.valid_sample_ids(
-            dedup_tag_ragged_tensor.values(), default_value=MISSING_ITEM_ID
-        )
-        pos_neg_ids = neg_sampler.combine_vector_with_sample_counts(
-            pos_ids, sample_cnts, neg_sample_ids
-        )
-        output_sample_table = neg_sampler.pack_feature(pos_neg_ids, default_value=MISSING_ITEM_ID)
-        combined_batch = neg_sampler.combine(batch, output_sample_table, sample_cnts)
-        return combined_batch
-
-    # ------------------------------------------------------------------------------------------
+    neg_sampling_fn = seed_neg_sampling_fn(neg_sampler, sample_tag, dedup_tag, sample_size)
 
     print(
         f"[3/5] {BATCHES} batches of {BATCH} positives x {sample_size - 1} negatives through "

@@ -41,8 +41,9 @@ import streamrec.sampler._C as _C
 import torch
 from streamrec.errors import BadRequest
 from streamrec.sampler.alias import AliasTable, pack_slots
-from streamrec.sampler.columns import Column, ragged_arange, ragged_gather
+from streamrec.sampler.columns import Column, ragged_arange, ragged_gather, single_values
 from streamrec.sampler.errors import BadTable
+from streamrec.sampler.held_items import HeldItems
 
 #: Above this many candidate (positive, item) pairs the exact fallback works in chunks.
 FALLBACK_CHUNK = 8_000_000
@@ -127,9 +128,9 @@ class NegativeTable:
         self.columns = columns
         self.tags = tags
         self.num_rows = n
-        self.ids = _single_values(columns[tags.dedup_tag], tags.dedup_tag, integer=True)
-        self.categories = _single_values(columns[tags.sample_tag], tags.sample_tag, integer=True)
-        self.weights = _single_values(
+        self.ids = single_values(columns[tags.dedup_tag], tags.dedup_tag, integer=True)
+        self.categories = single_values(columns[tags.sample_tag], tags.sample_tag, integer=True)
+        self.weights = single_values(
             columns[tags.weight_tag], tags.weight_tag, integer=False
         ).astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(self.weights) | (self.weights < 0))
@@ -288,7 +289,7 @@ class NegativeTable:
         exact = (2 * cnts >= allowed) & (cnts > 0)
         sampled_rows = ~exact & (group >= 0) & (cnts > 0)
 
-        held = _HeldItems(len(at.row))
+        held = HeldItems(len(at.row))
         rounds = 0
         result_slots = np.full(int(offsets[-1]), -1, np.int64)  # slot drawn, -1: none yet
         slot_owner = np.repeat(np.arange(b, dtype=np.int64), cnts)
@@ -418,7 +419,7 @@ class NegativeTable:
         owners: np.ndarray | None,
         own: np.ndarray,
         banned: np.ndarray | None,
-        held: _HeldItems | None,
+        held: HeldItems | None,
         avoid_conflict: bool,
     ) -> np.ndarray:
         """Which fresh draws (items ``drawn`` for positives ``owners``) must be drawn again.
@@ -540,38 +541,6 @@ class NegativeTable:
         result_slots[empty_slots.take(first_empty.take(picked_owner) + k)] = picked
 
 
-class _HeldItems:
-    """The items each positive already holds (``put_back=False``), as sorted int64 keys
-    ``positive * m + slot``, kept sorted across rounds so a round costs a search of its
-    fresh draws and one linear merge."""
-
-    def __init__(self, m: int) -> None:
-        self.m = m
-        self.keys = np.zeros(0, np.int64)
-
-    def add(self, owners: np.ndarray, drawn: np.ndarray, skip: np.ndarray) -> np.ndarray:
-        """Accepts fresh draws in slot order; returns which repeat an item already held (or
-        drawn earlier in this round) by their positive. Draws in ``skip`` are ignored."""
-        idx = np.flatnonzero(~skip)
-        keys = owners.take(idx) * self.m + drawn.take(idx)
-        # A stable sort keeps equal keys in slot order: the first of a run is the earliest
-        # draw, as in a draw stream. Sorted queries also make the searches cache-friendly.
-        order = np.argsort(keys, kind="stable")
-        sorted_keys = keys.take(order)
-        first = np.ones(len(keys), bool)
-        first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-        pos = np.searchsorted(self.keys, sorted_keys)
-        if len(self.keys):
-            known = self.keys.take(np.minimum(pos, len(self.keys) - 1)) == sorted_keys
-            first &= ~known
-        self.keys = np.insert(self.keys, pos[first], sorted_keys[first])
-        fresh = np.empty(len(keys), bool)
-        fresh[order] = first
-        repeated = np.zeros(len(drawn), bool)
-        repeated[idx[~fresh]] = True
-        return repeated
-
-
 def _group_sizes(at: AliasTable, group: np.ndarray) -> np.ndarray:
     """(b,) int64 number of drawable items of each group in ``group`` ((b,) int64, -1: 0)."""
     if not at.num_groups:
@@ -594,25 +563,3 @@ def _banned_slots(at: AliasTable, own_rows: np.ndarray) -> tuple[np.ndarray, np.
     banned[slots[slots >= 0]] = True
     banned_groups = at.group_of_row.take(at.row.take(np.flatnonzero(banned)))
     return banned, np.bincount(banned_groups, minlength=at.num_groups)
-
-
-def _single_values(col: Column, name: str, integer: bool) -> np.ndarray:
-    """A tag column as (n,) values: dense, or ragged with exactly one value per row."""
-    if col.kind == "str":
-        raise BadTable(f"column {name!r}: must be numeric, got strings")
-    if col.offsets is not None:
-        lens = np.diff(col.offsets)
-        bad = np.flatnonzero(lens != 1)
-        if len(bad):
-            raise BadTable(
-                f"column {name!r}: must hold exactly one value per row; row "
-                f"{int(bad[0])} has {int(lens[bad[0]])}"
-            )
-    values = col.values
-    if integer:
-        if values.dtype.kind not in "iu":
-            raise BadTable(f"column {name!r}: ids must be integers, got dtype {values.dtype}")
-        return values.astype(np.int64)  # uint64 feasigns keep their bit pattern
-    if values.dtype.kind not in "iuf":
-        raise BadTable(f"column {name!r}: weights must be numeric, got dtype {values.dtype}")
-    return values

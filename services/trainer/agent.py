@@ -77,6 +77,7 @@ from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
 
 if TYPE_CHECKING:
     from streamrec.embedding_store import SparseStore
+    from streamrec.trainer.runner import OnlineTrainer
 
 log = logging.getLogger("streamrec.trainer.agent")
 
@@ -141,7 +142,7 @@ class Agent:
         self.holding: WorkItem | None = None
         #: whether this agent made the process group (a pinned group; a pooled one has its own)
         self._own_group = False
-        self.trainer: Any = None
+        self.trainer: OnlineTrainer | None = None
         self.heart: Heartbeat | None = None
         #: time.monotonic() since when this rank works on a step (None: idle).
         self.busy_since: float | None = None
@@ -227,7 +228,7 @@ class Agent:
             self.start_fresh(replace_trainer=False)
             return None
         found_key = (f"{int(load[0]):08d}", int(load[1]))
-        loaded = self.trainer.load_checkpoint(*found_key)
+        loaded = self.job_trainer.load_checkpoint(*found_key)
         self.mark_rolled_back(found_key)
         return loaded
 
@@ -241,11 +242,15 @@ class Agent:
 
         own_rows = bool(self.job_config.store.namespace) and self.store is None
         if own_rows and self.rank == 0:
-            dropped = self.trainer.store.drop_namespace()
+            from streamrec.embedding_store import EmbeddingStoreClient
+
+            client = self.job_trainer.store  # the job's own client (no store was given)
+            assert isinstance(client, EmbeddingStoreClient)
+            dropped = client.drop_namespace()
             log.info("fresh start: the job's rows dropped from the store (%s)", dropped)
         ddp.barrier()
         if replace_trainer or own_rows:
-            self.trainer.close()
+            self.job_trainer.close()
             # /metrics stays where the first trainer served it
             runner = self.job_config.runner.model_copy(update={"metrics_port": None})
             self.trainer = OnlineTrainer(
@@ -257,9 +262,15 @@ class Agent:
         """Rank 0: ``passes.jsonl`` marks the passes after ``after`` (all: None) rolled back,
         as the API marks their records: the model the job goes on from lacks them."""
         if self.rank == 0:
-            rolled = mark_rolled_back(self.trainer.model_root / PASSES_FILE, after)
+            rolled = mark_rolled_back(self.job_trainer.model_root / PASSES_FILE, after)
             if rolled:
                 log.info("passes.jsonl: %s rolled back", ", ".join(rolled))
+
+    @property
+    def job_trainer(self) -> OnlineTrainer:
+        """The trainer of the job this agent runs (made by ``open_job``)."""
+        assert self.trainer is not None, "no job opened yet"
+        return self.trainer
 
     def _stuck_limit(self) -> float:
         """The watchdog's limit now: the job's checkpoint timeout while the trainer saves or
@@ -324,7 +335,7 @@ class Agent:
         """The checkpoint to load before ``item``: none when this group's model is the
         state after ``item.after``; else the one the API names (``resume_from``, or the
         job's last checkpoint)."""
-        t = self.trainer
+        t = self.job_trainer
         here = layout_key(t.last_pass) if t.clean else "dirty"
         if here == item.after:
             return None
@@ -369,7 +380,7 @@ class Agent:
             self.close()
 
     def do_pass(self, step: Step) -> None:
-        t = self.trainer
+        t = self.job_trainer
         spec = step.spec
         assert spec is not None
         if self.rank == 0:
@@ -383,7 +394,7 @@ class Agent:
         try:
             if step.load == FRESH:
                 self.start_fresh()
-                t = self.trainer
+                t = self.job_trainer
             elif step.load is not None:
                 t.load_checkpoint(*step.load)  # exactly the one the API names
                 self.mark_rolled_back(step.load)
@@ -427,7 +438,7 @@ class Agent:
             self.holding = None
 
     def do_command(self, step: Step) -> None:
-        t = self.trainer
+        t = self.job_trainer
         cmd = step.command
         try:
             if t.last_pass is None:
@@ -446,6 +457,7 @@ class Agent:
 
                 result = export_online(t)  # a base, published to the serving Redis
             elif step.op == EXPORT:
+                assert step.mode is not None  # an export step carries its mode
                 path = t.save_model(step.mode, day, pass_id)  # pass_id: a delta's
                 result = {"path": str(path), "mode": step.mode, "day": day}
             else:

@@ -76,7 +76,7 @@ def test_a_pass_with_no_samples_has_an_event_and_a_counter(client, roots, redis_
     assert metric(client, "streamrec_api_empty_passes_total", job_id=job_id) == 1.0
 
 
-def test_open_doors_are_warned_about_and_counted(redis_server, roots):
+def test_insecure_settings_are_warned_about_and_counted(redis_server, roots):
     api = make_api(redis_server.url, roots, extra=["--auth-disabled", "--log-level", "warning"])
     api.start()
     try:

@@ -28,8 +28,9 @@ from streamrec.auth import load_token
 from streamrec.errors import BadRequest, RemoteError, ServiceUnavailable
 from streamrec.handshake import set_credentials
 from streamrec.ragged import RaggedTensor
-from streamrec.sampler import MISSING_ITEM_ID, LocalRpcDataSampler, prefetch
+from streamrec.sampler import LocalRpcDataSampler, prefetch
 from streamrec.sampler.client import stop_server
+from streamrec.sampler.demo import seed_neg_sampling_fn
 from streamrec.sampler.errors import BadTable, NoTable, SamplerUnavailable, TagMismatch
 
 TAGS = sampler_workers.TAGS
@@ -398,24 +399,7 @@ def test_seed_example_runs_with_only_the_imports_changed(server):
     )
     neg_sampler.reload(table())
 
-    def neg_sampling_fn(batch):
-        sample_tag_ragged_tensor = batch[0][sample_tag]
-        dedup_tag_ragged_tensor = batch[0][dedup_tag]
-        sample_cnts = sample_size - torch.ones_like(dedup_tag_ragged_tensor.values())
-        neg_sample_ids = neg_sampler.sample_ids(
-            dedup_tag_ragged_tensor=dedup_tag_ragged_tensor,
-            sample_cnts=sample_cnts,
-            sample_tag_ragged_tensor=sample_tag_ragged_tensor,
-        )
-        pos_ids = neg_sampler.valid_sample_ids(
-            dedup_tag_ragged_tensor.values(), default_value=MISSING_ITEM_ID
-        )
-        pos_neg_ids = neg_sampler.combine_vector_with_sample_counts(
-            pos_ids, sample_cnts, neg_sample_ids
-        )
-        output_sample_table = neg_sampler.pack_feature(pos_neg_ids, default_value=MISSING_ITEM_ID)
-        combined_batch = neg_sampler.combine(batch, output_sample_table, sample_cnts)
-        return combined_batch
+    neg_sampling_fn = seed_neg_sampling_fn(neg_sampler, sample_tag, dedup_tag, sample_size)
 
     def batches():
         rng = np.random.default_rng(0)
