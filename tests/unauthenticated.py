@@ -3,6 +3,7 @@ resident memory, and one large message sent by a peer that does not have the tok
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,11 @@ def send_unauthenticated(endpoint: str, body: np.ndarray, password: str | None) 
     monitor = sock.get_monitor_socket(FAILED_EVENTS)
     try:
         sock.connect(endpoint)
-        sock.send_multipart(encode({"op": "ping", "id": 1}, None, {"x": body}), copy=False)
+        # not blocking: once a refused handshake has dropped the connection, a DEALER has no
+        # peer to queue for, and a blocking send would wait for ever
+        with contextlib.suppress(zmq.Again):
+            frames = encode({"op": "ping", "id": 1}, None, {"x": body})
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
