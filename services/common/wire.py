@@ -475,20 +475,49 @@ class RpcClient:
                     failed += connection_events(self._monitor)[0]  # a refusal drops it too
                 failed, self._refused = failed + self._refused, 0
                 if failed:
-                    raise RemoteError(
-                        "unauthorized",
-                        f"{self.endpoint} refused this client's peer token in the handshake "
-                        "(send the token of the server's --auth-token-file / "
-                        "$STREAMREC_AUTH_TOKEN_FILE)",
-                    )
+                    raise self._unauthorized()
                 if dropped and self._awaited:  # the server died: its replies never come
-                    raise ServiceUnavailable(
-                        f"the connection to {self.endpoint} dropped with "
-                        f"{len(self._awaited)} request(s) in flight: the server stopped or "
-                        "restarted (a restarted store shard is empty)"
-                    )
+                    raise self._dropped()
             if time.monotonic() >= deadline:
                 return False
+
+    def _unauthorized(self) -> RemoteError:
+        return RemoteError(
+            "unauthorized",
+            f"{self.endpoint} refused this client's peer token in the handshake "
+            "(send the token of the server's --auth-token-file / $STREAMREC_AUTH_TOKEN_FILE)",
+        )
+
+    def _dropped(self) -> ServiceUnavailable:
+        return ServiceUnavailable(
+            f"the connection to {self.endpoint} dropped with {len(self._awaited)} request(s) "
+            "in flight: the server stopped or restarted (a restarted store shard is empty)"
+        )
+
+    def _send_frames(self, frames: list[Any], copy: bool) -> None:
+        """Queues ``frames``. A DEALER whose connection dropped (the server refused the
+        handshake) has no peer to queue for, and a blocking send would wait for ever: this
+        one waits at most ``timeout_s`` for a connection, and a refusal raises at once."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+                return
+            except zmq.Again:
+                pass
+            failed, dropped = connection_events(self._monitor) if self._monitor.poll(50) else (0, 0)
+            self._refused += failed
+            error: StreamRecError | None = None
+            if self._refused or (dropped and self._awaited):
+                error = self._unauthorized() if self._refused else self._dropped()
+            elif time.monotonic() >= deadline:
+                error = RpcTimeout(
+                    f"could not send to {self.endpoint} within {self.timeout_s:.1f}s"
+                )
+            if error is not None:
+                self._refused = 0
+                self._reset()
+                raise error
 
     def send(
         self, op: str, meta: Meta | None = None, arrays: Mapping[str, Any] | None = None
@@ -502,7 +531,7 @@ class RpcClient:
             if not self._awaited:  # a connection dropped while idle concerns no request
                 failed, _ = connection_events(self._monitor)
                 self._refused += failed
-            self.sock.send_multipart(frames, copy=size < ZERO_COPY_THRESHOLD)
+            self._send_frames(frames, copy=size < ZERO_COPY_THRESHOLD)
             self._awaited.add(request_id)
         return request_id
 

@@ -65,12 +65,13 @@ from streamrec.trainer.agent_steps import (
     EXPORT,
     FRESH,
     IDLE,
+    LOST,
     PASS,
     STOP,
     Step,
     broadcast_step,
 )
-from streamrec.trainer.errors import PassFailed, error_class
+from streamrec.trainer.errors import LineageLost, PassFailed, error_class
 from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog
 from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
@@ -340,6 +341,17 @@ class Agent:
         if here == item.after:
             return None
         named = item.resume_from or self.channel.job().get("last_checkpoint") or None
+        if named is None and item.after is not None:
+            log.warning(
+                "pass %s/%s: the model is at %s, not after %s, and no checkpoint holds %s: "
+                "the job goes back to its start",
+                item.spec.day,
+                item.spec.pass_id,
+                here,
+                item.after,
+                item.after,
+            )
+            return LOST
         if named is None:
             log.warning(
                 "pass %s/%s: the model is at %s, not after %s, and there is no checkpoint "
@@ -392,6 +404,11 @@ class Agent:
                 attempt=step.attempt,
             )
         try:
+            if step.load == LOST:
+                raise LineageLost(
+                    f"the model lacks the passes before {spec.day}/{spec.pass_id} that the job "
+                    "counts done, and no checkpoint holds them"
+                )
             if step.load == FRESH:
                 self.start_fresh()
                 t = self.job_trainer

@@ -37,6 +37,14 @@ HEADER = 9
 FRESH = ("fresh", 0)
 #: header[6] (load day) of FRESH.
 FRESH_DAY = -1
+#: ``Step.load`` of a pass the model cannot go on to: it lacks passes the job counts done
+#: and no checkpoint holds them (the group that trained them is gone, a shard with them
+#: restarted): the pass fails ``store_lost`` and the API takes the job back to its start.
+LOST = ("lost", 0)
+#: header[6] (load day) of LOST.
+LOST_DAY = -2
+#: The special loads by their header value.
+_SPECIAL_LOADS = {FRESH_DAY: FRESH, LOST_DAY: LOST}
 
 
 @dataclass
@@ -68,13 +76,19 @@ def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
             step.attempt,
             len(splits),
             MODES[step.mode],
-            FRESH_DAY if step.load == FRESH else int(step.load[0]) if step.load else 0,
+            _load_day(step.load),
             step.load[1] if step.load else 0,
             skip,
         ],
         dtype=torch.int64,
     )
     return header, torch.tensor(splits, dtype=torch.int64)
+
+
+def _load_day(load: tuple[str, int] | None) -> int:
+    """header[6]: the checkpoint's day, a special load's code, 0 for none."""
+    codes = {v: k for k, v in _SPECIAL_LOADS.items()}
+    return codes[load] if load in codes else int(load[0]) if load else 0
 
 
 def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
@@ -86,7 +100,7 @@ def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
     if op == PASS:
         spec = layout.PassSpec(f"{day:08d}", pass_id, tuple(f"{s:04d}" for s in splits.tolist()))
         skipped = tuple(s for i, s in enumerate(spec.splits) if skip >> i & 1)
-    load = FRESH if load_day == FRESH_DAY else (f"{load_day:08d}", load_pass) if load_day else None
+    load = _SPECIAL_LOADS.get(load_day) or ((f"{load_day:08d}", load_pass) if load_day else None)
     return Step(op, spec, attempt, MODE_NAMES[mode], load, skipped)
 
 

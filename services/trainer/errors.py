@@ -74,8 +74,15 @@ class BadSplits(PassFailed, DataError):
     code = "bad_data"
 
 
-#: What a store error that lost the job's rows says of itself (a shard restarted empty).
-STORE_LOST = ("ShardRestarted", "UnknownNamespace")
+class LineageLost(StreamRecError):
+    """The model lacks passes the job counts done, and no checkpoint holds them."""
+
+    code = "lineage_lost"
+
+
+#: What an error that lost the job's state says of itself (a shard restarted empty, a model
+#: without the passes before the one it was given).
+STORE_LOST = ("ShardRestarted", "UnknownNamespace", "LineageLost")
 #: What an unreachable service says of itself (a shard or the sampler down or restarting).
 UNREACHABLE = ("RpcTimeout", "ServiceUnavailable")
 

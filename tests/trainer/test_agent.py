@@ -410,3 +410,39 @@ def test_a_failure_in_one_rank_moves_the_two_rank_job_on_fast(
         assert "rank 0: OSError: [Errno 28]" in requeue["message"]
         assert pass_lines(model) == [(1, []), (2, [])]
         assert job["last_checkpoint"] == "20190720/2"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_group_that_left_without_a_checkpoint_sends_the_job_back_to_its_start(
+    client, roots, redis_server, tmp_path
+):
+    """Pass 1 trained (no checkpoint: checkpoint_per_pass 100), then its group told to end
+    (SIGTERM: it leaves cleanly) while pass 2's split has not landed. A new group has a model
+    without pass 1 and no checkpoint holding it: pass 2 fails ``store_lost``, the API takes
+    the job back to its start, and the new group trains pass 1 again, then pass 2; it does
+    not train pass 2 on a fresh model (a job "succeeded" without pass 1 in its model)."""
+    data, model = roots["data"] / "leftfresh", roots["model"] / "leftfresh"
+    datagen(data, max_splits=1)
+    body = small_job("leftfresh", data, model)
+    body["checkpoint"]["checkpoint_per_pass"] = 100
+    job_id = started_job(client, body)
+    log_a, log_b = tmp_path / "agent-a.log", tmp_path / "agent-b.log"
+    first = run_agent(redis_server.url, job_id, log_a)
+    try:
+        pass_done(client, job_id, 1, first, log_a)
+    finally:
+        stop_process(first)  # SIGTERM: the group ends, releasing nothing (no pass in hand)
+    datagen(data)  # pass 2's split lands
+    second = run_agent(redis_server.url, job_id, log_b)
+    try:
+        job = finished(client, job_id, second, log_b)
+    finally:
+        stop_process(second)
+    assert job["state"] == "succeeded", job
+    p1 = client.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()
+    assert (p1["state"], p1["attempts"]) == ("done", 2), p1  # trained again by the new group
+    assert pass_lines(model) == [(1, []), (2, [])]
+    records = [json.loads(line) for line in (model / "passes.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r.get("rolled_back")]
+    assert "no checkpoint holds 20190720/1: the job goes back to its start" in log_b.read_text()

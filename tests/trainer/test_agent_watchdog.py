@@ -11,7 +11,8 @@ import time
 import pytest
 from streamrec.layout import PassSpec
 from streamrec.trainer import distributed as ddp
-from streamrec.trainer.agent_steps import PASS, Step, decode, encode
+from streamrec.trainer.agent_steps import FRESH, LOST, PASS, Step, decode, encode
+from streamrec.trainer.errors import LineageLost, error_class
 from streamrec.trainer.liveness import STUCK_EXIT
 
 STUCK = textwrap.dedent("""
@@ -81,6 +82,15 @@ def test_a_step_crosses_as_tensors_with_its_load_and_skips():
     assert (back.spec, back.attempt, back.load, back.skip) == (spec, 2, ("20190720", 1), ("0600",))
     plain = decode(*encode(Step(PASS, spec)))
     assert (plain.load, plain.skip) == (None, ())
+    for special in (FRESH, LOST):
+        assert decode(*encode(Step(PASS, spec, load=special))).load == special
+
+
+def test_a_model_without_the_passes_the_job_counts_done_sends_the_job_back_to_its_start():
+    """A pass whose predecessors the model lacks, with no checkpoint holding them, fails as
+    ``store_lost`` (the API takes the job back to its start), not trained on a fresh model."""
+    err = LineageLost("the model lacks the passes before 20190720/5")
+    assert error_class(err) == "store_lost"
 
 
 def test_outcomes_of_one_rank_round_trip():
