@@ -466,7 +466,9 @@ class RpcClient:
         """
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            ready = dict(self._poller.poll(max(0, int((deadline - time.monotonic()) * 1000)) + 1))
+            # a refusal seen while idle is reported at once, not after the wait
+            wait_ms = 0 if self._refused else max(0, int((deadline - time.monotonic()) * 1000))
+            ready = dict(self._poller.poll(wait_ms + 1))
             if self.sock in ready:
                 return True
             if self._refused or self._monitor in ready:

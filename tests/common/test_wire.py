@@ -193,7 +193,8 @@ def test_no_message_of_a_peer_without_the_token_is_read():
 def test_a_client_refused_while_idle_is_told_not_blocked():
     """A client whose handshake was refused before its first request: the refusal dropped
     the connection, and a DEALER without one blocks a send for ever (seen in 6 of 10 raw
-    sockets here); the client's send waits for a connection and says ``unauthorized``."""
+    sockets here); the client's send waits at most its timeout for a connection, and a
+    refusal seen while idle is reported at once (it was after the whole timeout)."""
     srv = wire.RpcServer("tcp://127.0.0.1:*", {"echo": echo}, token=TOKEN).start()
     try:
         for _ in range(5):
@@ -203,7 +204,7 @@ def test_a_client_refused_while_idle_is_told_not_blocked():
                 with pytest.raises(RemoteError) as err:
                     bad.call("echo", {"x": 1})
                 assert err.value.code == "unauthorized"
-                assert time.monotonic() - started < 10
+                assert time.monotonic() - started < 10  # told, not timed out
     finally:
         srv.stop()
 

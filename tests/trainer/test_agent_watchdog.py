@@ -43,9 +43,12 @@ SIGTERMED = textwrap.dedent("""
     from streamrec.trainer.liveness import handle_sigterm
     handle_sigterm(float(sys.argv[1]))
     hangs = sys.argv[2] == "1"
-    print("ready", flush=True)
+    ready = False
     while True:
         try:
+            if not ready:  # said inside the try: a SIGTERM right after it is caught
+                ready = True
+                print("ready", flush=True)
             time.sleep(60)
         except SystemExit:
             if not hangs:
