@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from streamrec.errors import BadRequest
+from streamrec.errors import BadRequest, quote
 from streamrec.metrics import serve_metrics
 from streamrec.sampler import metrics
 from streamrec.sampler.columns import decode_columns, encode_columns
@@ -200,9 +200,7 @@ class SamplerServer:
             categories = _int_array(arrays, "categories")
             if len(categories) != b:
                 raise BadRequest(f"sample_tag has {len(categories)} values but dedup_tag has {b}")
-        missing_id = meta.get("missing_id", -1)
-        if not isinstance(missing_id, int) or isinstance(missing_id, bool):
-            raise BadRequest(f"meta field 'missing_id' must be an int, got {missing_id!r}")
+        missing_id = _id64(meta, "missing_id", -1)
         avoid_conflict = _flag(meta, "avoid_conflict", True)
         avoid_all = _flag(meta, "avoid_conflict_with_all_dedup_tags", False)
         put_back = _flag(meta, "put_back", True)
@@ -243,14 +241,7 @@ class SamplerServer:
     def pack_feature(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
         table = self._current()
         ids = self._ids(arrays)
-        default = meta.get("default_value", 0)
-        if not isinstance(default, int) or isinstance(default, bool):
-            raise BadRequest(f"meta field 'default_value' must be an int, got {default!r}")
-        if not -(1 << 63) <= default < (1 << 64):
-            raise BadRequest(f"default_value {default} does not fit 64 bits")
-        default = int(
-            np.array(default, np.uint64 if default >= 1 << 63 else np.int64).astype(np.int64)
-        )
+        default = _id64(meta, "default_value", 0)
         spec, out = encode_columns(table.pack(ids, default))
         return {"columns": spec}, out
 
@@ -306,6 +297,17 @@ def _checked_total(cnts: np.ndarray, cap: int) -> int:
             f"sample_cnts sum to {total}, above the server's cap of {cap} negatives per request"
         )
     return total
+
+
+def _id64(meta: Meta, field: str, default: int) -> int:
+    """An id from ``meta[field]`` as int64: a signed or unsigned 64-bit value (uint64
+    feasigns keep their bit pattern); anything else is a BadRequest naming the field."""
+    value = meta.get(field, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"meta field {field!r} must be an int, got {quote(value)}")
+    if not -(1 << 63) <= value < (1 << 64):
+        raise BadRequest(f"meta field {field!r}: {value} does not fit 64 bits")
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _int_array(arrays: Arrays, name: str, convert: bool = True) -> np.ndarray:

@@ -65,3 +65,23 @@ def test_ragged_offsets_that_wrap_are_refused(server):
     assert err.value.code == "bad_table" and "offsets must rise" in str(err.value)
     assert good.stats()["rows"] == 50  # the good table stays
     good.close()
+
+
+def test_a_64_bit_missing_id_keeps_its_bits_and_a_non_int_is_refused(server):
+    """``missing_id`` (the id of an unfilled slot) is an int64 or a uint64 feasign: a uint64
+    beyond int64 fills the slot with its bit pattern (it raised ``internal``: OverflowError,
+    found by the handlers' fuzz target); anything but an int is a bad request (msgpack
+    carries no wider int)."""
+    good = LocalRpcDataSampler(*TAGS, endpoint=server.endpoint, auto_start=False)
+    good.reload(table())
+    ask = {"dedup": np.array([0], np.int64), "cnts": np.array([2], np.int64)}
+    unknown = {**ask, "categories": np.array([99], np.int64)}  # no such category: unfilled
+    with RpcClient(server.endpoint, timeout_s=30) as raw:
+        _, out = raw.call("sample_ids", {"missing_id": 2**64 - 2}, unknown)
+        assert out["ids"].astype(np.uint64).tolist() == [2**64 - 2] * 2
+        for bad in ("7", 1.5, True):
+            with pytest.raises(RemoteError) as err:
+                raw.call("sample_ids", {"missing_id": bad}, ask)
+            assert err.value.code == "bad_request" and "'missing_id'" in str(err.value)
+    assert server.proc.poll() is None, "the sampler died"
+    good.close()
