@@ -1,15 +1,16 @@
-"""Helpers of the tests that a peer without the token costs a server no memory: a process's
-resident memory, and one large message sent by a peer that does not have the token."""
+"""Helpers of the peer-auth tests: a process's resident memory, one large message sent by a
+peer that does not have the token, and one hand-made request from a peer that has it."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import zmq
 from streamrec.handshake import FAILED_EVENTS, set_credentials
-from streamrec.wire import encode
+from streamrec.wire import PROTOCOL_VERSION, encode
 
 
 def rss_bytes(pid: int) -> int:
@@ -46,3 +47,20 @@ def send_unauthenticated(endpoint: str, body: np.ndarray, password: str | None) 
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
+
+
+def raw_call(endpoint: str, header: dict, token: str) -> dict:
+    """One hand-made request (no RpcClient) from a peer that passed the handshake with
+    ``token``: the header past the handshake is checked next. Returns the reply header."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    set_credentials(sock, token)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(
+            [msgpack.packb({"v": PROTOCOL_VERSION, "meta": {}, "arrays": [], **header})]
+        )
+        assert sock.poll(10_000), "no reply"
+        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
+    finally:
+        sock.close()

@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 import threading
 
-import msgpack
 import pytest
-import zmq
 from streamrec import layout
 from streamrec.auth import (
     MIN_TOKEN_CHARS,
@@ -20,9 +18,9 @@ from streamrec.auth import (
     write_token_file,
 )
 from streamrec.errors import BadRequest, PathRefused, RemoteError, quote
-from streamrec.handshake import set_credentials
 from streamrec.roots import confine, resolve_roots
-from streamrec.wire import MAX_ERROR_CHARS, PROTOCOL_VERSION, RpcClient, RpcServer
+from streamrec.wire import MAX_ERROR_CHARS, RpcClient, RpcServer
+from unauthenticated import raw_call
 
 TOKEN = "a-test-token-of-32-characters-xx"
 
@@ -118,23 +116,6 @@ def guarded_server():
     server.stop()
 
 
-def raw_call(endpoint: str, header: dict) -> dict:
-    """Sends one hand-made request (no RpcClient) and returns the reply header."""
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    set_credentials(sock, TOKEN)  # past the handshake: the header's token is checked next
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart(
-            [msgpack.packb({"v": PROTOCOL_VERSION, "meta": {}, "arrays": [], **header})]
-        )
-        assert sock.poll(5000), "no reply"
-        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
-    finally:
-        sock.close()
-
-
 def test_requests_without_or_with_a_wrong_token_are_refused(guarded_server):
     endpoint = guarded_server.endpoint
     for header in (
@@ -143,7 +124,7 @@ def test_requests_without_or_with_a_wrong_token_are_refused(guarded_server):
         {"op": "echo", "id": 3, "auth": 7},
         {"op": "x" * 100_000, "id": 4},  # nor does an unknown op get the op list
     ):
-        reply = raw_call(endpoint, header)
+        reply = raw_call(endpoint, header, TOKEN)
         assert reply["ok"] is False and reply["error"]["code"] == "unauthorized", reply
         assert "auth token" in reply["error"]["message"]
         assert "echo" not in reply["error"]["message"]
@@ -156,7 +137,9 @@ def test_requests_without_or_with_a_wrong_token_are_refused(guarded_server):
 
 
 def test_a_huge_op_name_is_quoted_bounded(guarded_server):
-    reply = raw_call(guarded_server.endpoint, {"op": "x" * 5_000_000, "id": 1, "auth": TOKEN})
+    reply = raw_call(
+        guarded_server.endpoint, {"op": "x" * 5_000_000, "id": 1, "auth": TOKEN}, TOKEN
+    )
     assert reply["error"]["code"] == "unknown_op"
     message = reply["error"]["message"]
     assert len(message) < 400 and "(5000000 chars)" in message and "known ops: echo" in message

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 
-import msgpack
 import numpy as np
 import pytest
 import torch
-import zmq
 from streamrec.auth import read_token, write_token_file
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
 from streamrec.errors import RemoteError
-from streamrec.handshake import set_credentials
-from streamrec.wire import PROTOCOL_VERSION, RpcClient
+from streamrec.wire import RpcClient
+from unauthenticated import raw_call
 
 TABLES = [{"name": "user", "embedx_dim": 3, "embedx_threshold": 0}]
+#: The password of a peer of a shard run insecure (it accepts any).
+ANY = "any-password-at-all"
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +43,6 @@ def client(setup):
     c.close()
 
 
-def raw(endpoint: str, header: dict, token: str = "any-password-at-all") -> dict:
-    """One hand-made request from a peer that passed the handshake with ``token`` (a shard
-    run insecure accepts any)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    set_credentials(sock, token)
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart(
-            [msgpack.packb({"v": PROTOCOL_VERSION, "meta": {}, "arrays": [], **header})]
-        )
-        assert sock.poll(10_000), "no reply"
-        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
-    finally:
-        sock.close()
-
-
 def test_peers_without_the_token_are_refused_and_good_clients_served(setup, client, tmp_path):
     shards, token, root, _ = setup
     keys = torch.tensor([1, 2, 3])
@@ -72,7 +55,7 @@ def test_peers_without_the_token_are_refused_and_good_clients_served(setup, clie
             {"op": "save", "id": 2, "auth": "x" * 64, "meta": {"path": str(root / "evil")}},
             {"op": "ping", "id": 3, "auth": ""},
         ):
-            reply = raw(endpoint, header, read_token(token))
+            reply = raw_call(endpoint, header, read_token(token))
             assert reply["error"]["code"] == "unauthorized", (k, header["op"], reply)
         with pytest.raises(RemoteError) as err:
             EmbeddingStoreClient([endpoint], auth_token_file=wrong)
@@ -144,7 +127,9 @@ def test_without_a_model_root_a_shard_saves_nothing_and_insecure_serves_anyone(t
     tables = tmp_path / "tables.json"
     tables.write_text(json.dumps({"tables": TABLES}))
     with LocalShards(tables, 1, model_roots=[], extra_args=["--insecure-no-auth"]) as shard:
-        reply = raw(shard.endpoints[0], {"op": "save", "id": 1, "meta": {"path": str(tmp_path)}})
+        reply = raw_call(
+            shard.endpoints[0], {"op": "save", "id": 1, "meta": {"path": str(tmp_path)}}, ANY
+        )
         assert reply["error"]["code"] == "path_refused"
         assert "no --model-root" in reply["error"]["message"]
-        assert raw(shard.endpoints[0], {"op": "ping", "id": 2})["ok"] is True  # no token
+        assert raw_call(shard.endpoints[0], {"op": "ping", "id": 2}, ANY)["ok"] is True  # no token

@@ -17,6 +17,17 @@ from streamrec.wire import RpcClient
 TAGS = ("cat", "item", "w", "skey")
 
 
+def small_table(n: int = 50) -> dict:
+    """A negative table of ``n`` items (ids 0, 100, ...) in 5 categories, weight 1 each."""
+    j = np.arange(n)
+    return {
+        "item": torch.from_numpy(j * 100),
+        "cat": torch.from_numpy(j % 5),
+        "w": torch.from_numpy(np.ones(n, np.float32)),
+        "skey": [""] * n,
+    }
+
+
 def draw_counts(endpoint: str, batches: int, category: int, pos_id: int, n_items: int):
     """Samples ``batches`` x 500 positives x 20 negatives in ``category``; returns counts."""
     s = LocalRpcDataSampler(*TAGS, endpoint=endpoint, auto_start=False)

@@ -6,45 +6,16 @@ from __future__ import annotations
 
 import time
 
-import msgpack
 import numpy as np
 import pytest
 import torch
-import zmq
-from sampler_workers import TAGS, start_server
+from sampler_workers import TAGS, small_table, start_server
 from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
 from streamrec.errors import RemoteError
-from streamrec.handshake import set_credentials
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
-from streamrec.wire import PROTOCOL_VERSION, RpcClient
-from unauthenticated import rss_bytes, send_unauthenticated
-
-
-def table(n: int = 50) -> dict:
-    j = np.arange(n)
-    return {
-        "item": torch.from_numpy(j * 100),
-        "cat": torch.from_numpy(j % 5),
-        "w": torch.from_numpy(np.ones(n, np.float32)),
-        "skey": [""] * n,
-    }
-
-
-def raw(endpoint: str, header: dict, token: str) -> dict:
-    """One hand-made request from a peer that passed the handshake with ``token``."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    set_credentials(sock, token)
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart(
-            [msgpack.packb({"v": PROTOCOL_VERSION, "meta": {}, "arrays": [], **header})]
-        )
-        assert sock.poll(10_000), "no reply"
-        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
-    finally:
-        sock.close()
+from streamrec.wire import RpcClient
+from unauthenticated import raw_call, rss_bytes, send_unauthenticated
 
 
 @pytest.fixture
@@ -62,14 +33,14 @@ def token_server(short_dir, monkeypatch):
 def test_requests_without_the_token_are_refused_and_good_clients_served(token_server, tmp_path):
     srv, token = token_server
     good = LocalRpcDataSampler(*TAGS, endpoint=srv.endpoint, auto_start=False)
-    good.reload(table())
+    good.reload(small_table())
     before = good.stats()["generation"]
     for header in (
         {"op": "reload", "id": 1, "meta": {"tags": {}}},  # no token
         {"op": "ping", "id": 2, "auth": "not-the-token-but-long-enough"},
         {"op": "stats", "id": 3, "auth": None},
     ):
-        reply = raw(srv.endpoint, header, read_token(token))
+        reply = raw_call(srv.endpoint, header, read_token(token))
         assert reply["error"]["code"] == "unauthorized", (header, reply)
     wrong = tmp_path / "wrong"
     wrong.write_text("another-token-of-enough-length-0000")
@@ -92,7 +63,7 @@ def test_an_auto_started_server_gets_the_clients_token_file(short_dir, monkeypat
     endpoint = f"ipc://{short_dir}/auto.sock"
     s = LocalRpcDataSampler(*TAGS, endpoint=endpoint, auth_token_file=token, timeout_s=30)
     try:
-        s.reload(table())
+        s.reload(small_table())
         assert s.sample_ids(torch.tensor([0]), 4, torch.tensor([0])).numel() == 4
         with RpcClient(endpoint, timeout_s=10, token="x" * 40) as other:
             with pytest.raises(RemoteError) as err:
@@ -111,7 +82,7 @@ def test_unauthenticated_400mb_messages_cost_the_sampler_no_memory(token_server)
     resident memory stays within 50 MB of where it started; good clients are served."""
     srv, _token = token_server
     good = LocalRpcDataSampler(*TAGS, endpoint=srv.endpoint, auto_start=False)
-    good.reload(table())
+    good.reload(small_table())
     start = rss_bytes(srv.proc.pid)
     body = np.ones(400 << 20, np.uint8)
     ends = [send_unauthenticated(srv.endpoint, body, pw) for pw in (None, "x" * 40, None)]

@@ -6,21 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sampler_workers import TAGS
+from sampler_workers import TAGS, small_table
 from streamrec.errors import RemoteError
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.wire import RpcClient
-
-
-def table(n: int = 50) -> dict:
-    j = np.arange(n)
-    return {
-        "item": torch.from_numpy(j * 100),
-        "cat": torch.from_numpy(j % 5),
-        "w": torch.from_numpy(np.ones(n, np.float32)),
-        "skey": [""] * n,
-    }
-
 
 WRAPPING = [
     (np.array([2**62] * 4, np.int64), "sample_cnts[0] = 4611686018427387904"),  # sums to 0
@@ -33,7 +22,7 @@ WRAPPING = [
 @pytest.mark.parametrize("put_back", [False, True])
 def test_wrapped_counts_are_bad_requests_and_the_server_keeps_serving(server, put_back):
     good = LocalRpcDataSampler(*TAGS, endpoint=server.endpoint, auto_start=False)
-    good.reload(table())
+    good.reload(small_table())
     with RpcClient(server.endpoint, timeout_s=30) as raw:
         for cnts, message in WRAPPING:
             dedup = np.arange(len(cnts), dtype=np.int64) * 100
@@ -51,7 +40,7 @@ def test_ragged_offsets_that_wrap_are_refused(server):
     """Offsets whose int64 differences wrap (``np.diff`` saw them rising) are refused by
     ``reload``; the table in place stays."""
     good = LocalRpcDataSampler(*TAGS, endpoint=server.endpoint, auto_start=False)
-    good.reload(table())
+    good.reload(small_table())
     j = np.arange(6, dtype=np.int64)
     offsets = np.array([0, 2**62, 2**63 - 1, -(2**63), -(2**62), 0, 3], np.int64)
     meta = {
@@ -73,7 +62,7 @@ def test_a_64_bit_missing_id_keeps_its_bits_and_a_non_int_is_refused(server):
     found by the handlers' fuzz target); anything but an int is a bad request (msgpack
     carries no wider int)."""
     good = LocalRpcDataSampler(*TAGS, endpoint=server.endpoint, auto_start=False)
-    good.reload(table())
+    good.reload(small_table())
     ask = {"dedup": np.array([0], np.int64), "cnts": np.array([2], np.int64)}
     unknown = {**ask, "categories": np.array([99], np.int64)}  # no such category: unfilled
     with RpcClient(server.endpoint, timeout_s=30) as raw:
