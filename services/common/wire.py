@@ -279,6 +279,9 @@ class RpcServer:
         self.backend.bind(self._backend_addr)
         self.control = self.ctx.socket(zmq.PAIR)
         self.control.bind(self._control_addr)
+        # connected now: a pair connected at stop closed before the proxy read it (a 5 s stop)
+        self._stopper = self.ctx.socket(zmq.PAIR)
+        self._stopper.connect(self._control_addr)
         self._threads = [
             threading.Thread(target=self._worker, name=f"rpc-worker-{i}", daemon=True)
             for i in range(max(1, workers))
@@ -302,12 +305,10 @@ class RpcServer:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        ctl = self.ctx.socket(zmq.PAIR)
-        ctl.connect(self._control_addr)
-        ctl.send(b"TERMINATE")
-        ctl.close(linger=100)
+        self._stopper.send(b"TERMINATE")
         if self._proxy_thread is not None:
             self._proxy_thread.join(timeout=5)
+        self._stopper.close(linger=0)
 
     def _proxy(self) -> None:
         try:
@@ -486,8 +487,8 @@ class RpcClient:
     def _unauthorized(self) -> RemoteError:
         return RemoteError(
             "unauthorized",
-            f"{self.endpoint} refused this client's peer token in the handshake "
-            "(send the token of the server's --auth-token-file / $STREAMREC_AUTH_TOKEN_FILE)",
+            f"{self.endpoint} refused this client's peer token in the handshake (send the "
+            "token of the server's --auth-token-file / $STREAMREC_AUTH_TOKEN_FILE)",
         )
 
     def _dropped(self) -> ServiceUnavailable:
@@ -582,8 +583,7 @@ class RpcClient:
             return self.receive(self.send(op, meta, arrays), timeout_s)
 
     def _reset(self) -> None:
-        """A fresh socket: the old DEALER may still get late replies, which must not mix
-        with the next requests'."""
+        """A fresh socket: late replies to the old one must not mix with the next ones."""
         self._close_socket()
         self.sock = self._connect()
         self._awaited.clear()
