@@ -19,6 +19,7 @@ from streamrec.errors import StreamRecError
 from streamrec.trainer.agent import Agent
 from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.liveness import handle_sigterm
+from streamrec.trainer.pool_member import PoolMember, default_group_name
 
 log = logging.getLogger("streamrec.trainer.agent")
 
@@ -113,10 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         "poll_ms": args.poll_ms,
         "stuck_timeout_s": args.stuck_timeout_s or None,
     }
-    if args.job_id is None:
-        from streamrec.trainer.pool_member import PoolMember, default_group_name
-
-        member = PoolMember(
+    group: PoolMember | Agent
+    if args.job_id is None:  # a pooled group: the API assigns it jobs
+        group = PoolMember(
             args.redis_url,
             args.group_name or default_group_name(),
             agent_args,
@@ -126,20 +126,16 @@ def main(argv: list[str] | None = None) -> int:
             metrics_host=args.metrics_host or "127.0.0.1",
             group_timeout_s=args.group_timeout_s,
         )
-        try:
-            return member.run()
-        except StreamRecError as exc:
-            log.error("%s", exc)
-            return 2
-    agent = Agent(
-        args.redis_url,
-        args.job_id,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        **agent_args,
-    )
+    else:  # pinned to one job
+        group = Agent(
+            args.redis_url,
+            args.job_id,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+            **agent_args,
+        )
     try:
-        return agent.run()
+        return group.run()
     except StreamRecError as exc:
         log.error("%s", exc)
         return 2

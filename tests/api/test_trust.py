@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from agent_helpers import SMALL_MODEL, datagen
+from agent_helpers import SMALL_MODEL, agent_args, datagen
 from api_helpers import job_body
 from servers import free_port, wait_for
 from streamrec.control import keys
@@ -73,14 +73,7 @@ def run_guarded_agent(redis_url: str, job_id: str, roots: dict[str, Path], log: 
         sys.executable,
         "-m",
         "streamrec.trainer.agent",
-        "--redis-url",
-        redis_url,
-        "--job-id",
-        job_id,
-        "--heartbeat-ttl-s",
-        "3",
-        "--poll-ms",
-        "200",
+        *agent_args(redis_url, job_id),
         "--model-root",
         str(roots["model"]),
         "--data-root",
