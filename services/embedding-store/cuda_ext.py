@@ -42,6 +42,7 @@ from streamrec.embedding_store.cuda_lib import (
     Init,
     NewRows,
     Push,
+    Rows,
     RowsFull,
     Rule,
     TableParams,
@@ -55,6 +56,7 @@ from streamrec.embedding_store.errors import TierUnavailable
 
 if TYPE_CHECKING:
     import torch
+    from streamrec.embedding_store.device_rows import RowChunks
 
 __all__ = [
     "API_VERSION",
@@ -73,6 +75,7 @@ __all__ = [
     "Init",
     "NewRows",
     "Push",
+    "Rows",
     "RowsFull",
     "Rule",
     "TableParams",
@@ -215,8 +218,37 @@ class CudaOps:
         self._check(op, "slots", slots, self._torch.int64, 2, 2)
         return Index(slots.data_ptr(), slots.shape[0])
 
-    def _data(self, op: str, data: torch.Tensor, p: TableParams) -> None:
-        self._check(op, "data", data, self._torch.float32, 2, p.stride)
+    def _table(
+        self,
+        op: str,
+        data: torch.Tensor | RowChunks | None,
+        p: TableParams | None,
+        row_keys: torch.Tensor | None = None,
+        keys: bool = False,
+    ) -> RowChunks:
+        """The rows an op works on: a chunked table as it is, or one (R, stride) matrix (and
+        (R,) keys) as a single chunk, each checked (device, dtype, shape, contiguity)."""
+        from streamrec.embedding_store.device_rows import RowChunks
+
+        if isinstance(data, RowChunks):
+            problem = None
+            if data.device != self.device:
+                problem = f"is on {data.device}, the ops run on {self.device}"
+            elif p is not None and data.stride not in (0, p.stride):  # 0: keys only
+                problem = f"has stride {data.stride}, the params {p.stride}"
+            elif keys and not data.has_keys():
+                problem = "has no row keys"
+            if problem is not None:
+                raise ValueError(f"{op}: table {problem}")
+            return data
+        if data is not None:
+            assert p is not None, "params come with data"
+            self._check(op, "data", data, self._torch.float32, 2, p.stride)
+        if row_keys is not None:
+            self._keys(op, row_keys, "row_keys")
+        elif keys:
+            raise ValueError(f"{op}: row_keys must be given")
+        return RowChunks.single(data, row_keys)
 
     # -- hash index --------------------------------------------------------------------------
     def index_new(self, capacity: int) -> torch.Tensor:
@@ -240,28 +272,34 @@ class CudaOps:
         slots: torch.Tensor,
         keys: torch.Tensor,
         next_row: torch.Tensor,
-        row_keys: torch.Tensor,
+        row_keys: torch.Tensor | RowChunks,
         data: torch.Tensor | None = None,
         params: TableParams | None = None,
     ) -> torch.Tensor:
         """Row per key, inserting absent keys with ids from next_row ((1,) int64, updated);
-        row_keys (R,) int64 gets each new row's key; data (R, width) float32, when given, gets
-        new rows initialised. Raises IndexFull / RowsFull; after RowsFull next_row is
-        min(next_row, R), so a retry after growth leaves no hole."""
+        row_keys ((R,) int64, or a chunked table) gets each new row's key; new rows are
+        initialised when params are given (into data (R, stride) float32, or the table's
+        chunks). Raises IndexFull / RowsFull; after RowsFull next_row is min(next_row, R), so
+        a retry after growth leaves no hole."""
         op = "find_or_insert"
         index = self._slots(op, slots)
         self._keys(op, keys)
         self._keys(op, next_row, "next_row")
-        self._keys(op, row_keys, "row_keys")
-        max_rows = row_keys.numel()
-        if data is not None:
-            if params is None:
+        if isinstance(row_keys, self._torch.Tensor):
+            if data is not None and params is None:
                 raise ValueError(f"{op}: params must be given with data")
-            self._data(op, data, params)
-            max_rows = min(max_rows, data.shape[0])
+            table = self._table(op, data, params, row_keys, keys=True)
+        else:
+            if data is not None:
+                raise ValueError(f"{op}: data comes with the table, not separately")
+            table = self._table(op, row_keys, params, keys=True)
+        rt = table.struct()
+        init = params is not None and table.has_values()
+        if not init:
+            rt.chunks = None
         rows = self._torch.empty_like(keys)
-        nr = NewRows(_ptr(next_row), max_rows, _ptr(row_keys), _ptr(data), None, _ptr(self._flag))
-        pp = ctypes.byref(params) if params is not None else None
+        nr = NewRows(_ptr(next_row), rt, None, _ptr(self._flag))
+        pp = ctypes.byref(params) if init and params is not None else None
         self._run(
             op, self.lib.streamrec_cuda_find_or_insert, index, _ptr(keys), keys.numel(),
             _ptr(rows), nr, pp,
@@ -269,7 +307,7 @@ class CudaOps:
         try:
             self._check_flag(op)
         except RowsFull:
-            next_row.clamp_(max=max_rows)
+            next_row.clamp_(max=table.rows)
             raise
         return rows
 
@@ -326,18 +364,24 @@ class CudaOps:
         self._check_flag("index_rebuild")
         return dst
 
-    # -- rows --------------------------------------------------------------------------------
+    # -- rows ----------------------------------------------------------------------------
+    # data: a chunked table (device_rows.RowChunks) or one (R, stride) float32 matrix
     def init_rows(
-        self, data: torch.Tensor, row_keys: torch.Tensor, start: int, count: int, p: TableParams
+        self,
+        data: torch.Tensor | RowChunks,
+        row_keys: torch.Tensor | None,
+        start: int,
+        count: int,
+        p: TableParams,
     ) -> None:
-        """Initialises rows [start, start + count) of data (R, width) from row_keys (R,)."""
-        self._data("init_rows", data, p)
-        self._keys("init_rows", row_keys, "row_keys")
-        if start < 0 or count < 0 or start + count > min(data.shape[0], row_keys.numel()):
+        """Initialises rows [start, start + count) from their keys (row_keys (R,) int64 with
+        a matrix; None with a chunked table)."""
+        table = self._table("init_rows", data, p, row_keys, keys=True)
+        if start < 0 or count < 0 or start + count > table.rows:
             raise ValueError(f"init_rows: rows [{start}, {start} + {count}) outside the table")
         self._run(
-            "init_rows", self.lib.streamrec_cuda_init_rows, _ptr(data), _ptr(row_keys), start,
-            count, ctypes.byref(p),
+            "init_rows", self.lib.streamrec_cuda_init_rows, table.struct(), start, count,
+            ctypes.byref(p),
         )  # fmt: skip
 
     def initial_weights(
@@ -352,21 +396,23 @@ class CudaOps:
         )  # fmt: skip
         return out
 
-    def gather(self, data: torch.Tensor, rows: torch.Tensor, p: TableParams) -> torch.Tensor:
+    def gather(
+        self, data: torch.Tensor | RowChunks, rows: torch.Tensor, p: TableParams
+    ) -> torch.Tensor:
         """Weights of rows (n,) int64, zeros where < 0 -> (n, dim) float32."""
-        self._data("gather", data, p)
+        table = self._table("gather", data, p)
         self._keys("gather", rows, "rows")
         out = self._empty((rows.numel(), p.dim), self._torch.float32)
         self._run(
-            "gather", self.lib.streamrec_cuda_gather, _ptr(data), data.shape[0], _ptr(rows),
-            rows.numel(), _ptr(out), _ptr(self._flag), ctypes.byref(p),
+            "gather", self.lib.streamrec_cuda_gather, table.struct(), _ptr(rows), rows.numel(),
+            _ptr(out), _ptr(self._flag), ctypes.byref(p),
         )  # fmt: skip
         self._check_flag("gather")
         return out
 
     def gather_pooled(
         self,
-        data: torch.Tensor,
+        data: torch.Tensor | RowChunks,
         rows: torch.Tensor,
         offsets: torch.Tensor,
         p: TableParams,
@@ -374,22 +420,78 @@ class CudaOps:
     ) -> torch.Tensor:
         """Bags rows[offsets[b]:offsets[b + 1]] summed (or averaged) -> (bags, dim) float32."""
         op = "gather_pooled"
-        self._data(op, data, p)
+        table = self._table(op, data, p)
         self._keys(op, rows, "rows")
         self._keys(op, offsets, "offsets")
         bags = offsets.numel() - 1
         out = self._empty((max(bags, 0), p.dim), self._torch.float32)
         self._run(
-            op, self.lib.streamrec_cuda_gather_pooled, _ptr(data), data.shape[0], _ptr(rows),
-            _ptr(offsets), bags, int(mean), _ptr(out), _ptr(self._flag), ctypes.byref(p),
+            op, self.lib.streamrec_cuda_gather_pooled, table.struct(), _ptr(rows), _ptr(offsets),
+            bags, int(mean), _ptr(out), _ptr(self._flag), ctypes.byref(p),
         )  # fmt: skip
         self._check_flag(op)
         return out
 
+    def read_rows(
+        self,
+        data: torch.Tensor | RowChunks,
+        rows: torch.Tensor,
+        col: int,
+        cols: int,
+        p: TableParams,
+        out: torch.Tensor | None = None,
+        out_keys: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Columns [col, col + cols) of rows (n,) int64 -> (n, cols) float32 (into out when
+        given), zeros where < 0; out_keys (n,) int64, when given, gets their keys (-1)."""
+        op = "read_rows"
+        table = self._table(op, data, p, keys=out_keys is not None)
+        self._keys(op, rows, "rows")
+        if out is None:
+            out = self._empty((rows.numel(), cols), self._torch.float32)
+        self._check(op, "out", out, self._torch.float32, 2, cols)
+        if out_keys is not None:
+            self._keys(op, out_keys, "out_keys")
+        if out.shape[0] != rows.numel() or (
+            out_keys is not None and out_keys.numel() != rows.numel()
+        ):
+            raise ValueError(f"{op}: out and out_keys must have {rows.numel()} rows")
+        self._run(
+            op, self.lib.streamrec_cuda_read_rows, table.struct(), _ptr(rows), rows.numel(), col,
+            cols, _ptr(out), _ptr(out_keys), _ptr(self._flag), ctypes.byref(p),
+        )  # fmt: skip
+        self._check_flag(op)
+        return out
+
+    def write_rows(
+        self,
+        data: torch.Tensor | RowChunks,
+        rows: torch.Tensor,
+        col: int,
+        values: torch.Tensor,
+        p: TableParams,
+        keys: torch.Tensor | None = None,
+    ) -> None:
+        """Columns [col, col + cols) of rows (n,) int64 (distinct, < 0 skipped) = values
+        (n, cols) float32; their keys = keys (n,) int64 when given."""
+        op = "write_rows"
+        table = self._table(op, data, p, keys=keys is not None)
+        self._keys(op, rows, "rows")
+        self._check(op, "values", values, self._torch.float32, 2)
+        if keys is not None:
+            self._keys(op, keys, "keys")
+        if values.shape[0] != rows.numel() or (keys is not None and keys.numel() != rows.numel()):
+            raise ValueError(f"{op}: values and keys must have {rows.numel()} rows")
+        self._run(
+            op, self.lib.streamrec_cuda_write_rows, table.struct(), _ptr(rows), rows.numel(),
+            col, values.shape[1], _ptr(values), _ptr(keys), _ptr(self._flag), ctypes.byref(p),
+        )  # fmt: skip
+        self._check_flag(op)
+
     def update(
         self,
-        data: torch.Tensor,
-        row_keys: torch.Tensor,
+        data: torch.Tensor | RowChunks,
+        row_keys: torch.Tensor | None,
         rows: torch.Tensor,
         grads: torch.Tensor,
         shows: torch.Tensor,
@@ -397,25 +499,27 @@ class CudaOps:
         p: TableParams,
     ) -> int:
         """The fused push; returns the rows expanded. rows (n,) int64; grads (n, dim);
-        shows, clicks (n,) float32. Scratch comes from torch's allocator (caching on CUDA)."""
+        shows, clicks (n,) float32; row_keys (R,) int64 with a matrix, None with a chunked
+        table. Scratch comes from torch's allocator (caching on CUDA)."""
         op, f32, n = "update", self._torch.float32, rows.numel()
-        self._data(op, data, p)
-        self._keys(op, row_keys, "row_keys")
+        if isinstance(data, self._torch.Tensor) and row_keys is not None:
+            have, need = row_keys.numel(), data.shape[0]
+            if have < need:
+                raise ValueError(f"{op}: row_keys has {have} keys for {need} rows")
+        table = self._table(op, data, p, row_keys, keys=True)
         self._keys(op, rows, "rows")
         self._check(op, "grads", grads, f32, 2, p.dim)
         self._check(op, "shows", shows, f32, 1)
         self._check(op, "clicks", clicks, f32, 1)
         if grads.shape[0] != n or shows.numel() != n or clicks.numel() != n:
             raise ValueError(f"{op}: grads, shows and clicks must have {n} rows, one per position")
-        if row_keys.numel() < data.shape[0]:
-            raise ValueError(f"{op}: row_keys has {row_keys.numel()} keys for {data.shape[0]} rows")
         expanded = self._zeros(1, self._torch.int64)
         scratch = self._empty(
             int(self.lib.streamrec_cuda_update_scratch_bytes(n, p.dim)), self._torch.uint8
         )
         push = Push(
-            _ptr(data), data.shape[0], _ptr(row_keys), _ptr(rows), _ptr(grads), _ptr(shows),
-            _ptr(clicks), n, _ptr(expanded), _ptr(self._flag),
+            table.struct(), _ptr(rows), _ptr(grads), _ptr(shows), _ptr(clicks), n,
+            _ptr(expanded), _ptr(self._flag),
         )  # fmt: skip
         self._run(
             op, self.lib.streamrec_cuda_update, push, _ptr(scratch), scratch.numel(),
@@ -425,48 +529,69 @@ class CudaOps:
         return int(expanded.item())
 
     # -- day, shrink, save selection, dirty marks --------------------------------------------
-    def _rows_in_use(self, op: str, data: torch.Tensor, size: int, p: TableParams) -> None:
-        self._data(op, data, p)
-        if not 0 <= size <= data.shape[0]:
-            raise ValueError(f"{op}: size {size} outside [0, {data.shape[0]}]")
+    def _rows_in_use(
+        self, op: str, data: torch.Tensor | RowChunks, size: int, p: TableParams
+    ) -> RowChunks:
+        """The table, checked; the caller keeps it alive while the call runs (its pointer
+        array is what the kernels read)."""
+        table = self._table(op, data, p)
+        if not 0 <= size <= table.rows:
+            raise ValueError(f"{op}: size {size} outside [0, {table.rows}]")
+        return table
 
-    def advance_day(self, data: torch.Tensor, size: int, p: TableParams) -> None:
-        self._rows_in_use("advance_day", data, size, p)
+    def advance_day(self, data: torch.Tensor | RowChunks, size: int, p: TableParams) -> None:
+        table = self._rows_in_use("advance_day", data, size, p)
         self._run(
-            "advance_day", self.lib.streamrec_cuda_advance_day, _ptr(data), size, ctypes.byref(p)
+            "advance_day",
+            self.lib.streamrec_cuda_advance_day,
+            table.struct(),
+            size,
+            ctypes.byref(p),
         )
 
-    def shrink(self, data: torch.Tensor, size: int, p: TableParams) -> torch.Tensor:
+    def shrink(self, data: torch.Tensor | RowChunks, size: int, p: TableParams) -> torch.Tensor:
         """Decays show/click of rows [0, size); the keep mask (size,) bool."""
-        self._rows_in_use("shrink", data, size, p)
+        table = self._rows_in_use("shrink", data, size, p)
         keep = self._empty(size, self._torch.uint8)
         self._run(
-            "shrink", self.lib.streamrec_cuda_shrink, _ptr(data), size, _ptr(keep),
+            "shrink",
+            self.lib.streamrec_cuda_shrink,
+            table.struct(),
+            size,
+            _ptr(keep),
             ctypes.byref(p),
-        )  # fmt: skip
+        )
         return keep.bool()
 
-    def select_rows(self, data: torch.Tensor, size: int, mode: int, p: TableParams) -> torch.Tensor:
+    def select_rows(
+        self, data: torch.Tensor | RowChunks, size: int, mode: int, p: TableParams
+    ) -> torch.Tensor:
         """Rows a save mode takes (0 all, 1 base, 2 delta): (size,) bool."""
-        self._rows_in_use("select_rows", data, size, p)
+        table = self._rows_in_use("select_rows", data, size, p)
         sel = self._empty(size, self._torch.uint8)
         self._run(
-            "select_rows", self.lib.streamrec_cuda_select_rows, _ptr(data), size, mode, _ptr(sel),
-            ctypes.byref(p),
+            "select_rows", self.lib.streamrec_cuda_select_rows, table.struct(), size, mode,
+            _ptr(sel), ctypes.byref(p),
         )  # fmt: skip
         return sel.bool()
 
-    def clear_dirty(self, data: torch.Tensor, size: int, p: TableParams) -> None:
-        self._rows_in_use("clear_dirty", data, size, p)
+    def clear_dirty(self, data: torch.Tensor | RowChunks, size: int, p: TableParams) -> None:
+        table = self._rows_in_use("clear_dirty", data, size, p)
         self._run(
-            "clear_dirty", self.lib.streamrec_cuda_clear_dirty, _ptr(data), size, ctypes.byref(p)
+            "clear_dirty",
+            self.lib.streamrec_cuda_clear_dirty,
+            table.struct(),
+            size,
+            ctypes.byref(p),
         )
 
-    def mark_dirty(self, data: torch.Tensor, rows: torch.Tensor, p: TableParams) -> None:
+    def mark_dirty(
+        self, data: torch.Tensor | RowChunks, rows: torch.Tensor, p: TableParams
+    ) -> None:
         """Sets the changed-since-save flag of rows (n,) int64 (< 0 skipped)."""
-        self._data("mark_dirty", data, p)
+        table = self._table("mark_dirty", data, p)
         self._keys("mark_dirty", rows, "rows")
         self._run(
-            "mark_dirty", self.lib.streamrec_cuda_mark_dirty, _ptr(data), data.shape[0],
-            _ptr(rows), rows.numel(), ctypes.byref(p),
+            "mark_dirty", self.lib.streamrec_cuda_mark_dirty, table.struct(), _ptr(rows),
+            rows.numel(), ctypes.byref(p),
         )  # fmt: skip

@@ -26,7 +26,7 @@ from streamrec.embedding_store.errors import EmbeddingStoreError, TierUnavailabl
 from streamrec.embedding_store.tier import TABLE_SCALARS
 
 #: the C API version this loader binds (streamrec_cuda_api_version)
-API_VERSION = 3
+API_VERSION = 4
 #: the sources and the header
 CUDA_DIR = Path(__file__).resolve().parent / "csrc" / "cuda"
 #: the row math both builds (and the CPU core) include
@@ -162,14 +162,23 @@ class Index(ctypes.Structure):
     _fields_ = [("slots", ctypes.c_void_p), ("capacity", ctypes.c_int64)]
 
 
+class Rows(ctypes.Structure):
+    """StreamrecRows: a table's rows in chunks of ``2**shift`` rows (device pointer arrays)."""
+
+    _fields_ = [
+        ("chunks", ctypes.c_void_p),
+        ("key_chunks", ctypes.c_void_p),
+        ("shift", ctypes.c_int64),
+        ("R", ctypes.c_int64),
+    ]
+
+
 class NewRows(ctypes.Structure):
     """StreamrecNewRows."""
 
     _fields_ = [
         ("next_row", ctypes.c_void_p),
-        ("max_rows", ctypes.c_int64),
-        ("row_keys", ctypes.c_void_p),
-        ("data", ctypes.c_void_p),
+        ("table", Rows),
         ("created", ctypes.c_void_p),
         ("flag", ctypes.c_void_p),
     ]
@@ -179,9 +188,7 @@ class Push(ctypes.Structure):
     """StreamrecPush."""
 
     _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("R", ctypes.c_int64),
-        ("row_keys", ctypes.c_void_p),
+        ("table", Rows),
         ("rows", ctypes.c_void_p),
         ("grads", ctypes.c_void_p),
         ("shows", ctypes.c_void_p),
@@ -210,17 +217,19 @@ BINDINGS: dict[str, tuple[Any, list[Any]]] = {
     "streamrec_cuda_size": (_INT, [Index, _P, _P]),
     "streamrec_cuda_export": (_INT, [Index, _P, _P, _P, _P]),
     "streamrec_cuda_index_rebuild": (_INT, [Index, Index, _P, _P]),
-    "streamrec_cuda_init_rows": (_INT, [_P, _P, _I64, _I64, _PARAMS, _P]),
+    "streamrec_cuda_init_rows": (_INT, [Rows, _I64, _I64, _PARAMS, _P]),
     "streamrec_cuda_initial_weights": (_INT, [_P, _I64, _INT, _P, _PARAMS, _P]),
-    "streamrec_cuda_gather": (_INT, [_P, _I64, _P, _I64, _P, _P, _PARAMS, _P]),
-    "streamrec_cuda_gather_pooled": (_INT, [_P, _I64, _P, _P, _I64, _INT, _P, _P, _PARAMS, _P]),
+    "streamrec_cuda_gather": (_INT, [Rows, _P, _I64, _P, _P, _PARAMS, _P]),
+    "streamrec_cuda_gather_pooled": (_INT, [Rows, _P, _P, _I64, _INT, _P, _P, _PARAMS, _P]),
+    "streamrec_cuda_read_rows": (_INT, [Rows, _P, _I64, _I64, _I64, _P, _P, _P, _PARAMS, _P]),
+    "streamrec_cuda_write_rows": (_INT, [Rows, _P, _I64, _I64, _I64, _P, _P, _P, _PARAMS, _P]),
     "streamrec_cuda_update": (_INT, [Push, _P, ctypes.c_size_t, _PARAMS, _P]),
     "streamrec_cuda_update_scratch_bytes": (ctypes.c_size_t, [_I64, _I64]),
-    "streamrec_cuda_advance_day": (_INT, [_P, _I64, _PARAMS, _P]),
-    "streamrec_cuda_shrink": (_INT, [_P, _I64, _P, _PARAMS, _P]),
-    "streamrec_cuda_select_rows": (_INT, [_P, _I64, _INT, _P, _PARAMS, _P]),
-    "streamrec_cuda_clear_dirty": (_INT, [_P, _I64, _PARAMS, _P]),
-    "streamrec_cuda_mark_dirty": (_INT, [_P, _I64, _P, _I64, _PARAMS, _P]),
+    "streamrec_cuda_advance_day": (_INT, [Rows, _I64, _PARAMS, _P]),
+    "streamrec_cuda_shrink": (_INT, [Rows, _I64, _P, _PARAMS, _P]),
+    "streamrec_cuda_select_rows": (_INT, [Rows, _I64, _INT, _P, _PARAMS, _P]),
+    "streamrec_cuda_clear_dirty": (_INT, [Rows, _I64, _PARAMS, _P]),
+    "streamrec_cuda_mark_dirty": (_INT, [Rows, _P, _I64, _PARAMS, _P]),
 }
 
 

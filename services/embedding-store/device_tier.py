@@ -1,9 +1,10 @@
 """The device tier: every row of a table in GPU memory, over the CUDA ops.
 
 The same layout as the host tier (``tier.py``) on the GPU, each row padded to 16 bytes (the
-gather loads 4 weights at once): a row matrix ``_data`` (rows, stride) float32 whose first
-width columns are the host tier's row, the row keys ``_row_keys`` (rows,) int64 and the CUDA
-hash index, all CUDA tensors; rows ``[0, size)`` are in use. Keys, gradients and results
+gather loads 4 weights at once): rows of stride float32 whose first width columns are the
+host tier's row and their keys, in fixed-size chunks (``device_rows.RowChunks``: growth adds
+chunks and copies nothing, a shrink compacts in place through one chunk of scratch), and the
+CUDA hash index, all CUDA tensors; rows ``[0, size)`` are in use. Keys, gradients and results
 cross the interface as CPU tensors (the store's contract); the rows never leave the GPU except
 for ``export``, ``inspect`` and the weights a pull returns.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import cuda_ext
+from streamrec.embedding_store.device_rows import RowChunks, chunk_shift
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
@@ -38,6 +40,8 @@ class DeviceTable(TableTier):
         seed: the store's initializer seed.
         capacity: most rows this table may hold (None: bounded by GPU memory).
         device: ``"cuda"``/``"cuda:N"`` (a GPU), or ``"cpu"`` (the CPU build of the kernels).
+        chunk_rows: rows per chunk, a power of two (None: from the initial rows and stride,
+            :func:`~streamrec.embedding_store.device_rows.chunk_shift`).
 
     Raises:
         TierUnavailable: no CUDA GPU here (or the CUDA extension cannot be built).
@@ -50,6 +54,7 @@ class DeviceTable(TableTier):
         seed: int = 0,
         capacity: int | None = None,
         device: str | torch.device = "cuda",
+        chunk_rows: int | None = None,
     ) -> None:
         super().__init__(options, seed)
         # first: without a GPU, that is what the caller hears
@@ -69,8 +74,14 @@ class DeviceTable(TableTier):
         if capacity is not None:
             rows = max(MIN_ROWS, min(rows, capacity))
         self._init_rows = rows
-        self._data = torch.empty((rows, self._stride), dtype=torch.float32, device=self.device)
-        self._row_keys = torch.empty(rows, dtype=torch.int64, device=self.device)
+        if chunk_rows is None:
+            shift = chunk_shift(rows, self._stride)
+        elif chunk_rows >= 1 and chunk_rows & (chunk_rows - 1) == 0:
+            shift = chunk_rows.bit_length() - 1
+        else:
+            raise InvalidInput(f"chunk_rows must be a power of two, got {chunk_rows}")
+        self._rows = RowChunks(self._stride, shift, self.device)
+        self._rows.reserve(rows)
         self._slots = self._ops.index_new(index_slots(rows))
         self._next = torch.zeros(1, dtype=torch.int64, device=self.device)  # the next row id
         self._size = 0
@@ -79,17 +90,10 @@ class DeviceTable(TableTier):
 
     # -- growth and creation ------------------------------------------------------------
     def _reserve(self, extra: int) -> None:
-        """Room for ``extra`` more rows: a larger row matrix (row ids kept) and index."""
+        """Room for ``extra`` more rows: new chunks (no row moves, ids kept) and a larger
+        index."""
         need = self._size + extra
-        if need > self._data.shape[0]:
-            rows = max(need, 2 * self._data.shape[0])
-            if self.capacity is not None:
-                rows = max(min(rows, self.capacity), need)
-            data = torch.empty((rows, self._stride), dtype=torch.float32, device=self.device)
-            keys = torch.empty(rows, dtype=torch.int64, device=self.device)
-            data[: self._size] = self._data[: self._size]
-            keys[: self._size] = self._row_keys[: self._size]
-            self._data, self._row_keys = data, keys
+        self._rows.reserve(need)
         if need > MAX_LOAD * self._slots.shape[0]:
             self._slots = self._ops.rebuild(self._slots, index_slots(need))
 
@@ -107,9 +111,7 @@ class DeviceTable(TableTier):
                 f"capacity {self.capacity} (holds {self._size})"
             )
         self._reserve(distinct)
-        rows = self._ops.find_or_insert(
-            self._slots, keys, self._next, self._row_keys, self._data, self._gp
-        )
+        rows = self._ops.find_or_insert(self._slots, keys, self._next, self._rows, None, self._gp)
         size = int(self._next.item())
         created, self._size = size - self._size, size
         return rows, created
@@ -117,14 +119,16 @@ class DeviceTable(TableTier):
     def _compact(self, idx: torch.Tensor) -> None:
         """Keeps rows ``idx`` (m,) int64 cuda, ascending, renumbered 0..m-1."""
         m = idx.numel()
-        self._data[:m] = self._data.index_select(0, idx)
-        self._row_keys[:m] = self._row_keys.index_select(0, idx)
+        self._rows.compact(self._ops, idx, self._gp)  # in place, one chunk of scratch
+        self._rows.release_from(max(m, self._init_rows))
         self._size = m
         self._next.fill_(m)
         self._slots = self._ops.index_new(index_slots(max(m, self._init_rows)))
         if m:
             ids = torch.arange(m, dtype=torch.int64, device=self.device)
-            self._ops.insert_or_assign(self._slots, self._row_keys[:m], ids)
+            keys = torch.empty(m, dtype=torch.int64, device=self.device)
+            self._ops.read_rows(self._rows, ids, 0, 1, self._gp, out_keys=keys)
+            self._ops.insert_or_assign(self._slots, keys, ids)
 
     def _cuda(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """t as a contiguous tensor of dtype on the table's device (a copy where it differs)."""
@@ -139,7 +143,7 @@ class DeviceTable(TableTier):
             self.counters["rows_created"] += created
         else:
             rows = self._ops.find(self._slots, kd)
-        return self._ops.gather(self._data, rows, self._gp)
+        return self._ops.gather(self._rows, rows, self._gp)
 
     def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
         return self.pull_resident(keys, create).cpu()
@@ -150,8 +154,8 @@ class DeviceTable(TableTier):
         rows, created = self._find_or_create(self._cuda(keys, torch.int64), "creating")
         self.counters["rows_created"] += created
         self.counters["rows_expanded"] += self._ops.update(
-            self._data,
-            self._row_keys,
+            self._rows,
+            None,
             rows,
             self._cuda(grads, torch.float32),
             self._cuda(shows, torch.float32),
@@ -165,14 +169,14 @@ class DeviceTable(TableTier):
 
     def inspect(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
         rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
-        full = self._data.index_select(0, rows.clamp(min=0))[:, : self.width].cpu()
+        full = self._ops.read_rows(self._rows, rows.clamp(min=0), 0, self.width, self._gp).cpu()
         return self._stats_of(rows.cpu(), full)
 
     def advance_day(self) -> None:
-        self._ops.advance_day(self._data, self._size, self._gp)
+        self._ops.advance_day(self._rows, self._size, self._gp)
 
     def shrink(self) -> int:
-        keep = self._ops.shrink(self._data, self._size, self._gp)
+        keep = self._ops.shrink(self._rows, self._size, self._gp)
         idx = keep.nonzero().squeeze(1)
         deleted = self._size - idx.numel()
         if deleted:
@@ -181,13 +185,14 @@ class DeviceTable(TableTier):
         return deleted
 
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = self._ops.select_rows(self._data, self._size, select, self._gp)
+        mask = self._ops.select_rows(self._rows, self._size, select, self._gp)
         idx = mask.nonzero().squeeze(1)
-        rows = self._data.index_select(0, idx)[:, : self.width]
-        return self._row_keys.index_select(0, idx).cpu(), rows.cpu()
+        keys = torch.empty(idx.numel(), dtype=torch.int64, device=self.device)
+        rows = self._ops.read_rows(self._rows, idx, 0, self.width, self._gp, out_keys=keys)
+        return keys.cpu(), rows.cpu()
 
     def clear_dirty(self) -> None:
-        self._ops.clear_dirty(self._data, self._size, self._gp)
+        self._ops.clear_dirty(self._rows, self._size, self._gp)
 
     def import_rows(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
         if rows.dim() != 2 or rows.shape[1] != self.width or rows.shape[0] != keys.numel():
@@ -196,7 +201,7 @@ class DeviceTable(TableTier):
                 f"got {tuple(rows.shape)}"
             )
         where, _ = self._find_or_create(self._cuda(keys, torch.int64), "loading")
-        self._data[where, : self.width] = self._cuda(rows, torch.float32)
+        self._ops.write_rows(self._rows, where, 0, self._cuda(rows, torch.float32), self._gp)
 
     def import_weights(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if values.dim() != 2 or values.shape != (keys.numel(), self.dim):
@@ -206,26 +211,30 @@ class DeviceTable(TableTier):
             )
         rows, _ = self._find_or_create(self._cuda(keys, torch.int64), "loading")
         v = self._cuda(values, torch.float32)
-        self._data[rows, _C.EMBED_W : _C.EMBED_W + self.dim] = v
+        self._ops.write_rows(self._rows, rows, _C.EMBED_W, v, self._gp)
         expanded = (v[:, 1:] != 0).any(dim=1).to(torch.int64) * _C.FLAG_EXPANDED
-        flags = self._data[rows, _C.FLAGS].to(torch.int64) | expanded
-        self._data[rows, _C.FLAGS] = flags.to(torch.float32)
+        flags = self._ops.read_rows(self._rows, rows, _C.FLAGS, 1, self._gp).to(torch.int64)
+        flags |= expanded[:, None]
+        self._ops.write_rows(self._rows, rows, _C.FLAGS, flags.to(torch.float32), self._gp)
 
     def mark_dirty(self, keys: torch.Tensor) -> None:
         rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
-        self._ops.mark_dirty(self._data, rows, self._gp)  # absent (-1) skipped
+        self._ops.mark_dirty(self._rows, rows, self._gp)  # absent (-1) skipped
 
     def reset(self) -> None:
         self._size = 0
+        self._rows.release_from(self._init_rows)
         self._next.zero_()
         self._slots = self._ops.index_new(index_slots(self._init_rows))
 
     def bytes_used(self) -> dict[str, int]:
-        n = self._data.numel() * 4 + self._row_keys.numel() * 8 + self._slots.numel() * 8
-        return {"device": int(n)}
+        return {"device": self._rows.nbytes() + self._slots.numel() * 8}
+
+    def row_chunks(self) -> RowChunks:
+        """The chunked rows (for inspection: their chunk tensors, bytes and R)."""
+        return self._rows
 
     def close(self) -> None:
         self._size = 0
-        self._data = torch.empty((0, self._stride), dtype=torch.float32, device=self.device)
-        self._row_keys = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._rows.clear()
         self._slots = self._ops.index_new(1)

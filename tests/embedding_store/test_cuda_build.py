@@ -143,20 +143,30 @@ def test_library_binds_and_checks_arguments_without_a_gpu(
     )
     assert rc == cuda_ext.ERR_ARGUMENT
     assert b"power of two, got 3" in lib.streamrec_cuda_last_error()
-    rc = lib.streamrec_cuda_gather_pooled(None, 0, None, None, 1, 2, None, None, None, None)
+    rc = lib.streamrec_cuda_gather_pooled(cuda_ext.Rows(), None, None, 1, 2, None, None, None, None)
     assert rc == cuda_ext.ERR_ARGUMENT
     assert b"params is NULL" in lib.streamrec_cuda_last_error()
     # the larger structs by value and the params by pointer reach C intact
     index = cuda_ext.Index(ctypes.addressof(slots), 1)
-    new_rows = cuda_ext.NewRows(None, 5, None, None, None, None)
+    params0 = cuda_ext.TableParams.of(table_params(TableOptions(name="t", dim=4)))
+    new_rows = cuda_ext.NewRows(None, cuda_ext.Rows(None, None, 3, 5), None, None)
     rc = lib.streamrec_cuda_find_or_insert(index, None, 0, None, new_rows, None, None)
     assert rc == cuda_ext.ERR_ARGUMENT
-    assert b"next_row, row_keys and flag must be set" in lib.streamrec_cuda_last_error()
+    assert b"next_row and flag must be set" in lib.streamrec_cuda_last_error()
+    flag = ctypes.c_int32(0)
+    new_rows.next_row, new_rows.flag = ctypes.addressof(slots), ctypes.addressof(flag)
+    rc = lib.streamrec_cuda_find_or_insert(index, None, 0, None, new_rows, None, None)
+    assert rc == cuda_ext.ERR_ARGUMENT
+    assert b"table.key_chunks is NULL" in lib.streamrec_cuda_last_error()
+    bad_shift = cuda_ext.Rows(None, None, 63, 0)
+    rc = lib.streamrec_cuda_init_rows(bad_shift, 0, 0, ctypes.byref(params0), None)
+    assert rc == cuda_ext.ERR_ARGUMENT
+    assert b"shift <= 62" in lib.streamrec_cuda_last_error()
     push = cuda_ext.Push(n=-4)
     params = cuda_ext.TableParams.of(table_params(TableOptions(name="t", dim=4)))
     rc = lib.streamrec_cuda_update(push, None, 0, ctypes.byref(params), None)
     assert rc == cuda_ext.ERR_ARGUMENT
-    assert b"n and R must be >= 0" in lib.streamrec_cuda_last_error()
+    assert b"n must be >= 0" in lib.streamrec_cuda_last_error()
     params.stride = params.width - 1  # rows would overlap
     rc = lib.streamrec_cuda_update(cuda_ext.Push(n=1), None, 0, ctypes.byref(params), None)
     assert rc == cuda_ext.ERR_ARGUMENT
@@ -239,4 +249,6 @@ def test_gather_of_padded_rows_loads_4_weights_at_once(tmp_path: Path) -> None:
         capture_output=True,
     )  # fmt: skip
     text = ptx.read_text()
-    assert re.search(r"ld\.global(\.nc)?\.v4\.f32", text) and "st.global.v4.f32" in text
+    # the chunk pointers are read from memory, so nvcc cannot prove them global: a generic
+    # ld.v4 (still one 16-byte access) is as good
+    assert re.search(r"ld(\.global)?(\.nc)?\.v4\.f32", text) and "st.global.v4.f32" in text

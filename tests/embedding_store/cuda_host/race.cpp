@@ -50,7 +50,11 @@ int run() {
   for (int64_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>((i * 7919) % distinct) * 1000003;
   StreamrecIndex index{slots.data(), 1024};
   OK(streamrec_cuda_index_init(index, nullptr));
-  StreamrecNewRows nr{next.data(), R, row_keys.data(), data.data(), created.data(), flag.data()};
+  // two chunks of 256 rows (the second one partly past R): rows cross a chunk border
+  float* chunks[2] = {data.data(), data.data() + 256 * p.stride};
+  int64_t* key_chunks[2] = {row_keys.data(), row_keys.data() + 256};
+  const StreamrecRows table{chunks, key_chunks, 8, R};
+  StreamrecNewRows nr{next.data(), table, created.data(), flag.data()};
   OK(streamrec_cuda_find_or_insert(index, keys.data(), n, rows.data(), nr, &p, nullptr));
   OK(streamrec_cuda_status(flag.data(), nullptr));
   CHECK(next[0] == distinct && created[0] == distinct);
@@ -63,8 +67,8 @@ int run() {
   const size_t bytes = streamrec_cuda_update_scratch_bytes(n, p.dim);
   std::vector<char> scratch(bytes + 256);
   char* aligned = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
-  StreamrecPush push{data.data(), R,           row_keys.data(), push_rows.data(), grads.data(),
-                     shows.data(), clicks.data(), n,              expanded.data(),  flag.data()};
+  StreamrecPush push{table,        push_rows.data(), grads.data(),    shows.data(),
+                     clicks.data(), n,                expanded.data(), flag.data()};
   OK(streamrec_cuda_update(push, aligned, bytes, &p, nullptr));
   OK(streamrec_cuda_status(flag.data(), nullptr));
   CHECK(expanded[0] > 0);
@@ -93,7 +97,7 @@ int run() {
   OK(streamrec_cuda_status(flag.data(), nullptr));
   OK(streamrec_cuda_find(grown, fresh.data(), 200, found.data(), nullptr, nullptr));
   for (int64_t i = 0; i < 200; ++i) CHECK(found[i] == vals[i]);
-  OK(streamrec_cuda_mark_dirty(data.data(), R, push_rows.data(), n, &p, nullptr));
+  OK(streamrec_cuda_mark_dirty(table, push_rows.data(), n, &p, nullptr));
   return 0;
 }
 

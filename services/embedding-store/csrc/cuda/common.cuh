@@ -75,6 +75,22 @@ STREAMREC_HD inline void add_to(int64_t* counter, int64_t v) {
   if (counter != nullptr) Atomic<int64_t>(*counter).fetch_add(v, cuda::memory_order_relaxed);
 }
 
+// ---- row addresses: the one place a row id becomes a pointer (StreamrecRows) ----
+STREAMREC_HD inline int64_t chunk_mask(const StreamrecRows& t) {
+  return (int64_t{1} << t.shift) - 1;
+}
+// Row r's first float; r in [0, t.R).
+STREAMREC_HD inline float* row_at(const StreamrecRows& t, int64_t r, int64_t stride) {
+  return t.chunks[r >> t.shift] + (r & chunk_mask(t)) * stride;
+}
+// Row r's key; r in [0, t.R).
+STREAMREC_HD inline int64_t* key_at(const StreamrecRows& t, int64_t r) {
+  return t.key_chunks[r >> t.shift] + (r & chunk_mask(t));
+}
+// Checks a table a host call was given: R >= 0, shift in [0, 62], chunks (and key_chunks
+// where keys) set when R > 0.
+int check_table(const StreamrecRows& t, bool values, bool keys, const char* op);
+
 // ---- the launch helper: f(i) for every i in [0, n), in parallel, on the stream ----
 // f is a __host__ __device__ functor (a kernel body); it is copied to the device by value.
 #if defined(__CUDACC__)

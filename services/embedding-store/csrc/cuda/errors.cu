@@ -44,6 +44,17 @@ int check_params(const StreamrecTableParams* p, const char* op) {
   return STREAMREC_CUDA_OK;
 }
 
+int check_table(const StreamrecRows& t, bool values, bool keys, const char* op) {
+  STREAMREC_CUDA_REQUIRE(t.R >= 0 && t.shift >= 0 && t.shift <= 62,
+                         "%s: table R %lld and shift %lld must be >= 0 and shift <= 62", op,
+                         static_cast<long long>(t.R), static_cast<long long>(t.shift));
+  STREAMREC_CUDA_REQUIRE(t.R == 0 || !values || t.chunks != nullptr, "%s: table.chunks is NULL",
+                         op);
+  STREAMREC_CUDA_REQUIRE(t.R == 0 || !keys || t.key_chunks != nullptr,
+                         "%s: table.key_chunks is NULL", op);
+  return STREAMREC_CUDA_OK;
+}
+
 #if defined(__CUDACC__)
 namespace {
 int cuda_failed(cudaError_t err, const char* what, const char* op) {
@@ -101,7 +112,7 @@ using namespace streamrec_cuda;
 
 extern "C" const char* streamrec_cuda_last_error(void) { return last_message; }
 
-extern "C" int streamrec_cuda_api_version(void) { return 3; }
+extern "C" int streamrec_cuda_api_version(void) { return 4; }
 
 extern "C" int streamrec_cuda_device_count(void) { return device_count(); }
 

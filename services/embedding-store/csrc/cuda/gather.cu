@@ -11,20 +11,20 @@ namespace {
 // (n, per_row) T; the weights start at column kEmbedW.
 template <class T>
 struct Gather {
-  const float* data;
-  int64_t R;
+  StreamrecRows t;
   const int64_t* rows;
   T* out;
   int32_t* flag;
   int64_t per_row, stride;
-  STREAMREC_HD void operator()(int64_t t) const {
+  STREAMREC_HD void operator()(int64_t j) const {
     constexpr int64_t kWidth = sizeof(T) / sizeof(float);
-    const int64_t i = t / per_row, q = t - i * per_row;
+    const int64_t i = j / per_row, q = j - i * per_row;
     const int64_t r = rows[i];
-    if (r >= R && q == 0) raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
-    out[t] = (r >= 0 && r < R)
-                 ? *reinterpret_cast<const T*>(data + r * stride + kEmbedW + kWidth * q)
-                 : T{};
+    if (r >= t.R && q == 0) raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
+    out[i * per_row + q] =
+        (r >= 0 && r < t.R)
+            ? *reinterpret_cast<const T*>(row_at(t, r, stride) + kEmbedW + kWidth * q)
+            : T{};
   }
 };
 
@@ -32,27 +32,26 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // Bag b's column c: summed in position order (as torch's embedding_bag on the CPU).
 struct Pooled {
-  const float* data;
-  int64_t R;
+  StreamrecRows t;
   const int64_t* rows;
   const int64_t* offsets;
   bool mean;
   float* out;
   int32_t* flag;
   int64_t dim, stride;
-  STREAMREC_HD void operator()(int64_t t) const {
-    const int64_t b = t / dim, c = t - b * dim;
+  STREAMREC_HD void operator()(int64_t j) const {
+    const int64_t b = j / dim, c = j - b * dim;
     const int64_t begin = offsets[b], end = offsets[b + 1];
     float sum = 0.0f;
     for (int64_t j = begin; j < end; ++j) {
       const int64_t r = rows[j];
-      if (r >= 0 && r < R)
-        sum += data[r * stride + kEmbedW + c];
-      else if (r >= R && c == 0)
+      if (r >= 0 && r < t.R)
+        sum += row_at(t, r, stride)[kEmbedW + c];
+      else if (r >= t.R && c == 0)
         raise_flag(flag, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
     }
     if (mean && end > begin) sum /= static_cast<float>(end - begin);
-    out[t] = sum;
+    out[j] = sum;
   }
 };
 
@@ -61,28 +60,29 @@ struct Pooled {
 
 using namespace streamrec_cuda;
 
-extern "C" int streamrec_cuda_gather(const float* data, int64_t R, const int64_t* rows,
-                                     int64_t n, float* out, int32_t* flag,
+extern "C" int streamrec_cuda_gather(StreamrecRows table, const int64_t* rows, int64_t n,
+                                     float* out, int32_t* flag,
                                      const StreamrecTableParams* params, cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "gather"));
-  STREAMREC_CUDA_REQUIRE(n >= 0 && R >= 0, "gather: n and R must be >= 0");
+  STREAMREC_CUDA_TRY(check_table(table, true, false, "gather"));
+  STREAMREC_CUDA_REQUIRE(n >= 0, "gather: n must be >= 0");
   if (n == 0) return ok();
-  STREAMREC_CUDA_REQUIRE(rows != nullptr && out != nullptr && flag != nullptr &&
-                             (R == 0 || data != nullptr),
-                         "gather: data, rows, out and flag must be set");
+  STREAMREC_CUDA_REQUIRE(rows != nullptr && out != nullptr && flag != nullptr,
+                         "gather: rows, out and flag must be set");
   const int64_t dim = params->dim, stride = params->stride;
+  // chunks are 16-byte aligned (the header's contract): a padded row's weights are too
   static_assert(kEmbedW % 4 == 0, "the weights of a padded row start 16-byte aligned");
-  if (dim % 4 == 0 && stride % 4 == 0 && aligned16(data) && aligned16(out)) {
-    const Gather<Vec4> by4{data, R, rows, reinterpret_cast<Vec4*>(out), flag, dim / 4, stride};
+  if (dim % 4 == 0 && stride % 4 == 0 && aligned16(out)) {
+    const Gather<Vec4> by4{table, rows, reinterpret_cast<Vec4*>(out), flag, dim / 4, stride};
     STREAMREC_CUDA_TRY(launch(n * (dim / 4), by4, stream, "gather"));
     return ok();
   }
   STREAMREC_CUDA_TRY(
-      launch(n * dim, Gather<float>{data, R, rows, out, flag, dim, stride}, stream, "gather"));
+      launch(n * dim, Gather<float>{table, rows, out, flag, dim, stride}, stream, "gather"));
   return ok();
 }
 
-extern "C" int streamrec_cuda_gather_pooled(const float* data, int64_t R, const int64_t* rows,
+extern "C" int streamrec_cuda_gather_pooled(StreamrecRows table, const int64_t* rows,
                                             const int64_t* offsets, int64_t bags, int mode,
                                             float* out, int32_t* flag,
                                             const StreamrecTableParams* params,
@@ -90,13 +90,14 @@ extern "C" int streamrec_cuda_gather_pooled(const float* data, int64_t R, const 
   STREAMREC_CUDA_TRY(check_params(params, "gather_pooled"));
   STREAMREC_CUDA_REQUIRE(mode == 0 || mode == 1, "gather_pooled: mode must be 0 (sum) or 1 "
                                                  "(mean), got %d", mode);
-  STREAMREC_CUDA_REQUIRE(bags >= 0 && R >= 0, "gather_pooled: bags and R must be >= 0");
+  STREAMREC_CUDA_TRY(check_table(table, true, false, "gather_pooled"));
+  STREAMREC_CUDA_REQUIRE(bags >= 0, "gather_pooled: bags must be >= 0");
   if (bags == 0) return ok();
   STREAMREC_CUDA_REQUIRE(offsets != nullptr && out != nullptr && flag != nullptr,
                          "gather_pooled: offsets, out and flag must be set");
   STREAMREC_CUDA_TRY(launch(
       bags * params->dim,
-      Pooled{data, R, rows, offsets, mode == 1, out, flag, params->dim, params->stride}, stream,
+      Pooled{table, rows, offsets, mode == 1, out, flag, params->dim, params->stride}, stream,
       "gather_pooled"));
   return ok();
 }

@@ -148,14 +148,15 @@ struct FindOrInsert {
       return;
     }
     const int64_t id = Atomic<int64_t>(*nr.next_row).fetch_add(1, cuda::memory_order_relaxed);
-    if (id >= nr.max_rows) {
+    if (id >= nr.table.R) {
       raise_flag(nr.flag, STREAMREC_CUDA_ERR_ROWS_FULL);
       publish(s, c.slot, kTombRow);  // the key stays absent (holds() never matches a tomb)
       rows[i] = -1;
       return;
     }
-    nr.row_keys[id] = key;
-    if (nr.data != nullptr) init_row(nr.data + id * p.stride, key, p, expand, PortablePairs{});
+    *key_at(nr.table, id) = key;
+    if (nr.table.chunks != nullptr)
+      init_row(row_at(nr.table, id, p.stride), key, p, expand, PortablePairs{});
     add_to(nr.created, 1);
     publish(s, c.slot, id);
     rows[i] = id;
@@ -292,13 +293,12 @@ extern "C" int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t
   STREAMREC_CUDA_TRY(check_index(index, kOp));
   STREAMREC_CUDA_TRY(check_keys(keys, n, kOp));
   STREAMREC_CUDA_REQUIRE(n == 0 || rows != nullptr, "%s: rows is NULL", kOp);
-  STREAMREC_CUDA_REQUIRE(new_rows.next_row != nullptr && new_rows.row_keys != nullptr &&
-                             new_rows.flag != nullptr,
-                         "%s: new_rows.next_row, row_keys and flag must be set", kOp);
-  STREAMREC_CUDA_REQUIRE(new_rows.max_rows >= 0, "%s: max_rows must be >= 0", kOp);
+  STREAMREC_CUDA_REQUIRE(new_rows.next_row != nullptr && new_rows.flag != nullptr,
+                         "%s: new_rows.next_row and flag must be set", kOp);
+  STREAMREC_CUDA_TRY(check_table(new_rows.table, false, true, kOp));
   StreamrecTableParams p{};
   bool expand = false;
-  if (new_rows.data != nullptr) {
+  if (new_rows.table.chunks != nullptr) {
     STREAMREC_CUDA_TRY(check_params(params, kOp));
     p = *params;
     expand = expand_at_creation(p);

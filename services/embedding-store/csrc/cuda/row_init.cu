@@ -6,14 +6,13 @@ namespace streamrec_cuda {
 namespace {
 
 struct InitRows {
-  float* data;
-  const int64_t* row_keys;
+  StreamrecRows t;
   int64_t start;
   StreamrecTableParams p;
   bool expand;
   STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = start + i;
-    init_row(data + r * p.stride, row_keys[r], p, expand, PortablePairs{});
+    init_row(row_at(t, r, p.stride), *key_at(t, r), p, expand, PortablePairs{});
   }
 };
 
@@ -33,18 +32,20 @@ struct InitialWeights {
 
 using namespace streamrec_cuda;
 
-extern "C" int streamrec_cuda_init_rows(float* data, const int64_t* row_keys, int64_t start,
-                                        int64_t count, const StreamrecTableParams* params,
+extern "C" int streamrec_cuda_init_rows(StreamrecRows table, int64_t start, int64_t count,
+                                        const StreamrecTableParams* params,
                                         cudaStream_t stream) {
   constexpr const char* kOp = "init_rows";
   STREAMREC_CUDA_TRY(check_params(params, kOp));
-  STREAMREC_CUDA_REQUIRE(start >= 0 && count >= 0, "init_rows: start and count must be >= 0");
+  STREAMREC_CUDA_TRY(check_table(table, true, true, kOp));
+  STREAMREC_CUDA_REQUIRE(start >= 0 && count >= 0 && start + count <= table.R,
+                         "init_rows: rows [%lld, %lld + %lld) outside [0, %lld)",
+                         static_cast<long long>(start), static_cast<long long>(start),
+                         static_cast<long long>(count), static_cast<long long>(table.R));
   if (count == 0) return ok();
-  STREAMREC_CUDA_REQUIRE(data != nullptr && row_keys != nullptr,
-                         "init_rows: data and row_keys must be set");
   const StreamrecTableParams p = *params;
   STREAMREC_CUDA_TRY(
-      launch(count, InitRows{data, row_keys, start, p, expand_at_creation(p)}, stream, kOp));
+      launch(count, InitRows{table, start, p, expand_at_creation(p)}, stream, kOp));
   return ok();
 }
 

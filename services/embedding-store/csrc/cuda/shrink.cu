@@ -6,50 +6,53 @@ namespace streamrec_cuda {
 namespace {
 
 struct AdvanceDay {
-  float* d;
+  StreamrecRows t;
   int64_t w;
-  STREAMREC_HD void operator()(int64_t r) const { advance_day_row(d + r * w); }
+  STREAMREC_HD void operator()(int64_t r) const { advance_day_row(row_at(t, r, w)); }
 };
 
 struct Shrink {
-  float* d;
+  StreamrecRows t;
   uint8_t* keep;
   StreamrecTableParams p;
-  STREAMREC_HD void operator()(int64_t r) const { keep[r] = shrink_row(d + r * p.stride, p); }
+  STREAMREC_HD void operator()(int64_t r) const {
+    keep[r] = shrink_row(row_at(t, r, p.stride), p);
+  }
 };
 
 struct Select {
-  const float* d;
+  StreamrecRows t;
   int mode;
   uint8_t* sel;
   StreamrecTableParams p;
-  STREAMREC_HD void operator()(int64_t r) const { sel[r] = select_row(d + r * p.stride, mode, p); }
+  STREAMREC_HD void operator()(int64_t r) const {
+    sel[r] = select_row(row_at(t, r, p.stride), mode, p);
+  }
 };
 
 struct ClearDirty {
-  float* d;
+  StreamrecRows t;
   int64_t w;
-  STREAMREC_HD void operator()(int64_t r) const { clear_dirty_row(d + r * w); }
+  STREAMREC_HD void operator()(int64_t r) const { clear_dirty_row(row_at(t, r, w)); }
 };
 
 // Duplicate rows write the same bits; the store is atomic so that it is no data race.
 struct MarkDirty {
-  float* d;
-  int64_t R;
+  StreamrecRows t;
   const int64_t* rows;
   int64_t w;
   STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = rows[i];
-    if (r < 0 || r >= R) return;
-    Atomic<float> flags(d[r * w + kFlags]);
+    if (r < 0 || r >= t.R) return;
+    Atomic<float> flags(row_at(t, r, w)[kFlags]);
     flags.store(with_dirty(flags.load(cuda::memory_order_relaxed)), cuda::memory_order_relaxed);
   }
 };
 
-int check_rows(const void* data, int64_t size, const char* op) {
-  STREAMREC_CUDA_REQUIRE(size >= 0, "%s: size must be >= 0, got %lld", op,
-                         static_cast<long long>(size));
-  STREAMREC_CUDA_REQUIRE(size == 0 || data != nullptr, "%s: data is NULL", op);
+int check_rows(const StreamrecRows& t, int64_t size, const char* op) {
+  STREAMREC_CUDA_TRY(check_table(t, true, false, op));
+  STREAMREC_CUDA_REQUIRE(size >= 0 && size <= t.R, "%s: size %lld outside [0, %lld]", op,
+                         static_cast<long long>(size), static_cast<long long>(t.R));
   return STREAMREC_CUDA_OK;
 }
 
@@ -58,7 +61,7 @@ int check_rows(const void* data, int64_t size, const char* op) {
 
 using namespace streamrec_cuda;
 
-extern "C" int streamrec_cuda_advance_day(float* data, int64_t size,
+extern "C" int streamrec_cuda_advance_day(StreamrecRows data, int64_t size,
                                           const StreamrecTableParams* params,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "advance_day"));
@@ -67,7 +70,7 @@ extern "C" int streamrec_cuda_advance_day(float* data, int64_t size,
   return ok();
 }
 
-extern "C" int streamrec_cuda_shrink(float* data, int64_t size, uint8_t* keep,
+extern "C" int streamrec_cuda_shrink(StreamrecRows data, int64_t size, uint8_t* keep,
                                      const StreamrecTableParams* params, cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "shrink"));
   STREAMREC_CUDA_TRY(check_rows(data, size, "shrink"));
@@ -77,7 +80,7 @@ extern "C" int streamrec_cuda_shrink(float* data, int64_t size, uint8_t* keep,
   return ok();
 }
 
-extern "C" int streamrec_cuda_select_rows(const float* data, int64_t size, int mode,
+extern "C" int streamrec_cuda_select_rows(StreamrecRows data, int64_t size, int mode,
                                           uint8_t* sel, const StreamrecTableParams* params,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "select_rows"));
@@ -89,7 +92,7 @@ extern "C" int streamrec_cuda_select_rows(const float* data, int64_t size, int m
   return ok();
 }
 
-extern "C" int streamrec_cuda_clear_dirty(float* data, int64_t size,
+extern "C" int streamrec_cuda_clear_dirty(StreamrecRows data, int64_t size,
                                           const StreamrecTableParams* params,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "clear_dirty"));
@@ -98,14 +101,14 @@ extern "C" int streamrec_cuda_clear_dirty(float* data, int64_t size,
   return ok();
 }
 
-extern "C" int streamrec_cuda_mark_dirty(float* data, int64_t R, const int64_t* rows, int64_t n,
+extern "C" int streamrec_cuda_mark_dirty(StreamrecRows data, const int64_t* rows, int64_t n,
                                          const StreamrecTableParams* params,
                                          cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "mark_dirty"));
-  STREAMREC_CUDA_REQUIRE(n >= 0 && R >= 0, "mark_dirty: n and R must be >= 0");
-  if (n == 0 || R == 0) return ok();
-  STREAMREC_CUDA_REQUIRE(data != nullptr && rows != nullptr, "mark_dirty: data and rows must be "
-                                                              "set");
-  STREAMREC_CUDA_TRY(launch(n, MarkDirty{data, R, rows, params->stride}, stream, "mark_dirty"));
+  STREAMREC_CUDA_TRY(check_table(data, true, false, "mark_dirty"));
+  STREAMREC_CUDA_REQUIRE(n >= 0, "mark_dirty: n must be >= 0");
+  if (n == 0 || data.R == 0) return ok();
+  STREAMREC_CUDA_REQUIRE(rows != nullptr, "mark_dirty: rows must be set");
+  STREAMREC_CUDA_TRY(launch(n, MarkDirty{data, rows, params->stride}, stream, "mark_dirty"));
   return ok();
 }

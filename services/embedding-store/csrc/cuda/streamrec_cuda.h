@@ -16,9 +16,11 @@
 //   NULL) and every call has finished when it returns; streamrec_cuda_cpu_device() says which.
 // - Not safe for two calls on one index from two streams at once (lookups read plain words):
 //   the store serialises a table's calls.
-// - Row layout (csrc/shared/row_layout.h): row r of data (R, stride) float32 (stride >= width:
-//   the columns past width are padding, never read or written) is
-//   [show, click, unseen_days, flags, embed_w, embedx_w (dim-1), embed_state, embedx_state].
+// - Row layout (csrc/shared/row_layout.h): a row is stride float32 (stride >= width: the
+//   columns past width are padding, never read or written)
+//   [show, click, unseen_days, flags, embed_w, embedx_w (dim-1), embed_state, embedx_state];
+//   a table's rows live in fixed-size chunks (StreamrecRows), so that growth allocates new
+//   chunks and copies nothing.
 //
 // Hash index: the CPU core's layout, (capacity, 2) int64 [key, row] slots, capacity a power of
 // two, a key's probe starting at mix64(key) & (capacity - 1) and walking forward (linear
@@ -110,6 +112,22 @@ typedef struct {
                                     // the weights (from column 4) load as float4
 } StreamrecTableParams;
 
+// ---- a table's rows: fixed-size chunks of 2^shift rows ----
+// Row r is at chunks[r >> shift] + (r & (2^shift - 1)) * stride (stride from the params), its
+// key at key_chunks[r >> shift][r & (2^shift - 1)]: growth appends chunks and moves no row,
+// so a table never needs twice its memory. A single (R, stride) matrix is one chunk (shift
+// with 2^shift >= R).
+typedef struct {
+  float* const* chunks;        // (ceil(R / 2^shift),) device array of device pointers, each a
+                               // (2^shift, stride) float32 chunk (the last one may hold fewer
+                               // rows, at least up to R), 16-byte aligned; NULL where an op
+                               // needs no row values (find_or_insert without init)
+  int64_t* const* key_chunks;  // (ceil(R / 2^shift),) device array of device pointers, each a
+                               // (2^shift,) int64 chunk of row keys; NULL where an op reads no key
+  int64_t shift;               // log2 of rows per chunk, 0..62
+  int64_t R;                   // rows addressable: ids in [0, R)
+} StreamrecRows;
+
 // ---- hash index (index.cu) ----
 typedef struct {
   int64_t* slots;    // (capacity, 2) int64 device: [key, row] pairs
@@ -124,21 +142,21 @@ int streamrec_cuda_find(StreamrecIndex index, const int64_t* keys, int64_t n, in
                         int64_t* misses, cudaStream_t stream);
 
 // Where new rows go: ids come from *next_row (device int64, atomically incremented), each
-// below max_rows; when data is not NULL a new row is initialised at once (as init_rows).
+// below table.R; when table.chunks is not NULL a new row is initialised at once (as init_rows).
 typedef struct {
-  int64_t* next_row;       // (1,) int64 device: the next free row id, updated
-  int64_t max_rows;        // R: a new id must be < R (else ERR_ROWS_FULL in flag)
-  int64_t* row_keys;       // (R,) int64 device: row_keys[id] = key for every new row
-  float* data;             // (R, stride) float32 device, or NULL: new rows left unwritten
-  int64_t* created;        // (1,) int64 device or NULL: += rows this call created
-  int32_t* flag;           // (1,) int32 device: set to an ERR_* code by a failing key
+  int64_t* next_row;    // (1,) int64 device: the next free row id, updated
+  StreamrecRows table;  // key_chunks required (the key of every new row is written there);
+                        // a new id must be < table.R (else ERR_ROWS_FULL in flag); chunks
+                        // NULL: new rows left unwritten
+  int64_t* created;     // (1,) int64 device or NULL: += rows this call created
+  int32_t* flag;        // (1,) int32 device: set to an ERR_* code by a failing key
 } StreamrecNewRows;
 
 // Row per key, inserting absent keys (duplicates in keys share one row). New ids are
 // next_row, next_row + 1, ... in an unspecified order (the CPU's are in order of first
 // occurrence): compare tables by key, not by row id. After ERR_ROWS_FULL *next_row may exceed
-// max_rows (ids drawn past it were given back): the caller sets it to min(*next_row,
-// max_rows) before a retry (cuda_ext.py does), so the retry leaves no hole in the rows.
+// table.R (ids drawn past it were given back): the caller sets it to min(*next_row,
+// table.R) before a retry (cuda_ext.py does), so the retry leaves no hole in the rows.
 // keys: (n,) int64 device; rows: (n,) int64 device, written (-1 for a key that failed).
 int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t* keys, int64_t n,
                                   int64_t* rows, StreamrecNewRows new_rows,
@@ -166,11 +184,10 @@ int streamrec_cuda_index_rebuild(StreamrecIndex src, StreamrecIndex dst, int32_t
                                  cudaStream_t stream);
 
 // ---- row creation (row_init.cu): the CPU core's counter-based draws ----
-// Initialises rows [start, start + count) of data from row_keys (stats zero, dirty, weights
-// drawn per (seed, key, column), optimizer state initial, embedx expanded at once when
-// score(0, 0) >= embedx_threshold). data: (R, stride) float32 device; row_keys: (R,) int64
-// device; start + count <= R (checked by the caller).
-int streamrec_cuda_init_rows(float* data, const int64_t* row_keys, int64_t start, int64_t count,
+// Initialises rows [start, start + count) of table from their keys (stats zero, dirty,
+// weights drawn per (seed, key, column), optimizer state initial, embedx expanded at once when
+// score(0, 0) >= embedx_threshold). table: chunks and key_chunks set; start + count <= R.
+int streamrec_cuda_init_rows(StreamrecRows table, int64_t start, int64_t count,
                              const StreamrecTableParams* params, cudaStream_t stream);
 // Initial weights of keys as init_rows draws them (embedx zeros unless with_embedx).
 // keys: (n,) int64 device; out: (n, dim) float32 device.
@@ -180,25 +197,39 @@ int streamrec_cuda_initial_weights(const int64_t* keys, int64_t n, int with_embe
 
 // ---- gather and bag pooling (gather.cu) ----
 // Weights of rows, zeros where rows[i] < 0; a row >= R sets ERR_ROW_OUTSIDE in flag (and
-// reads zeros). data: (R, stride) float32 device; rows: (n,) int64 device; out: (n, dim)
-// float32 device; flag: (1,) int32 device.
-int streamrec_cuda_gather(const float* data, int64_t R, const int64_t* rows, int64_t n,
-                          float* out, int32_t* flag, const StreamrecTableParams* params,
+// reads zeros). table: chunks set; rows: (n,) int64 device; out: (n, dim) float32 device;
+// flag: (1,) int32 device.
+int streamrec_cuda_gather(StreamrecRows table, const int64_t* rows, int64_t n, float* out,
+                          int32_t* flag, const StreamrecTableParams* params,
                           cudaStream_t stream);
 // Pooled bags: out[b] = sum (mode 0) or mean (mode 1) of the weights of rows[offsets[b] ..
 // offsets[b + 1]) (absent rows count as zeros; an empty bag pools to zeros), as
 // torch.nn.functional.embedding_bag. rows: (nnz,) int64 device; offsets: (bags + 1,) int64
 // device, rising from 0 to nnz; out: (bags, dim) float32 device; flag as gather.
-int streamrec_cuda_gather_pooled(const float* data, int64_t R, const int64_t* rows,
+int streamrec_cuda_gather_pooled(StreamrecRows table, const int64_t* rows,
                                  const int64_t* offsets, int64_t bags, int mode, float* out,
                                  int32_t* flag, const StreamrecTableParams* params,
                                  cudaStream_t stream);
+// Columns [col, col + cols) of rows (whole rows: col 0, cols stride), for export, inspection
+// and compaction: out (n, cols) float32 device, zeros where rows[i] < 0; out_keys (n,) int64
+// device or NULL: the rows' keys (-1 where rows[i] < 0); a row >= R sets ERR_ROW_OUTSIDE in
+// flag and reads as absent. 0 <= col, col + cols <= stride.
+int streamrec_cuda_read_rows(StreamrecRows table, const int64_t* rows, int64_t n, int64_t col,
+                             int64_t cols, float* out, int64_t* out_keys, int32_t* flag,
+                             const StreamrecTableParams* params, cudaStream_t stream);
+// The inverse: columns [col, col + cols) of rows[i] = in[i] (n, cols) float32 device, and
+// their keys = in_keys (n,) int64 device when not NULL; rows < 0 skipped, >= R set
+// ERR_ROW_OUTSIDE in flag (that row unwritten). Distinct rows (a repeated row: one of its
+// values wins).
+int streamrec_cuda_write_rows(StreamrecRows table, const int64_t* rows, int64_t n, int64_t col,
+                              int64_t cols, const float* in, const int64_t* in_keys,
+                              int32_t* flag, const StreamrecTableParams* params,
+                              cudaStream_t stream);
 
 // ---- the fused push (update.cu) ----
 typedef struct {
-  float* data;              // (R, stride) float32 device, updated in place
-  int64_t R;                // rows of data
-  const int64_t* row_keys;  // (R,) int64 device: an expansion draws embedx from the key
+  StreamrecRows table;      // updated in place; key_chunks: an expansion draws embedx from
+                            // the row's key
   const int64_t* rows;      // (n,) int64 device: row per position, < 0 skipped
   const float* grads;       // (n, dim) float32 device
   const float* shows;       // (n,) float32 device
@@ -220,24 +251,24 @@ int streamrec_cuda_update(StreamrecPush push, void* scratch, size_t scratch_byte
 size_t streamrec_cuda_update_scratch_bytes(int64_t n, int64_t dim);
 
 // ---- day advance, shrink, save selection, dirty marks (shrink.cu) ----
-// data: (R, stride) float32 device; size: the rows in use, 0 <= size <= R.
+// table: chunks set; size: the rows in use, 0 <= size <= R.
 // unseen_days += 1 on rows [0, size).
-int streamrec_cuda_advance_day(float* data, int64_t size, const StreamrecTableParams* params,
-                               cudaStream_t stream);
+int streamrec_cuda_advance_day(StreamrecRows table, int64_t size,
+                               const StreamrecTableParams* params, cudaStream_t stream);
 // Decays show/click of rows [0, size); keep: (size,) uint8 device, 0 where score <
 // delete_threshold or unseen_days > delete_after_unseen_days.
-int streamrec_cuda_shrink(float* data, int64_t size, uint8_t* keep,
+int streamrec_cuda_shrink(StreamrecRows table, int64_t size, uint8_t* keep,
                           const StreamrecTableParams* params, cudaStream_t stream);
 // Rows a save mode takes: mode 0 all, 1 base, 2 delta (csrc/cpu/shrink.cpp's select_rows).
 // sel: (size,) uint8 device.
-int streamrec_cuda_select_rows(const float* data, int64_t size, int mode, uint8_t* sel,
+int streamrec_cuda_select_rows(StreamrecRows table, int64_t size, int mode, uint8_t* sel,
                                const StreamrecTableParams* params, cudaStream_t stream);
 // Clears the changed-since-save flag of rows [0, size).
-int streamrec_cuda_clear_dirty(float* data, int64_t size, const StreamrecTableParams* params,
-                               cudaStream_t stream);
+int streamrec_cuda_clear_dirty(StreamrecRows table, int64_t size,
+                               const StreamrecTableParams* params, cudaStream_t stream);
 // Sets the changed-since-save flag of the given rows (< 0 skipped, >= R ignored).
 // rows: (n,) int64 device.
-int streamrec_cuda_mark_dirty(float* data, int64_t R, const int64_t* rows, int64_t n,
+int streamrec_cuda_mark_dirty(StreamrecRows table, const int64_t* rows, int64_t n,
                               const StreamrecTableParams* params, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -151,8 +151,7 @@ struct GroupSums {
 };
 
 struct Apply {
-  float* data;
-  const int64_t* row_keys;
+  StreamrecRows t;
   const uint64_t* sorted;
   int64_t dim, W;
   const float* sums;
@@ -163,7 +162,7 @@ struct Apply {
     if (flagged(flag) || !starts_group(sorted, j)) return;
     const float* s = sums + j * W;
     const int64_t row = static_cast<int64_t>(sorted[j] - 1);
-    if (update_row(data + row * p.stride, row_keys + row, s, s[dim], s[dim + 1], p,
+    if (update_row(row_at(t, row, p.stride), key_at(t, row), s, s[dim], s[dim + 1], p,
                    PortablePairs{}) != 0)
       add_to(expanded, 1);
   }
@@ -229,13 +228,12 @@ extern "C" int streamrec_cuda_update(StreamrecPush a, void* scratch, size_t scra
                                      const StreamrecTableParams* params, cudaStream_t stream) {
   constexpr const char* kOp = "update";
   STREAMREC_CUDA_TRY(check_params(params, kOp));
-  STREAMREC_CUDA_REQUIRE(a.n >= 0 && a.R >= 0, "%s: n and R must be >= 0", kOp);
+  STREAMREC_CUDA_TRY(check_table(a.table, true, true, kOp));
+  STREAMREC_CUDA_REQUIRE(a.n >= 0, "%s: n must be >= 0", kOp);
   if (a.n == 0) return ok();
-  STREAMREC_CUDA_REQUIRE(a.data != nullptr && a.row_keys != nullptr && a.rows != nullptr &&
-                             a.grads != nullptr && a.shows != nullptr && a.clicks != nullptr &&
-                             a.flag != nullptr,
-                         "%s: data, row_keys, rows, grads, shows, clicks and flag must be set",
-                         kOp);
+  STREAMREC_CUDA_REQUIRE(a.rows != nullptr && a.grads != nullptr && a.shows != nullptr &&
+                             a.clicks != nullptr && a.flag != nullptr,
+                         "%s: rows, grads, shows, clicks and flag must be set", kOp);
   const StreamrecTableParams p = *params;
   const int64_t n = a.n, dim = p.dim;
   STREAMREC_CUDA_REQUIRE(n <= (int64_t{1} << 31) - 1, "%s: at most 2^31 - 1 positions per call "
@@ -250,18 +248,18 @@ extern "C" int streamrec_cuda_update(StreamrecPush a, void* scratch, size_t scra
   s.at = 0;
   const Parts x = carve(s);
   const int64_t W = s.W;
-  STREAMREC_CUDA_TRY(launch(n, Keys{a.rows, a.R, x.keyed, x.positions, a.flag}, stream, kOp));
+  STREAMREC_CUDA_TRY(
+      launch(n, Keys{a.rows, a.table.R, x.keyed, x.positions, a.flag}, stream, kOp));
   size_t sort_bytes = s.sort_bytes;
   STREAMREC_CUDA_TRY(sort_pairs(x.sort_temp, &sort_bytes, x.keyed, x.sorted, x.positions,
-                                x.order, n, bits_for(static_cast<uint64_t>(a.R)), stream));
+                                x.order, n, bits_for(static_cast<uint64_t>(a.table.R)), stream));
   const Values v{a.grads, a.shows, a.clicks, dim};
   STREAMREC_CUDA_TRY(launch(s.pieces * W,
                             PieceSums{x.sorted, x.order, n, W, v, x.sums, x.first, x.last, a.flag},
                             stream, kOp));
   STREAMREC_CUDA_TRY(
       launch(n * W, GroupSums{x.sorted, n, W, x.sums, x.first, x.last, a.flag}, stream, kOp));
-  STREAMREC_CUDA_TRY(launch(n, Apply{a.data, a.row_keys, x.sorted, dim, W, x.sums, a.expanded, p,
-                                     a.flag},
-                            stream, kOp));
+  STREAMREC_CUDA_TRY(
+      launch(n, Apply{a.table, x.sorted, dim, W, x.sums, a.expanded, p, a.flag}, stream, kOp));
   return ok();
 }
