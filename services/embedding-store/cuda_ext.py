@@ -226,8 +226,7 @@ class CudaOps:
         row_keys: torch.Tensor | None = None,
         keys: bool = False,
     ) -> RowChunks:
-        """The rows an op works on: a chunked table as it is, or one (R, stride) matrix (and
-        (R,) keys) as a single chunk, each checked (device, dtype, shape, contiguity)."""
+        """A chunked table as it is, or an (R, stride) matrix and (R,) keys as one chunk."""
         from streamrec.embedding_store.device_rows import RowChunks
 
         if isinstance(data, RowChunks):
@@ -257,14 +256,20 @@ class CudaOps:
         self._run("index_init", self.lib.streamrec_cuda_index_init, self._slots("index_new", slots))
         return slots
 
-    def find(self, slots: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Row per key, -1 where absent. keys: (n,) int64 -> (n,) int64."""
+    def find(
+        self, slots: torch.Tensor, keys: torch.Tensor, misses: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Row per key, -1 where absent. keys: (n,) int64 -> (n,) int64; misses ((1,) int64,
+        when given) += the absent keys (positions, not distinct keys)."""
         index = self._slots("find", slots)
         self._keys("find", keys)
+        if misses is not None:
+            self._keys("find", misses, "misses")
         rows = self._torch.empty_like(keys)
         self._run(
-            "find", self.lib.streamrec_cuda_find, index, _ptr(keys), keys.numel(), _ptr(rows), None
-        )
+            "find", self.lib.streamrec_cuda_find, index, _ptr(keys), keys.numel(), _ptr(rows),
+            _ptr(misses),
+        )  # fmt: skip
         return rows
 
     def find_or_insert(
@@ -364,8 +369,7 @@ class CudaOps:
         self._check_flag("index_rebuild")
         return dst
 
-    # -- rows ----------------------------------------------------------------------------
-    # data: a chunked table (device_rows.RowChunks) or one (R, stride) float32 matrix
+    # -- rows (data: a chunked device_rows.RowChunks or one (R, stride) float32 matrix) ----
     def init_rows(
         self,
         data: torch.Tensor | RowChunks,
@@ -532,8 +536,7 @@ class CudaOps:
     def _rows_in_use(
         self, op: str, data: torch.Tensor | RowChunks, size: int, p: TableParams
     ) -> RowChunks:
-        """The table, checked; the caller keeps it alive while the call runs (its pointer
-        array is what the kernels read)."""
+        """The table, checked (the caller keeps it alive: the kernels read its pointers)."""
         table = self._table(op, data, p)
         if not 0 <= size <= table.rows:
             raise ValueError(f"{op}: size {size} outside [0, {table.rows}]")

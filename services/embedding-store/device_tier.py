@@ -27,6 +27,7 @@ import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_rows import RowChunks, chunk_shift
+from streamrec.embedding_store.device_staging import Staging
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
@@ -85,6 +86,9 @@ class DeviceTable(TableTier):
         self._slots = self._ops.index_new(index_slots(rows))
         self._next = torch.zeros(1, dtype=torch.int64, device=self.device)  # the next row id
         self._size = 0
+        self._misses = torch.zeros(1, dtype=torch.int64, device=self.device)
+        #: host inputs go to the GPU through pinned buffers reused between steps
+        self.staging = Staging(self.device)
         #: where :meth:`pull_resident` returns the weights
         self.resident_device = self.device
 
@@ -99,12 +103,16 @@ class DeviceTable(TableTier):
 
     def _find_or_create(self, keys: torch.Tensor, why: str) -> tuple[torch.Tensor, int]:
         """Rows (n,) int64 cuda of keys (n,) int64 cuda, absent ones created (initial
-        values); the count created. Refuses (nothing written) past ``capacity``."""
-        rows = self._ops.find(self._slots, keys)
-        missing = keys[rows < 0]
-        if missing.numel() == 0:
+        values); the count created. Refuses (nothing written) past ``capacity``.
+
+        Host syncs: the miss count (one int64), and only where keys are new the count of
+        distinct new keys and the insert's error flag.
+        """
+        self._misses.zero_()
+        rows = self._ops.find(self._slots, keys, self._misses)
+        if int(self._misses.item()) == 0:
             return rows, 0
-        distinct = int(torch.unique(missing).numel())
+        distinct = int(torch.unique(keys[rows < 0]).numel())
         if self.capacity is not None and self._size + distinct > self.capacity:
             raise CapacityExceeded(
                 f"table {self.options.name!r}: {why} {distinct} new rows would exceed "
@@ -112,9 +120,9 @@ class DeviceTable(TableTier):
             )
         self._reserve(distinct)
         rows = self._ops.find_or_insert(self._slots, keys, self._next, self._rows, None, self._gp)
-        size = int(self._next.item())
-        created, self._size = size - self._size, size
-        return rows, created
+        # calls on a table are serialised: exactly the distinct absent keys were created
+        self._size += distinct
+        return rows, distinct
 
     def _compact(self, idx: torch.Tensor) -> None:
         """Keeps rows ``idx`` (m,) int64 cuda, ascending, renumbered 0..m-1."""
@@ -130,14 +138,18 @@ class DeviceTable(TableTier):
             self._ops.read_rows(self._rows, ids, 0, 1, self._gp, out_keys=keys)
             self._ops.insert_or_assign(self._slots, keys, ids)
 
-    def _cuda(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """t as a contiguous tensor of dtype on the table's device (a copy where it differs)."""
-        return t.to(device=self.device, dtype=dtype, non_blocking=True).contiguous()
+    def _cuda(self, t: torch.Tensor, dtype: torch.dtype, name: str = "") -> torch.Tensor:
+        """t as a contiguous tensor of dtype on the table's device: as it is when already
+        there; from the host through the pinned buffer ``name`` (a step's inputs), or a plain
+        copy (unnamed: loads and inspection, off the hot path)."""
+        if name:
+            return self.staging.to_device(name, t, dtype)
+        return t.to(device=self.device, dtype=dtype).contiguous()
 
     # -- the tier interface ---------------------------------------------------------------
     def pull_resident(self, keys: torch.Tensor, create: bool) -> torch.Tensor:
         """Weights (n, dim) float32 of keys (n,) int64 (CPU or cuda), left on the device."""
-        kd = self._cuda(keys, torch.int64)
+        kd = self._cuda(keys, torch.int64, "keys")
         if create:
             rows, created = self._find_or_create(kd, "creating")
             self.counters["rows_created"] += created
@@ -151,15 +163,15 @@ class DeviceTable(TableTier):
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> bool:
-        rows, created = self._find_or_create(self._cuda(keys, torch.int64), "creating")
+        rows, created = self._find_or_create(self._cuda(keys, torch.int64, "keys"), "creating")
         self.counters["rows_created"] += created
         self.counters["rows_expanded"] += self._ops.update(
             self._rows,
             None,
             rows,
-            self._cuda(grads, torch.float32),
-            self._cuda(shows, torch.float32),
-            self._cuda(clicks, torch.float32),
+            self._cuda(grads, torch.float32, "grads"),
+            self._cuda(shows, torch.float32, "shows"),
+            self._cuda(clicks, torch.float32, "clicks"),
             self._gp,
         )
         return True
@@ -237,4 +249,5 @@ class DeviceTable(TableTier):
     def close(self) -> None:
         self._size = 0
         self._rows.clear()
+        self.staging.release()
         self._slots = self._ops.index_new(1)
