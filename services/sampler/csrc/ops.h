@@ -1,4 +1,4 @@
-// The sampler's compiled operations (streamrec.sampler._C), as free functions over tensors.
+// The sampler's compiled operations (streamrec.sampler._C): the core, over plain arrays.
 //
 // Alias tables are the flat ones of streamrec/sampler/alias.py, packed once per table load
 // into one 32-byte record per slot (AliasSlot) so a draw reads a single cache line:
@@ -12,11 +12,8 @@
 // on how the positives are split between threads.
 #pragma once
 
-#include <torch/extension.h>
-
 #include <cstdint>
-#include <optional>
-#include <tuple>
+#include <stdexcept>
 
 namespace streamrec::sampler {
 
@@ -38,6 +35,11 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// What the kernel raises on a bad value (RuntimeError in Python, with this message).
+struct OpError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // --- sample_put_back.cpp ---
 // Weighted draws with replacement for every positive, conflicts rejected and redrawn.
 //
@@ -49,20 +51,35 @@ inline uint64_t mix64(uint64_t z) {
 // holding missing_id and counted in left[i] (the caller fills them exactly). Draws are
 // i.i.d., so where the left slots sit carries no information.
 //
-//   slots:    (m, 4) int64 packed AliasSlot records
-//   start:    (g,) int64 first slot of each group; count: (g,) int64 its number of slots
-//   group:    (b,) int64 group of each positive, -1 to draw nothing
-//   offsets:  (b + 1,) int64 output range of each positive (cumulative counts)
-//   own_ids:  (b,) int64 dedup id each positive must not get, or None
-//   banned:   (m,) bool slots no positive may get, or None (not both)
-//   threads:  most threads to use; <= 0: torch's intra-op count, fewer when the load average
-//             says cores are busy (OpenMP dynamic). The result does not depend on it.
-//
-// Returns (ids (offsets[b],) int64, left (b,) int64, rounds = most tries any slot used).
-std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back(
-    const torch::Tensor& slots, const torch::Tensor& start, const torch::Tensor& count,
-    const torch::Tensor& group, const torch::Tensor& offsets,
-    const std::optional<torch::Tensor>& own_ids, const std::optional<torch::Tensor>& banned,
-    int64_t seed, int64_t max_rounds, int64_t missing_id, int64_t threads);
+// The binding file checks each array's dtype, length and contiguity, reads a misaligned one
+// from an aligned copy, and refuses max_rounds < 1 and own_ids with banned; the values (the
+// offsets, the groups' spans) are checked here, by draw_total.
+struct DrawArgs {
+  const AliasSlot* slots = nullptr;  // (m,) packed records
+  int64_t m = 0;
+  const int64_t* start = nullptr;  // (g,) first slot of each group
+  const int64_t* count = nullptr;  // (g,) its number of slots
+  int64_t g = 0;
+  const int64_t* group = nullptr;    // (b,) group of each positive, -1 to draw nothing
+  const int64_t* offsets = nullptr;  // (b + 1,) output range of each positive (cumulative)
+  int64_t b = 0;
+  const int64_t* own_ids = nullptr;  // (b,) dedup id each positive must not get, or nullptr
+  const bool* banned = nullptr;      // (m,) slots no positive may get, or nullptr (not both)
+  int64_t seed = 0;
+  int64_t max_rounds = 1;  // >= 1
+  int64_t missing_id = 0;
+  // most threads to use; <= 0: default_threads (the intra-op count), fewer when the load
+  // average says cores are busy (OpenMP dynamic). The result does not depend on it.
+  int64_t threads = 0;
+  int64_t default_threads = 1;
+};
+
+// Checks the offsets and every drawing positive's group (O(b), so that no draw reads out of
+// bounds) and returns offsets[b], the length of `ids`. Raises OpError naming the value.
+int64_t draw_total(const DrawArgs& a);
+
+// The draws: ids (offsets[b],) and left (b,), zeroed by the caller, are written; returns
+// rounds, the most tries any slot used. `a` passed draw_total.
+int64_t sample_put_back(const DrawArgs& a, int64_t* ids, int64_t* left);
 
 }  // namespace streamrec::sampler

@@ -1,10 +1,10 @@
 // Weighted negative draws with replacement from flat alias tables, conflicts redrawn
 // (see ops.h). The hot loop per try: one counter-based random number, one 32-byte record,
 // one compare (or one mask byte), no unpredictable branch.
-#include <ATen/Parallel.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <string>
 
 #include "ops.h"
 
@@ -19,19 +19,6 @@ constexpr int64_t kGrainDraws = 32768;
 
 // What a draw must not be.
 enum class Avoid { kNothing, kOwnId, kBanned };
-
-void check_1d(const torch::Tensor& t, const char* name, at::ScalarType dtype, int64_t n) {
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == dtype && t.is_contiguous(),
-              name, " must be a contiguous (", n, ",) ", c10::toString(dtype), " tensor, got ",
-              t.scalar_type(), " of shape ", t.sizes());
-}
-
-// Arrays decoded from a message may start at any byte (a ZeroMQ frame can sit inside its
-// receive buffer), and a load through a misaligned int64_t* is undefined behaviour: such an
-// input is read from an aligned copy (these are small; large frames get buffers of their own).
-torch::Tensor aligned(const torch::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % t.element_size() == 0 ? t : t.clone();
-}
 
 struct Params {
   const AliasSlot* table;
@@ -127,83 +114,65 @@ int64_t draw_range(const Params& p, int64_t lo, int64_t hi) {
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back(
-    const torch::Tensor& slots, const torch::Tensor& start_in, const torch::Tensor& count_in,
-    const torch::Tensor& group_in, const torch::Tensor& offsets_in,
-    const std::optional<torch::Tensor>& own_ids_in, const std::optional<torch::Tensor>& banned,
-    int64_t seed, int64_t max_rounds, int64_t missing_id, int64_t threads) {
-  TORCH_CHECK(slots.dim() == 2 && slots.size(1) == 4 && slots.scalar_type() == at::kLong &&
-                  slots.is_contiguous(),
-              "slots must be a contiguous (m, 4) int64 tensor, got ", slots.scalar_type(),
-              " of shape ", slots.sizes());
-  TORCH_CHECK(max_rounds >= 1, "max_rounds must be >= 1, got ", max_rounds);
-  TORCH_CHECK(!(own_ids_in.has_value() && banned.has_value()),
-              "give own_ids or banned, not both (the mask covers the own ids)");
-  const int64_t m = slots.size(0);
-  const int64_t g = start_in.numel();
-  const int64_t b = group_in.numel();
-  check_1d(start_in, "start", at::kLong, g);
-  check_1d(count_in, "count", at::kLong, g);
-  check_1d(group_in, "group", at::kLong, b);
-  check_1d(offsets_in, "offsets", at::kLong, b + 1);
-  if (own_ids_in.has_value()) check_1d(*own_ids_in, "own_ids", at::kLong, b);
-  if (banned.has_value()) check_1d(*banned, "banned", at::kBool, m);
-  const torch::Tensor table = aligned(slots), start = aligned(start_in), count = aligned(count_in),
-                      group = aligned(group_in), offsets = aligned(offsets_in);
-  const std::optional<torch::Tensor> own_ids =
-      own_ids_in.has_value() ? std::optional<torch::Tensor>(aligned(*own_ids_in)) : std::nullopt;
-
-  Params p{};
-  p.table = reinterpret_cast<const AliasSlot*>(table.data_ptr<int64_t>());
-  p.start = start.data_ptr<int64_t>();
-  p.count = count.data_ptr<int64_t>();
-  p.group = group.data_ptr<int64_t>();
-  p.offsets = offsets.data_ptr<int64_t>();
-  p.own_ids = own_ids.has_value() ? own_ids->data_ptr<int64_t>() : nullptr;
-  p.banned = banned.has_value() ? banned->data_ptr<bool>() : nullptr;
-  p.seed = static_cast<uint64_t>(seed);
-  p.max_rounds = max_rounds;
-  p.missing_id = missing_id;
-
+int64_t draw_total(const DrawArgs& a) {
   // The inputs come from the Python caller, not from the wire, but a bad index here would
   // read out of bounds, so each is checked once (O(b), before the parallel part).
-  TORCH_CHECK(p.offsets[0] == 0, "offsets[0] must be 0, got ", p.offsets[0]);
-  for (int64_t i = 0; i < b; ++i) {
-    TORCH_CHECK(p.offsets[i + 1] >= p.offsets[i], "offsets must not decrease; offsets[", i + 1,
-                "] = ", p.offsets[i + 1], " < offsets[", i, "] = ", p.offsets[i]);
-    const int64_t gi = p.group[i];
-    if (gi < 0 || p.offsets[i + 1] == p.offsets[i]) continue;
-    TORCH_CHECK(gi < g, "group[", i, "] = ", gi, " but there are ", g, " groups");
+  const auto at = [](int64_t v) { return std::to_string(v); };
+  const int64_t* offsets = a.offsets;
+  if (offsets[0] != 0) throw OpError("offsets[0] must be 0, got " + at(offsets[0]));
+  for (int64_t i = 0; i < a.b; ++i) {
+    if (offsets[i + 1] < offsets[i])
+      throw OpError("offsets must not decrease; offsets[" + at(i + 1) + "] = " +
+                    at(offsets[i + 1]) + " < offsets[" + at(i) + "] = " + at(offsets[i]));
+    const int64_t gi = a.group[i];
+    if (gi < 0 || offsets[i + 1] == offsets[i]) continue;
+    if (gi >= a.g)
+      throw OpError("group[" + at(i) + "] = " + at(gi) + " but there are " + at(a.g) + " groups");
     // A checked add: start + count of a corrupt group may wrap past INT64_MAX and compare
     // as in range.
     int64_t end = 0;
-    const bool wraps = __builtin_add_overflow(p.start[gi], p.count[gi], &end);
-    TORCH_CHECK(!wraps && p.count[gi] >= 1 && p.start[gi] >= 0 && end <= m, "group ", gi,
-                " spans slots [", p.start[gi], ", ", p.start[gi], " + ", p.count[gi],
-                ") outside the table's ", m);
+    const bool wraps = __builtin_add_overflow(a.start[gi], a.count[gi], &end);
+    if (wraps || a.count[gi] < 1 || a.start[gi] < 0 || end > a.m)
+      throw OpError("group " + at(gi) + " spans slots [" + at(a.start[gi]) + ", " +
+                    at(a.start[gi]) + " + " + at(a.count[gi]) + ") outside the table's " +
+                    at(a.m));
   }
   // offsets[0] == 0 and never decreasing: every range and the total fit int64 (counts whose
   // int64 sum wrapped show up above as a decrease).
-  const int64_t total = p.offsets[b];
+  const int64_t total = offsets[a.b];
   int64_t last_chunk_end = 0;
-  TORCH_CHECK(!__builtin_add_overflow(total, kGrainDraws, &last_chunk_end),
-              "offsets[b] = ", total, " is too large");
-  auto ids = torch::empty({total}, torch::kLong);
-  auto left = torch::zeros({b}, torch::kLong);
-  p.ids = ids.data_ptr<int64_t>();
-  p.left = left.data_ptr<int64_t>();
+  if (__builtin_add_overflow(total, kGrainDraws, &last_chunk_end))
+    throw OpError("offsets[b] = " + at(total) + " is too large");
+  return total;
+}
+
+int64_t sample_put_back(const DrawArgs& a, int64_t* ids, int64_t* left) {
+  Params p{};
+  p.table = a.slots;
+  p.start = a.start;
+  p.count = a.count;
+  p.group = a.group;
+  p.offsets = a.offsets;
+  p.own_ids = a.own_ids;
+  p.banned = a.banned;
+  p.seed = static_cast<uint64_t>(a.seed);
+  p.max_rounds = a.max_rounds;
+  p.missing_id = a.missing_id;
+  p.ids = ids;
+  p.left = left;
+  const int64_t b = a.b, total = a.offsets[b], threads = a.threads;
 
   // Chunks of about kGrainDraws draws, not of positives, so a few large counts do not idle
   // the other threads: chunk c takes the positives whose first output slot lies in
   // [c * kGrainDraws, (c + 1) * kGrainDraws). Random numbers depend on (seed, output slot,
   // try) only, so neither the split nor the thread count changes the result.
   //
-  // Threads (threads <= 0): at most torch's intra-op count, with OpenMP's dynamic adjustment
+  // Threads (threads <= 0): at most the intra-op count, with OpenMP's dynamic adjustment
   // on (restored after), which gives up threads the machine's load average says are busy.
   // On a shared node a team member that is not scheduled holds up the join for a whole time
   // slice: measured on 2 busy cores, the median call took 5x longer with 2 threads than 1.
   const int64_t chunks = (total + kGrainDraws - 1) / kGrainDraws;
-  const int64_t wanted = threads > 0 ? threads : at::get_num_threads();
+  const int64_t wanted = threads > 0 ? threads : a.default_threads;
   const int team = static_cast<int>(std::max<int64_t>(1, std::min(wanted, chunks)));
   int64_t rounds = 0;
   const int was_dynamic = omp_get_dynamic();
@@ -219,7 +188,7 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back(
     rounds = std::max(rounds, most);
   }
   omp_set_dynamic(was_dynamic);
-  return {ids, left, rounds};
+  return rounds;
 }
 
 }  // namespace streamrec::sampler

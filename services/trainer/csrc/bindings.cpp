@@ -1,4 +1,5 @@
-// The one binding file of streamrec.trainer._C. The parse runs without the GIL, reading the
+// The one binding file of streamrec.trainer._C, and the only one that sees torch: it
+// allocates the parser's outputs and runs the parse (ops.h) without the GIL, reading the
 // caller's buffer in place (no copy of the chunk).
 #include <torch/extension.h>
 
@@ -26,15 +27,47 @@ class ByteView {
   Py_buffer view_{};
 };
 
+// The parse's columns, allocated to the line count and narrowed to the good lines.
+struct Parsed {
+  torch::Tensor dense, labels, keys, present, ptrue;
+  LineCounts counts;
+};
+
+Parsed parse(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots) {
+  const int64_t capacity = parse_capacity(data, nbytes, num_slots);
+  const auto f32 = torch::dtype(torch::kFloat32);
+  Parsed r;
+  r.dense = torch::empty({capacity, kNumDense}, f32);
+  r.labels = torch::empty({capacity}, f32);
+  r.keys = torch::empty({capacity, num_slots}, torch::dtype(torch::kInt64));
+  r.present = torch::empty({capacity, num_slots}, torch::dtype(torch::kBool));
+  r.ptrue = torch::empty({generated ? capacity : 0}, f32);
+  const LineOutputs out{r.dense.data_ptr<float>(), r.labels.data_ptr<float>(),
+                        r.keys.data_ptr<int64_t>(), r.present.data_ptr<bool>(),
+                        generated ? r.ptrue.data_ptr<float>() : nullptr};
+  r.counts = parse_lines(data, nbytes, generated, num_slots, out);
+  const int64_t n = r.counts.rows;
+  r.dense = r.dense.narrow(0, 0, n);
+  r.labels = r.labels.narrow(0, 0, n);
+  r.keys = r.keys.narrow(0, 0, n);
+  r.present = r.present.narrow(0, 0, n);
+  r.ptrue = r.ptrue.narrow(0, 0, generated ? n : 0);
+  return r;
+}
+
 py::tuple parse_lines_py(const py::object& data, bool generated, int64_t num_slots) {
   const ByteView bytes(data);
-  ParsedLines r;
+  Parsed r;
   {
     const py::gil_scoped_release nogil;
-    r = parse_lines(bytes.data(), bytes.size(), generated, num_slots);
+    r = parse(bytes.data(), bytes.size(), generated, num_slots);
   }
-  return py::make_tuple(r.dense, r.labels, r.keys, r.present, r.ptrue, r.lines, r.malformed,
-                        r.first_bad_fields, r.first_bad_value);
+  const LineCounts& c = r.counts;
+  // present is None when every key is present, ptrue None for Criteo
+  const py::object present = c.all_present ? py::none() : py::cast(r.present);
+  const py::object ptrue = generated ? py::cast(r.ptrue) : py::none();
+  return py::make_tuple(r.dense, r.labels, r.keys, present, ptrue, c.lines, c.malformed,
+                        c.first_bad_fields, c.first_bad_value);
 }
 
 }  // namespace

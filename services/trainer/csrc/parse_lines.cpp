@@ -6,6 +6,8 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -176,21 +178,11 @@ inline bool step(const uint8_t*& p, bool last) {
   return false;
 }
 
-// Output rows, all allocated to the line count; row r is written by every line tried there
-// and kept only when the line is good.
-struct Outputs {
-  float* dense;
-  float* labels;
-  int64_t* keys;
-  bool* present;
-  float* ptrue;  // nullptr for Criteo
-};
-
 // Parses the non-blank line at p into row r: the next line's start, nullptr if malformed
 // (whatever the reason; the row then holds garbage). Bytes up to `limit` may be read.
 template <bool kGenerated>
 const uint8_t* parse_line(const uint8_t* p, const uint8_t* limit, int64_t num_slots,
-                          const Outputs& out, int64_t r) {
+                          const LineOutputs& out, int64_t r) {
   uint64_t bits;
   bool ok;
   const uint8_t* start = p;
@@ -248,7 +240,7 @@ struct State {
 
 // Parses the lines of [p, end), whose last byte is '\n'.
 template <bool kGenerated>
-void parse_region(const uint8_t* p, const uint8_t* end, int64_t num_slots, const Outputs& out,
+void parse_region(const uint8_t* p, const uint8_t* end, int64_t num_slots, const LineOutputs& out,
                   State& st) {
   const int64_t tabs_wanted = (kGenerated ? 2 : 1) + kNumDense + num_slots - 1;
   for (; p < end; ++st.line) {
@@ -273,32 +265,30 @@ void parse_region(const uint8_t* p, const uint8_t* end, int64_t num_slots, const
   }
 }
 
-}  // namespace
-
-ParsedLines parse_lines(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots) {
-  TORCH_CHECK_VALUE(nbytes >= 0, "nbytes must be >= 0, got ", nbytes);
-  TORCH_CHECK_VALUE(num_slots >= 0, "num_slots must be >= 0, got ", num_slots);
-  const uint8_t* end = data + nbytes;
-  // [data, body) is whole lines; the tail after the last '\n' is parsed from a copy ending in
-  // one, so the readers can stop at a '\n' without checking for the buffer's end.
+// [data, body) is whole lines; the tail after the last '\n' is parsed from a copy ending in
+// one, so the readers can stop at a '\n' without checking for the buffer's end.
+const uint8_t* body_end(const uint8_t* data, int64_t nbytes) {
   const auto* last_nl =
       nbytes ? static_cast<const uint8_t*>(memrchr(data, '\n', static_cast<size_t>(nbytes)))
              : nullptr;
-  const uint8_t* body = last_nl == nullptr ? data : last_nl + 1;
+  return last_nl == nullptr ? data : last_nl + 1;
+}
+
+}  // namespace
+
+int64_t parse_capacity(const uint8_t* data, int64_t nbytes, int64_t num_slots) {
+  if (nbytes < 0) throw std::invalid_argument("nbytes must be >= 0, got " + std::to_string(nbytes));
+  if (num_slots < 0)
+    throw std::invalid_argument("num_slots must be >= 0, got " + std::to_string(num_slots));
+  const uint8_t* body = body_end(data, nbytes);
+  return count_lines(data, body) + (body == data + nbytes ? 0 : 1);
+}
+
+LineCounts parse_lines(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots,
+                       const LineOutputs& out) {
+  const uint8_t* end = data + nbytes;
+  const uint8_t* body = body_end(data, nbytes);
   std::vector<uint8_t> tail(body, end);
-  const int64_t capacity = count_lines(data, body) + (tail.empty() ? 0 : 1);
-
-  const auto f32 = torch::dtype(torch::kFloat32);
-  ParsedLines res;
-  res.dense = torch::empty({capacity, kNumDense}, f32);
-  res.labels = torch::empty({capacity}, f32);
-  res.keys = torch::empty({capacity, num_slots}, torch::dtype(torch::kInt64));
-  torch::Tensor present = torch::empty({capacity, num_slots}, torch::dtype(torch::kBool));
-  torch::Tensor ptrue = torch::empty({generated ? capacity : 0}, f32);
-  const Outputs out{res.dense.data_ptr<float>(), res.labels.data_ptr<float>(),
-                    res.keys.data_ptr<int64_t>(), present.data_ptr<bool>(),
-                    generated ? ptrue.data_ptr<float>() : nullptr};
-
   State st;
   auto region = generated ? parse_region<true> : parse_region<false>;
   region(data, body, num_slots, out, st);
@@ -306,16 +296,10 @@ ParsedLines parse_lines(const uint8_t* data, int64_t nbytes, bool generated, int
     tail.push_back('\n');
     region(tail.data(), tail.data() + tail.size(), num_slots, out, st);
   }
-
-  const int64_t n = st.rows;
-  res.dense = res.dense.narrow(0, 0, n);
-  res.labels = res.labels.narrow(0, 0, n);
-  res.keys = res.keys.narrow(0, 0, n);
-  const size_t cells = static_cast<size_t>(n * num_slots);
-  if (cells && std::memchr(present.data_ptr<bool>(), 0, cells) != nullptr) {
-    res.present = present.narrow(0, 0, n);
-  }
-  if (generated) res.ptrue = ptrue.narrow(0, 0, n);
+  LineCounts res;
+  res.rows = st.rows;
+  const size_t cells = static_cast<size_t>(st.rows * num_slots);
+  res.all_present = cells == 0 || std::memchr(out.present, 0, cells) == nullptr;
   res.lines = st.lines;
   res.malformed = st.malformed;
   res.first_bad_fields = st.first_bad_fields;
