@@ -7,8 +7,9 @@
 - ``deploy/k8s/base/monitoring/prometheusrule.yaml``: the same groups as a
   ``monitoring.coreos.com/v1`` PrometheusRule for the Prometheus operator.
 
-``deploy/prometheus/alerts.test.yml`` holds hand-written ``promtool test rules`` cases: each
-alert firing when it should and silent when it should not.
+``deploy/prometheus/alerts.test.yml`` (and ``alerts.week.test.yml``, the cases that span a week,
+evaluated every 4 minutes) hold hand-written ``promtool test rules`` cases: each alert firing
+when it should and silent when it should not.
 
 Label names: Prometheus's ``job`` label is the scrape job (``streamrec-api``, ...); the API's
 per-job series carry the StreamRec job id as ``job_id``.
