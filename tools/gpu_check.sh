@@ -30,7 +30,8 @@ export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export STREAMREC_CUDA_LIB=$PWD/build/cuda/libstreamrec_cuda.so
 GPU_TESTS="tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cuda_hazards.py
   tests/embedding_store/test_cuda_device_tier.py tests/embedding_store/test_device_cache.py
-  tests/embedding_store/test_device_wiring.py"
+  tests/embedding_store/test_device_wiring.py tests/embedding_store/test_device_rows.py
+  tests/embedding_store/test_device_staging.py"
 
 sanitize() {  # compute-sanitizer --tool $1 over the GPU parameters of the op tests
   local tool=$1

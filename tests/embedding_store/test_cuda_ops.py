@@ -322,3 +322,55 @@ def test_day_shrink_selection_and_dirty_marks_match_the_cpu(ops: cuda_ext.CudaOp
     dirty = (gpu[:, _C.FLAGS].cpu().to(torch.int64) & _C.FLAG_DIRTY) != 0
     assert dirty[:250].nonzero().flatten().tolist() == [3, 7]
     assert torch.equal(gpu[250:].cpu(), cpu[250:])  # rows past size untouched
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dim", [2, 9, 33, 70])
+def test_update_is_bit_identical_to_the_cpu_core(
+    ops: cuda_ext.CudaOps, rule: str, dim: int
+) -> None:
+    """The warp-per-row push (lane-strided columns, AdaGrad's sum of squares as 8 lane sums
+    combined in the CPU's order) gives the CPU core's floats exactly, at every dim's tail
+    (dim - 1 embedx weights: 1, 8, 32, 69)."""
+    sgd = SgdRuleParam(name=rule, weight_bounds=(-0.5, 0.5))
+    options = TableOptions(
+        name="t", dim=dim, embed_sgd_param=sgd, embedx_sgd_param=sgd, embedx_threshold=2.0
+    )
+    p = table_params(options, seed=7)
+    gp = cuda_ext.TableParams.of(p)
+    keys = sample_keys(600, 300, seed=dim)
+    _, cpu_rows, cpu_data, cpu_row_keys = cpu_table(keys, p, 512)
+    dev_data, dev_keys = cpu_data.to(ops.device, copy=True), cpu_row_keys.to(ops.device, copy=True)
+    g = torch.Generator().manual_seed(dim)
+    for _ in range(3):  # rows expand on the way: the embedx rule runs from the second step
+        grads = torch.randn((cpu_rows.numel(), dim), generator=g)
+        shows = torch.rand(cpu_rows.numel(), generator=g) * 2
+        want = _C.update(cpu_data, cpu_row_keys, cpu_rows, grads, shows, shows * 0.5, p)
+        got = ops.update(
+            dev_data, dev_keys, *(t.to(ops.device, copy=True) for t in (cpu_rows, grads)),
+            shows.to(ops.device, copy=True), (shows * 0.5).to(ops.device, copy=True), gp,
+        )  # fmt: skip
+        assert got == want
+        assert torch.equal(dev_data.cpu(), cpu_data)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_dim_1_push_writes_only_its_own_rows(ops: cuda_ext.CudaOps, rule: str) -> None:
+    """dim 1: no embedx weights and no embedx state columns; the embedx rule of an expanded
+    row must write nothing (AdaGrad's g2sum at width is the next row's show)."""
+    sgd = SgdRuleParam(name=rule)
+    options = TableOptions(
+        name="t", dim=1, embed_sgd_param=sgd, embedx_sgd_param=sgd, embedx_threshold=0.0
+    )
+    gp = cuda_ext.TableParams.of(table_params(options, seed=7))
+    data = torch.zeros((8, gp.width), device=ops.device)
+    keys = torch.arange(8, device=ops.device)
+    ops.init_rows(data, keys, 0, 8, gp)
+    before = data.cpu()
+    rows = torch.tensor([0, 2, 4, 6], device=ops.device)
+    ones = torch.ones(4, device=ops.device)
+    for _ in range(2):
+        ops.update(data, keys, rows, torch.ones((4, 1), device=ops.device), ones, ones, gp)
+    after = data.cpu()
+    assert bool(after.isfinite().all())
+    assert torch.equal(after[1::2], before[1::2])  # the rows not pushed: untouched

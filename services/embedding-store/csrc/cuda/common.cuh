@@ -137,6 +137,68 @@ int launch(int64_t n, const F& f, cudaStream_t /*stream*/, const char* /*op*/) {
 }
 #endif
 
+// ---- per-row launches: the threads that share one row (update_row's Lanes) ----
+constexpr int kWarp = 32;
+
+#if defined(__CUDACC__)
+// Lane `lane` of the warp that owns a row: columns lane, lane + 32, ... (a warp touches
+// consecutive floats: coalesced); the 8 lanes of sum_of_squares summed by lanes 0..7, then
+// shared by shuffles and combined as the CPU combines them; lane 0 writes the row's scalars.
+struct WarpLanes {
+  int lane;
+  __device__ int64_t first() const { return lane; }
+  __device__ int64_t step() const { return kWarp; }
+  __device__ bool leader() const { return lane == 0; }
+  __device__ void sync() const { __syncwarp(); }
+  __device__ double sum_of_squares(const float* g, int64_t d) const {
+    const double mine = lane < 8 ? squares_lane(g, d, lane) : 0.0;
+    double part[8];
+    for (int l = 0; l < 8; ++l) part[l] = __shfl_sync(0xffffffffu, mine, l);
+    return combine8(part);
+  }
+};
+
+// f(row, lanes) on every lane of one warp per row: item i is lane i % 32 of row i / 32 (the
+// grid-stride loop steps by whole warps and n is a multiple of 32, so a warp stays together).
+template <class F>
+struct EachRowWarp {
+  F f;
+  __device__ void operator()(int64_t i) const {
+    f(i / kWarp, WarpLanes{static_cast<int>(i % kWarp)});
+  }
+};
+
+template <class F>
+int launch_rows(int64_t rows, const F& f, cudaStream_t stream, const char* op) {
+  return launch(rows * kWarp, EachRowWarp<F>{f}, stream, op);
+}
+#else
+// The CPU build: one thread plays a row's whole warp (every column; no sync needed), with the
+// warp's arithmetic: sum_of_squares as 8 squares_lane sums and combine8.
+struct OneThreadLanes {
+  int64_t first() const { return 0; }
+  int64_t step() const { return 1; }
+  bool leader() const { return true; }
+  void sync() const {}
+  double sum_of_squares(const float* g, int64_t d) const {
+    double part[8];
+    for (int l = 0; l < 8; ++l) part[l] = squares_lane(g, d, l);
+    return combine8(part);
+  }
+};
+
+template <class F>
+struct EachRowThread {
+  F f;
+  void operator()(int64_t i) const { f(i, OneThreadLanes{}); }
+};
+
+template <class F>
+int launch_rows(int64_t rows, const F& f, cudaStream_t stream, const char* op) {
+  return launch(rows, EachRowThread<F>{f}, stream, op);
+}
+#endif
+
 }  // namespace streamrec_cuda
 
 // Argument checks of the host entry points: records the message, returns ERR_ARGUMENT.

@@ -2,8 +2,9 @@
 // radix sort of (row + 1, position) over only the bits rows need (absent positions sort first
 // as 0); each group's gradients, shows and clicks summed in float64 by a segmented reduction
 // (pieces of kPiece sorted positions summed in parallel, then each group adds its pieces in
-// order: a key repeated 10^5 times is no longer one thread's serial loop); then one thread
-// per distinct row runs the shared push step (../shared/row_update.h).
+// order: a key repeated 10^5 times is no longer one thread's serial loop); then one warp per
+// distinct row runs the shared push step (../shared/row_update.h), its lanes on strided
+// columns (coalesced), the same floats as the CPU core's one thread.
 #include "common.cuh"
 
 #if defined(__CUDACC__)
@@ -158,12 +159,15 @@ struct Apply {
   int64_t* expanded;
   StreamrecTableParams p;
   const int32_t* flag;
-  STREAMREC_HD void operator()(int64_t j) const {
+  // every lane of the row's warp (the same j, so the same branches: the warp stays together)
+  template <class Lanes>
+  STREAMREC_HD void operator()(int64_t j, const Lanes& lanes) const {
     if (flagged(flag) || !starts_group(sorted, j)) return;
     const float* s = sums + j * W;
     const int64_t row = static_cast<int64_t>(sorted[j] - 1);
     if (update_row(row_at(t, row, p.stride), key_at(t, row), s, s[dim], s[dim + 1], p,
-                   PortablePairs{}) != 0)
+                   PortablePairs{}, lanes) != 0 &&
+        lanes.leader())
       add_to(expanded, 1);
   }
 };
@@ -259,7 +263,7 @@ extern "C" int streamrec_cuda_update(StreamrecPush a, void* scratch, size_t scra
                             stream, kOp));
   STREAMREC_CUDA_TRY(
       launch(n * W, GroupSums{x.sorted, n, W, x.sums, x.first, x.last, a.flag}, stream, kOp));
-  STREAMREC_CUDA_TRY(
-      launch(n, Apply{a.table, x.sorted, dim, W, x.sums, a.expanded, p, a.flag}, stream, kOp));
+  STREAMREC_CUDA_TRY(launch_rows(
+      n, Apply{a.table, x.sorted, dim, W, x.sums, a.expanded, p, a.flag}, stream, kOp));
   return ok();
 }

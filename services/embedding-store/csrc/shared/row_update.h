@@ -16,6 +16,11 @@ STREAMREC_HD inline float clip(float w, const Rule& rp) {
   return hi < m ? hi : m;
 }
 
+// The 8 lanes of sum_of_squares added up (a fixed tree).
+STREAMREC_HD inline double combine8(const double* lane) {
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 // Sum of g[i]^2 in double, in 8 lanes (a fixed order, so deterministic): one running sum
 // is a chain of dependent adds that cannot be vectorised, about 4 cycles per weight.
 STREAMREC_HD inline double sum_of_squares(const float* g, int64_t d) {
@@ -25,28 +30,59 @@ STREAMREC_HD inline double sum_of_squares(const float* g, int64_t d) {
   for (; i + kLanes <= d; i += kLanes)
     for (int64_t l = 0; l < kLanes; ++l) lane[l] += static_cast<double>(g[i + l]) * g[i + l];
   for (; i < d; ++i) lane[0] += static_cast<double>(g[i]) * g[i];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  return combine8(lane);
 }
 
-// One rule step on d weights w with state st and gradient g.
-template <class Rule>
+// Lane l (0..7) of sum_of_squares alone, its adds in the same order (the tail in lane 0):
+// threads that share a row each sum one lane, then combine8 gives the same double.
+STREAMREC_HD inline double squares_lane(const float* g, int64_t d, int64_t l) {
+  const int64_t full = d / 8 * 8;
+  double s = 0.0;
+  for (int64_t i = l; i < full; i += 8) s += static_cast<double>(g[i]) * g[i];
+  if (l == 0)
+    for (int64_t i = full; i < d; ++i) s += static_cast<double>(g[i]) * g[i];
+  return s;
+}
+
+// How a row's columns are split over the threads that share it. One thread (here: the CPU
+// core) does every column; csrc/cuda/common.cuh has the GPU's warp (32 lanes, lane-strided
+// columns, the leader writing the row's scalars after a sync) and the CPU build's stand-in.
+struct SerialLanes {
+  STREAMREC_HD int64_t first() const { return 0; }  // this thread's first column
+  STREAMREC_HD int64_t step() const { return 1; }   // columns from one of its columns to the next
+  STREAMREC_HD bool leader() const { return true; }  // the one that writes shared words
+  STREAMREC_HD void sync() const {}  // every lane's reads done before the leader writes
+  STREAMREC_HD double sum_of_squares(const float* g, int64_t d) const {
+    return ::streamrec::sum_of_squares(g, d);
+  }
+};
+
+// One rule step on d weights w with state st and gradient g, columns split by lanes (every
+// lane of a row calls it; column i's math does not depend on the split).
+template <class Rule, class Lanes = SerialLanes>
 STREAMREC_HD inline void apply_rule(float* w, float* st, const float* g, int64_t d,
-                                    const Rule& rp) {
+                                    const Rule& rp, const Lanes& lanes = Lanes{}) {
+  // no weights, no state columns (a dim-1 table's embedx part): writing st would land
+  // outside the row (the next row's show)
+  if (d <= 0) return;
   const float lr = static_cast<float>(rp.learning_rate);
+  const int64_t i0 = lanes.first(), di = lanes.step();
   switch (rp.kind) {
     case kNaive:
-      for (int64_t i = 0; i < d; ++i) w[i] = clip(w[i] - lr * g[i], rp);
+      for (int64_t i = i0; i < d; i += di) w[i] = clip(w[i] - lr * g[i], rp);
       break;
     case kAdaGrad: {
       const double ig2 = rp.initial_g2sum;
       const float ratio = static_cast<float>(rp.learning_rate * sqrt(ig2 / (ig2 + st[0])));
-      for (int64_t i = 0; i < d; ++i) w[i] = clip(w[i] - ratio * g[i], rp);
-      st[0] += static_cast<float>(sum_of_squares(g, d) / d);
+      for (int64_t i = i0; i < d; i += di) w[i] = clip(w[i] - ratio * g[i], rp);
+      const double squares = lanes.sum_of_squares(g, d);
+      lanes.sync();  // every lane read st[0]
+      if (lanes.leader()) st[0] += static_cast<float>(squares / d);
       break;
     }
     case kStdAdaGrad: {
       const double ig2 = rp.initial_g2sum;
-      for (int64_t i = 0; i < d; ++i) {
+      for (int64_t i = i0; i < d; i += di) {
         const float ratio = static_cast<float>(rp.learning_rate * sqrt(ig2 / (ig2 + st[i])));
         w[i] = clip(w[i] - ratio * g[i], rp);
         st[i] += g[i] * g[i];
@@ -61,13 +97,16 @@ STREAMREC_HD inline void apply_rule(float* w, float* st, const float* g, int64_t
       const float b1 = static_cast<float>(rp.beta1), b2 = static_cast<float>(rp.beta2);
       const float eps = static_cast<float>(rp.epsilon);
       const float alr = lr * sqrtf(1.0f - b2p) / (1.0f - b1p);
-      for (int64_t i = 0; i < d; ++i) {
+      for (int64_t i = i0; i < d; i += di) {
         gsum[i] = b1 * gsum[i] + (1.0f - b1) * g[i];
         g2sum[i] = b2 * g2sum[i] + (1.0f - b2) * g[i] * g[i];
         w[i] = clip(w[i] - alr * (gsum[i] / (sqrtf(g2sum[i]) + eps)), rp);
       }
-      b1p *= b1;
-      b2p *= b2;
+      lanes.sync();  // every lane read b1p and b2p
+      if (lanes.leader()) {
+        b1p *= b1;
+        b2p *= b2;
+      }
       break;
     }
     default: break;
@@ -76,24 +115,30 @@ STREAMREC_HD inline void apply_rule(float* w, float* st, const float* g, int64_t
 
 // One row's step on row w: statistics, the embed rule, the embedx rule or the expansion.
 // The row's key (*key) is read only when the row expands (a random load per row otherwise).
-// Returns 1 when the row expanded.
-template <class Pairs, class P>
+// Returns 1 when the row expanded (to every lane). Every lane reads the row's scalars; the
+// leader alone writes them, after a sync.
+template <class Pairs, class P, class Lanes = SerialLanes>
 STREAMREC_HD inline int update_row(float* w, const int64_t* key, const float* g, float show,
-                                   float click, const P& p, const Pairs& pairs) {
-  w[kShow] += show;
-  w[kClick] += click;
-  w[kUnseen] = 0.0f;
+                                   float click, const P& p, const Pairs& pairs,
+                                   const Lanes& lanes = Lanes{}) {
+  const float new_show = w[kShow] + show, new_click = w[kClick] + click;
   int flags = static_cast<int>(w[kFlags]) | kFlagDirty;
   int expanded = 0;
-  apply_rule(w + kEmbedW, w + p.embed_state, g, 1, p.embed_rule);
+  apply_rule(w + kEmbedW, w + p.embed_state, g, 1, p.embed_rule, lanes);
   if (flags & kFlagExpanded) {
-    apply_rule(w + kEmbedW + 1, w + p.embedx_state, g + 1, p.dim - 1, p.embedx_rule);
-  } else if (score(p, w[kShow], w[kClick]) >= p.embedx_threshold) {
-    init_embedx(w, *key, p, pairs);
+    apply_rule(w + kEmbedW + 1, w + p.embedx_state, g + 1, p.dim - 1, p.embedx_rule, lanes);
+  } else if (score(p, new_show, new_click) >= p.embedx_threshold) {
+    if (lanes.leader()) init_embedx(w, *key, p, pairs);  // once in a row's life
     flags |= kFlagExpanded;
     expanded = 1;
   }
-  w[kFlags] = static_cast<float>(flags);
+  lanes.sync();  // every lane read show, click and flags
+  if (lanes.leader()) {
+    w[kShow] = new_show;
+    w[kClick] = new_click;
+    w[kUnseen] = 0.0f;
+    w[kFlags] = static_cast<float>(flags);
+  }
   return expanded;
 }
 
