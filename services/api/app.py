@@ -72,7 +72,7 @@ def make_redis(settings: Settings) -> redis.Redis:
         socket_connect_timeout=settings.redis_timeout_s,
         health_check_interval=30,
         # rides out a Redis restart; requests meanwhile wait, then get 503
-        retry=redis_io.reconnecting(outage_s=5.0),
+        retry=redis_io.reconnecting(outage_s=settings.redis_outage_s),
     )
 
 

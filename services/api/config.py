@@ -66,6 +66,8 @@ class Settings(StrictConfig):
             ``$STREAMREC_REDIS_PASSWORD_FILE``, else none (a warning at start-up).
         max_body_bytes: request bodies above this are refused with 413.
         redis_timeout_s: socket timeout for every Redis call (no hangs when Redis is down).
+        redis_outage_s: how long a call whose connection is refused keeps retrying (a Redis
+            restart is ridden out; past it the request gets 503).
         scheduler_interval_s: how often the scheduler polls donefiles, reports, heartbeats.
         heartbeat_ttl_s: a trainer group whose heartbeat is older than this is dead.
         trainer_stuck_s: a trainer group that beats but has made no progress (its heartbeat's
@@ -98,6 +100,7 @@ class Settings(StrictConfig):
     redis_password_file: Path | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
     redis_timeout_s: float = Field(2.0, gt=0, le=60)
+    redis_outage_s: float = Field(5.0, ge=0, le=600)
     scheduler_interval_s: float = Field(0.5, gt=0, le=60)
     heartbeat_ttl_s: float = Field(10.0, gt=0, le=3600)
     trainer_stuck_s: float = Field(120.0, gt=0, le=86400)

@@ -86,6 +86,7 @@ class Scheduler:
         self.owner = f"{settings.api_id}-{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._redis_reachable = False  # whether the last tick reached Redis (none yet: no)
         self._plans: dict[str, tuple[str, list[PassSpec]]] = {}
         self._last_probe: dict[str, float] = {}
         self._lease = self.r.register_script(_LEASE)
@@ -100,11 +101,17 @@ class Scheduler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the loop and hands the lease on. Unless the last tick reached Redis, a tick
+        still retrying is not waited for (it is a daemon thread; leaving it is what a
+        kill of the API does, which the scheduler's transactions are built to survive) and
+        the lease is left to expire (``lock_ttl_s``): both would wait out the client's whole
+        reconnect policy (about 5 s each) in a process that is stopping anyway."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
-        with contextlib.suppress(redis.RedisError):
-            self._release(keys=[keys.SCHEDULER_LOCK], args=[self.owner])
+            self._thread.join(timeout=10 if self._redis_reachable else 0.5)
+        if self._redis_reachable:
+            with contextlib.suppress(redis.RedisError):
+                self._release(keys=[keys.SCHEDULER_LOCK], args=[self.owner])
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -112,7 +119,9 @@ class Scheduler:
             try:
                 self.tick()
                 self.metrics.redis_up.set(1)
+                self._redis_reachable = True
             except redis.RedisError as exc:
+                self._redis_reachable = False
                 self.metrics.redis_up.set(0)
                 self.metrics.redis_errors.inc()
                 log.warning("scheduler: redis unavailable: %s", exc)

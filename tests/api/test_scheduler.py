@@ -395,7 +395,8 @@ def test_redis_down_gives_503_not_a_hang(tmp_path, roots):
 
     server = RedisServer(free_port(), tmp_path)
     server.start()
-    api = make_api(server.url, roots, env={"STREAMREC_API_REDIS_TIMEOUT_S": "0.5"})
+    env = {"STREAMREC_API_REDIS_TIMEOUT_S": "0.5", "STREAMREC_API_REDIS_OUTAGE_S": "1"}
+    api = make_api(server.url, roots, env=env)
     api.start()
     try:
         with api.http() as c:
