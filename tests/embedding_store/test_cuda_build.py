@@ -63,6 +63,7 @@ def _declarations() -> dict[str, int]:
 
 
 @needs_nvcc
+@pytest.mark.slow  # nvcc builds every source for two architectures: ~40 s here
 def test_every_source_compiles_for_sm80_and_sm90(built: tuple[Path, str]) -> None:
     library, messages = built
     assert library.stat().st_size > 0
@@ -122,7 +123,9 @@ def test_struct_layouts_match_the_header(tmp_path: Path) -> None:
     assert [int(v) for v in out.split()] == expected
 
 
-@pytest.mark.parametrize("build", ["cpu", pytest.param("nvcc", marks=needs_nvcc)])
+@pytest.mark.parametrize(
+    "build", ["cpu", pytest.param("nvcc", marks=[needs_nvcc, pytest.mark.slow])]
+)
 def test_library_binds_and_checks_arguments_without_a_gpu(
     build: str, request: pytest.FixtureRequest
 ) -> None:
