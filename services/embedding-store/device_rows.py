@@ -76,9 +76,7 @@ class RowChunks:
         out._data = [data] if data is not None else []
         out._keys = [keys]
         out.rows = rows
-        out._ptrs = torch.tensor(
-            [[_addr(data, 16)], [_addr(keys, 8)]], dtype=torch.int64, device=ref.device
-        )
+        out._ptrs = _single_ptrs(_addr(data, 16), _addr(keys, 8), ref.device)
         return out
 
     # -- growth ----------------------------------------------------------------------------
@@ -163,6 +161,22 @@ class RowChunks:
                 continue  # idx[j] >= j: the block's rows are already in place
             ops.read_rows(self, src, 0, self.stride, p, scratch[:k], scratch_keys[:k])
             ops.write_rows(self, dest[:k] + b, 0, scratch[:k], p, scratch_keys[:k])
+
+
+#: pointer arrays of recent single-matrix tables: a caller passing the same tensors every step
+#: (the GPU cache) reuses one instead of a blocking host-to-device copy per call
+_SINGLES: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def _single_ptrs(data: int, keys: int, device: torch.device) -> torch.Tensor:
+    """(2, 1) int64 on device: [[data], [keys]], cached by value (addresses, not tensors)."""
+    key = (data, keys, device)
+    ptrs = _SINGLES.get(key)
+    if ptrs is None:
+        if len(_SINGLES) >= 32:
+            _SINGLES.clear()
+        ptrs = _SINGLES[key] = torch.tensor([[data], [keys]], dtype=torch.int64, device=device)
+    return ptrs
 
 
 def _addr(t: torch.Tensor | None, align: int) -> int:
