@@ -6,8 +6,6 @@ separate processes on 127.0.0.1 free ports) and stops them after.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -19,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from in_process import run_main
 from servers import scrape_metrics
 from streamrec import wire
 from streamrec.auth import load_token
@@ -564,11 +563,9 @@ def test_cli_refuses_bad_configs_with_clear_errors(tables_file, tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert cases[0][1] in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     for args, text in cases[1:]:
-        stderr = io.StringIO()
-        with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as exited:
-            store_main.main(["serve", *base, *args])
-        assert exited.value.code == 2, (args, stderr.getvalue()[-2000:])
-        assert text in stderr.getvalue(), (args, stderr.getvalue()[-2000:])
+        done = run_main(store_main.main, ["serve", *base, *args])
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        assert text in done.stderr, (args, done.stderr[-2000:])
 
 
 def test_shard_id_from_a_statefulset_hostname():

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from in_process import run_main
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.process import bin_path
 from streamrec.trainer.criteo_layout import LineReader, split_at
 from streamrec.trainer.data import CRITEO_SLOTS, NUM_DENSE, ParseStats, read_file
+from streamrec.trainer.datagen import main as datagen_main
 from streamrec.trainer.runner import OnlineTrainer
 
 DONE = "to.hadoop.done"
@@ -305,7 +307,9 @@ def test_bad_arguments_exit_2_naming_the_flag(tmp_path, change, says):
     flags.update({k: v for k, v in change.items() if k != "files"})
     files = [tmp_path / f for f in change.get("files", ["ok.txt"])]
     args = [x for kv in flags.items() for x in kv]
-    done = datagen("--from-criteo", *files, "--out", tmp_path / "out", *args)
+    # through the script's main() here (test_randgen_cli runs the installed script's exit 2)
+    argv = ["--from-criteo", *map(str, files), "--out", str(tmp_path / "out"), *args]
+    done = run_main(datagen_main, argv)
     assert done.returncode == 2
     assert says in done.stderr
     assert not (tmp_path / "out").exists()  # refused before anything is written

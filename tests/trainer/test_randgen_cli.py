@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from in_process import run_main
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.datagen import main as datagen_main
 
 
 def datagen(*args: str) -> subprocess.CompletedProcess:
@@ -84,13 +86,16 @@ def test_random_data_is_laid_out_and_parses(tmp_path):
 
 
 def test_reference_flags_that_the_layout_cannot_carry_are_refused(tmp_path):
-    for flags, says in [
+    cases = [
         (["--num-indices-per-lookup", "10"], "--num-indices-per-lookup 10: must be 1"),
         (["--arch-mlp-bot", "4-3-2"], "--arch-mlp-bot '4-3-2': must start with 13"),
         (["--arch-embedding-size", "4-x"], "--arch-embedding-size '4-x'"),
         (["--split-interval", "7"], "--split-interval 7"),
-    ]:
-        done = datagen(*random_args(tmp_path / "bad", *flags))
+    ]
+    # the first through the installed script, the others through its main() here
+    for i, (flags, says) in enumerate(cases):
+        args = random_args(tmp_path / "bad", *flags)
+        done = datagen(*args) if i == 0 else run_main(datagen_main, args)
         assert done.returncode == 2 and says in done.stderr, (flags, done.stderr)
     done = datagen(*random_args(tmp_path / "size", "--num-batches", "3", "--mini-batch-size", "7"))
     assert done.returncode == 0 and json.loads(done.stdout)["lines"] == 21
