@@ -22,3 +22,15 @@ def server(short_dir):
     yield srv
     stop_server(srv.proc.pid)
     srv.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def module_server():
+    """One server for a file whose tests each reload their own table and leave it serving
+    (a start costs seconds of imports)."""
+    path = tempfile.mkdtemp(prefix="srs-", dir="/tmp")
+    srv = start_server(path)
+    yield srv
+    stop_server(srv.proc.pid)
+    srv.proc.wait(timeout=10)
+    shutil.rmtree(path, ignore_errors=True)

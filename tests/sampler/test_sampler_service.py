@@ -21,6 +21,7 @@ import pytest
 import sampler_workers  # tests/sampler helper module, run in child processes
 import torch
 import zmq
+from in_process import run_main
 from sampler_workers import start_server
 from scipy import stats
 from streamrec import wire
@@ -29,6 +30,7 @@ from streamrec.errors import BadRequest, RemoteError, ServiceUnavailable
 from streamrec.handshake import set_credentials
 from streamrec.ragged import RaggedTensor
 from streamrec.sampler import LocalRpcDataSampler, prefetch
+from streamrec.sampler import __main__ as sampler_main
 from streamrec.sampler.client import stop_server
 from streamrec.sampler.demo import seed_neg_sampling_fn
 from streamrec.sampler.errors import BadTable, NoTable, SamplerUnavailable, TagMismatch
@@ -451,20 +453,9 @@ def test_cli_ping_and_bad_flags(server):
         timeout=60,
     )
     assert out.returncode == 2 and "another sampler server" in out.stderr
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "streamrec.sampler",
-            "serve",
-            "--workers",
-            "0",
-            "--endpoint",
-            "ipc:///tmp/x.sock",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    # a bad flag is refused before anything starts: through main() in this process
+    out = run_main(
+        sampler_main.main, ["serve", "--workers", "0", "--endpoint", "ipc:///tmp/x.sock"]
     )
     assert out.returncode == 2 and "workers" in out.stderr and "got 0" in out.stderr
 
