@@ -33,6 +33,7 @@ import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.device_staging import Staging
 from streamrec.embedding_store.errors import InvalidInput, TierUnavailable
 from streamrec.embedding_store.host_tier import HostTable
 from streamrec.embedding_store.ssd_tier import SsdTable
@@ -218,6 +219,7 @@ class CachedTable(TableTier):
         self.map = SlotMap(cache_slots(budget_mb, self.width), ways, self.device)
         self.data = torch.zeros(self.map.slots, self.width, device=self.device)
         self._ops = _RowOps(self.params, self.device)
+        self._staging = Staging(self.device)  # a push's cached part, through pinned buffers
         self.gpu_counters = {"gpu_cache_hits": 0, "gpu_cache_misses": 0}
 
     @property
@@ -331,11 +333,16 @@ class CachedTable(TableTier):
             rows = slots[at]
             on = at.cpu() if self.device.type == "cuda" else at
 
-            def dev(t: torch.Tensor) -> torch.Tensor:
-                return t[on].to(self.device, non_blocking=True).contiguous()
+            def dev(name: str, t: torch.Tensor) -> torch.Tensor:
+                return self._staging.to_device(name, t[on], torch.float32)
 
             self.counters["rows_expanded"] += self._ops.update(
-                self.data, self.map.keys, rows, dev(grads), dev(shows), dev(clicks)
+                self.data,
+                self.map.keys,
+                rows,
+                dev("grads", grads),
+                dev("shows", shows),
+                dev("clicks", clicks),
             )
             self.map.dirty[rows] = True
         rest = (~cached).nonzero().squeeze(1).cpu()
@@ -405,6 +412,7 @@ class CachedTable(TableTier):
         return s
 
     def close(self) -> None:
+        self._staging.release()
         self.map.clear()
         self.data = torch.zeros(0, self.width, device=self.device)
         self.backing.close()
