@@ -61,54 +61,54 @@ int check_rows(const StreamrecRows& t, int64_t size, const char* op) {
 
 using namespace streamrec_cuda;
 
-extern "C" int streamrec_cuda_advance_day(StreamrecRows data, int64_t size,
+extern "C" int streamrec_cuda_advance_day(StreamrecRows table, int64_t size,
                                           const StreamrecTableParams* params,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "advance_day"));
-  STREAMREC_CUDA_TRY(check_rows(data, size, "advance_day"));
-  STREAMREC_CUDA_TRY(launch(size, AdvanceDay{data, params->stride}, stream, "advance_day"));
+  STREAMREC_CUDA_TRY(check_rows(table, size, "advance_day"));
+  STREAMREC_CUDA_TRY(launch(size, AdvanceDay{table, params->stride}, stream, "advance_day"));
   return ok();
 }
 
-extern "C" int streamrec_cuda_shrink(StreamrecRows data, int64_t size, uint8_t* keep,
+extern "C" int streamrec_cuda_shrink(StreamrecRows table, int64_t size, uint8_t* keep,
                                      const StreamrecTableParams* params, cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "shrink"));
-  STREAMREC_CUDA_TRY(check_rows(data, size, "shrink"));
+  STREAMREC_CUDA_TRY(check_rows(table, size, "shrink"));
   if (size == 0) return ok();
   STREAMREC_CUDA_REQUIRE(keep != nullptr, "shrink: keep is NULL");
-  STREAMREC_CUDA_TRY(launch(size, Shrink{data, keep, *params}, stream, "shrink"));
+  STREAMREC_CUDA_TRY(launch(size, Shrink{table, keep, *params}, stream, "shrink"));
   return ok();
 }
 
-extern "C" int streamrec_cuda_select_rows(StreamrecRows data, int64_t size, int mode,
+extern "C" int streamrec_cuda_select_rows(StreamrecRows table, int64_t size, int mode,
                                           uint8_t* sel, const StreamrecTableParams* params,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "select_rows"));
-  STREAMREC_CUDA_TRY(check_rows(data, size, "select_rows"));
+  STREAMREC_CUDA_TRY(check_rows(table, size, "select_rows"));
   STREAMREC_CUDA_REQUIRE(mode >= 0 && mode <= 2, "select_rows: unknown select mode %d", mode);
   if (size == 0) return ok();
   STREAMREC_CUDA_REQUIRE(sel != nullptr, "select_rows: sel is NULL");
-  STREAMREC_CUDA_TRY(launch(size, Select{data, mode, sel, *params}, stream, "select_rows"));
+  STREAMREC_CUDA_TRY(launch(size, Select{table, mode, sel, *params}, stream, "select_rows"));
   return ok();
 }
 
-extern "C" int streamrec_cuda_clear_dirty(StreamrecRows data, int64_t size,
+extern "C" int streamrec_cuda_clear_dirty(StreamrecRows table, int64_t size,
                                           const StreamrecTableParams* params,
                                           cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "clear_dirty"));
-  STREAMREC_CUDA_TRY(check_rows(data, size, "clear_dirty"));
-  STREAMREC_CUDA_TRY(launch(size, ClearDirty{data, params->stride}, stream, "clear_dirty"));
+  STREAMREC_CUDA_TRY(check_rows(table, size, "clear_dirty"));
+  STREAMREC_CUDA_TRY(launch(size, ClearDirty{table, params->stride}, stream, "clear_dirty"));
   return ok();
 }
 
-extern "C" int streamrec_cuda_mark_dirty(StreamrecRows data, const int64_t* rows, int64_t n,
+extern "C" int streamrec_cuda_mark_dirty(StreamrecRows table, const int64_t* rows, int64_t n,
                                          const StreamrecTableParams* params,
                                          cudaStream_t stream) {
   STREAMREC_CUDA_TRY(check_params(params, "mark_dirty"));
-  STREAMREC_CUDA_TRY(check_table(data, true, false, "mark_dirty"));
+  STREAMREC_CUDA_TRY(check_table(table, true, false, "mark_dirty"));
   STREAMREC_CUDA_REQUIRE(n >= 0, "mark_dirty: n must be >= 0");
-  if (n == 0 || data.R == 0) return ok();
+  if (n == 0 || table.R == 0) return ok();
   STREAMREC_CUDA_REQUIRE(rows != nullptr, "mark_dirty: rows must be set");
-  STREAMREC_CUDA_TRY(launch(n, MarkDirty{data, rows, params->stride}, stream, "mark_dirty"));
+  STREAMREC_CUDA_TRY(launch(n, MarkDirty{table, rows, params->stride}, stream, "mark_dirty"));
   return ok();
 }

@@ -167,7 +167,7 @@ int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t* keys, int
 int streamrec_cuda_insert_or_assign(StreamrecIndex index, const int64_t* keys,
                                     const int64_t* vals, int64_t n, int32_t* flag,
                                     cudaStream_t stream);
-// Erases keys (their slots become tombstones; their rows stay in data until the caller
+// Erases keys (their slots become tombstones; their rows stay in the table until the caller
 // compacts). keys: (n,) int64 device; erased: (1,) int64 device or NULL, += keys erased.
 int streamrec_cuda_erase(StreamrecIndex index, const int64_t* keys, int64_t n, int64_t* erased,
                          cudaStream_t stream);
