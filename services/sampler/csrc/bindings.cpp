@@ -2,7 +2,14 @@
 // each tensor (dtype, shape, contiguity), reads a misaligned input from an aligned copy,
 // allocates the outputs and calls the core (ops.h) without the GIL. The core parallelises
 // over positives with OpenMP, at most torch's intra-op thread count by default.
-#include <torch/extension.h>
+
+// torch's Tensor, its pybind11 casters and the ATen ops used, not <torch/extension.h> (its
+// C++ frontend doubles the compile time; see csrc/cpu/bindings.cpp of the store).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <tuple>
@@ -14,7 +21,7 @@ using namespace streamrec::sampler;
 
 namespace {
 
-void check_1d(const torch::Tensor& t, const char* name, at::ScalarType dtype, int64_t n) {
+void check_1d(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t n) {
   TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == dtype && t.is_contiguous(),
               name, " must be a contiguous (", n, ",) ", c10::toString(dtype), " tensor, got ",
               t.scalar_type(), " of shape ", t.sizes());
@@ -23,7 +30,7 @@ void check_1d(const torch::Tensor& t, const char* name, at::ScalarType dtype, in
 // Arrays decoded from a message may start at any byte (a ZeroMQ frame can sit inside its
 // receive buffer), and a load through a misaligned int64_t* is undefined behaviour: such an
 // input is read from an aligned copy (these are small; large frames get buffers of their own).
-torch::Tensor aligned(const torch::Tensor& t) {
+at::Tensor aligned(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % t.element_size() == 0 ? t : t.clone();
 }
 
@@ -34,10 +41,10 @@ torch::Tensor aligned(const torch::Tensor& t) {
 //   own_ids:  (b,) int64 dedup id each positive must not get, or None
 //   banned:   (m,) bool slots no positive may get, or None (not both)
 // Returns (ids (offsets[b],) int64, left (b,) int64, rounds = most tries any slot used).
-std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back_py(
-    const torch::Tensor& slots_in, const torch::Tensor& start_in, const torch::Tensor& count_in,
-    const torch::Tensor& group_in, const torch::Tensor& offsets_in,
-    const std::optional<torch::Tensor>& own_ids_in, const std::optional<torch::Tensor>& banned,
+std::tuple<at::Tensor, at::Tensor, int64_t> sample_put_back_py(
+    const at::Tensor& slots_in, const at::Tensor& start_in, const at::Tensor& count_in,
+    const at::Tensor& group_in, const at::Tensor& offsets_in,
+    const std::optional<at::Tensor>& own_ids_in, const std::optional<at::Tensor>& banned,
     int64_t seed, int64_t max_rounds, int64_t missing_id, int64_t threads) {
   TORCH_CHECK(slots_in.dim() == 2 && slots_in.size(1) == 4 &&
                   slots_in.scalar_type() == at::kLong && slots_in.is_contiguous(),
@@ -55,11 +62,11 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back_py(
   check_1d(offsets_in, "offsets", at::kLong, b + 1);
   if (own_ids_in.has_value()) check_1d(*own_ids_in, "own_ids", at::kLong, b);
   if (banned.has_value()) check_1d(*banned, "banned", at::kBool, m);
-  const torch::Tensor slots = aligned(slots_in), start = aligned(start_in),
+  const at::Tensor slots = aligned(slots_in), start = aligned(start_in),
                       count = aligned(count_in), group = aligned(group_in),
                       offsets = aligned(offsets_in);
-  const std::optional<torch::Tensor> own_ids =
-      own_ids_in.has_value() ? std::optional<torch::Tensor>(aligned(*own_ids_in)) : std::nullopt;
+  const std::optional<at::Tensor> own_ids =
+      own_ids_in.has_value() ? std::optional<at::Tensor>(aligned(*own_ids_in)) : std::nullopt;
 
   DrawArgs a;
   a.slots = reinterpret_cast<const AliasSlot*>(slots.data_ptr<int64_t>());
@@ -78,8 +85,8 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> sample_put_back_py(
   a.threads = threads;
   a.default_threads = at::get_num_threads();
   const int64_t total = draw_total(a);
-  auto ids = torch::empty({total}, torch::kLong);
-  auto left = torch::zeros({b}, torch::kLong);
+  auto ids = at::empty({total}, at::kLong);
+  auto left = at::zeros({b}, at::kLong);
   const int64_t rounds = sample_put_back(a, ids.data_ptr<int64_t>(), left.data_ptr<int64_t>());
   return {ids, left, rounds};
 }

@@ -1,7 +1,12 @@
 // The one binding file of streamrec.trainer._C, and the only one that sees torch: it
 // allocates the parser's outputs and runs the parse (ops.h) without the GIL, reading the
 // caller's buffer in place (no copy of the chunk).
-#include <torch/extension.h>
+
+// torch's Tensor, its pybind11 casters and at::empty, not <torch/extension.h> (its C++
+// frontend doubles the compile time; see csrc/cpu/bindings.cpp of the store).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "ops.h"
 
@@ -29,19 +34,19 @@ class ByteView {
 
 // The parse's columns, allocated to the line count and narrowed to the good lines.
 struct Parsed {
-  torch::Tensor dense, labels, keys, present, ptrue;
+  at::Tensor dense, labels, keys, present, ptrue;
   LineCounts counts;
 };
 
 Parsed parse(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots) {
   const int64_t capacity = parse_capacity(data, nbytes, num_slots);
-  const auto f32 = torch::dtype(torch::kFloat32);
+  const auto f32 = at::dtype(at::kFloat);
   Parsed r;
-  r.dense = torch::empty({capacity, kNumDense}, f32);
-  r.labels = torch::empty({capacity}, f32);
-  r.keys = torch::empty({capacity, num_slots}, torch::dtype(torch::kInt64));
-  r.present = torch::empty({capacity, num_slots}, torch::dtype(torch::kBool));
-  r.ptrue = torch::empty({generated ? capacity : 0}, f32);
+  r.dense = at::empty({capacity, kNumDense}, f32);
+  r.labels = at::empty({capacity}, f32);
+  r.keys = at::empty({capacity, num_slots}, at::dtype(at::kLong));
+  r.present = at::empty({capacity, num_slots}, at::dtype(at::kBool));
+  r.ptrue = at::empty({generated ? capacity : 0}, f32);
   const LineOutputs out{r.dense.data_ptr<float>(), r.labels.data_ptr<float>(),
                         r.keys.data_ptr<int64_t>(), r.present.data_ptr<bool>(),
                         generated ? r.ptrue.data_ptr<float>() : nullptr};

@@ -1,8 +1,6 @@
 // Row moves of a request's arrays, for the client side of the service: the rows of the
 // distinct keys spread back to the caller's order, and the rows of repeated keys summed.
-// torch's index_add_ sums serially in float32; these run over every core (repeats in float64).
-#include <ATen/Parallel.h>
-
+// A tensor index_add_ sums serially in float32; these run over every core (repeats in float64).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -10,6 +8,7 @@
 
 #include "checks.h"
 #include "ops.h"
+#include "parallel.h"
 
 namespace streamrec {
 namespace {
@@ -17,34 +16,22 @@ namespace {
 constexpr int64_t kGrain = 2048;
 constexpr int64_t kAhead = 8;  // prefetch distance, in rows
 
-void check_rows(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dtype() == torch::kFloat32 && t.is_contiguous() && t.dim() == 2, name,
-              " must be a contiguous (rows, d) float32 tensor");
-}
-
-// idx checked, then returned aligned (checks.h).
-torch::Tensor check_positions(const torch::Tensor& idx_in, int64_t bound, const char* name) {
-  TORCH_CHECK(idx_in.dtype() == torch::kInt64 && idx_in.is_contiguous() && idx_in.dim() == 1, name,
-              " must be a contiguous (n,) int64 tensor");
-  const torch::Tensor idx = aligned(idx_in);
-  const int64_t* v = idx.data_ptr<int64_t>();
-  const auto [lo, hi] = std::minmax_element(v, v + idx.numel());
-  TORCH_CHECK(idx.numel() == 0 || (*lo >= 0 && *hi < bound), name, " holds a value outside [0, ",
-              bound, ")");
-  return idx;
+// Raises unless every idx lies in [0, bound) (one pass, before anything is written).
+void check_positions(Span<const int64_t> idx, int64_t bound, const char* name) {
+  const int64_t* v = idx.data;
+  const auto [lo, hi] = std::minmax_element(v, v + idx.n);
+  STREAMREC_CHECK(idx.n == 0 || (*lo >= 0 && *hi < bound), name, " holds a value outside [0, ",
+                  bound, ")");
 }
 
 // sum_rows when few positions repeat a row: the rows copied from their first positions in
 // parallel, then each repeated row summed over all its positions in index order in float64.
-std::tuple<torch::Tensor, bool> sum_few_repeats(const torch::Tensor& src, const int64_t* inv,
-                                                const std::vector<int64_t>& first,
-                                                std::vector<int64_t>& repeats) {
-  const int64_t u = static_cast<int64_t>(first.size()), d = src.size(1);
-  const float* s = src.data_ptr<float>();
-  auto out = step_buffer({u, d}, src.options());
-  float* o = out.data_ptr<float>();
+bool sum_few_repeats(Matrix<const float> src, const int64_t* inv, const std::vector<int64_t>& first,
+                     std::vector<int64_t>& repeats, float* o) {
+  const int64_t u = static_cast<int64_t>(first.size()), d = src.cols;
+  const float* s = src.data;
   std::atomic<bool> finite{true};
-  at::parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, u, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       if (j + kAhead < e) prefetch_lines(s + first[j + kAhead] * d, 4 * d);
       std::memcpy(o + j * d, s + first[j] * d, sizeof(float) * d);
@@ -62,62 +49,49 @@ std::tuple<torch::Tensor, bool> sum_few_repeats(const torch::Tensor& src, const 
     for (int64_t c = 0; c < d; ++c) o[j * d + c] = static_cast<float>(acc[c]);
     if (!all_finite(o + j * d, d)) finite = false;
   }
-  return {out, finite.load()};
+  return finite.load();
 }
 
 }  // namespace
 
-bool all_finite(const torch::Tensor& t) {
-  TORCH_CHECK(t.dtype() == torch::kFloat32 && t.is_contiguous(), "t must be contiguous float32");
-  const float* v = t.data_ptr<float>();
+bool all_finite_parallel(const float* v, int64_t n) {
   std::atomic<bool> finite{true};
-  at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
     if (!all_finite(v + b, e - b)) finite = false;
   });
   return finite.load();
 }
 
-torch::Tensor take_rows(const std::vector<torch::Tensor>& parts, const torch::Tensor& idx_in) {
-  TORCH_CHECK(!parts.empty(), "take_rows needs at least one part");
-  const int64_t d = parts[0].size(1);
+void take_rows(const std::vector<Matrix<const float>>& parts, Span<const int64_t> idx,
+               float* o) {
+  const int64_t d = parts[0].cols;
   std::vector<const float*> base;
   std::vector<int64_t> offsets{0};  // part p holds rows [offsets[p], offsets[p + 1])
   for (const auto& part : parts) {
-    check_rows(part, "parts");
-    TORCH_CHECK(part.size(1) == d, "parts differ in width");
-    base.push_back(part.data_ptr<float>());
-    offsets.push_back(offsets.back() + part.size(0));
+    base.push_back(part.data);
+    offsets.push_back(offsets.back() + part.rows);
   }
   // parts are copied with memcpy (any alignment), idx read as int64
-  const torch::Tensor idx = check_positions(idx_in, offsets.back(), "idx");
-  const int64_t n = idx.numel();
-  auto out = step_buffer({n, d}, parts[0].options());
-  const int64_t* x = idx.data_ptr<int64_t>();
-  float* o = out.data_ptr<float>();
+  check_positions(idx, offsets.back(), "idx");
+  const int64_t n = idx.n;
+  const int64_t* x = idx.data;
   auto row = [&](int64_t j) {  // row j of the parts laid end to end
     const int64_t p = std::upper_bound(offsets.begin(), offsets.end(), j) - offsets.begin() - 1;
     return base[p] + (j - offsets[p]) * d;
   };
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       if (i + kAhead < e) prefetch_lines(row(x[i + kAhead]), 4 * d);
       std::memcpy(o + i * d, row(x[i]), sizeof(float) * d);
     }
   });
-  return out;
 }
 
-std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src_in,
-                                         const torch::Tensor& inverse_in, int64_t u) {
-  check_rows(src_in, "src");
-  const torch::Tensor src = aligned(src_in);  // summed as floats
-  TORCH_CHECK(inverse_in.numel() == src.size(0), "inverse and src differ in length");
-  // every row of [0, u) has a position: u <= n (and the scratch below is sized by u)
-  TORCH_CHECK(u >= 0 && u <= src.size(0), "u = ", u, " outside [0, ", src.size(0), "]");
-  const torch::Tensor inverse = check_positions(inverse_in, u, "inverse");
-  const int64_t n = src.size(0), d = src.size(1);
-  const float* s = src.data_ptr<float>();
-  const int64_t* inv = inverse.data_ptr<int64_t>();
+bool sum_rows(Matrix<const float> src, Span<const int64_t> inverse, int64_t u, float* o) {
+  check_positions(inverse, u, "inverse");
+  const int64_t n = src.rows, d = src.cols;
+  const float* s = src.data;
+  const int64_t* inv = inverse.data;
   // first[j]: the first position of row j; repeats: the other positions, in index order
   std::vector<int64_t> first(static_cast<size_t>(u), -1), repeats;
   for (int64_t i = 0; i < n; ++i) {
@@ -128,8 +102,10 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src_in,
       repeats.push_back(i);
   }
   for (int64_t j = 0; j < u; ++j)
-    TORCH_CHECK(first[j] >= 0, "inverse leaves row ", j, " of [0, ", u, ") without a position");
-  if (static_cast<int64_t>(repeats.size()) <= n / 8) return sum_few_repeats(src, inv, first, repeats);
+    STREAMREC_CHECK(first[j] >= 0, "inverse leaves row ", j, " of [0, ", u,
+                    ") without a position");
+  if (static_cast<int64_t>(repeats.size()) <= n / 8)
+    return sum_few_repeats(src, inv, first, repeats, o);
   // many repeats (a skewed batch): each row's positions in index order, laid out row by
   // row (a counting sort), start[j] .. start[j + 1] in pos
   std::vector<int64_t> start(static_cast<size_t>(u) + 1, 0), pos(static_cast<size_t>(n));
@@ -139,13 +115,11 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src_in,
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < n; ++i) pos[fill[inv[i]]++] = i;
   }
-  auto out = step_buffer({u, d}, src.options());
-  float* o = out.data_ptr<float>();
   std::atomic<bool> finite{true};
   // the threads split the positions, not the rows: the hot rows come first (first
   // occurrence order) and hold most of the positions
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kGrain));
-  at::parallel_for(0, parts, 1, [&](int64_t tb, int64_t te) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(num_threads(), n / kGrain));
+  parallel_for(0, parts, 1, [&](int64_t tb, int64_t te) {
     std::vector<double> acc(static_cast<size_t>(d));
     for (int64_t t = tb; t < te; ++t) {
       // rows whose first position lies in this part's share of the positions
@@ -173,7 +147,7 @@ std::tuple<torch::Tensor, bool> sum_rows(const torch::Tensor& src_in,
       if (e > b && !all_finite(o + b * d, (e - b) * d)) finite = false;
     }
   });
-  return {out, finite.load()};
+  return finite.load();
 }
 
 }  // namespace streamrec

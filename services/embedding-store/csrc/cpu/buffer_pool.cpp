@@ -5,7 +5,8 @@
 // keeps) fragments the free space, and a buffer then comes from fresh heap top: a page fault
 // per 4 KiB, measured at 6,250 faults and ~4 ms per buffer on this project's 2-core VM. Here a
 // large buffer is a mapping of its own that goes back to a small free list when its tensor
-// dies, and the next request of a size it fits takes it, pages already mapped.
+// dies, and the next request of a size it fits takes it, pages already mapped. bindings.cpp
+// wraps a block as a tensor whose deleter gives it back.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -14,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "checks.h"
+#include "errors.h"
 #include "ops.h"
 
 namespace streamrec {
@@ -24,10 +25,7 @@ constexpr size_t kHuge = size_t{1} << 21;        // mappings in whole 2 MiB (hug
 constexpr size_t kPooledFrom = size_t{1} << 20;  // smaller buffers come from the heap
 constexpr size_t kKeepBytes = size_t{1} << 29;   // free mappings kept, at most (512 MiB)
 
-struct Block {
-  void* ptr;
-  size_t bytes;
-};
+using Block = StepBlock;
 
 class BufferPool {
  public:
@@ -50,7 +48,7 @@ class BufferPool {
     }
     const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(p != MAP_FAILED, "could not map a buffer of ", size, " bytes");
+    STREAMREC_CHECK(p != MAP_FAILED, "could not map a buffer of ", size, " bytes");
     madvise(p, size, MADV_HUGEPAGE);  // fewer faults on first touch, fewer TLB misses; optional
     return {p, size};
   }
@@ -95,16 +93,11 @@ bool pooling_on() {
 
 }  // namespace
 
-torch::Tensor step_buffer(at::IntArrayRef sizes, const torch::TensorOptions& options) {
-  // checked: a wrapped product would map a small buffer under a tensor that claims more
-  int64_t count = 1;
-  for (const int64_t s : sizes) count = checked_mul(count, s, "step_buffer");
-  const size_t bytes = static_cast<size_t>(
-      checked_mul(count, static_cast<int64_t>(options.dtype().itemsize()), "step_buffer"));
-  if (bytes < kPooledFrom || !pooling_on()) return torch::empty(sizes, options);
-  const Block b = pool().take(bytes);
-  return torch::from_blob(
-      b.ptr, sizes, [b](void*) { pool().give(b); }, options);
+StepBlock step_block_take(size_t bytes) {
+  if (bytes < kPooledFrom || !pooling_on()) return {nullptr, 0};
+  return pool().take(bytes);
 }
+
+void step_block_give(StepBlock b) { pool().give(b); }
 
 }  // namespace streamrec

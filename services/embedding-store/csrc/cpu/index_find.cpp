@@ -1,8 +1,6 @@
 // Lookups in the hash index: find, find_count, and find_gather (find fused with the copy of
 // each key's weights). Lookups prefetch the slot of a key a few iterations ahead, which hides
 // most of the memory latency of a large table. They only read the index.
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -10,25 +8,21 @@
 #include "checks.h"
 #include "index_probe.h"
 #include "ops.h"
+#include "parallel.h"
 
 namespace streamrec {
 namespace {
 
-// Row per key and the number of absent keys; an absent key reads -1, or -2 - slot (the empty
-// slot its probe reached) with kSlotHints. keys: (n,) int64 -> (n,) int64.
+// Row per key into o and the number of absent keys; an absent key reads -1, or -2 - slot (the
+// empty slot its probe reached) with kSlotHints.
 template <bool kSlotHints>
-std::tuple<torch::Tensor, int64_t> lookup(const torch::Tensor& slots,
-                                          const torch::Tensor& keys_in, const char* op) {
-  check_index(slots, op);
-  const torch::Tensor keys = input_ids(keys_in, op, "keys");
-  const int64_t n = keys.numel();
-  auto out = torch::empty({n}, keys.options());
-  const int64_t* s = slots.data_ptr<int64_t>();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  int64_t* o = out.data_ptr<int64_t>();
-  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+int64_t lookup(Matrix<const int64_t> slots, Span<const int64_t> keys, int64_t* o) {
+  const int64_t n = keys.n;
+  const int64_t* s = slots.data;
+  const int64_t* k = keys.data;
+  const uint64_t mask = static_cast<uint64_t>(slots.rows - 1);
   std::atomic<int64_t> misses{0};
-  at::parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
     int64_t miss = 0;
     for (int64_t i = b; i < e; ++i) {
       if (i + kIndexAhead < e) __builtin_prefetch(s + 2 * home(k[i + kIndexAhead], mask));
@@ -37,43 +31,35 @@ std::tuple<torch::Tensor, int64_t> lookup(const torch::Tensor& slots,
     }
     misses += miss;
   });
-  return {out, misses.load()};
+  return misses.load();
 }
 
 }  // namespace
 
-torch::Tensor find(const torch::Tensor& slots, const torch::Tensor& keys) {
-  return std::get<0>(lookup<false>(slots, keys, "find"));
+int64_t find(Matrix<const int64_t> slots, Span<const int64_t> keys, int64_t* rows) {
+  return lookup<false>(slots, keys, rows);
 }
 
-std::tuple<torch::Tensor, int64_t> find_count(const torch::Tensor& slots,
-                                              const torch::Tensor& keys) {
-  return lookup<true>(slots, keys, "find_count");
+int64_t find_count(Matrix<const int64_t> slots, Span<const int64_t> keys, int64_t* rows) {
+  return lookup<true>(slots, keys, rows);
 }
 
-std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tensor& slots,
-                                                              const torch::Tensor& keys_in,
-                                                              const torch::Tensor& data,
-                                                              const TableParams& p,
-                                                              bool zero_misses) {
+int64_t find_gather(Matrix<const int64_t> slots, Span<const int64_t> keys,
+                    Matrix<const float> data, const TableParams& p, bool zero_misses,
+                    int64_t* rows, float* out) {
   constexpr const char* kOp = "find_gather";
-  check_index(slots, kOp);
-  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
-  check_data(data, p, kOp);
-  const int64_t n = keys.numel(), dim = p.dim, width = p.width, R = data.size(0);
-  auto rows = torch::empty({n}, keys.options());
-  auto out = step_buffer({n, dim}, data.options());
-  const int64_t* s = slots.data_ptr<int64_t>();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const float* d = data.data_ptr<float>();
-  int64_t* r = rows.data_ptr<int64_t>();
-  float* o = out.data_ptr<float>();
-  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  const int64_t n = keys.n, dim = p.dim, width = p.width, R = data.rows;
+  const int64_t* s = slots.data;
+  const int64_t* k = keys.data;
+  const float* d = data.data;
+  int64_t* r = rows;
+  float* o = out;
+  const uint64_t mask = static_cast<uint64_t>(slots.rows - 1);
   std::atomic<int64_t> misses{0};
   std::atomic<int64_t> outside{n};  // first position whose row lies outside data
   // Stage 1 prefetches the slot of key i + 2 * kAhead; stage 2 finds key i + kAhead (its
   // slot is in cache by then) and prefetches its row; key i then costs no memory wait.
-  at::parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
     int64_t miss = 0, bad = n;
     for (int64_t i = b; i < std::min(b + kIndexAhead, e); ++i)
       r[i] = lookup_row<true>(s, mask, k[i]);
@@ -97,9 +83,9 @@ std::tuple<torch::Tensor, torch::Tensor, int64_t> find_gather(const torch::Tenso
     if (bad < n) atomic_min(outside, bad);
   });
   const int64_t at = outside.load();
-  TORCH_CHECK(at == n, kOp, ": the index maps key ", k[at], " to row ", r[at],
-              ", outside the table's ", R, " rows (an index of another table?)");
-  return {out, rows, misses.load()};
+  STREAMREC_CHECK(at == n, kOp, ": the index maps key ", k[at], " to row ", r[at],
+                  ", outside the table's ", R, " rows (an index of another table?)");
+  return misses.load();
 }
 
 }  // namespace streamrec

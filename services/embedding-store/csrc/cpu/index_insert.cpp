@@ -12,21 +12,17 @@
 
 namespace streamrec {
 
-std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
-                                                        const torch::Tensor& keys_in,
-                                                        int64_t next_row) {
+void find_or_insert(Matrix<int64_t> slots, Span<const int64_t> keys, int64_t next_row,
+                    int64_t* r, std::vector<int64_t>& new_keys) {
   constexpr const char* kOp = "find_or_insert";
-  check_index(slots, kOp);
-  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
-  const int64_t n = keys.numel();
+  const int64_t n = keys.n;
   // row ids >= 0 (a negative one reads as absent), and next_row + n fits in int64
-  TORCH_CHECK(next_row >= 0 && next_row <= std::numeric_limits<int64_t>::max() - n, kOp,
-              ": next_row ", next_row, " with ", n, " keys gives row ids outside [0, 2^63)");
-  auto rows = find(slots, keys);
-  int64_t* r = rows.data_ptr<int64_t>();
-  int64_t* s = slots.data_ptr<int64_t>();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+  STREAMREC_CHECK(next_row >= 0 && next_row <= std::numeric_limits<int64_t>::max() - n, kOp,
+                  ": next_row ", next_row, " with ", n, " keys gives row ids outside [0, 2^63)");
+  find({slots.data, slots.rows, slots.cols}, keys, r);
+  int64_t* s = slots.data;
+  const int64_t* k = keys.data;
+  const uint64_t mask = static_cast<uint64_t>(slots.rows - 1);
   std::vector<uint64_t> taken;  // slots filled by this call, in id order
   for (int64_t i = 0; i < n; ++i) {
     if (r[i] != -1) continue;
@@ -42,28 +38,23 @@ std::tuple<torch::Tensor, torch::Tensor> find_or_insert(torch::Tensor slots,
     }
     r[i] = s[2 * j + 1];
   }
-  auto new_keys = torch::empty({static_cast<int64_t>(taken.size())}, keys.options());
-  int64_t* nk = new_keys.data_ptr<int64_t>();
-  for (size_t q = 0; q < taken.size(); ++q) nk[q] = s[2 * taken[q]];
-  return {rows, new_keys};
+  new_keys.resize(taken.size());
+  for (size_t q = 0; q < taken.size(); ++q) new_keys[q] = s[2 * taken[q]];
 }
 
-void insert_or_assign(torch::Tensor slots, const torch::Tensor& keys_in,
-                      const torch::Tensor& vals_in) {
+void insert_or_assign(Matrix<int64_t> slots, Span<const int64_t> keys, Span<const int64_t> vals) {
   constexpr const char* kOp = "insert_or_assign";
-  check_index(slots, kOp);
-  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
-  const torch::Tensor vals = input_ids(vals_in, kOp, "vals");
-  const int64_t n = keys.numel();
-  TORCH_CHECK(vals.numel() == n, kOp, ": keys and vals differ in length (", n, " and ",
-              vals.numel(), ")");
-  int64_t* s = slots.data_ptr<int64_t>();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const int64_t* v = vals.data_ptr<int64_t>();
+  const int64_t n = keys.n;
+  STREAMREC_CHECK(vals.n == n, kOp, ": keys and vals differ in length (", n, " and ", vals.n,
+                  ")");
+  int64_t* s = slots.data;
+  const int64_t* k = keys.data;
+  const int64_t* v = vals.data;
   // a value < 0 would read as an absent key, -1 as an empty slot that breaks probe runs
   for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(v[i] >= 0, kOp, ": vals must be row ids >= 0, got ", v[i], " at position ", i);
-  const uint64_t mask = static_cast<uint64_t>(slots.size(0) - 1);
+    STREAMREC_CHECK(v[i] >= 0, kOp, ": vals must be row ids >= 0, got ", v[i], " at position ",
+                    i);
+  const uint64_t mask = static_cast<uint64_t>(slots.rows - 1);
   thread_local std::vector<std::pair<uint64_t, int64_t>> undo;  // (slot, its row before)
   undo.clear();
   for (int64_t i = 0; i < n; ++i) {

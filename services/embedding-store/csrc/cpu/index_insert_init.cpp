@@ -1,7 +1,5 @@
 // Fused row creation of a pull or push that missed keys: insert into the index, initialise
 // the rows, copy their weights out, in parallel over the misses only (insert_init, ops.h).
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -10,6 +8,7 @@
 #include "checks.h"
 #include "index_probe.h"
 #include "ops.h"
+#include "parallel.h"
 
 namespace streamrec {
 namespace {
@@ -27,29 +26,17 @@ inline int64_t claim(int64_t j) { return -3 - j; }
 
 int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   constexpr const char* kOp = "insert_init";
-  check_index(a.slots, kOp);
-  const torch::Tensor keys = input_ids(a.keys, kOp, "keys");
-  check_output_ids(a.rows, kOp, "rows");
-  check_output_ids(a.row_keys, kOp, "row_keys");
-  check_data(a.data, p, kOp);
-  const int64_t n = a.keys.numel(), dim = p.dim, width = p.width;
-  TORCH_CHECK(a.rows.numel() == n, kOp, ": rows and keys differ in length (", a.rows.numel(),
-              " and ", n, ")");
-  const bool with_out = a.out.defined() && a.out.numel() > 0;
-  if (with_out)
-    TORCH_CHECK(a.out.scalar_type() == torch::kFloat32 && a.out.is_contiguous() &&
-                    a.out.dim() == 2 && a.out.size(0) == n && a.out.size(1) == dim,
-                kOp, ": out must be a contiguous (", n, ", ", dim, ") float32 tensor");
-  if (with_out) check_aligned(a.out, kOp, "out");
-  int64_t* s = a.slots.data_ptr<int64_t>();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  int64_t* r = a.rows.data_ptr<int64_t>();
-  float* d = a.data.data_ptr<float>();
-  int64_t* rk = a.row_keys.data_ptr<int64_t>();
-  float* o = with_out ? a.out.data_ptr<float>() : nullptr;
-  const int64_t R = std::min(a.data.size(0), a.row_keys.numel());
+  const int64_t n = a.keys.n, dim = p.dim, width = p.width;
+  const bool with_out = a.out != nullptr;
+  int64_t* s = a.slots.data;
+  const int64_t* k = a.keys.data;
+  int64_t* r = a.rows;
+  float* d = a.data.data;
+  int64_t* rk = a.row_keys.data;
+  float* o = a.out;
+  const int64_t R = std::min(a.data.rows, a.row_keys.n);
   const int64_t start = a.start;
-  const uint64_t mask = static_cast<uint64_t>(a.slots.size(0) - 1);
+  const uint64_t mask = static_cast<uint64_t>(a.slots.rows - 1);
   const bool expand = expand_at_creation(p);
   thread_local std::vector<int64_t> miss_keep;  // kept between calls (kept_scratch, ops.h)
   auto& miss = miss_keep;  // a reference: the parallel lambdas below reach this thread's
@@ -62,17 +49,16 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   // Room for the rows created is checked before writing: every miss fits (an upper bound),
   // or else the distinct missing keys do (the caller grows a table by the distinct count).
   // Written as need <= R - start: start + need could overflow.
-  TORCH_CHECK(start >= 0 && start <= R, kOp, ": start ", start, " outside the table's ", R,
-              " rows");
+  STREAMREC_CHECK(start >= 0 && start <= R, kOp, ": start ", start, " outside the table's ", R,
+                  " rows");
   int64_t need = m;
   if (m > R - start) {
-    auto missing = torch::empty({m}, keys.options());
-    int64_t* mk = missing.data_ptr<int64_t>();
-    for (int64_t j = 0; j < m; ++j) mk[j] = k[miss[j]];
-    need = std::get<0>(unique(missing)).numel();
+    std::vector<int64_t> missing(m), inverse(m);
+    for (int64_t j = 0; j < m; ++j) missing[j] = k[miss[j]];
+    need = static_cast<int64_t>(unique({missing.data(), m}, inverse.data()).size());
   }
-  TORCH_CHECK(need <= R - start, kOp, ": no room for ", need, " new rows at ", start, " (rows ", R,
-              ")");
+  STREAMREC_CHECK(need <= R - start, kOp, ": no room for ", need, " new rows at ", start,
+                  " (rows ", R, ")");
   // Phase 1 claims an index slot per distinct missing key, in parallel: a compare-and-swap
   // takes an empty slot (through kBusyRow while its key is written) and marks it with a claim,
   // -3 - j for miss j; a later miss of the same key keeps the smallest j there, so the
@@ -99,7 +85,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   won.assign(m, 0);
   std::atomic<bool> full{false};
   std::atomic<int64_t> full_key{0};
-  at::parallel_for(0, m, kIndexGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, m, kIndexGrain, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       slot_of[j] = kNoSlot;
       if (full.load(std::memory_order_relaxed)) continue;  // the call raises: stop early
@@ -154,10 +140,10 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
     index_full(kOp, cap, full_key.load());
   }
   const int64_t chunk =
-      std::max<int64_t>(kIndexGrain, m / (8 * std::max(at::get_num_threads(), 1)));
+      std::max<int64_t>(kIndexGrain, m / (8 * std::max(num_threads(), 1)));
   const int64_t chunks = (m + chunk - 1) / chunk;
   std::vector<int64_t> first_row(chunks + 1, 0);
-  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+  parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) {
       int64_t wins = 0;
       for (int64_t j = c * chunk; j < std::min(m, (c + 1) * chunk); ++j) wins += won[j];
@@ -165,7 +151,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
     }
   });
   for (int64_t c = 0; c < chunks; ++c) first_row[c + 1] += first_row[c];
-  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+  parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     // a row is copied out kCopyLag rows after its initialisation: its scalar stores have
     // left the store buffer by then (a vector load right behind them waits for them), and
     // it is still in L1 (copying in a later pass reads it back from memory)
@@ -197,7 +183,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
         }
     }
   });
-  at::parallel_for(0, m, kIndexGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, m, kIndexGrain, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       if (j + kIndexAhead < e) __builtin_prefetch(s + 2 * slot_of[j + kIndexAhead], 1);
       if (won[j]) s[2 * slot_of[j] + 1] = r[miss[j]];
@@ -206,7 +192,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   // a repeat takes its key's row: one created above, or one the index already held (a key
   // the caller's rows called absent), which must lie in data too
   std::atomic<int64_t> outside{m};
-  at::parallel_for(0, m, kIndexGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, m, kIndexGrain, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       if (won[j]) continue;
       const int64_t i = miss[j];
@@ -219,8 +205,8 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
     }
   });
   const int64_t bad = outside.load();
-  TORCH_CHECK(bad == m, kOp, ": the index maps key ", k[miss[bad]], " to row ", r[miss[bad]],
-              ", outside the table's ", R, " rows (an index of another table?)");
+  STREAMREC_CHECK(bad == m, kOp, ": the index maps key ", k[miss[bad]], " to row ",
+                  r[miss[bad]], ", outside the table's ", R, " rows (an index of another table?)");
   return first_row[chunks];
 }
 

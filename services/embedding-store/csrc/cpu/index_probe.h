@@ -1,6 +1,6 @@
 // Probing of the hash index, shared by the index ops (index_*.cpp, unique.cpp); internal.
 //
-// The index is one (capacity, 2) int64 tensor of [key, row] slots, so that a probe touches
+// The index is one (capacity, 2) int64 matrix of [key, row] slots, so that a probe touches
 // one cache line; row == -1 marks an empty slot (its key is never read). A key's probe starts
 // at its home slot, mix64(key) & (capacity - 1), and walks forward to the key's slot or the
 // first empty slot. A probe that comes back to where it started has seen every slot hold
@@ -8,10 +8,9 @@
 // instead of looping. The wrap test costs one compare per step past the home slot.
 #pragma once
 
-#include <torch/types.h>
-
 #include <cstdint>
 
+#include "errors.h"
 #include "table_params.h"
 
 namespace streamrec {
@@ -20,23 +19,10 @@ constexpr uint64_t kNoSlot = ~uint64_t{0};  // a probe's answer on a full index
 constexpr int64_t kIndexGrain = 4096;      // keys per parallel task
 constexpr int64_t kIndexAhead = 8;         // prefetch distance, in keys
 
-inline void check_index(const torch::Tensor& slots, const char* op) {
-  TORCH_CHECK(slots.defined() && slots.scalar_type() == torch::kInt64 && slots.is_contiguous() &&
-                  slots.dim() == 2 && slots.size(1) == 2,
-              op, ": the index must be a contiguous (capacity, 2) int64 tensor");
-  const int64_t cap = slots.size(0);
-  TORCH_CHECK(cap > 0 && (cap & (cap - 1)) == 0, op,
-              ": index capacity must be a power of two, got ", cap);
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(slots.data_ptr()) % sizeof(int64_t) == 0, op,
-              ": the index must be aligned to its 8-byte elements");
-}
-
 // Raises the error of a key that finds neither its slot nor an empty one.
 [[noreturn]] inline void index_full(const char* op, uint64_t capacity, int64_t key) {
-  TORCH_CHECK(false, op, ": the hash index is full (capacity ", capacity,
-              " slots, none empty) and has no slot for key ", key,
-              "; rebuild it larger (index_build) before inserting");
-  __builtin_unreachable();
+  fail(op, ": the hash index is full (capacity ", capacity, " slots, none empty) and has no slot",
+       " for key ", key, "; rebuild it larger (index_build) before inserting");
 }
 
 // Slot holding `key`, or the empty slot where it would go, probing from slot i (its home, or

@@ -1,7 +1,6 @@
 // Row initialisation: the ops init_rows and initial_weights over the shared row creation
 // (../shared/row_init.h), with uniform draws 8 pairs at a time by AVX-512 where the CPU has
 // it (the same bits either way).
-#include <ATen/Parallel.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -14,6 +13,7 @@
 #include "../shared/row_init.h"
 #include "checks.h"
 #include "ops.h"
+#include "parallel.h"
 
 namespace streamrec {
 namespace {
@@ -85,39 +85,32 @@ void init_row(float* row, int64_t key, const TableParams& p, bool expand) {
   streamrec::init_row(row, key, p, expand, CpuPairs{});
 }
 
-void init_rows(torch::Tensor data, const torch::Tensor& row_keys, int64_t start, int64_t count,
+void init_rows(Matrix<float> data, Span<const int64_t> row_keys, int64_t start, int64_t count,
                const TableParams& p) {
   constexpr const char* kOp = "init_rows";
-  check_data(data, p, kOp);
-  const torch::Tensor keys = input_ids(row_keys, kOp, "row_keys");
-  const int64_t R = std::min(data.size(0), row_keys.numel());
+  const int64_t R = std::min(data.rows, row_keys.n);
   // count <= R - start, not start + count <= R: the sum could overflow
-  TORCH_CHECK(start >= 0 && count >= 0 && start <= R && count <= R - start, kOp, ": rows [",
-              start, ", ", start, " + ", count, ") outside the table's ", R, " rows");
-  float* d = data.data_ptr<float>();
-  const int64_t* k = keys.data_ptr<int64_t>();
+  STREAMREC_CHECK(start >= 0 && count >= 0 && start <= R && count <= R - start, kOp, ": rows [",
+                  start, ", ", start, " + ", count, ") outside the table's ", R, " rows");
+  float* d = data.data;
+  const int64_t* k = row_keys.data;
   const bool expand = expand_at_creation(p);
-  at::parallel_for(start, start + count, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(start, start + count, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) init_row(d + r * p.width, k[r], p, expand);
   });
 }
 
-torch::Tensor initial_weights(const torch::Tensor& keys_in, const TableParams& p,
-                              bool with_embedx) {
-  constexpr const char* kOp = "initial_weights";
-  check_params(p, kOp);
-  const torch::Tensor keys = input_ids(keys_in, kOp, "keys");
-  const int64_t n = keys.numel();
-  auto out = torch::empty({n, p.dim}, torch::kFloat32);
-  const int64_t* k = keys.data_ptr<int64_t>();
-  float* o = out.data_ptr<float>();
+void initial_weights(Span<const int64_t> keys, const TableParams& p, bool with_embedx,
+                     float* out) {
+  const int64_t n = keys.n;
+  const int64_t* k = keys.data;
+  float* o = out;
   const bool expand = with_embedx;
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       draw_weights(o + i * p.dim, row_stream(p.seed, k[i]), p, expand, CpuPairs{});
     }
   });
-  return out;
 }
 
 }  // namespace streamrec

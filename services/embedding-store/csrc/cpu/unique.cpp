@@ -1,25 +1,20 @@
 // A hash dedup of keys, in order of first occurrence: the store's and the client's dedup of
 // a request (cheaper than sorting). It probes a private table as the index ops do.
-#include <cstring>
 #include <vector>
 
-#include "checks.h"
 #include "index_probe.h"
 #include "ops.h"
 
 namespace streamrec {
 
-std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys_in) {
-  const torch::Tensor keys = input_ids(keys_in, "unique", "keys");
-  const int64_t n = keys.numel();
+const std::vector<int64_t>& unique(Span<const int64_t> keys, int64_t* inv) {
+  const int64_t n = keys.n;
   int64_t cap = 16;
   while (cap < 2 * n) cap <<= 1;  // at least n empty slots: a probe never meets a full table
   thread_local std::vector<int64_t> s;  // kept between calls (kept_scratch in ops.h)
   s.assign(2 * cap, kEmptyRow);
   const uint64_t mask = static_cast<uint64_t>(cap - 1);
-  auto inverse = torch::empty({n}, keys.options());
-  const int64_t* k = keys.data_ptr<int64_t>();
-  int64_t* inv = inverse.data_ptr<int64_t>();
+  const int64_t* k = keys.data;
   thread_local std::vector<int64_t> uniq;
   uniq.clear();
   uniq.reserve(n);
@@ -33,10 +28,7 @@ std::tuple<torch::Tensor, torch::Tensor> unique(const torch::Tensor& keys_in) {
     }
     inv[i] = s[2 * j + 1];
   }
-  auto out = torch::empty({static_cast<int64_t>(uniq.size())}, keys.options());
-  if (!uniq.empty())
-    std::memcpy(out.data_ptr<int64_t>(), uniq.data(), uniq.size() * sizeof(int64_t));
-  return {out, inverse};
+  return uniq;
 }
 
 }  // namespace streamrec

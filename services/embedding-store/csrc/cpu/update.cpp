@@ -1,7 +1,5 @@
 // The fused push (update): each thread owns a share of the rows and steps each of them once
 // with its repeats summed (the step itself: ../shared/row_update.h).
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -11,6 +9,7 @@
 #include "../shared/row_update.h"
 #include "checks.h"
 #include "ops.h"
+#include "parallel.h"
 
 namespace streamrec {
 namespace {
@@ -50,43 +49,28 @@ struct RowCounts {
 }  // namespace
 
 int64_t update(const PushArgs& a, const TableParams& p) {
-  constexpr const char* kOp = "update";
-  check_data(a.data, p, kOp);
-  const torch::Tensor rows = input_ids(a.rows, kOp, "rows");
-  const int64_t n = rows.numel();
-  TORCH_CHECK(a.grads.scalar_type() == torch::kFloat32 && a.grads.is_contiguous() &&
-                  a.grads.dim() == 2 && a.grads.size(0) == n && a.grads.size(1) == p.dim,
-              kOp, ": grads must be a contiguous (", n, ", ", p.dim, ") float32 tensor");
-  TORCH_CHECK(a.shows.scalar_type() == torch::kFloat32 && a.shows.numel() == n &&
-                  a.shows.is_contiguous() && a.clicks.scalar_type() == torch::kFloat32 &&
-                  a.clicks.numel() == n && a.clicks.is_contiguous(),
-              kOp, ": shows and clicks must be contiguous (", n, ",) float32 tensors");
-  const torch::Tensor row_keys = input_ids(a.row_keys, kOp, "row_keys");
-  TORCH_CHECK(row_keys.numel() >= a.data.size(0), kOp, ": row_keys must be (R,) int64, R = ",
-              a.data.size(0));
-  const int64_t R = a.data.size(0);
-  check_rows_below(rows, R, kOp);  // before any write; rows < 0 (absent) are skipped
-  const torch::Tensor grads = aligned(a.grads), shows = aligned(a.shows),
-                      clicks = aligned(a.clicks);
-  float* d = a.data.data_ptr<float>();
-  const int64_t* k = row_keys.data_ptr<int64_t>();
-  const int64_t* r = rows.data_ptr<int64_t>();
-  const float* g = grads.data_ptr<float>();
-  const float* sh = shows.data_ptr<float>();
-  const float* cl = clicks.data_ptr<float>();
+  const int64_t n = a.rows.n;
+  const int64_t R = a.data.rows;
+  check_rows_below(a.rows, R, "update");  // before any write; rows < 0 (absent) are skipped
+  float* d = a.data.data;
+  const int64_t* k = a.row_keys.data;
+  const int64_t* r = a.rows.data;
+  const float* g = a.grads;
+  const float* sh = a.shows;
+  const float* cl = a.clicks;
 
   // Parallel updates of one row would race, so each thread owns the rows that hash to it
   // (no atomics, no shared cache lines between threads on hot rows): it lists its positions,
   // counts its rows in a RowCounts, updates the rows seen once at once, and sums the
   // repeated rows' gradients in index order (deterministic) before updating them.
-  const int64_t threads = n < 4096 ? 1 : std::max<int64_t>(at::get_num_threads(), 1);
+  const int64_t threads = n < 4096 ? 1 : std::max<int64_t>(num_threads(), 1);
   const uint64_t parts = static_cast<uint64_t>(threads);
   auto owner = [&](int64_t row) {  // Lemire's multiply-shift range reduction of a row hash
     const uint64_t h = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ULL) >> 32;
     return static_cast<int64_t>((h * parts) >> 32);
   };
   std::atomic<int64_t> expanded{0};
-  at::parallel_for(0, threads, 1, [&](int64_t tb, int64_t te) {
+  parallel_for(0, threads, 1, [&](int64_t tb, int64_t te) {
     // kept between calls (kept_scratch in ops.h); references, as the loops below need them
     thread_local std::vector<int64_t> pos_keep, rep_keep, order_keep;
     thread_local std::vector<uint32_t> where_keep;
