@@ -98,7 +98,8 @@ cuda: build/cuda/libstreamrec_cuda.so
 cuda-cpu: install
 	$(PY) -c 'from streamrec.embedding_store import cuda_lib; print(cuda_lib.build_cpu(force=True))'
 
-build/cuda/libstreamrec_cuda.so: $(CUDA_SOURCES) $(wildcard $(CUDA_DIR)/*.h $(CUDA_DIR)/*.cuh)
+build/cuda/libstreamrec_cuda.so: $(CUDA_SOURCES) $(wildcard $(CUDA_DIR)/*.h $(CUDA_DIR)/*.cuh) \
+  $(wildcard services/embedding-store/csrc/shared/*.h)
 	mkdir -p build/cuda
 	$(NVCC) $(NVCCFLAGS) -shared -o $@.tmp $(CUDA_SOURCES)
 	mv $@.tmp $@
