@@ -144,13 +144,14 @@ class RowsFromTables:
         shows: Any = None,
         clicks: Any = None,
     ) -> None:
-        """:meth:`SparseStore.push_rows`: tables without keys are left out."""
+        """:meth:`SparseStore.push_rows`: tables without keys are left out; gradients on
+        :meth:`resident_device` stay there."""
         keys_t, dim, sizes = _block(self, tables, keys, counts)
-        n = keys_t.numel()
+        n, device = keys_t.numel(), self.resident_device()
         used = [t for t, size in enumerate(sizes) if size]
-        k, g = keys_t.split(sizes), as_floats(grads, "grads", (n, dim)).split(sizes)
+        k, g = keys_t.split(sizes), as_floats(grads, "grads", (n, dim), device).split(sizes)
         s, c = (
-            None if v is None else as_floats(v, name, (n,)).split(sizes)
+            None if v is None else as_floats(v, name, (n,), device).split(sizes)
             for name, v in (("shows", shows), ("clicks", clicks))
         )
         self.push_many(

@@ -51,7 +51,7 @@ from streamrec.embedding_store.options import StoreOptions, TableOptions
 from streamrec.embedding_store.sparse_store import RowsFromTables
 from streamrec.embedding_store.ssd_tier import SsdTable
 from streamrec.embedding_store.tier import TableTier
-from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
+from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned, push_faults
 from streamrec.malloc import keep_freed_memory
 
 #: called after each table of pull_many/push_many with (table, keys, seconds)
@@ -315,21 +315,23 @@ class EmbeddingStore(RowsFromTables):
         tier = self.tier(table)
         keys = as_keys(keys, f"table {table!r}: keys")
         n, dim = keys.numel(), tier.dim
-        grads = as_floats(grads, f"table {table!r}: grads", (n, dim))
+        # a device table takes gradients already on its GPU as they are (checked there)
+        keep_on = tier.resident_device if isinstance(tier, DeviceTable) else None
+        grads = as_floats(grads, f"table {table!r}: grads", (n, dim), keep_on)
         shows = (
             self._constant(1.0, n)
             if shows is None
-            else as_floats(shows, f"table {table!r}: shows", (n,))
+            else as_floats(shows, f"table {table!r}: shows", (n,), keep_on)
         )
         clicks = (
             self._constant(0.0, n)
             if clicks is None
-            else as_floats(clicks, f"table {table!r}: clicks", (n,))
+            else as_floats(clicks, f"table {table!r}: clicks", (n,), keep_on)
         )
-        bad_rows, bad_counts = _C.check_push(grads, shows, clicks)
+        bad_rows, bad_counts = push_faults(grads, shows, clicks)
         if bad_rows:
             bad = ~torch.isfinite(grads).all(dim=1)
-            first = int(keys[bad.nonzero()[0, 0]])
+            first = int(keys[int(bad.nonzero()[0, 0])])
             raise NonFiniteGradient(
                 f"table {table!r}: grads hold NaN or Inf for {bad_rows} of {n} keys "
                 f"(first key {first}); nothing of this push was written"

@@ -120,9 +120,12 @@ def _numpy_dtype(given: Any, arr: np.ndarray) -> str:
     return f"{where} {arr.dtype}"
 
 
-def as_floats(value: Any, field: str, shape: tuple[int, ...]) -> torch.Tensor:
+def as_floats(
+    value: Any, field: str, shape: tuple[int, ...], keep_on: torch.device | None = None
+) -> torch.Tensor:
     """Checks a float32 tensor or array of exactly ``shape`` and returns it as a contiguous
-    CPU tensor (no copy when it already is one).
+    CPU tensor (no copy when it already is one), or left on ``keep_on`` when it is already
+    there (a device tier's gradients: no trip through host memory and back).
 
     Raises:
         InvalidInput: another type, dtype or shape; the message names ``field``.
@@ -137,7 +140,36 @@ def as_floats(value: Any, field: str, shape: tuple[int, ...]) -> torch.Tensor:
         raise InvalidInput(f"{field} must be float32, got {value.dtype}")
     if tuple(value.shape) != shape:
         raise InvalidInput(f"{field} must have shape {shape}, got {tuple(value.shape)}")
-    return value.detach().to("cpu").contiguous()
+    stays = keep_on is not None and _on(value, keep_on)
+    return value.detach().to(value.device if stays else "cpu").contiguous()
+
+
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``t`` lives on ``device``, a GPU (``cuda`` without an index: the current one)."""
+    if device.type == "cpu" or t.device.type != device.type:
+        return False
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return t.device.index == index
+
+
+def push_faults(grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor) -> tuple[int, int]:
+    """(rows of ``grads`` holding NaN or Inf, keys whose show or click is NaN, Inf or < 0),
+    counted before a push writes anything. CPU inputs: the C++ core's parallel check. Inputs
+    on a GPU: the same counts by torch ops on that device, read back in one sync (the
+    gradients never cross to the host)."""
+    if grads.device.type == "cpu" and shows.device.type == "cpu" and clicks.device.type == "cpu":
+        return _C.check_push(grads, shows, clicks)
+    return push_faults_where(grads, shows.to(grads.device), clicks.to(grads.device))
+
+
+def push_faults_where(
+    grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
+) -> tuple[int, int]:
+    """:func:`push_faults` by torch ops on the inputs' device (one sync)."""
+    bad_rows = (~torch.isfinite(grads).all(dim=1)).sum()
+    good_counts = torch.isfinite(shows) & (shows >= 0) & torch.isfinite(clicks) & (clicks >= 0)
+    rows, counts = torch.stack([bad_rows, (~good_counts).sum()]).tolist()
+    return int(rows), int(counts)
 
 
 def check_aligned(tables: Any, **lists: Any) -> int:

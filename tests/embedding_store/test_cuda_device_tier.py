@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput, TierUnavailable
+from streamrec.embedding_store.errors import (
+    CapacityExceeded,
+    InvalidInput,
+    NonFiniteGradient,
+    TierUnavailable,
+)
 from streamrec.embedding_store.host_tier import HostTable
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
@@ -178,3 +183,31 @@ def test_checkpoints_round_trip_between_the_device_and_host_tiers(tmp_path: Any)
     loaded_device.load(str(tmp_path / "from-host"))
     for s in (loaded_host, loaded_device, device):
         torch.testing.assert_close(s.pull("t", keys, create=False), host.pull("t", keys, False))
+
+
+@needs_gpu
+def test_a_device_table_checks_and_applies_gpu_gradients_on_the_gpu(monkeypatch) -> None:
+    """Gradients already on the table's GPU are checked there (not by the host's C++ check,
+    which would need them copied over) and give the rows that the same push from host
+    memory gives; a NaN among them is refused naming the first bad key."""
+    from streamrec.embedding_store import EmbeddingStore, validation
+
+    options = [TableOptions(name="t", dim=8)]
+    on_gpu = EmbeddingStore(options, tier="device")
+    from_host = EmbeddingStore(options, tier="device")
+    keys = keys_of(4096, 1000, seed=5)
+    grads = torch.randn(keys.numel(), 8, generator=torch.Generator().manual_seed(6))
+    shows, clicks = torch.ones(keys.numel()), (torch.arange(keys.numel()) % 2).float()
+    from_host.push("t", keys, grads, shows, clicks)
+
+    def host_check(*_: Any) -> tuple[int, int]:
+        raise AssertionError("GPU gradients went through the host's check")
+
+    monkeypatch.setattr(validation._C, "check_push", host_check)
+    on_gpu.push("t", keys, grads.cuda(), shows.cuda(), clicks.cuda())
+    got, want = on_gpu.pull("t", keys, create=False), from_host.pull("t", keys, create=False)
+    assert torch.equal(got, want)
+    bad = grads.cuda()
+    bad[7, 3] = float("nan")
+    with pytest.raises(NonFiniteGradient, match=f"first key {int(keys[7])}"):
+        on_gpu.push("t", keys, bad)

@@ -184,3 +184,23 @@ def test_as_floats_keeps_a_contiguous_float32_tensor() -> None:
     assert as_floats(t, "grads", (3, 4)).data_ptr() == t.data_ptr()  # no copy
     with pytest.raises(InvalidInput, match=r"grads must have shape \(1,\), got \(\)"):
         as_floats(np.array(1.0, np.float32), "grads", (1,))
+
+
+def test_the_push_check_on_a_device_counts_what_the_cpp_check_counts() -> None:
+    """push_faults_where (torch ops, for gradients on a GPU; run here on CPU tensors) against
+    the C++ core's check: NaN, +-Inf, negative and -0.0 shows and clicks, bad rows."""
+    from streamrec.embedding_store import _C
+    from streamrec.embedding_store.validation import push_faults_where
+
+    g = torch.Generator().manual_seed(9)
+    n, dim = 5000, 7
+    grads = torch.randn(n, dim, generator=g)
+    shows, clicks = torch.rand(n, generator=g), torch.rand(n, generator=g)
+    for values, cells in ((grads.view(-1), 40), (shows, 15), (clicks, 15)):
+        at = torch.randint(0, values.numel(), (cells,), generator=g)
+        values[at] = torch.tensor([float("nan"), float("inf"), -float("inf"), -1.0, -0.0])[
+            torch.arange(cells) % 5
+        ]
+    want = _C.check_push(grads, shows, clicks)
+    assert want[0] > 0 and want[1] > 0
+    assert push_faults_where(grads, shows, clicks) == want
