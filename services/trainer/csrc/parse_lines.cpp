@@ -1,7 +1,9 @@
 // The text line parser (see ops.h): one pass, the digits of a field read 8 bytes at a time
-// (SWAR, no branch per byte), no allocation but the outputs. A line is parsed on the way it is expected to look; any surprise (a byte that
-// ends a field too early, a value out of range) sends it to a slow path that finds its end
-// and decides between the two reasons a line is malformed, so the fast path never has to.
+// (SWAR, no branch per byte), into outputs the caller allocated (no allocation but a copy of
+// an unterminated last line). A line is parsed on the way it is expected to look; any
+// surprise (a byte that ends a field too early, a value out of range) sends it to a slow path
+// that finds its end and decides between the two reasons a line is malformed, so the fast
+// path never has to.
 #include <algorithm>
 #include <array>
 #include <cstring>
