@@ -279,3 +279,18 @@ def test_a_result_whose_byte_size_overflows_raises() -> None:
             _C.gather(data, torch.full((2**18,), -1, dtype=torch.int64), p)
             """
         )
+
+
+def test_a_tensor_on_another_device_is_refused_by_name() -> None:
+    """The ops follow host pointers: a tensor on another device (meta here: no GPU needed)
+    is refused naming the op and the argument, before anything is read or written."""
+    p = params()
+    data, _ = table(4, 4, p)
+    meta_rows = torch.tensor([0, 1]).to("meta")
+    with pytest.raises(RuntimeError, match="gather: rows must be a CPU tensor, got one on meta"):
+        _C.gather(data, meta_rows, p)
+    with pytest.raises(RuntimeError, match="must be a CPU tensor, got one on meta"):
+        _C.gather(data.to("meta"), torch.tensor([0, 1]), p)
+    slots = _C.index_build(8, torch.arange(4))
+    with pytest.raises(RuntimeError, match="find: keys must be a CPU tensor, got one on meta"):
+        _C.find(slots, torch.arange(3).to("meta"))
