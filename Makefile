@@ -56,12 +56,15 @@ $(STAMP): $(RUNTIME_STAMP)
 
 # Files run on TEST_WORKERS processes (pytest-xdist, a file's tests on one worker, so
 # module-scoped servers start once); the files with slow tests go first (tests/conftest.py).
+# test-fast, without the minute-long stack tests, runs one worker more than the machine's two
+# cores: its tests wait on servers a fifth of the time (2:48 on 3 workers, 3:02 on 2, here).
 TEST_WORKERS ?= 2
+FAST_TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 test-fast: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n $(FAST_TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 # Every atheris target in tests/fuzz/ for FUZZ_SECONDS each; a crash stops here and leaves its
 # input in build/fuzz/ (make test runs each for 10 s: tests/fuzz/test_fuzz.py).
