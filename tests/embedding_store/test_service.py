@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 
@@ -17,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from in_process import run_main
 from servers import scrape_metrics
 from streamrec import wire
 from streamrec.auth import load_token
@@ -27,7 +25,6 @@ from streamrec.embedding_store import (
     LocalShards,
     TableOptions,
 )
-from streamrec.embedding_store import __main__ as store_main
 from streamrec.embedding_store.dedup import DEDUP_MODES, DEDUP_RECHECK
 from streamrec.embedding_store.errors import (
     InvalidInput,
@@ -525,58 +522,6 @@ def test_metrics_count_what_the_shard_did(two_shards, client, tmp_path):
         )
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "streamrec.embedding_store", "serve", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def test_cli_refuses_bad_configs_with_clear_errors(tables_file, tmp_path):
-    base = ["--endpoint", "tcp://127.0.0.1:*"]
-    bad_yaml = tmp_path / "bad.yaml"
-    bad_yaml.write_text("tables:\n  - name: u\n    dim: 4\n    embedx_dim: 7\n")
-    unknown = tmp_path / "unknown.json"
-    unknown.write_text(json.dumps([{"name": "u", "dim": 4, "learning_rate": 1}]))
-    cases = [
-        (["--shard-id", "2", "--num-shards", "2", "--tables", tables_file], "shard_id"),
-        (
-            ["--shard-id", "0", "--num-shards", "1", "--tables", str(tmp_path / "none.yaml")],
-            "cannot read",
-        ),
-        (["--shard-id", "0", "--num-shards", "1", "--tables", str(bad_yaml)], "embedx_dim=7"),
-        (["--shard-id", "0", "--num-shards", "1", "--tables", str(unknown)], "learning_rate"),
-        (
-            ["--shard-id", "0", "--num-shards", "1", "--tables", tables_file, "--tier", "ssd"],
-            "persistent_path",
-        ),
-        (
-            ["--shard-id", "from-hostname", "--num-shards", "1", "--tables", tables_file],
-            "does not end in -K",
-        ),
-    ]
-    # the first through the installed process; the others through the same main() in this
-    # process (a process each cost ~4 s of imports for a check that binds nothing)
-    done = _serve(*base, *cases[0][0])
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert cases[0][1] in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
-    for args, text in cases[1:]:
-        done = run_main(store_main.main, ["serve", *base, *args])
-        assert done.returncode == 2, (args, done.stderr[-2000:])
-        assert text in done.stderr, (args, done.stderr[-2000:])
-
-
-def test_shard_id_from_a_statefulset_hostname():
-    from streamrec.embedding_store.__main__ import shard_id_arg
-
-    assert shard_id_arg("3") == 3
-    assert shard_id_arg("from-hostname", "embedding-store-12") == 12
-    with pytest.raises(BadRequest, match="store-x"):
-        shard_id_arg("from-hostname", "store-x")
-
-
 def test_ssd_tier_shard_beyond_its_cache_budget(tables_file, tmp_path):
     """One shard on the ssd tier with a table ~4x its RAM cache: same values as the host tier
     in process, rows in files under persistent_path/shard-0-of-1, hit rate in the metrics."""
@@ -621,40 +566,4 @@ def test_ssd_tier_shard_beyond_its_cache_budget(tables_file, tmp_path):
         ]
         assert rate and 0.0 < rate[0] < 1.0
         c.close()
-    ref.close()
-
-
-PART_TABLES = [
-    {"name": "normal", "embedx_dim": 5, "embedx_threshold": 0,
-     "initializer": {"type": "normal", "mean": 0.1, "std": 0.3}},
-    {"name": "late", "embedx_dim": 5, "embedx_threshold": 4.0,  # embedx zeros until expanded
-     "embed_sgd_param": {"name": "adagrad", "initial_range": 0.2}},
-    {"name": "zeros", "embedx_dim": 2, "embedx_threshold": 0, "initializer": {"type": "zeros"}},
-]  # fmt: skip
-
-
-def test_pulls_and_pushes_in_parts_match_the_store(tmp_path):
-    """Pulls and pushes sent as many requests (max_request_keys) to shards with two workers
-    each (replies may come in any order): the same values as the in-process store with the
-    same seed, for every initializer."""
-    path = tmp_path / "tables.json"
-    path.write_text(json.dumps({"tables": PART_TABLES}))
-    ref = EmbeddingStore([TableOptions.parse(t) for t in PART_TABLES], seed=11)
-    args = ["--workers", "2", "--seed", "11"]
-    with LocalShards(str(path), 2, extra_args=args) as shards:
-        client = EmbeddingStoreClient(shards.endpoints, timeout_s=20, max_request_keys=97)
-        rng = np.random.default_rng(5)
-        for _step in range(3):
-            keys = rng.integers(0, 3_000, 2_000)  # new and known keys, repeats
-            for t in PART_TABLES:
-                name, dim = t["name"], t["embedx_dim"] + 1
-                torch.testing.assert_close(client.pull(name, keys), ref.pull(name, keys))
-                grads = torch.from_numpy(rng.standard_normal((keys.size, dim)).astype(np.float32))
-                client.push(name, keys, grads)
-                ref.push(name, keys, grads)
-        every = np.arange(3_000)
-        for t in PART_TABLES:
-            got = client.pull(t["name"], every, create=False)
-            torch.testing.assert_close(got, ref.pull(t["name"], every, create=False))
-        client.close()
     ref.close()
