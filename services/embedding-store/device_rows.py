@@ -108,8 +108,8 @@ class RowChunks:
     # -- what the kernels and the tests see -------------------------------------------------
     def struct(self) -> Rows:
         """The C API's StreamrecRows (valid while this object and its chunks live)."""
-        data = self._ptrs[0].data_ptr() if self._data else None
-        keys = self._ptrs[1].data_ptr() if any(k is not None for k in self._keys) else None
+        data = self._ptrs[0].data_ptr() if self.has_values() else None
+        keys = self._ptrs[1].data_ptr() if self.has_keys() else None
         return Rows(data, keys, self.shift, self.rows)
 
     def has_values(self) -> bool:
