@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -39,18 +40,24 @@ def wait_until(check, timeout_s: float, what: str) -> None:
     raise SystemExit(f"{what} not up within {timeout_s:.0f} s")
 
 
+def own_model(body: dict) -> dict:
+    """``body`` with a model path of its own (the API refuses two live jobs on one)."""
+    path = f"{body['checkpoint']['model_save_path']}-{uuid.uuid4().hex[:12]}"
+    return {**body, "checkpoint": {**body["checkpoint"], "model_save_path": path}}
+
+
 def client_loop(url: str, token: str, body: dict, stop: threading.Event, out: list) -> None:
     """One client until ``stop``: (latency seconds, status) per request into ``out``."""
     h = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=h, timeout=30) as c:
-        job = c.post("/v1/jobs", json=body).json()["id"]
+        job = c.post("/v1/jobs", json=own_model(body)).json()["id"]
         n = 0
         while not stop.is_set():
             n += 1
             t0 = time.perf_counter()
             try:
                 if n % 10 == 0:
-                    status = c.post("/v1/jobs", json=body).status_code
+                    status = c.post("/v1/jobs", json=own_model(body)).status_code
                 elif n % 3 == 0:
                     status = c.get(f"/v1/jobs/{job}/passes").status_code
                 elif n % 2 == 0:

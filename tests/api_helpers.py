@@ -101,6 +101,8 @@ def make_api(redis_url: str, roots: dict[str, Path], **kw) -> ApiServer:
 
 
 def job_body(roots: dict[str, Path], name: str = "t", **data_overrides) -> dict:
+    """A small job named ``name`` over ``roots["data"] / name``; each body has a model path
+    of its own (one model path, one job: the API refuses a second live job on one)."""
     data = {
         "train_data_dir": str(roots["data"] / name),
         "start_day": "20190720",
@@ -114,7 +116,7 @@ def job_body(roots: dict[str, Path], name: str = "t", **data_overrides) -> dict:
     return {
         "name": name,
         "data": data,
-        "checkpoint": {"model_save_path": str(roots["model"] / name)},
+        "checkpoint": {"model_save_path": str(roots["model"] / f"{name}-{uuid.uuid4().hex[:8]}")},
     }
 
 

@@ -65,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="file holding Redis's password (default: $STREAMREC_REDIS_PASSWORD_FILE)",
     )
-    s.add_argument("--auth-reads", action="store_true", default=None)
+    s.add_argument(
+        "--auth-reads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the token on read endpoints too (the default; --no-auth-reads opens them)",
+    )
     s.add_argument(
         "--auth-disabled",
         action="store_true",

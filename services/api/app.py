@@ -42,10 +42,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorPublic, "description": what}
     for code, what in [
         (400, "malformed body"),
-        (401, "no bearer token"),
-        (403, "wrong token"),
+        (401, "no bearer token, or a wrong one"),
         (404, "unknown job"),
-        (409, "not allowed in the job's current state"),
+        (409, "not allowed in the job's current state, or its model path is another job's"),
         (413, "body too large"),
         (503, "Redis unavailable"),
     ]

@@ -16,7 +16,11 @@ Values come from CLI flags and ``STREAMREC_API_*`` environment variables (flags 
     STREAMREC_API_METRICS_HOSTS=127.0.0.1,0.0.0.0   # jobs' model.runner.metrics_host
     STREAMREC_REDIS_PASSWORD_FILE=/run/secrets/redis-password   # Redis AUTH (all services)
 
-Mutating endpoints always need the bearer token; ``auth_reads`` closes the read endpoints too.
+Every endpoint needs the bearer token, reads too (a job's spec names its paths and store
+endpoints; ``auth_reads=false`` opens the reads). ``/healthz``, ``/readyz`` and ``/metrics``
+stay open: probes and Prometheus hold no token, and /metrics has counts and pass metrics by
+job id, no spec, path or endpoint.
+
 A job's ``store.endpoints`` must each be one of ``store_endpoints`` (compared as strings); with
 none configured every job keeps its store in-process (any endpoint is refused), so a job
 cannot point the trainers at an address the deployment did not name. The same holds for
@@ -50,10 +54,12 @@ class Settings(StrictConfig):
 
     Args:
         redis_url: Redis holding all state (``redis://host:port/db``).
-        token: bearer token for mutating endpoints (constant-time compare).
+        token: the bearer token of every endpoint but the probes and /metrics (constant-time
+            compare).
         token_file: file holding the token (a mounted secret); used when ``token`` is unset.
         auth_disabled: explicit opt-out of auth (tests, local demo only).
-        auth_reads: also require the token on read endpoints.
+        auth_reads: require the token on the read endpoints too (the default; false opens
+            them: job specs, passes, events and triggers to whoever reaches the port).
         data_roots / model_roots: jobs may only name paths under one of these.
         store_endpoints: the store shard endpoints jobs may name (none: jobs may name none).
         store_endpoint_template / store_shards: adds ``template`` with ``{shard}`` replaced by
@@ -88,7 +94,7 @@ class Settings(StrictConfig):
     token: str | None = None
     token_file: Path | None = None
     auth_disabled: bool = False
-    auth_reads: bool = False
+    auth_reads: bool = True
     data_roots: list[Path] = Field(default_factory=list)
     model_roots: list[Path] = Field(default_factory=list)
     store_endpoints: list[str] = Field(default_factory=list, max_length=1024)
@@ -186,6 +192,8 @@ class Settings(StrictConfig):
             sampler_endpoints=self.sampler_endpoints,
             online_redis_urls=self.online_redis_urls,
             metrics_hosts=self.metrics_hosts,
+            api_port=self.port,
+            redis_url=self.redis_url,
         )
 
     @classmethod

@@ -1,4 +1,9 @@
-"""FastAPI dependencies as ``Annotated`` aliases: settings, Redis repository, auth."""
+"""FastAPI dependencies as ``Annotated`` aliases: settings, Redis repository, auth.
+
+Auth: no bearer token or a wrong one is a 401 with ``WWW-Authenticate: Bearer`` (RFC 6750:
+``error="invalid_token"`` for a wrong one), on every endpoint that depends on
+:data:`WriteAuth` or :data:`ReadAuth` (reads: unless ``auth_reads`` is off).
+"""
 
 from __future__ import annotations
 
@@ -43,16 +48,20 @@ def _check_token(settings: Settings, creds: HTTPAuthorizationCredentials | None)
         )
     assert settings.token is not None  # Settings refuses to start without one
     if not hmac.compare_digest(creds.credentials.encode(), settings.token.encode()):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "invalid token")
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "invalid token",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
 
 
 def require_token(settings: SettingsDep, creds: Credentials) -> None:
-    """Mutating endpoints: 401 without a token, 403 with a wrong one."""
+    """Mutating endpoints: 401 without a token or with a wrong one."""
     _check_token(settings, creds)
 
 
 def require_read(settings: SettingsDep, creds: Credentials) -> None:
-    """Read endpoints: open unless ``auth_reads`` is set."""
+    """Read endpoints: as mutating ones, unless ``auth_reads`` is off."""
     if settings.auth_reads:
         _check_token(settings, creds)
 

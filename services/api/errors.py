@@ -58,6 +58,24 @@ class InvalidTransition(ApiError):
         self.action = action
 
 
+class ModelPathTaken(ApiError):
+    """A job's ``checkpoint.model_save_path`` is, contains or lies inside another live job's
+    (HTTP 409): two jobs writing one model directory would overwrite each other's model."""
+
+    code = "model_path_taken"
+    status = 409
+
+    def __init__(self, path: str, relation: str, other_id: str, other_path: str) -> None:
+        super().__init__(
+            f"checkpoint.model_save_path {quote(path)} {relation} the model path "
+            f"{quote(other_path)} of job {other_id!r}: one model path, one job (delete that "
+            f"job or choose another path)"
+        )
+        self.path = path
+        self.other_id = other_id
+        self.other_path = other_path
+
+
 class SpecInvalid(ApiError, BadRequest):
     """A job spec that parses but cannot run (HTTP 422, in FastAPI's validation shape).
 

@@ -105,3 +105,31 @@ def rewind_for_start(r: redis.Redis, job_id: str, plan: list[PassSpec]) -> list[
 
     rolled = watched(r, body, key)
     return list(rolled)
+
+
+def rewind_to_group(
+    r: redis.Redis, job_id: str, plan: list[PassSpec], resumed: str | None, why: str
+) -> list[str]:
+    """A trainer group (re)started at ``resumed`` (its ``started`` report's
+    ``resumed_from``: the checkpoint it loaded, None: a fresh model): the passes the job
+    counts done after it are not in the model the job goes on from, so they are rolled
+    back, the pass in flight (if any) dropped from the work stream and the cursor put after
+    ``resumed``. Returns the rolled back passes ([]: the group is where the job is)."""
+    key = keys.job(job_id)
+
+    def body(pipe: redis.client.Pipeline) -> list[str]:
+        f = redis_io.hgetall(pipe, key)
+        if f.get("state") not in (JobState.RUNNING, JobState.STOPPING):
+            pipe.multi()
+            return []
+        cursor = resume_cursor(plan, resumed or "")
+        rolled = done_after(r, job_id, plan, cursor)
+        pipe.multi()
+        if not rolled:
+            return []
+        redis_io.hset(pipe, key, {"cursor": str(cursor), "in_flight": ""})
+        queue_work_reset(pipe, job_id)
+        queue_rollback(pipe, job_id, rolled, resumed or "", why)
+        return rolled
+
+    return list(watched(r, body, key))

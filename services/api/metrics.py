@@ -208,6 +208,12 @@ class ApiMetrics:
             ["state"],
             registry=tick,
         )
+        self.pool_groups_held_by_ended_jobs = Gauge(
+            "streamrec_api_pool_groups_held_by_ended_jobs",
+            "Trainer groups whose registration still names a job that has ended (stopped, "
+            "succeeded, failed, deleted): counted free, but the group did not come back",
+            registry=tick,
+        )
         self.group_restarts = Counter(
             "streamrec_api_group_restarts_total",
             "Infrastructure restarts of a job's trainer group (a process killed, evicted, "

@@ -7,6 +7,11 @@ The job spec keeps PaddleRec's knob names (``train_data_dir``, ``split_interval`
 they expect. Every field does what it names or is refused: :meth:`JobCreate.trainer_config`
 carries each one to the trainer (:data:`JOB_OWNED`), which checks what only it can see (its
 world size, the shards' tier).
+
+Every number has bounds where its field is defined (a field the trainer's config defines too
+takes its ``MAX_*`` from :mod:`streamrec.control.trainer_config`, so the two agree) and is
+strict: ``"30"``, ``true`` or ``3.0`` for an int is a 422 naming the field; a JSON int is a
+float.
 """
 
 from __future__ import annotations
@@ -25,7 +30,17 @@ from pydantic import (
     model_validator,
 )
 from streamrec.control.channel import CommandType
-from streamrec.control.trainer_config import END_LANDED, OnlineMode
+from streamrec.control.trainer_config import (
+    END_LANDED,
+    MAX_ENDPOINTS,
+    MAX_EVERY_PASSES,
+    MAX_RANKS,
+    MAX_SAMPLE_SIZE,
+    MAX_SLEEP_S,
+    MAX_SPLITS_PER_PASS,
+    MAX_THREADS,
+    OnlineMode,
+)
 from streamrec.layout import (
     count_passes,
     day_count,
@@ -124,12 +139,14 @@ class DataSpec(Spec):
     )
     start_day: str = Field(pattern=r"^\d{8}$", examples=["20190720"])
     end_day: str = Field(pattern=r"^\d{8}$", examples=["20190721"])
-    split_interval: int = Field(5, ge=1, le=1440, description="minutes per split")
-    split_per_pass: int = Field(1, ge=1, le=1440, description="splits per pass")
+    split_interval: int = Field(5, ge=1, le=1440, strict=True, description="minutes per split")
+    split_per_pass: int = Field(
+        1, ge=1, le=MAX_SPLITS_PER_PASS, strict=True, description="splits per pass"
+    )
     data_donefile: str | None = Field(
         "to.hadoop.done", pattern=_FILE_NAME, description="a split is ready when this file exists"
     )
-    data_sleep_second: float = Field(1.0, gt=0, le=3600)
+    data_sleep_second: float = Field(1.0, gt=0, le=MAX_SLEEP_S, strict=True)
     data_format: Literal["generated", "criteo"] = Field(
         "generated", description="generated (streamrec-datagen) or criteo text"
     )
@@ -239,10 +256,18 @@ class CheckpointSpec(Spec):
         min_length=1, max_length=4096, description="model root; under a configured model root"
     )
     checkpoint_per_pass: int = Field(
-        1, ge=1, le=10_000, description="a full checkpoint every N passes"
+        1,
+        ge=1,
+        le=MAX_EVERY_PASSES,
+        strict=True,
+        description="a full checkpoint every N passes (a job is resumed from one: not 0)",
     )
     save_delta_frequency: int = Field(
-        0, ge=0, le=10_000, description="a delta model every N passes (0: none)"
+        0,
+        ge=0,
+        le=MAX_EVERY_PASSES,
+        strict=True,
+        description="a delta model every N passes (0: none)",
     )
     save_base_at_day_end: bool = Field(
         True, description="shrink, then base and batch models after the last pass of a day"
@@ -265,7 +290,13 @@ class SamplerSpec(Spec):
             "(started on demand). Only with neg_num > 0"
         ),
     )
-    neg_num: int = Field(0, ge=0, le=1023, description="negatives per positive (0: none)")
+    neg_num: int = Field(
+        0,
+        ge=0,
+        le=MAX_SAMPLE_SIZE - 1,
+        strict=True,
+        description="negatives per positive (0: none)",
+    )
 
     @model_validator(mode="after")
     def _endpoint_needs_negatives(self) -> SamplerSpec:
@@ -280,7 +311,7 @@ class SamplerSpec(Spec):
 class StoreSpec(Spec):
     """The embedding store: shard endpoints (empty: in-process) and its table options."""
 
-    endpoints: list[str] = Field(default_factory=list, max_length=1024)
+    endpoints: list[str] = Field(default_factory=list, max_length=MAX_ENDPOINTS)
     tier: Literal["host", "ssd", "device"] | None = Field(
         None,
         description=(
@@ -320,7 +351,8 @@ class ResourcesSpec(Spec):
     trainer_ranks: int | None = Field(
         None,
         ge=1,
-        le=1024,
+        le=MAX_RANKS,
+        strict=True,
         description=(
             "ranks (WORLD_SIZE) of the trainer group; a group of another size fails the job. "
             "None: any"
@@ -330,12 +362,17 @@ class ResourcesSpec(Spec):
         "cpu", description="cuda: the dense model on a GPU, ranks joined with nccl"
     )
     threads_per_rank: int | None = Field(
-        None, ge=1, le=256, description="torch intra-op threads of each rank; None: torch's"
+        None,
+        ge=1,
+        le=MAX_THREADS,
+        strict=True,
+        description="torch intra-op threads of each rank; None: torch's",
     )
     restart_budget: int | None = Field(
         None,
         ge=0,
-        le=10_000,
+        le=10_000,  # the API's own restart_budget bound
+        strict=True,
         description=(
             "infrastructure restarts of the trainer group (a process killed, evicted, "
             "OOM-killed or stuck) allowed in a row without a pass done before the job fails; "
@@ -345,7 +382,8 @@ class ResourcesSpec(Spec):
     restart_backoff_s: float | None = Field(
         None,
         ge=0,
-        le=3600,
+        le=3600,  # the API's own restart_backoff_s bound
+        strict=True,
         description=(
             "wait before handing a pass out again after the first restart, doubled after each "
             "further one in a row (up to the API's restart_backoff_max_s); None: the API's"

@@ -6,7 +6,10 @@ Each tick (leader only):
    cleared: the group waits for its next job. An assignment whose group's registration has
    been missing for ``gone_after_s`` (the group is gone: its processes died and did not come
    back) is cleared too, so the job goes to another group (or the same one once it is back);
-   a group restarting (torchrun restarts all its ranks) keeps its job meanwhile.
+   a group restarting (torchrun restarts all its ranks) keeps its job meanwhile. A group
+   whose registration still names an ended job (``pool.ended_jobs``) is free all the same:
+   ``streamrec_api_pool_groups_held_by_ended_jobs`` counts such groups (a group clears its
+   registration as its job ends, so a count that stays says a group did not come back).
 2. **Assign.** A running job that no group serves (no assignment, no heartbeat of a group
    pinned to it with ``--job-id``) goes to an idle, unassigned group whose ranks fit
    ``resources.trainer_ranks`` (any size when unset), the first by name. With none, the job
@@ -24,7 +27,6 @@ from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.state import event_fields
 from streamrec.control import keys, pool, redis_io
-from streamrec.control.states import ACTIVE_STATES, JobState
 
 #: The job hash's ``trainers`` field: how the job stands with the pool.
 WAITING = "waiting_for_trainers"
@@ -46,9 +48,15 @@ class PoolScheduler:
     def tick(self, running: list[str]) -> None:
         groups = {g.name: g for g in pool.live_groups(self.r)}
         held = self.release(groups)
-        busy = set(held) | {g.name for g in groups.values() if g.job_id}
+        # a registration naming an ended job holds nothing: the group is free (a group that
+        # kept it would otherwise count busy for ever, and jobs would wait for trainers)
+        ended = pool.ended_jobs(self.r, (g.job_id for g in groups.values() if g.job_id))
+        stale = {name for name, g in groups.items() if g.job_id in ended}
+        working = {name for name, g in groups.items() if g.job_id and name not in stale}
+        busy = set(held) | working
         self.metrics.pool_groups.labels("busy").set(len(busy & set(groups)))
         self.metrics.pool_groups.labels("idle").set(len(set(groups) - busy))
+        self.metrics.pool_groups_held_by_ended_jobs.set(len(stale))
         served = {a.job_id for a in held.values()}
         waiting = 0
         for job_id in running:
@@ -69,9 +77,10 @@ class PoolScheduler:
         """Clears the assignments of ended jobs and gone groups; returns the ones kept."""
         kept = {}
         now = time.monotonic()
-        for name, a in pool.assignments(self.r).items():
-            state = redis_io.hget(self.r, keys.job(a.job_id), "state")
-            ended = state is None or JobState(state) not in ACTIVE_STATES
+        given = pool.assignments(self.r)
+        over = pool.ended_jobs(self.r, (a.job_id for a in given.values()))
+        for name, a in given.items():
+            ended = a.job_id in over
             if name in groups:
                 self._missing_since.pop(name, None)
                 gone = False

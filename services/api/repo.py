@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -33,7 +34,7 @@ from streamrec.api.public import (
     TriggersPublic,
     WorkerPublic,
 )
-from streamrec.api.spec_checks import SpecPolicy, check_spec, resolve_under
+from streamrec.api.spec_checks import SpecPolicy, check_spec, model_path_clash, resolve_under
 from streamrec.api.state import (
     ACTIVE_STATES,
     JobAction,
@@ -151,7 +152,17 @@ class Repo:
             "last_checkpoint": "",
             "error": "",
         }
-        with self.r.pipeline() as pipe:
+        model_path = spec.checkpoint.model_save_path
+
+        def create(pipe: redis.client.Pipeline) -> None:
+            # one model path, one job: checked and claimed in one transaction, so of two
+            # concurrent creates naming one path the second sees the first and gets a 409
+            paths, unindexed = live_model_paths(pipe)
+            clash = model_path_clash(model_path, paths)
+            if clash is not None:
+                raise clash
+            pipe.multi()
+            redis_io.hset(pipe, keys.MODEL_PATHS, {**unindexed, job_id: model_path})
             redis_io.hset(pipe, keys.job(job_id), fields)
             pipe.zadd(keys.JOBS, {job_id: now})
             pipe.sadd(keys.jobs_in_state(JobState.CREATED.value), job_id)
@@ -161,7 +172,8 @@ class Repo:
             redis_io.xadd(
                 pipe, keys.events(job_id), event_fields("state", "created", {"to": "created"})
             )
-            pipe.execute()
+
+        watched(self.r, create, keys.JOBS, keys.MODEL_PATHS)
         return self.get_job(job_id)
 
     def job_fields(self, job_id: str) -> dict[str, str]:
@@ -229,6 +241,7 @@ class Repo:
         if action == JobAction.START:
             extra = {"error": "", "started_at": f"{time.time():.3f}"}
             f = self.job_fields(job_id)
+            self._check_model_path(job_id, stored_spec(f["spec"]).checkpoint.model_save_path)
             if not f.get("trainer_config"):  # a job stored before the API kept it
                 extra["trainer_config"] = json.dumps(trainer_config(stored_spec(f["spec"]), job_id))
             # a stopped or failed job goes on from its last checkpoint: what was trained
@@ -236,6 +249,15 @@ class Repo:
             rewind_for_start(self.r, job_id, job_plan(stored_spec(f["spec"])))
         change_state(self.r, job_id, action, reason="operator", extra=extra, command=command)
         return self.get_job(job_id)
+
+    def _check_model_path(self, job_id: str, path: str) -> None:
+        """ModelPathTaken (409) when another live job's model path is, holds or lies inside
+        ``path``: two jobs created before the API refused that must not both run."""
+        paths, _ = live_model_paths(self.r)
+        paths.pop(job_id, None)
+        clash = model_path_clash(str(Path(path).resolve()), paths)
+        if clash is not None:
+            raise clash
 
     def delete_job(self, job_id: str) -> None:
         """Removes a finished (or never started) job and everything under it."""
@@ -261,6 +283,7 @@ class Repo:
                 pipe.delete(keys.trigger(job_id, tid))
             pipe.srem(keys.jobs_in_state(state), job_id)
             pipe.zrem(keys.JOBS, job_id)
+            pipe.hdel(keys.MODEL_PATHS, job_id)  # its model path free for a new job
             if endpoints:  # its rows in the store: freed by the first idle trainer group
                 pipe.rpush(keys.POOL_DROPS, NamespaceDrop(job_id, tuple(endpoints)).encode())
 
@@ -386,6 +409,20 @@ class Repo:
             ttl_s=ttl / 1000 if ttl and ttl > 0 else None,
             **pool,
         )
+
+
+def live_model_paths(r: redis.Redis) -> tuple[dict[str, str], dict[str, str]]:
+    """(job id -> resolved model path of every live job, those of them missing from the
+    index :data:`~streamrec.control.keys.MODEL_PATHS`: jobs stored before it, read from their
+    specs for the caller to index)."""
+    paths = redis_io.hgetall(r, keys.MODEL_PATHS)
+    unindexed: dict[str, str] = {}
+    if len(paths) != int(r.zcard(keys.JOBS)):
+        for job_id in redis_io.zrange(r, keys.JOBS, 0, -1):
+            raw = None if job_id in paths else redis_io.hget(r, keys.job(job_id), "spec")
+            if raw:
+                unindexed[job_id] = stored_spec(raw).checkpoint.model_save_path
+    return {**paths, **unindexed}, unindexed
 
 
 def stuck_for(beat: dict[str, Any], limit_s: float) -> float | None:

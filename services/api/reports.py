@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamrec.api.errors import ApiError
+from streamrec.api.lineage import job_plan, rewind_to_group
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.repo import Repo
@@ -121,7 +122,27 @@ class ReportApplier:
         redis_io.xadd(self.r, keys.events(job_id), event_fields(kind, message, data))
 
     def _on_started(self, job_id: str, data: dict[str, Any]) -> None:
+        """A group is up for the job, its model at ``resumed_from``: the passes done after
+        that are not in the model the job goes on from (a group restarted after a kill
+        between a pass's report and its checkpoint): rolled back and trained again."""
         self._event(job_id, "trainer", f"trainer group up: {data.get('ranks')} rank(s)", data)
+        resumed = data.get("resumed_from")
+        if resumed is not None and not isinstance(resumed, str):
+            raise ValueError(f"resumed_from must be a pass key or null, got {resumed!r}")
+        if resumed:
+            keys.parse_pass_key(resumed)  # a malformed key is a bad report
+        spec = self.repo.job_fields(job_id).get("spec")
+        if not spec:
+            return
+        rolled = rewind_to_group(
+            self.r,
+            job_id,
+            job_plan(stored_spec(spec)),
+            resumed,
+            f"a trainer group started from {resumed or 'a fresh model'}",
+        )
+        if rolled:
+            self.metrics.passes_requeued.labels(job_id).inc(len(rolled))
 
     def _stale(self, job_id: str, rec: str, data: dict[str, Any]) -> bool:
         """A report about an earlier attempt of a pass that was handed out again."""

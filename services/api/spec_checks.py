@@ -6,12 +6,15 @@ module adds what only the deployment knows, so a job cannot point the trainers a
 API was not told to allow::
 
     paths       data.train_data_dir, model.negative_sampling.table_path   under a data root
-                checkpoint.model_save_path                                 under a model root
+                checkpoint.model_save_path                                 under a model root;
+                                                  not, not in, not over another live job's (409)
                 every component at most NAME_MAX bytes (the filesystem's limit)
     endpoints   store.endpoints (each once), sampler.endpoint              allow-listed
     Redis       model.online.redis_url                                     allow-listed, and
                                                                            carries no password
     binds       model.runner.metrics_host                                  allow-listed hosts
+    ports       model.runner.metrics_port .. + trainer_ranks - 1           none the stack's
+                                                                           (API, Redis, shards)
     tables      store.table_parameters, model.table_parameters             the store's
                                                                            TableOptions rules
 
@@ -22,15 +25,22 @@ data-plane token or the model's rows; a bind on every interface would publish a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
-from streamrec.api.errors import EndpointRefused, PathRefused, Problem, SpecInvalid
+from streamrec.api.errors import (
+    EndpointRefused,
+    ModelPathTaken,
+    PathRefused,
+    Problem,
+    SpecInvalid,
+)
 from streamrec.api.models import JobCreate
+from streamrec.control.trainer_config import MAX_PORT
 from streamrec.errors import quote
 
 #: Longest path component (bytes, UTF-8): Linux's NAME_MAX; a longer one fails every open.
@@ -55,6 +65,9 @@ class SpecPolicy:
             default, ``sampler.endpoint`` unset).
         online_redis_urls: serving Redis URLs ``model.online.redis_url`` may name.
         metrics_hosts: addresses ``model.runner.metrics_host`` may bind.
+        api_port / redis_url: the API's own port and Redis (``--port``, ``--redis-url``);
+            with the endpoints and URLs above, the ports of the stack that a trainer's
+            ``model.runner.metrics_port`` may not take (:meth:`stack_ports`).
     """
 
     data_roots: Sequence[Path] = ()
@@ -63,6 +76,44 @@ class SpecPolicy:
     sampler_endpoints: Sequence[str] = ()
     online_redis_urls: Sequence[str] = ()
     metrics_hosts: Sequence[str] = field(default_factory=lambda: list(LOOPBACK_HOSTS))
+    api_port: int | None = None
+    redis_url: str | None = None
+
+    def stack_ports(self) -> dict[int, str]:
+        """TCP port -> what of the stack listens there, as far as these settings tell."""
+        out: dict[int, str] = {}
+        if self.api_port:  # 0: a free port, not known here
+            out[self.api_port] = "the API (--port)"
+        named = [
+            (self.redis_url, "the API's Redis (--redis-url)"),
+            *((u, "a serving Redis (--online-redis-url)") for u in self.online_redis_urls),
+            *((e, "a store shard (--store-endpoint)") for e in self.store_endpoints),
+            *((e, "a sampler (--sampler-endpoint)") for e in self.sampler_endpoints),
+        ]
+        for address, who in named:
+            port = tcp_port(address)
+            if port is not None:
+                out.setdefault(port, who)
+        return out
+
+
+#: The port of a redis:// URL that names none.
+REDIS_PORT = 6379
+
+
+def tcp_port(address: str | None) -> int | None:
+    """The TCP port of a ``tcp://`` endpoint or a ``redis://`` URL (6379 when it names
+    none); None for ``ipc://``, ``unix://`` and what does not parse."""
+    if not address:
+        return None
+    try:
+        parts = urlsplit(address)
+        port = parts.port
+    except ValueError:
+        return None
+    if port is None and parts.scheme in ("redis", "rediss") and parts.hostname:
+        return REDIS_PORT
+    return port
 
 
 def resolve_under(field_name: str, value: str, roots: Sequence[Path]) -> Path:
@@ -167,7 +218,34 @@ def model_problems(spec: JobCreate, policy: SpecPolicy) -> list[Problem]:
                 "--metrics-host",
             )
         )
+    port = _section(spec.model, "runner").get("metrics_port")
+    if type(port) is int and 0 < port <= MAX_PORT:  # a bad type or range: the trainer's 422
+        out += metrics_port_problems(port, spec.resources.trainer_ranks or 1, policy)
     return out
+
+
+def metrics_port_problems(port: int, ranks: int, policy: SpecPolicy) -> list[Problem]:
+    """``model.runner.metrics_port``: local rank r serves /metrics on ``port + r``, so each
+    of ``port .. port + ranks - 1`` (``resources.trainer_ranks``, else 1) must be a TCP port
+    and none a port of the stack (a rank there fails to bind, or the service does)."""
+    name = "model.runner.metrics_port"
+    last = port + ranks - 1
+    if last > MAX_PORT:
+        return [
+            (
+                name,
+                f"local rank {ranks - 1} would serve /metrics on {last} (metrics_port + local "
+                f"rank, resources.trainer_ranks {ranks}), past the last TCP port {MAX_PORT}",
+                port,
+                INVALID,
+            )
+        ]
+    ranks_on = f"{port}" if ranks == 1 else f"{port}..{last} (metrics_port + local rank)"
+    return [
+        (name, f"/metrics on {ranks_on} would take port {p}, the port of {who}", port, INVALID)
+        for p, who in sorted(policy.stack_ports().items())
+        if port <= p <= last
+    ]
 
 
 def table_problems(spec: JobCreate) -> list[Problem]:
@@ -228,3 +306,22 @@ def check_spec(spec: JobCreate, policy: SpecPolicy) -> None:
     problems += table_problems(spec)
     if problems:
         raise SpecInvalid(problems)
+
+
+def model_path_clash(path: str, others: Mapping[str, str]) -> ModelPathTaken | None:
+    """The conflict of a job's resolved model path with another live job's (``others``: job
+    id -> resolved model path), or None: one model path, one job. A path clashes when it is,
+    contains or lies inside the other (compared as resolved paths, component by component)."""
+    mine = Path(path)
+    for other_id, other in sorted(others.items()):
+        theirs = Path(other)
+        if mine == theirs:
+            relation = "is"
+        elif mine.is_relative_to(theirs):
+            relation = "lies inside"
+        elif theirs.is_relative_to(mine):
+            relation = "contains"
+        else:
+            continue
+        return ModelPathTaken(path, relation, other_id, other)
+    return None

@@ -4,6 +4,7 @@
 
     streamrec:jobs                          zset   job id -> creation time (listing order)
     streamrec:jobs:state:<state>            set    job ids in that state (one index per state)
+    streamrec:jobs:model_paths              hash   live job id -> its resolved model_save_path
     streamrec:job:<id>                      hash   spec (JSON), state, times, cursor, in-flight pass
     streamrec:job:<id>:passes               zset   pass key "YYYYMMDD/<pass_id>" -> order index
     streamrec:job:<id>:pass:<day>/<pid>     hash   one pass record (state, metrics, attempts, ...)
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 PREFIX = "streamrec"
 JOBS = f"{PREFIX}:jobs"
+#: job id -> resolved ``checkpoint.model_save_path`` of every live job (one model path, one job)
+MODEL_PATHS = f"{PREFIX}:jobs:model_paths"
 SCHEDULER_LOCK = f"{PREFIX}:scheduler:lock"
 POOL_GROUPS = f"{PREFIX}:pool:groups"
 POOL_ASSIGNMENTS = f"{PREFIX}:pool:assignments"

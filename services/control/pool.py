@@ -6,7 +6,9 @@ renewed like a heartbeat) saying how many ranks it has, where it runs and whethe
 The API's scheduler gives a running job that no group serves to an idle group whose ranks fit
 (``resources.trainer_ranks``), by writing ``keys.POOL_ASSIGNMENTS[name] = "<job id>:<token>"``;
 the group reads it, runs the job, and when the job ends (stopped, succeeded, failed, deleted)
-the scheduler clears the assignment and the group waits for the next one. The token changes
+the scheduler clears the assignment and the group waits for the next one. A group whose job
+failed, was stopped or could not start clears its registration's job at once; a registration
+that still names an ended job (:func:`ended_jobs`) counts as free all the same. The token changes
 with every assignment, so a group that finished a job never mistakes the same job started
 again for the one it finished (or the other way round).
 
@@ -24,11 +26,13 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 from streamrec.control import keys, redis_io
+from streamrec.control.states import ACTIVE_STATES
 from streamrec.errors import BadRequest
 
 #: What a group name may be (it is part of Redis keys and metric labels).
@@ -105,6 +109,21 @@ def live_groups(r: redis.Redis) -> list[GroupInfo]:
     if gone:
         r.srem(keys.POOL_GROUPS, *gone)
     return out
+
+
+def ended_jobs(r: redis.Redis, job_ids: Iterable[str]) -> set[str]:
+    """Those of ``job_ids`` that no group works for any more: deleted, or in no active state
+    (stopped, succeeded, failed; or never started). A group whose registration names one is
+    free, and an assignment to one is cleared."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return set()
+    with r.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hget(keys.job(job_id), "state")
+        states = pipe.execute()
+    active = {s.value for s in ACTIVE_STATES}
+    return {j for j, state in zip(ids, states, strict=True) if state not in active}
 
 
 def assignments(r: redis.Redis) -> dict[str, Assignment]:

@@ -51,6 +51,55 @@ OnlineSave = Literal["base", "delta"]
 #: ``runner.end_split`` value: end at the last split landed when the run starts.
 END_LANDED = "landed"
 
+# Bounds of the numeric settings, used where each field is defined below and by the REST job
+# (streamrec.api.models) where it defines the same field, so the two agree. Every number is
+# strict (``"30"`` or ``true`` is refused; an int is a float). A bound is what one trainer
+# machine can hold or wait for: past it a job fails later, or never ends.
+#: Splits per pass: a day of 1-minute splits.
+MAX_SPLITS_PER_PASS = 1440
+#: Seconds between two looks for a split's donefile.
+MAX_SLEEP_S = 3600.0
+#: Seconds to wait for a pass's donefiles (a week; None waits forever).
+MAX_DATA_WAIT_S = 7 * 86400.0
+#: checkpoint_per_pass, save_delta_frequency: a save every N passes.
+MAX_EVERY_PASSES = 10_000
+#: Rows a batch: parsed, pulled and computed at once (26 slots x dim 16 of 2^20 rows is
+#: 1.7 GiB of embeddings, each 512-wide layer 2 GiB of activations).
+MAX_BATCH = 1 << 20
+#: MiB a parse chunk: held as text and as parsed arrays, one per prefetched batch.
+MAX_READ_CHUNK_MB = 1024.0
+#: TCP's port range (0: any free port).
+MAX_PORT = 65535
+#: Sparse features: a store table each, and the dot interaction grows with their square.
+MAX_SLOTS = 1024
+#: Embedding dim: the store's ``TableOptions.dim`` bound.
+MAX_EMBEDDING_DIM = 4096
+#: Width of an MLP layer (a 16384 x 16384 layer is 1 GiB of float32, its optimizer state more).
+MAX_LAYER_WIDTH = 16384
+#: Layers of an MLP.
+MAX_LAYERS = 64
+#: Dense learning rate: a larger step diverges with every optimizer here.
+MAX_LEARNING_RATE = 100.0
+#: Scheduler steps (warmup, decay): 10^12 steps is 30 years at 1000 steps a second.
+MAX_STEPS = 10**12
+#: A wbce label weight (>= 0: a negative one would invert the loss).
+MAX_LOSS_WEIGHT = 1e6
+#: numpy's RandomState takes 0 .. 2^32-1, and the top MLP is seeded with seed + 1.
+MAX_SEED = 2**32 - 2
+#: Seconds a store request waits for a shard (a save of many GiB too): a day, as
+#: distributed.checkpoint_timeout_s.
+MAX_STORE_TIMEOUT_S = 86400.0
+#: Store shards a job lists.
+MAX_ENDPOINTS = 1024
+#: Ranks of a trainer group.
+MAX_RANKS = 1024
+#: torch intra-op threads of a rank.
+MAX_THREADS = 256
+#: 1 positive + negatives a sample.
+MAX_SAMPLE_SIZE = 1024
+#: Feature ids are 64-bit (PaddleRec's uint64 feasigns kept as int64 bit patterns).
+MIN_KEY, MAX_KEY = -(2**63), 2**63 - 1
+
 
 class OnlineMode(StrEnum):
     """The export mode that publishes to the serving Redis (the REST trigger's ``mode``)."""
@@ -74,6 +123,11 @@ def parse_dims(value: Any, field: str, min_len: int = 2) -> list[int]:
         raise ValueError(f"{field} must be a dash string or a list, got {value!r}")
     if len(dims) < min_len or any(d < 1 for d in dims):
         raise ValueError(f"{field} needs >= {min_len} positive sizes, got {value!r}")
+    if len(dims) > MAX_LAYERS or max(dims) > MAX_LAYER_WIDTH:
+        raise ValueError(
+            f"{field} may have at most MAX_LAYERS ({MAX_LAYERS}) sizes of at most "
+            f"MAX_LAYER_WIDTH ({MAX_LAYER_WIDTH}) each, got {value!r}"
+        )
     return dims
 
 
@@ -84,8 +138,8 @@ class RunnerConfig(StrictConfig):
     data_format: DataFormat = "generated"
     #: PaddleRec's reader name; here an alias of data_format (criteo | generated).
     reader_type: DataFormat | None = None
-    split_interval: int = Field(5, ge=1, le=1440)
-    split_per_pass: int = Field(1, ge=1)
+    split_interval: int = Field(5, ge=1, le=1440, strict=True)
+    split_per_pass: int = Field(1, ge=1, le=MAX_SPLITS_PER_PASS, strict=True)
     start_day: str = "20190720"
     end_day: str = "20190720"
     #: Where the run ends: a split of end_day (HHMM; the pass holding it keeps only the
@@ -93,19 +147,21 @@ class RunnerConfig(StrictConfig):
     #: run starts: a bounded run over the data there is), or None (end_day's last split).
     end_split: str | None = None
     data_donefile: str | None = "to.hadoop.done"
-    data_sleep_second: float = Field(1.0, gt=0)
+    data_sleep_second: float = Field(1.0, gt=0, le=MAX_SLEEP_S, strict=True)
     #: Give up waiting for a pass's donefiles after this many seconds (None: wait forever).
-    data_wait_timeout_second: float | None = Field(None, gt=0)
-    checkpoint_per_pass: int = Field(1, ge=0)
-    save_delta_frequency: int = Field(0, ge=0)
+    data_wait_timeout_second: float | None = Field(None, gt=0, le=MAX_DATA_WAIT_S, strict=True)
+    #: A full checkpoint every N passes (0: none, a run nothing resumes: tests, benchmarks;
+    #: a REST job needs one, its checkpoint.checkpoint_per_pass is >= 1).
+    checkpoint_per_pass: int = Field(1, ge=0, le=MAX_EVERY_PASSES, strict=True)
+    save_delta_frequency: int = Field(0, ge=0, le=MAX_EVERY_PASSES, strict=True)
     model_save_path: str = "output_model"
-    train_batch_size: int = Field(2048, ge=1)
+    train_batch_size: int = Field(2048, ge=1, le=MAX_BATCH, strict=True)
     #: A pass whose share of malformed lines exceeds this fails (DataError naming a line).
-    max_malformed_ratio: float = Field(0.01, ge=0, le=1)
+    max_malformed_ratio: float = Field(0.01, ge=0, le=1, strict=True)
     #: Parsed batches buffered ahead of compute by the prefetch thread.
-    prefetch_batches: int = Field(4, ge=1, le=64)
+    prefetch_batches: int = Field(4, ge=1, le=64, strict=True)
     #: Bytes read per parse chunk (whole lines; files are parsed chunk by chunk).
-    read_chunk_mb: float = Field(16.0, gt=0)
+    read_chunk_mb: float = Field(16.0, gt=0, le=MAX_READ_CHUNK_MB, strict=True)
     #: PaddleRec's flag: sparse gradients of the mean batch loss are multiplied by the batch
     #: size before the push (per-sample gradients, what the store's AdaGrad rules expect).
     scale_sparse_gradient_with_batch_size: bool = True
@@ -114,13 +170,14 @@ class RunnerConfig(StrictConfig):
     sparse_pipeline: bool = True
     #: Threads that run one batch's per-table store pulls/pushes side by side (0: 1 for an
     #: in-process store, up to 8 for the store service, whose calls wait on round trips).
-    sparse_threads: int = Field(0, ge=0, le=64)
+    sparse_threads: int = Field(0, ge=0, le=64, strict=True)
     #: Whether the predict phase runs before training (the honest online AUC).
     predict_before_train: bool = True
     #: Shrink + base + batch model at the last pass of each day.
     save_base_at_day_end: bool = True
-    #: Prometheus /metrics of local rank r on this port + r (0: any free port, None: none).
-    metrics_port: int | None = None
+    #: Prometheus /metrics of local rank r on this port + r (0: any free port, None: none);
+    #: the API also refuses one whose ranks' ports take a port of the stack (spec_checks).
+    metrics_port: int | None = Field(None, ge=0, le=MAX_PORT, strict=True)
     #: Address /metrics binds (0.0.0.0 in a container).
     metrics_host: str = "127.0.0.1"
 
@@ -179,31 +236,33 @@ class RunnerConfig(StrictConfig):
 class ModelConfig(StrictConfig):
     """The DLRM model and dense optimizer (reference DLRM names)."""
 
-    arch_sparse_feature_size: int = Field(16, ge=1)
+    arch_sparse_feature_size: int = Field(16, ge=1, le=MAX_EMBEDDING_DIM, strict=True)
     arch_mlp_bot: list[int] = Field(default_factory=lambda: [13, 512, 256, 64, 16])
     #: Top MLP after its input, which is fitted to the interaction (as the reference does).
     arch_mlp_top: list[int] = Field(default_factory=lambda: [512, 256, 1])
     arch_interaction_op: Literal["dot", "cat"] = "dot"
     arch_interaction_itself: bool = False
     #: Number of sparse features (embedding tables): 26 for Criteo (PaddleRec's name).
-    sparse_inputs_slots: int = Field(26, ge=1)
+    sparse_inputs_slots: int = Field(26, ge=1, le=MAX_SLOTS, strict=True)
     loss_function: Literal["mse", "bce", "wbce"] = "bce"
     #: wbce weights for label 0 and 1, the reference's '1.0-1.0' format.
-    loss_weights: list[float] = Field(default_factory=lambda: [1.0, 1.0])
-    loss_threshold: float = Field(0.0, ge=0, lt=1)
+    loss_weights: list[Annotated[float, Field(ge=0, le=MAX_LOSS_WEIGHT, strict=True)]] = Field(
+        default_factory=lambda: [1.0, 1.0]
+    )
+    loss_threshold: float = Field(0.0, ge=0, lt=1, strict=True)
     #: The dense optimizer and rate. Not the reference's sgd at 0.01: with the default tables
     #: that trails the reference model trained by torch Adagrad (0.05) by 0.010 AUC on the
     #: 26-slot planted stream (0.020 on the 8-slot one), and adagrad at 0.05 trails it by
     #: 0.007-0.024 (four seeds); adagrad at 0.02 leads it on all four (BENCHMARKS.md,
     #: "Defaults").
     optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
-    learning_rate: float = Field(0.02, gt=0)
-    lr_num_warmup_steps: int = Field(0, ge=0)
-    lr_decay_start_step: int = Field(0, ge=0)
-    lr_num_decay_steps: int = Field(0, ge=0)
+    learning_rate: float = Field(0.02, gt=0, le=MAX_LEARNING_RATE, strict=True)
+    lr_num_warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, strict=True)
+    lr_decay_start_step: int = Field(0, ge=0, le=MAX_STEPS, strict=True)
+    lr_num_decay_steps: int = Field(0, ge=0, le=MAX_STEPS, strict=True)
     #: The reference's mini_batch_size; an alias of runner.train_batch_size.
-    mini_batch_size: int | None = Field(None, ge=1)
-    numpy_rand_seed: int = 123
+    mini_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, strict=True)
+    numpy_rand_seed: int = Field(123, ge=0, le=MAX_SEED, strict=True)
 
     @field_validator("arch_mlp_bot", "arch_mlp_top", mode="before")
     @classmethod
@@ -250,11 +309,11 @@ class StoreConfig(StrictConfig):
     """
 
     #: Shard endpoints in shard order (the REST job's ``store.endpoints``); empty: in-process.
-    endpoints: list[str] = Field(default_factory=list)
+    endpoints: list[str] = Field(default_factory=list, max_length=MAX_ENDPOINTS)
     #: The tier the shards must serve (they own it: ``--tier`` of each shard); the trainer
     #: asks every shard at start and refuses a mismatch. None: not checked.
     tier: Literal["host", "ssd", "device"] | None = None
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, le=MAX_STORE_TIMEOUT_S, strict=True)
     #: The shards' namespace of this job's tables (the control plane sets the job id), so
     #: jobs share no rows; None: the shards' default namespace (their ``--tables``). The
     #: pattern is the store's ``namespaces.NAMESPACE_PATTERN``.
@@ -272,12 +331,14 @@ class ResourcesConfig(StrictConfig):
     """What this trainer group must look like (the REST job's ``resources``)."""
 
     #: Ranks (WORLD_SIZE) the job needs; a group of another size refuses it. None: any.
-    trainer_ranks: int | None = Field(None, ge=1)
+    trainer_ranks: int | None = Field(None, ge=1, le=MAX_RANKS, strict=True)
     #: torch intra-op threads per rank (torch.set_num_threads). None: torch's default (runs
     #: repeat to the last bit). "auto": a single CPU rank times its first steps with torch's
     #: default and with 1 thread and keeps the faster (thread_tuner.py; more threads help big
     #: batches, 1 helps small ones beside a store shard on the same cores).
-    threads_per_rank: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
+    threads_per_rank: (
+        Annotated[int, Field(ge=1, le=MAX_THREADS, strict=True)] | Literal["auto"] | None
+    ) = None
 
 
 class DistributedConfig(StrictConfig):
@@ -287,13 +348,13 @@ class DistributedConfig(StrictConfig):
     #: How long a collective waits for the other ranks before it raises. A rank that fails
     #: tells the others at once (distributed.exchange_outcomes); this bounds the wait for a
     #: rank gone silent (killed, stuck), so keep it well under a minute.
-    timeout_s: float = Field(30.0, gt=0, le=3600)
+    timeout_s: float = Field(30.0, gt=0, le=3600, strict=True)
     #: How long the ranks wait for each other at the end of a phase, a checkpoint save or
     #: load above all (rank 0 may write or read many GiB of store shards meanwhile; the
     #: wait is in the group's store, not a collective), and how long the watchdog lets a
     #: save or load run without progress. The rendezvous of a group is torchrun's (``--rdzv-conf
     #: timeout=``, 600 s in ``streamrec up`` and the manifests).
-    checkpoint_timeout_s: float = Field(1800.0, gt=0, le=86400)
+    checkpoint_timeout_s: float = Field(1800.0, gt=0, le=86400, strict=True)
 
 
 class NegativeSamplingConfig(StrictConfig):
@@ -303,18 +364,20 @@ class NegativeSamplingConfig(StrictConfig):
     #: Parquet negative table, loaded by local rank 0 (LOCAL_RANK) at start.
     table_path: str | None = None
     reload: bool = True
-    item_slot: int = Field(0, ge=0)
-    category_slot: int | None = Field(None, ge=0)
+    item_slot: int = Field(0, ge=0, lt=MAX_SLOTS, strict=True)
+    category_slot: int | None = Field(None, ge=0, lt=MAX_SLOTS, strict=True)
     #: More item-side slots taken from the negative table (columns slot_<k>).
-    item_slots: list[int] = Field(default_factory=list)
+    item_slots: list[Annotated[int, Field(ge=0, lt=MAX_SLOTS, strict=True)]] = Field(
+        default_factory=list, max_length=MAX_SLOTS
+    )
     #: 1 positive + (sample_size - 1) negatives, the seed's name.
-    sample_size: int = Field(2, ge=2, le=1024)
+    sample_size: int = Field(2, ge=2, le=MAX_SAMPLE_SIZE, strict=True)
     weight_tag: str = "weight"
     skey_name: str = "skey"
     put_back: bool = True
     #: Item for positives missing from the table; None: the sampler's MISSING_ITEM_ID (the
     #: seed's murmurhash(0)), read where the sampler is (this module stays torch-free).
-    default_value: int | None = None
+    default_value: int | None = Field(None, ge=MIN_KEY, le=MAX_KEY, strict=True)
     #: Keep only label-1 rows as positives (a stream of clicks); False samples for every row.
     positives_only: bool = True
     endpoint: str | None = None

@@ -20,6 +20,11 @@ and the bytes free, ``exists``, ``bad_request``; :mod:`~streamrec.embedding_stor
 a shard backs off saves to a filesystem it found full. Loading verifies every file's size and
 sha256 and every table before changing anything in the store.
 
+A shard service's save is one such directory per shard, ``<path>/shard-K-of-N/`` (the
+client's ``save``). The in-process store loads either shape (:func:`saved_parts`): all N
+shard directories are verified, then every row of every shard goes into the one store (a
+model trained on N shards serves, predicts and warm-starts in one process).
+
 Selections: checkpoint and batch take every row (batch is meant after the daily shrink);
 base takes score >= base_threshold; delta takes rows changed since the previous base/delta
 with score >= delta_threshold and unseen days <= delta_keep_days. Base and delta clear the
@@ -40,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import streamrec.embedding_store._C as _C
 import torch
+from streamrec.embedding_store.config import parse_shard_dir_name, shard_dir_name
 from streamrec.embedding_store.converters import Converter, FileConverter, load_npy, save_npy
 from streamrec.embedding_store.disk import disk_error, make_parents, remove_created
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
@@ -238,21 +244,108 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
+def saved_parts(path: str | os.PathLike[str]) -> list[Path]:
+    """The directories a save at ``path`` is made of: ``[path]`` for one store's save (its
+    MANIFEST.json on top), else its ``shard-K-of-N/`` directories in shard order (the shard
+    service's save: each shard its own directory and manifest).
+
+    Raises:
+        CheckpointError: shard directories of several shard counts, one missing, or one
+            numbered past its count.
+    """
+    path = _check_path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {str(path)!r}")
+    if (path / MANIFEST).exists():
+        return [path]
+    found = {
+        p.name: kn
+        for p in path.iterdir()
+        if p.is_dir() and (kn := parse_shard_dir_name(p.name)) is not None
+    }
+    if not found:
+        return [path]  # read_manifest names the missing manifest
+    counts = sorted({n for _k, n in found.values()})
+    if len(counts) > 1:
+        raise CheckpointError(
+            f"{str(path)!r} mixes saves of {' and '.join(map(str, counts))} shards "
+            f"({', '.join(sorted(found))}): one save per directory"
+        )
+    expected = [shard_dir_name(k, counts[0]) for k in range(counts[0])]
+    if set(found) != set(expected):
+        raise CheckpointError(
+            f"{str(path)!r} is not a whole save of {counts[0]} shard(s): it holds "
+            f"{', '.join(sorted(found))}, a save of {counts[0]} holds {', '.join(expected)}"
+        )
+    return [path / name for name in expected]
+
+
 def load_store(
     store: EmbeddingStore, path: str | os.PathLike[str], converter: Converter | None = None
 ) -> dict[str, Any]:
-    """Loads a directory written by :func:`save_store` into ``store``.
+    """Loads a save written by :func:`save_store` into ``store``: one directory, or the
+    ``shard-K-of-N/`` directories of a shard service's save (:func:`saved_parts`), whose rows
+    all go into this one store (the shards' keys are disjoint; the day is the latest one).
 
     checkpoint/batch replace the rows of the tables they hold (day included); base/delta set
     the weights of their keys (a delta after its base). Everything is read and checked
     before the store changes, so a bad checkpoint leaves the store as it was.
+
+    Returns:
+        The manifest (of a sharded save: shard 0's, with ``shards``: the number of parts).
     """
-    path = _check_path(path)
-    manifest = read_manifest(path)
-    mode = manifest["mode"]
-    full = mode in FULL_MODES
-    conv = converter or FileConverter(path)
+    parts = saved_parts(path)
+    manifests = [read_manifest(part) for part in parts]
+    manifest = manifests[0]
+    for part, other in zip(parts[1:], manifests[1:], strict=True):
+        if other["mode"] != manifest["mode"] or set(other["tables"]) != set(manifest["tables"]):
+            raise CheckpointError(
+                f"{str(part)!r} holds a {other['mode']} save of tables {sorted(other['tables'])}, "
+                f"{str(parts[0])!r} a {manifest['mode']} save of {sorted(manifest['tables'])}: "
+                f"not one save"
+            )
+    full = manifest["mode"] in FULL_MODES
+    if len(parts) > 1 and converter is not None and not full:
+        raise InvalidInput(
+            f"converter: a save of {len(parts)} shards is read from each shard's files, got "
+            f"{converter.describe()} (load it into the shards that saved it)"
+        )
+    read = [
+        _read_part(store, part, m, converter or FileConverter(part))
+        for part, m in zip(parts, manifests, strict=True)
+    ]
     staged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name in manifest["tables"]:
+        keys = np.concatenate([r[name][0] for r in read])
+        values = np.concatenate([r[name][1] for r in read])
+        if np.unique(keys).size != keys.shape[0]:
+            across = f" across its {len(parts)} shards" if len(parts) > 1 else ""
+            raise CheckpointError(f"{str(path)!r}: table {name!r} repeats keys{across}")
+        cap = getattr(store.tier(name), "capacity", None)
+        if full and cap is not None and keys.shape[0] > cap:
+            raise CheckpointError(
+                f"{str(path)!r}: table {name!r} has {keys.shape[0]} rows, capacity is {cap}"
+            )
+        staged[name] = (torch.from_numpy(keys), torch.from_numpy(values))
+    for name, (staged_keys, staged_values) in staged.items():
+        with store.exclusive(name) as tier:
+            if full:
+                tier.reset()
+                tier.import_rows(staged_keys, staged_values)
+            else:
+                tier.import_weights(staged_keys, staged_values)
+    if full:
+        store.day = max(int(m.get("day", 0)) for m in manifests)
+    return manifest if len(parts) == 1 else {**manifest, "shards": len(parts)}
+
+
+def _read_part(
+    store: EmbeddingStore, path: Path, manifest: dict[str, Any], conv: Converter
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The rows (keys, values) per table of one verified directory, checked against
+    ``store``'s tables and ``manifest`` (nothing of the store changes)."""
+    full = manifest["mode"] in FULL_MODES
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, meta in manifest["tables"].items():
         if name not in store.tables:
             raise CheckpointError(
@@ -272,7 +365,7 @@ def load_store(
             values = load_npy(path / f"{name}.rows.npy")
             want = (keys.shape[0], tier.width) if keys.ndim == 1 else None
         else:
-            keys, values = conv.read_rows(name, mode)
+            keys, values = conv.read_rows(name, manifest["mode"])
             want = (keys.shape[0], tier.dim) if keys.ndim == 1 else None
         if (
             keys.dtype != np.int64
@@ -285,26 +378,10 @@ def load_store(
                 f"{str(path)!r}: table {name!r}: keys {keys.dtype} {keys.shape} and values "
                 f"{values.dtype} {values.shape} do not match the manifest ({meta.get('rows')} rows)"
             )
-        if np.unique(keys).size != keys.shape[0]:
-            raise CheckpointError(f"{str(path)!r}: table {name!r} repeats keys")
         if not np.isfinite(values).all():
             raise CheckpointError(f"{str(path)!r}: table {name!r} holds NaN or Inf")
-        cap = getattr(tier, "capacity", None)
-        if full and cap is not None and keys.shape[0] > cap:
-            raise CheckpointError(
-                f"{str(path)!r}: table {name!r} has {keys.shape[0]} rows, capacity is {cap}"
-            )
-        staged[name] = (torch.from_numpy(keys), torch.from_numpy(values))
-    for name, (staged_keys, staged_values) in staged.items():
-        with store.exclusive(name) as tier:
-            if full:
-                tier.reset()
-                tier.import_rows(staged_keys, staged_values)
-            else:
-                tier.import_weights(staged_keys, staged_values)
-    if full:
-        store.day = int(manifest.get("day", 0))
-    return manifest
+        out[name] = (keys, values)
+    return out
 
 
 def _check_same_layout(

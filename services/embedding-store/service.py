@@ -50,7 +50,8 @@ A ``push_many`` is validated whole (every table's part, NaN/Inf included) before
 written.
 
 ``save``/``load`` use ``path/shard-K-of-N/`` (each shard its own manifest); ``load`` refuses a
-checkpoint saved by another number of shards. ``path`` must be absolute and lie under one of
+checkpoint saved by another number of shards (a one-shard store also loads the save of one
+in-process store, ``path/MANIFEST.json``). ``path`` must be absolute and lie under one of
 the shard's ``--model-root`` directories (``..`` and symlinks resolved first, see
 :mod:`streamrec.roots`); a shard without one saves and loads nothing. ``converter: "redis"``
 sends base/delta rows to the serving Redis given by ``--redis-url`` (each shard its own
@@ -503,6 +504,13 @@ class StoreService:
     ) -> tuple[Meta, Arrays]:
         root = self._root(meta)
         target = self._shard_dir(root)
+        if not target.is_dir() and (root / MANIFEST).is_file():  # one in-process store's save
+            if self.num_shards != 1:
+                raise ShardCountMismatch(
+                    f"checkpoint {str(root)!r} is one store's save ({MANIFEST} on top, no "
+                    f"shard-K-of-N/); this store runs {self.num_shards} shards"
+                )
+            target = root  # the whole of a one-shard store
         if not target.is_dir():
             named = (
                 {p.name: parse_shard_dir_name(p.name) for p in root.iterdir()}

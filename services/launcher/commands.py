@@ -136,7 +136,8 @@ def api_command(
 ) -> list[str]:
     """The control plane, allowed to read jobs' data under ``data_root`` only, to write
     models under ``model_root`` only, and to give jobs the ``store_endpoints`` and the
-    ``sampler_endpoints`` only (Redis's password: ``$STREAMREC_REDIS_PASSWORD_FILE``)."""
+    ``sampler_endpoints`` only (Redis's password: ``$STREAMREC_REDIS_PASSWORD_FILE``); every
+    request but its probes and /metrics needs ``token_file``'s token, reads too."""
     return [
         bin_path("streamrec-api"),
         "serve",
@@ -146,6 +147,7 @@ def api_command(
         redis_url,
         "--token-file",
         str(token_file),
+        "--auth-reads",  # the default: said here so that no default can open the reads
         "--data-root",
         str(data_root),
         "--model-root",
@@ -250,14 +252,19 @@ def trainer_command(
 
 
 def trainer_limits(
-    model_root: Path, data_root: Path, sampler_endpoints: Sequence[str]
+    model_root: Path,
+    data_root: Path,
+    sampler_endpoints: Sequence[str],
+    store_endpoints: Sequence[str] = (),
 ) -> list[str]:
     """The agent flags that confine a job read from Redis: its paths under the run's roots,
-    its sampler one of ``sampler_endpoints`` (streamrec.trainer.job_guard)."""
+    its sampler one of ``sampler_endpoints``, its store shards among ``store_endpoints``
+    (streamrec.trainer.job_guard: the peer token goes to no other address)."""
     return [
         "--model-root",
         str(model_root),
         "--data-root",
         str(data_root),
         *(arg for e in sampler_endpoints for arg in ("--sampler-endpoint", e)),
+        *(arg for e in store_endpoints for arg in ("--store-endpoint", e)),
     ]

@@ -18,8 +18,9 @@ directory), at most ``--max-restarts`` times each (datagen, which lands the data
 With ``--keep-running`` the supervision goes on after the job ends, until ``streamrec down``.
 Redis requires a password, new every run (``RUN/redis-password``, mode 0600, in
 ``RUN/redis.conf`` for redis-server: in no command line); every child is told the file
-(``$STREAMREC_REDIS_PASSWORD_FILE``). The trainers check a job's paths and sampler against
-the run's roots and sampler (``commands.trainer_limits``).
+(``$STREAMREC_REDIS_PASSWORD_FILE``). The trainers check a job's paths, sampler and store
+shards against the run's roots, sampler and shards (``commands.trainer_limits``), and the
+API asks for its token on reads too (``--auth-reads``; the launcher's client sends it).
 """
 
 from __future__ import annotations
@@ -383,7 +384,7 @@ class Stack:
     def trainer_args(self, group: str) -> list[str]:
         port = self.trainer_metrics_ports[self.groups.index(group)]
         limits = commands.trainer_limits(
-            self.run / "models", self.run / "data", [self.sampler_endpoint]
+            self.run / "models", self.run / "data", [self.sampler_endpoint], self.store_endpoints
         )
         return commands.trainer_command(
             self.args.trainers, self.redis_url, group, port, limits=limits

@@ -190,6 +190,27 @@ ALERTS: list[Alert] = [
         ),
     ),
     Alert(
+        # A group clears its registration as its job ends (done, failed, stopped, could not
+        # start) and the API counts one that still names an ended job free all the same. It
+        # may finish the step in hand first: a save runs up to distributed.checkpoint_timeout_s
+        # (30 minutes by default), so only longer than that is a group that did not come back.
+        name="StreamRecPoolGroupHeldByEndedJob",
+        expr=f"streamrec_api_pool_groups_held_by_ended_jobs > 0 and {LEADER}",
+        for_="30m",
+        severity="warning",
+        summary="{{ $value }} trainer group(s) still work for a job that has ended",
+        description=(
+            "{{ $value }} trainer group(s) of the pool have said for 30 minutes that they work"
+            " for a job that has ended (stopped, succeeded, failed or deleted): they did not"
+            " come back to the pool. The API gives them new jobs all the same; a group that"
+            " takes none is stuck in the ended job and needs a restart."
+        ),
+        signals=(
+            "streamrec_api_pool_groups_held_by_ended_jobs",
+            "streamrec_api_scheduler_leader",
+        ),
+    ),
+    Alert(
         # A group that dies again and again on its passes: each death's heartbeat gap is too
         # short for the age alerts to hold, so the restarts are counted. (A group that dies
         # before it takes a pass leaves the pool: StreamRecNoTrainersForJob and

@@ -369,9 +369,13 @@ def control_plane() -> dashboard.Dashboard:
             [
                 (f"max by (state) ({leader(f'{p}_pool_groups')})", "groups {{state}}"),
                 (f"max({leader(f'{p}_jobs_waiting_for_trainers')})", "jobs waiting"),
+                (
+                    f"max({leader(f'{p}_pool_groups_held_by_ended_jobs')})",
+                    "groups held by an ended job",
+                ),
             ],
-            "Trainer groups registered in the pool, idle or busy, and running jobs waiting for"
-            " one.",
+            "Trainer groups registered in the pool, idle or busy, running jobs waiting for"
+            " one, and groups that still name a job that has ended (counted idle).",
             min_value=0,
         ),
         series(

@@ -27,7 +27,12 @@ group.
 
 Lineage: a group loads exactly the checkpoint the API names (the job's ``last_checkpoint``
 at start, a work item's ``resume_from`` when its model is not the state after the item's
-``after`` pass), never "the newest on disk". A pass fails on every rank together
+``after`` pass), never "the newest on disk", and trains a pass only on the state after its
+``after`` pass: any other model lacks passes the job counts done, so the pass fails
+``store_lost`` untrained and the API rewinds the job to its checkpoint. The ``started``
+report's ``resumed_from`` tells the API where a (re)started group stands, and a pass is
+reported done before its checkpoint, so the job's last checkpoint never names a pass the API
+has not counted. A pass fails on every rank together
 (:class:`~streamrec.trainer.errors.PassFailed`, classified ``data`` or ``transient``); rank 0
 reports it and the group takes the next step. Every rank runs a :class:`Watchdog`: a rank
 that made no progress for ``--stuck-timeout-s`` while working exits (code 4), so its
@@ -58,6 +63,7 @@ from streamrec.control.channel import (
 from streamrec.control.trainer_config import OnlineMode, TrainerConfig
 from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.trainer import distributed as ddp
+from streamrec.trainer import faults
 from streamrec.trainer.agent_steps import (
     CHECKPOINT,
     COMMAND_OPS,
@@ -193,7 +199,7 @@ class Agent:
             )
             self.heart.start()
         try:
-            self.trainer = OnlineTrainer(config, store=self.store)
+            self.trainer = OnlineTrainer(config, store=self.store, job_id=self.job_id)
         except BadRequest as exc:  # wrong world size or tier, tables the shards refuse
             self._fatal(exc)
             raise
@@ -205,7 +211,11 @@ class Agent:
             raise
         if self.watchdog is not None:
             self.watchdog.start()
-        resumed = self.resume()
+        try:
+            resumed = self.resume()
+        except BadRequest as exc:  # a checkpoint of another model shape: no group can run it
+            self._fatal(exc)
+            raise
         if self.rank == 0:
             self.channel.report(
                 ReportKind.STARTED,
@@ -255,7 +265,9 @@ class Agent:
             # /metrics stays where the first trainer served it
             runner = self.job_config.runner.model_copy(update={"metrics_port": None})
             self.trainer = OnlineTrainer(
-                self.job_config.model_copy(update={"runner": runner}), store=self.store
+                self.job_config.model_copy(update={"runner": runner}),
+                store=self.store,
+                job_id=self.job_id,
             )
         self.mark_rolled_back(None)
 
@@ -335,34 +347,40 @@ class Agent:
     def load_for(self, item: WorkItem) -> tuple[str, int] | None:
         """The checkpoint to load before ``item``: none when this group's model is the
         state after ``item.after``; else the one the API names (``resume_from``, or the
-        job's last checkpoint)."""
+        job's last checkpoint), but only when it *is* the state after ``item.after``.
+
+        Any other model lacks passes the job counts done (a group back from a restart at an
+        older checkpoint than the last pass done, a kill between a pass's report and the
+        next): ``LOST``, so the pass fails ``store_lost`` before training and the API
+        rewinds the job to its checkpoint. Training on would drop those passes from the
+        model while REST calls them done."""
         t = self.job_trainer
         here = layout_key(t.last_pass) if t.clean else "dirty"
         if here == item.after:
             return None
         named = item.resume_from or self.channel.job().get("last_checkpoint") or None
-        if named is None and item.after is not None:
+        if named is None and item.after is None:
             log.warning(
-                "pass %s/%s: the model is at %s, not after %s, and no checkpoint holds %s: "
-                "the job goes back to its start",
+                "pass %s/%s: the model is at %s and there is no checkpoint to go back to: "
+                "the job starts afresh",
                 item.spec.day,
                 item.spec.pass_id,
                 here,
-                item.after,
-                item.after,
-            )
-            return LOST
-        if named is None:
-            log.warning(
-                "pass %s/%s: the model is at %s, not after %s, and there is no checkpoint "
-                "to go back to: the job starts afresh",
-                item.spec.day,
-                item.spec.pass_id,
-                here,
-                item.after,
             )
             return FRESH
-        return None if named == here else parse_key(named)
+        if named != item.after:
+            log.warning(
+                "pass %s/%s: the model is at %s, not after %s, and no checkpoint holds %s: "
+                "the job goes back to %s",
+                item.spec.day,
+                item.spec.pass_id,
+                here,
+                item.after,
+                item.after,
+                named or "its start",
+            )
+            return LOST
+        return parse_key(named)
 
     # ---- every rank: do it --------------------------------------------------------------
     def run(self) -> int:
@@ -435,13 +453,9 @@ class Agent:
                 self.holding = None
             return
         if self.rank == 0:
-            if record.get("checkpoint"):  # written by this pass, complete
-                self.channel.report(
-                    ReportKind.CHECKPOINT,
-                    day=spec.day,
-                    pass_id=spec.pass_id,
-                    path=record["checkpoint"],
-                )
+            # done first, then its checkpoint: the job's last checkpoint never names a pass
+            # the API has not counted done (a kill between the two leaves the job at its
+            # previous checkpoint, and the restarted group's resumed_from rewinds it)
             self.channel.report(
                 ReportKind.PASS_DONE,
                 day=spec.day,
@@ -450,6 +464,14 @@ class Agent:
                 attempt=step.attempt,
                 record=record,
             )
+            faults.after_pass_done()
+            if record.get("checkpoint"):  # written by this pass, complete
+                self.channel.report(
+                    ReportKind.CHECKPOINT,
+                    day=spec.day,
+                    pass_id=spec.pass_id,
+                    path=record["checkpoint"],
+                )
             assert step.item is not None
             self.channel.ack_pass(step.item)
             self.holding = None

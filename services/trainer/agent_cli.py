@@ -3,8 +3,9 @@
 Without ``--job-id`` the group joins the control plane's pool
 (:class:`~streamrec.trainer.pool_member.PoolMember`) and runs the jobs it is given; with it,
 the group is pinned to that job (:class:`~streamrec.trainer.agent.Agent`). The job guard's
-flags (``--model-root``, ``--data-root``, ``--sampler-endpoint``, ``--online-redis-url``) say
-what a job read from Redis may make the group do (:mod:`.job_guard`).
+flags (``--model-root``, ``--data-root``, ``--sampler-endpoint``, ``--store-endpoint`` or
+``--store-endpoint-template`` with ``--store-shards``, ``--online-redis-url``) say what a job
+read from Redis may make the group do (:mod:`.job_guard`).
 """
 
 from __future__ import annotations
@@ -74,11 +75,32 @@ def build_parser() -> argparse.ArgumentParser:
         ("--model-root", "a root a job's model_save_path must lie under"),
         ("--data-root", "a root a job's train_data_dir and sampler table must lie under"),
         ("--sampler-endpoint", "a sampler address a job may name (unset: the node-local one)"),
+        ("--store-endpoint", "a store shard address a job may name (the peer token goes there)"),
         ("--online-redis-url", "a serving Redis a job may publish to"),
     ):
         p.add_argument(flag, action="append", default=[], help=f"{what} (repeatable)")
+    p.add_argument(
+        "--store-endpoint-template",
+        default=None,
+        help="store shards a job may name, numbered: {shard} = 0 .. --store-shards - 1 "
+        "(tcp://embedding-store-{shard}.embedding-store:5555)",
+    )
+    p.add_argument("--store-shards", type=int, default=None, help="the template's shard count")
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def job_guard(args: argparse.Namespace) -> JobGuard:
+    """The limits the guard flags of ``args`` set (a ValueError names a bad flag)."""
+    return JobGuard.from_flags(
+        args.model_root,
+        args.data_root,
+        args.sampler_endpoint,
+        args.online_redis_url,
+        args.store_endpoint,
+        args.store_endpoint_template,
+        args.store_shards,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,13 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
     # released (Agent.close), not failed; the group leaves the pool
     handle_sigterm()
-    guard = JobGuard.from_flags(
-        args.model_root, args.data_root, args.sampler_endpoint, args.online_redis_url
-    )
+    try:
+        guard = job_guard(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     if not guard.enforce:
         log.warning(
-            "INSECURE: no --model-root/--data-root/--sampler-endpoint: the paths and endpoints "
-            "of a job read from Redis are not checked by this trainer"
+            "INSECURE: no --model-root/--data-root/--sampler-endpoint/--store-endpoint: the "
+            "paths and endpoints of a job read from Redis are not checked by this trainer"
         )
     try:
         args.redis_url = redis_io.with_password(args.redis_url, args.redis_password_file)

@@ -8,8 +8,14 @@ A full checkpoint ``model_root/YYYYMMDD/<pass_id>/`` holds::
     MANIFEST.json   written last: day, pass_id, sha256 of dense.pt and of every JSON file
                     under sparse/ (the store's manifests)
 
-A directory without MANIFEST.json was interrupted and is never loaded; a manifest whose
-checksums do not match raises :class:`CheckpointError` before anything is changed.
+Everything is written into a staging sibling ``.<name>.tmp-<id>/`` (dense part, the store's
+save, the manifest last) that is renamed onto ``<name>/`` once complete, so a failure (a full
+disk) leaves no ``<name>/`` holding part of a save: the staging is removed, a directory it was
+to replace is kept, and a full disk is an ``OSError`` (ENOSPC) naming the directory and the
+bytes free on its filesystem. A directory without MANIFEST.json was interrupted (written
+before staging) and is never loaded; a manifest whose checksums do not match raises
+:class:`CheckpointError` before anything is changed. The manifest names the job that wrote it
+(``job_id``, :mod:`.model_owner`); manifests without one (written before) load as well.
 
 Base, delta and batch models have the same shape (their ``sparse/`` holds the store's save in
 that mode). :func:`write_model` writes any of them, :func:`read_checkpoint` and
@@ -18,11 +24,14 @@ that mode). :func:`write_model` writes any of them, :func:`read_checkpoint` and
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,11 +57,49 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+#: errnos that mean the disk (or the user's quota) is full
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def save_dense(path: Path, state: dict[str, Any]) -> None:
-    """torch.save via a temporary name, so a crash never leaves a half file under ``path``."""
+    """torch.save via a temporary name, so a crash never leaves a half file under ``path``.
+
+    Serialized in memory first (the dense part is small) and written with plain file I/O:
+    torch.save into a full disk says ``unexpected pos`` without an errno, a write says ENOSPC.
+    """
+    buf = io.BytesIO()
+    torch.save(state, buf)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
+    with tmp.open("wb") as f:
+        f.write(buf.getbuffer())
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to this process on the filesystem of ``path`` (its nearest existing
+    ancestor: os.statvfs), or None when that cannot be told."""
+    for p in (path, *path.parents):
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def no_space(exc: OSError, directory: Path, what: str) -> OSError:
+    """The ENOSPC of ``what`` into ``directory``, naming it and the bytes free on its
+    filesystem (not the process's working directory's)."""
+    free = free_bytes(directory)
+    left = "unknown" if free is None else f"{free} bytes"
+    return OSError(
+        exc.errno,
+        f"{what} to {directory}: no space left on its filesystem ({left} free there; "
+        f"{exc.strerror or exc}); nothing of this save was kept",
+        str(directory),
+    )
 
 
 def load_dense(path: Path) -> dict[str, Any]:
@@ -151,14 +198,89 @@ def dense_state(
 def write_model(
     directory: Path, state: dict[str, Any], store: SparseStore, mode: str, info: dict[str, Any]
 ) -> Path:
-    """Dense state, the store's save in ``mode`` and the manifest (last) into a fresh
-    ``directory``. One process writes it (the store saves every shard)."""
-    fresh_dir(directory)
-    save_dense(directory / DENSE_NAME, state)
-    faults.checkpoint_write(str(directory))
-    store.save(str(directory / SPARSE_NAME), mode=mode)
-    write_manifest(directory, dict(info, mode=mode))
+    """Dense state, the store's save in ``mode`` and the manifest (last) into a staging
+    sibling of ``directory``, renamed onto it once complete (an existing ``directory`` is
+    replaced then). One process writes it (the store saves every shard).
+
+    Raises:
+        OSError: ENOSPC naming ``directory`` and the bytes free on its filesystem; nothing
+            of the save is left (staging and the parents it created removed).
+    """
+    created = _make_parents(directory.parent)
+    _remove_leftovers(directory)
+    staging = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        staging.mkdir()
+        save_dense(staging / DENSE_NAME, state)
+        faults.checkpoint_write(str(staging))
+        store.save(str(staging / SPARSE_NAME), mode=mode)
+        write_manifest(staging, dict(info, mode=mode))
+        _swap_in(staging, directory)
+    except BaseException as exc:
+        full = None
+        if _is_no_space(exc):
+            own = isinstance(exc, OSError) and exc.errno in NO_SPACE
+            cause = exc if isinstance(exc, OSError) and own else OSError(errno.ENOSPC, str(exc))
+            full = no_space(cause, directory, f"{mode} save")
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_created(created)
+        if full is not None:
+            raise full from exc
+        raise
     return directory
+
+
+def _is_no_space(exc: BaseException) -> bool:
+    """A full disk: an OSError's errno, or the store's ``no_space`` (in-process or a shard's)."""
+    return (isinstance(exc, OSError) and exc.errno in NO_SPACE) or (
+        getattr(exc, "code", None) == "no_space"
+    )
+
+
+def _swap_in(staging: Path, directory: Path) -> None:
+    """Renames the complete ``staging`` onto ``directory`` (one set aside first, then removed)."""
+    old = None
+    if directory.exists():
+        old = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex[:12]}")
+        os.replace(directory, old)
+    os.replace(staging, directory)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Staging and set-aside copies of ``directory`` left by a killed save (one job writes a
+    model directory, :mod:`.model_owner`: none is another save's)."""
+    for pattern in (f".{directory.name}.tmp-*", f".{directory.name}.old-*"):
+        for p in directory.parent.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _make_parents(path: Path) -> list[Path]:
+    """Creates ``path`` and its missing parents; returns those created, deepest last."""
+    missing = [p for p in (*reversed(path.parents), path) if not p.exists()]
+    created: list[Path] = []
+    for p in missing:
+        try:
+            p.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            _remove_created(created)
+            if exc.errno in NO_SPACE:
+                raise no_space(exc, path, "a save") from exc
+            raise
+        created.append(p)
+    return created
+
+
+def _remove_created(created: list[Path]) -> None:
+    """Removes the directories :func:`_make_parents` created, deepest first, if empty."""
+    for p in reversed(created):
+        try:
+            p.rmdir()
+        except OSError:
+            return  # not empty (another save's) or gone: leave the rest
 
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -32,6 +32,13 @@ class DataError(BadRequest):
     code = "bad_data"
 
 
+class ModelDirTaken(BadRequest):
+    """The model directory belongs to another job (its owner file or a manifest says so): a
+    trainer refuses to write into it (:mod:`.model_owner`); the agent reports it ``fatal``."""
+
+    code = "model_path_taken"
+
+
 class CheckpointError(TrainerError):
     """A checkpoint or exported model is missing, incomplete or inconsistent."""
 

@@ -6,14 +6,15 @@ An exported model directory::
                     ``quantize_dynamic(dlrm, {nn.Linear}, torch.qint8)``), as a state dict
     model.json      the architecture (hyper_parameters), the sparse tables' options and the
                     lineage: the splits the model was trained on (:mod:`.lineage`)
-    sparse/         the embedding store's ``base`` save (rows with score >= base_threshold)
+    sparse/         the embedding store's ``base`` save (rows with score >= base_threshold):
+                    one directory, or ``shard-K-of-N/`` per shard of a job on N shards
     MANIFEST.json   written last, with checksums
 
 :class:`Predictor` loads it (plus optional delta models saved later by the trainer, applied
-in order), and scores files of either data format, saying which of them the model was
-trained on (an AUC over those is in-sample, not a held-out evaluation). Nothing is
-unpickled: the state dict is read with ``weights_only=True`` into a model rebuilt from
-model.json.
+in order) into one in-process store, every shard's rows of a sharded save, and scores files
+of either data format, saying which of them the model was trained on (an AUC over those is
+in-sample, not a held-out evaluation). Nothing is unpickled: the state dict is read with
+``weights_only=True`` into a model rebuilt from model.json.
 """
 
 from __future__ import annotations

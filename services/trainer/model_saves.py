@@ -21,11 +21,13 @@ from streamrec.control.trainer_config import TrainerConfig
 from streamrec.save_modes import SaveMode
 from streamrec.trainer import checkpoint as ckpt
 from streamrec.trainer import distributed as ddp
+from streamrec.trainer import faults
 from streamrec.trainer import metrics as m
 from streamrec.trainer.errors import CheckpointError, ConfigError
 from streamrec.trainer.group_outcome import agree
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.model_owner import claim
 from streamrec.trainer.pass_log import PASSES_FILE, write_lines
 
 if TYPE_CHECKING:
@@ -41,6 +43,8 @@ class ModelSaves:
     """Saves and loads of an :class:`~.runner.OnlineTrainer` (which sets these fields)."""
 
     config: TrainerConfig
+    #: The job whose model this is (None: unchecked, :mod:`.model_owner`).
+    job_id: str | None
     rank: int
     world: int
     label: str
@@ -62,6 +66,7 @@ class ModelSaves:
         one (trained before a restart from an earlier checkpoint): each pass once, in
         training order. Written via a temporary file, so a failure leaves the old file."""
         self.model_root.mkdir(parents=True, exist_ok=True)
+        claim(self.model_root, self.job_id)
         path = self.model_root / PASSES_FILE
         here = (record["day"], record["pass_id"])
         kept = []
@@ -75,6 +80,7 @@ class ModelSaves:
                     pass  # not ours to judge: keep it
                 kept.append(line)
         write_lines(path, [*kept, json.dumps(record)])
+        faults.after_pass_log()
 
     def _save_due(self, spec: layout.PassSpec, checkpoint: bool = False) -> Path | None:
         """The saves due after ``spec`` (a checkpoint when ``checkpoint``); returns the
@@ -143,8 +149,10 @@ class ModelSaves:
                 "step": self.step,
                 "world_size": self.world,
                 "tables": self.config.table_names,
+                "job_id": self.job_id,
             }
             try:
+                claim(self.model_root, self.job_id)
                 ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
             except Exception as exc:
                 failure = exc

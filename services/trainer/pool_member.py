@@ -12,6 +12,13 @@ The process group is made once, for the group's life (jobs come and go; a job's 
 reuses it), and /metrics is served once, on the process's port, so both stay up between
 jobs. A job's Agent returns when the job is stopped, ends or is deleted; the group then
 waits for its next assignment (a new token), never exits by itself.
+
+However a job ends here, the group is back in the pool at once: its registration names no
+job as soon as the Agent returns or raises. A job the group cannot run (the agent reports it
+fatal: a tier or size the group lacks, a config this trainer refuses) is failed by the API
+with the group's message and never tried again here; a job the group could not start (a
+shard not up yet) is tried again after a backoff while it stays assigned, and the group takes
+another assignment meanwhile (the API gives it one once that job ended: stopped, deleted).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import torch
 import torch.distributed as dist
 from streamrec.control import redis_io
 from streamrec.control.pool import Assignment, PoolChannel, check_group_name
-from streamrec.errors import StreamRecError
+from streamrec.errors import BadRequest, StreamRecError
 from streamrec.metrics import serve_metrics
 from streamrec.trainer import distributed as ddp
 
@@ -94,19 +101,38 @@ class PoolMember:
         self.group_timeout_s = group_timeout_s
         #: The job this group works for now (rank 0's registration says it).
         self.job_id: str | None = None
-        #: The token of the last assignment carried out (not to be run again).
+        #: The token of the last assignment carried out or refused (not to be run again).
         self.finished: str | None = None
-        #: Tries in a row that ended in an error (the backoff before the next).
+        #: Rank 0: the assignment that could not start (its token) and the time.monotonic()
+        #: before which it is not tried again (another assignment is taken at once).
+        self.retry: tuple[str, float] | None = None
+        #: Tries in a row of that assignment that ended in an error (the backoff's exponent).
         self.failed_starts = 0
         self._stop = threading.Event()
+        #: held while the registration is written: a renewal never writes back a job the
+        #: group has just left
+        self._registering = threading.Lock()
         self.channel: PoolChannel | None = None
 
     def _renew(self) -> None:
         assert self.channel is not None
         while not self._stop.wait(self.ttl_s / 3):
             try:
-                self.channel.register(self.job_id)
+                with self._registering:
+                    self.channel.register(self.job_id)
             except redis.RedisError as exc:  # a blip: the next renewal may succeed
+                log.warning("pool registration failed: %s", exc)
+
+    def working_for(self, job_id: str | None) -> None:
+        """The group works for ``job_id`` (None: idle); rank 0's registration says so now
+        (or, after a Redis blip, at the next renewal)."""
+        with self._registering:
+            self.job_id = job_id
+            if self.channel is None:
+                return
+            try:
+                self.channel.register(job_id)
+            except redis.RedisError as exc:  # the renewal writes it again within ttl/3
                 log.warning("pool registration failed: %s", exc)
 
     def start(self) -> None:
@@ -137,6 +163,9 @@ class PoolMember:
         a = self.channel.assignment()
         if a is None or a.token == self.finished:
             return None
+        retry = self.retry
+        if retry is not None and retry[0] == a.token and time.monotonic() < retry[1]:
+            return None  # backing off; a new assignment is taken at once
         return a
 
     def _holds(self, a: Assignment) -> Callable[[], bool] | None:
@@ -153,6 +182,8 @@ class PoolMember:
         assert self.channel is not None
         while (drop := self.channel.take_drop()) is not None:
             try:
+                if (guard := self.agent_args.get("guard")) is not None:  # Redis is not trusted
+                    guard.check_store_endpoints(drop.endpoints, "drop.endpoints")
                 with EmbeddingStoreClient(list(drop.endpoints), namespace=drop.namespace) as c:
                     dropped = c.drop_namespace()
                 log.info("deleted job's rows freed (namespace %s): %s", drop.namespace, dropped)
@@ -173,9 +204,7 @@ class PoolMember:
                         self.free_deleted_jobs()
                     time.sleep(self.poll_s)
                     continue
-                self.job_id = a.job_id
-                if self.channel is not None:
-                    self.channel.register(a.job_id)
+                self.working_for(a.job_id)
                 log.info("group %s runs job %s", self.name, a.job_id)
                 agent = Agent(
                     self.redis_url,
@@ -187,22 +216,28 @@ class PoolMember:
                 )
                 try:
                     agent.run()
+                except BadRequest as exc:
+                    # a job this group cannot run: the agent reported it fatal, the API fails
+                    # it with this message and clears the assignment; never tried again here
+                    log.error("job %s cannot run on group %s: %s", a.job_id, self.name, exc)
+                    self.finished = a.token
                 except StreamRecError as exc:
-                    # a job this group cannot run fails (the agent reported it fatal and the
-                    # API clears the assignment); another error (a shard not up yet) is an
-                    # event: the same assignment is tried again after a backoff
-                    self.failed_starts += 1
+                    # could not start (a shard not up yet): an event; the same assignment is
+                    # tried again after a backoff while it stands, and the registration names
+                    # no job meanwhile (stopping the job frees the group: the API clears the
+                    # assignment, and a new one is taken at once)
+                    again = self.retry is not None and self.retry[0] == a.token
+                    self.failed_starts = self.failed_starts + 1 if again else 1
                     wait = min(60.0, 2.0**self.failed_starts)
+                    self.retry = (a.token, time.monotonic() + wait)
                     log.error("job %s: %s; trying again in %.0f s", a.job_id, exc, wait)
-                    self._stop.wait(wait)
-                    continue
+                else:
+                    self.failed_starts = 0
+                    self.retry = None
+                    self.finished = a.token
                 # anything else (a peer died in a collective) ends the process: torchrun
                 # restarts the whole group, which reads its assignment and goes on
-                self.failed_starts = 0
-                self.finished = a.token
-                self.job_id = None
-                if self.channel is not None:
-                    self.channel.register(None)
+                self.working_for(None)
                 log.info("group %s is back in the pool", self.name)
         finally:
             self.close()

@@ -66,6 +66,7 @@ from streamrec.trainer.group_outcome import share_pass_outcome
 from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.model_owner import check_owner
 from streamrec.trainer.model_saves import ModelSaves
 from streamrec.trainer.negsampling import NegativeSampler
 from streamrec.trainer.run_plan import RunPlan, plan_run
@@ -87,6 +88,9 @@ class OnlineTrainer(ModelSaves):
         store: an embedding store (a ``SparseStore``: in-process or the shards' client);
             None builds one (:func:`~streamrec.trainer.store.make_store`): the client when
             ``store.endpoints`` is set, else in-process.
+        job_id: the job this trainer runs (None: ``store.namespace``, which the control
+            plane sets to the job id): a model directory of another job is refused
+            (:class:`~.errors.ModelDirTaken`, :mod:`.model_owner`).
 
     Example:
         >>> t = OnlineTrainer(TrainerConfig.from_yaml("job.yaml"))
@@ -94,9 +98,14 @@ class OnlineTrainer(ModelSaves):
         >>> t.close()
     """
 
-    def __init__(self, config: TrainerConfig, store: SparseStore | None = None) -> None:
+    def __init__(
+        self, config: TrainerConfig, store: SparseStore | None = None, job_id: str | None = None
+    ) -> None:
         self.config = config
         hp, r = config.hyper_parameters, config.runner
+        self.job_id = job_id if job_id is not None else config.store.namespace
+        self.model_root = Path(r.model_save_path)
+        check_owner(self.model_root, self.job_id)  # before anything is built (a fatal error)
         self.device = torch.device(
             "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
         )
@@ -156,7 +165,6 @@ class OnlineTrainer(ModelSaves):
             self.optimizer, hp.lr_num_warmup_steps, hp.lr_decay_start_step, hp.lr_num_decay_steps
         )
         self.loss_fn = make_loss(hp.loss_function, hp.loss_weights)
-        self.model_root = Path(r.model_save_path)
         self.data_root = Path(r.train_data_dir)
         self.last_pass: tuple[str, int] | None = None
         #: The last publication to the serving Redis (``online``), for the caller to report.
@@ -390,6 +398,8 @@ class OnlineTrainer(ModelSaves):
         """
         r = self.config.runner
         started = time.monotonic()
+        # the model's state this pass trains on (its record says so: lineage is checkable)
+        after = "dirty" if not self.clean else _pass_name(self.last_pass)
         self.clean = False
         files = self.rank_files(spec, skip)
         pred, best, train = AucAccumulator(), AucAccumulator(), AucAccumulator()
@@ -423,6 +433,7 @@ class OnlineTrainer(ModelSaves):
         record: dict[str, Any] = {
             "day": spec.day,
             "pass_id": spec.pass_id,
+            "after": after,
             "splits": list(spec.splits),
             "skipped_splits": list(skip),
             "files": nfiles,
@@ -528,3 +539,8 @@ class OnlineTrainer(ModelSaves):
     def dense_copy(self) -> DLRMDense:
         """A detached CPU copy of the dense model (export, comparisons)."""
         return copy.deepcopy(self.dense).cpu().eval()
+
+
+def _pass_name(found: tuple[str, int] | None) -> str | None:
+    """``("20190720", 3)`` -> ``"20190720/3"``; None -> None."""
+    return None if found is None else f"{found[0]}/{found[1]}"

@@ -1,6 +1,7 @@
 """Trust between the control plane and the trainers (RELIABILITY.md, "No door left open"): the
-data-plane token goes to no address a job chose, and a trainer config rewritten in Redis is
-refused by the trainer itself (real API, real redis-server, real agent process)."""
+data-plane token goes to no address a job chose (a sampler, store shards, a deleted job's
+shards), and a trainer config rewritten in Redis is refused by the trainer itself (real API,
+real redis-server, real agent process, a real ZeroMQ socket recording what it is sent)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import SMALL_MODEL, agent_args, datagen
-from api_helpers import job_body
+from api_helpers import TEST_STORE_ENDPOINT, job_body
 from servers import free_port, wait_for
 from streamrec.control import keys
+from streamrec.control.pool import NamespaceDrop
+from streamrec.errors import StreamRecError
 from streamrec.process import spawn, stop_process
+from unauthenticated import PlainTrap
+
+#: The data-plane token the agents of these tests hold ($STREAMREC_AUTH_TOKEN_FILE).
+PEER_TOKEN = "trust-test-peer-token-0123"
 
 
 class Listener:
@@ -67,19 +74,45 @@ def listener():
     lst.close()
 
 
-def run_guarded_agent(redis_url: str, job_id: str, roots: dict[str, Path], log: Path):
-    """An agent with the trainer's own limits (the flags ``streamrec up`` passes)."""
+@pytest.fixture
+def trap():
+    t = PlainTrap()
+    yield t
+    t.close()
+
+
+@pytest.fixture
+def peer_token_file(tmp_path: Path) -> Path:
+    f = tmp_path / "peer-token"
+    f.write_text(PEER_TOKEN + "\n")
+    f.chmod(0o600)
+    return f
+
+
+def run_guarded_agent(
+    redis_url: str,
+    job_id: str | None,
+    roots: dict[str, Path],
+    log: Path,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+):
+    """An agent with the trainer's own limits (the flags ``streamrec up`` passes); ``job_id``
+    None: a pooled group (``trust-pool``) waiting for an assignment."""
+    pinned = agent_args(redis_url, job_id) if job_id is not None else []
+    pooled = ["--redis-url", redis_url, "--group-name", "trust-pool", "--poll-ms", "200"]
     args = [
         sys.executable,
         "-m",
         "streamrec.trainer.agent",
-        *agent_args(redis_url, job_id),
+        *(pinned or pooled),
         "--model-root",
         str(roots["model"]),
         "--data-root",
         str(roots["data"]),
+        *(extra or []),
     ]
-    return spawn(args, log=log, die_with_parent=True)
+    return spawn(args, log=log, env=env, die_with_parent=True)
 
 
 def rewrite_trainer_config(r, job_id: str, edit) -> None:
@@ -191,3 +224,74 @@ def test_the_trainer_starts_no_sampler_at_an_address_a_job_chose(tmp_path):
     with pytest.raises(SamplerUnavailable, match="auto_start=False"):
         NegativeSampler(cfg, num_slots=4)
     assert not sock.exists()
+
+
+def test_the_trap_records_the_token_a_store_client_sends(trap, peer_token_file):
+    """The control of the two tests below: the store client the trainer uses hands the trap
+    its token in the handshake, so a trap left empty means the token was never sent."""
+    from streamrec.embedding_store import EmbeddingStoreClient
+
+    with pytest.raises(StreamRecError, match="unauthorized"):
+        EmbeddingStoreClient([trap.endpoint], auth_token_file=peer_token_file, timeout_s=5)
+    assert (b"streamrec", PEER_TOKEN.encode()) in trap.credentials
+
+
+@pytest.mark.timeout(180)
+def test_store_endpoints_rewritten_into_redis_get_no_token(
+    client, roots, redis_server, r, trap, peer_token_file, tmp_path
+):
+    body = job_body(roots, "store", split_interval=720, data_donefile="to.hadoop.done")
+    body["model"] = SMALL_MODEL
+    job_id = client.post("/v1/jobs", json=body).json()["id"]
+
+    def to_trap(cfg: dict) -> None:  # an allowed shard first: the error names the second
+        cfg["store"] = {**cfg.get("store", {}), "endpoints": [TEST_STORE_ENDPOINT, trap.endpoint]}
+
+    rewrite_trainer_config(r, job_id, to_trap)
+    assert client.post(f"/v1/jobs/{job_id}/start").status_code == 200
+    log = tmp_path / "agent.log"
+    agent = run_guarded_agent(
+        redis_server.url,
+        job_id,
+        roots,
+        log,
+        extra=["--store-endpoint", TEST_STORE_ENDPOINT],
+        env={"STREAMREC_AUTH_TOKEN_FILE": str(peer_token_file)},
+    )
+    error = failed_with(client, job_id, agent, log)
+    assert "store.endpoints[1]" in error and trap.endpoint in error, error
+    assert "not a store shard this trainer trusts" in error
+    assert not trap.received(), (trap.accepted, trap.credentials)
+
+
+@pytest.mark.timeout(180)
+def test_a_deleted_jobs_drop_rewritten_into_redis_gets_no_token(
+    api, roots, redis_server, r, trap, peer_token_file, tmp_path
+):
+    """An idle pooled group frees deleted jobs' rows on the shards a drop names: a drop
+    pushed into Redis naming another address is refused, and nothing is sent there."""
+    r.rpush(keys.POOL_DROPS, NamespaceDrop("gone", (trap.endpoint,)).encode())
+    log = tmp_path / "pool.log"
+    agent = run_guarded_agent(
+        redis_server.url,
+        None,
+        roots,
+        log,
+        extra=["--store-endpoint", TEST_STORE_ENDPOINT],
+        env={"STREAMREC_AUTH_TOKEN_FILE": str(peer_token_file)},
+    )
+    try:
+        wait_for(
+            lambda: "not dropped" in log.read_text(),
+            timeout=120,
+            interval=0.2,
+            what="the pooled group to take the drop",
+            gone=lambda: None if agent.poll() is None else f"it exited ({agent.returncode})",
+            detail=lambda: log.read_text()[-2000:],
+        )
+    finally:
+        stop_process(agent)
+    text = log.read_text()
+    assert "drop.endpoints[0]" in text and trap.endpoint in text, text[-2000:]
+    assert r.llen(keys.POOL_DROPS) == 0
+    assert not trap.received(), (trap.accepted, trap.credentials)

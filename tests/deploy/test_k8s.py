@@ -293,17 +293,57 @@ def api_settings(r: Rendered) -> Any:
     return Settings.load({"auth_disabled": True}, env=env)
 
 
+def trainer_guard(r: Rendered) -> Any:
+    """The trainers' job guard as their agent would build it from the rendered args and env
+    (a ``configMapKeyRef`` read from the rendered ConfigMap)."""
+    from streamrec.trainer.agent_cli import build_parser, job_guard
+
+    trainer = r.named("StatefulSet", "trainer")
+    assert trainer is not None
+    (container,) = trainer["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for e in container["env"]:
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif ref is not None:
+            (config,) = [c for c in r.of("ConfigMap") if c["metadata"]["name"] == ref["name"]]
+            env[e["name"]] = config["data"][ref["key"]]
+    args = container["args"]
+    agent = args[args.index("streamrec.trainer.agent") + 1 :]
+    expanded = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in agent]
+    return job_guard(build_parser().parse_args(expanded))
+
+
 def counts(r: Rendered) -> tuple[int, str, list[str], str]:
-    """(shards, --num-shards, the API's allowed store endpoints, the trainers' WORLD_SIZE)."""
+    """(shards, --num-shards, the API's allowed store endpoints, the trainers' WORLD_SIZE);
+    the trainers allow the same store endpoints as the API (their peer token goes there)."""
     store = r.named("StatefulSet", "embedding-store")
     trainer = r.named("StatefulSet", "trainer")
     assert store is not None and trainer is not None
+    endpoints = api_settings(r).store_endpoints
+    guard = trainer_guard(r)
+    assert guard.enforce and list(guard.store_endpoints) == endpoints
     return (
         store["spec"]["replicas"],
         flag(store, "--num-shards"),
-        api_settings(r).store_endpoints,
+        endpoints,
         env_value(trainer, "WORLD_SIZE"),
     )
+
+
+def test_reads_need_the_token_and_the_probes_and_metrics_do_not(rendered: Rendered) -> None:
+    """The API closes its reads (ConfigMap streamrec-api); its probes and its ServiceMonitor
+    need no token: /healthz, /readyz and /metrics stay open (services/api/README.md)."""
+    assert api_settings(rendered).auth_reads is True
+    api = rendered.named("Deployment", "api")
+    assert api is not None
+    (container,) = api["spec"]["template"]["spec"]["containers"]
+    probes = {container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
+    assert probes <= {"/healthz", "/readyz"}
+    for monitor in rendered.of("ServiceMonitor"):
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint.get("path", "/metrics") == "/metrics", monitor["metadata"]["name"]
 
 
 def test_shard_and_rank_counts_agree(rendered: Rendered) -> None:

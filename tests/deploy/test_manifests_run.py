@@ -227,7 +227,8 @@ class Cluster:
             name = m.group(2)
             if name == "localhost":  # the pod's own: no cluster name
                 return m.group(0)
-            if re.fullmatch(r"127(\.\d+){3}", name):  # mapped already (env expanded in args)
+            # mapped already (env expanded in args; a {shard} template's too)
+            if re.fullmatch(r"127(\.(\d+|\{shard\})){3}", name):
                 return m.group(0)
             ip = own_ip if name == "0.0.0.0" and own_ip else self.hosts.get(name)
             assert ip is not None, f"no cluster name {name!r} (in {value!r})"

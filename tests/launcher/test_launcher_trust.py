@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from streamrec.api.__main__ import build_parser as api_parser
 from streamrec.control.redis_io import PASSWORD_FILE_ENV, with_password
 from streamrec.launcher import commands
 from streamrec.launcher.__main__ import build_parser
 from streamrec.launcher.stack import Stack
+from streamrec.trainer.agent_cli import build_parser as agent_parser
+from streamrec.trainer.agent_cli import job_guard
 
 
 def flag_values(cmd: list[str], flag: str) -> list[str]:
@@ -26,16 +29,25 @@ def stack_in(tmp_path: Path, out: io.StringIO | None = None) -> Stack:
     return Stack(build_parser().parse_args(["up", "--run-dir", str(tmp_path / "run")]), out)
 
 
-def test_trainers_and_api_are_given_the_runs_roots_and_sampler(tmp_path: Path) -> None:
+def test_trainers_and_api_are_given_the_runs_roots_sampler_and_shards(tmp_path: Path) -> None:
     stack = stack_in(tmp_path)
     trainer = stack.trainer_args("trainers-0")
     assert flag_values(trainer, "--model-root") == [str(stack.run / "models")]
     assert flag_values(trainer, "--data-root") == [str(stack.run / "data")]
     assert flag_values(trainer, "--sampler-endpoint") == [stack.sampler_endpoint]
+    # the peer token goes to the run's shards only (streamrec.trainer.job_guard)
+    assert stack.store_endpoints
+    assert flag_values(trainer, "--store-endpoint") == stack.store_endpoints
+    agent = trainer[trainer.index("streamrec.trainer.agent") + 1 :]
+    guard = job_guard(agent_parser().parse_args(agent))
+    assert guard.enforce and list(guard.store_endpoints) == stack.store_endpoints
     api = commands.api_command(
         1, "redis://x", tmp_path / "t", tmp_path, tmp_path, [], ["ipc:///s.sock"]
     )
     assert flag_values(api, "--sampler-endpoint") == ["ipc:///s.sock"]
+    # reads need the token too, whatever the API's default
+    served = api_parser().parse_args(api[1:])
+    assert served.auth_reads is True and not served.auth_disabled
 
 
 def test_each_run_gets_a_new_private_redis_password_in_no_command_line(tmp_path: Path) -> None:
