@@ -4,15 +4,17 @@ Prometheus's text format read from a live /metrics, and the one wait of the test
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 import redis
 from streamrec.process import free_port, spawn, stop_process
 
@@ -143,3 +145,21 @@ def scrape_metrics(port: int) -> dict[str, float]:
     return parse_metrics(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     )
+
+
+@contextlib.contextmanager
+def tmpfs(root: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted at ``root`` (made here): a real filesystem that fills
+    up (mounting needs root, as the test machines have)."""
+    root.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(root)],
+        capture_output=True,
+        text=True,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (not root?): {mount.stderr.strip()}")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)

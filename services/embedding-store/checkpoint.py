@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import streamrec.embedding_store._C as _C
 import torch
+from streamrec.dirs import make_parents, remove_created
 from streamrec.embedding_store.config import parse_shard_dir_name, shard_dir_name
 from streamrec.embedding_store.converters import Converter, FileConverter, load_npy, save_npy
-from streamrec.embedding_store.disk import disk_error, make_parents, remove_created
+from streamrec.embedding_store.disk import disk_error
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
 from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
 from streamrec.save_modes import FULL_MODES, SAVE_MODES, SaveMode

@@ -155,32 +155,3 @@ class NoSpaceBackoff:
         if dev is not None:
             with self._lock:
                 self._failed.pop(dev, None)
-
-
-def make_parents(path: Path) -> list[Path]:
-    """Creates the missing parents of ``path``; returns those created (deepest last), so a
-    failed save can remove them again (:func:`remove_created`)."""
-    missing = [p for p in reversed(path.parents) if not p.exists()]
-    created: list[Path] = []
-    try:
-        for p in missing:
-            try:
-                p.mkdir()
-            except FileExistsError:
-                if not p.is_dir():
-                    raise
-                continue
-            created.append(p)
-    except BaseException:
-        remove_created(created)
-        raise
-    return created
-
-
-def remove_created(created: list[Path]) -> None:
-    """Removes directories :func:`make_parents` created, deepest first, if still empty."""
-    for p in reversed(created):
-        try:
-            p.rmdir()
-        except OSError:
-            return  # not empty (another save put something there) or gone: leave the rest

@@ -54,7 +54,9 @@ def job_spec(args: argparse.Namespace, run: Path, store_endpoints: list[str]) ->
             "data_format": "generated",
         },
         "checkpoint": {
-            "model_save_path": str(run / "models"),
+            # a directory of its own under the model root: other jobs (the README's REST
+            # example) get theirs beside it, not inside the demo's (one model path, one job)
+            "model_save_path": str(run / "models" / "demo"),
             "checkpoint_per_pass": 1,
             "save_delta_frequency": 0,
             "save_base_at_day_end": True,

@@ -506,6 +506,9 @@ class Stack:
                 job = self.api.job(self.job_id)
                 passes = self.api.passes(self.job_id)
             except (ServiceUnavailable, RemoteError) as exc:
+                if isinstance(exc, RemoteError) and exc.code == "404":
+                    self.say(f"job {self.job_id} deleted")  # over REST: nothing to follow
+                    return 1
                 if str(exc) != last_error:
                     self.say(f"  (api: {exc})")
                     last_error = str(exc)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from streamrec import layout
+from streamrec.dirs import make_parents, remove_created
 from streamrec.layout import MANIFEST_NAME
 from streamrec.save_modes import SaveMode
 from streamrec.trainer import faults
@@ -206,7 +207,7 @@ def write_model(
         OSError: ENOSPC naming ``directory`` and the bytes free on its filesystem; nothing
             of the save is left (staging and the parents it created removed).
     """
-    created = _make_parents(directory.parent)
+    created = _make_parents(directory)
     _remove_leftovers(directory)
     staging = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}")
     try:
@@ -223,7 +224,7 @@ def write_model(
             cause = exc if isinstance(exc, OSError) and own else OSError(errno.ENOSPC, str(exc))
             full = no_space(cause, directory, f"{mode} save")
         shutil.rmtree(staging, ignore_errors=True)
-        _remove_created(created)
+        remove_created(created)
         if full is not None:
             raise full from exc
         raise
@@ -256,31 +257,15 @@ def _remove_leftovers(directory: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _make_parents(path: Path) -> list[Path]:
-    """Creates ``path`` and its missing parents; returns those created, deepest last."""
-    missing = [p for p in (*reversed(path.parents), path) if not p.exists()]
-    created: list[Path] = []
-    for p in missing:
-        try:
-            p.mkdir()
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            _remove_created(created)
-            if exc.errno in NO_SPACE:
-                raise no_space(exc, path, "a save") from exc
-            raise
-        created.append(p)
-    return created
-
-
-def _remove_created(created: list[Path]) -> None:
-    """Removes the directories :func:`_make_parents` created, deepest first, if empty."""
-    for p in reversed(created):
-        try:
-            p.rmdir()
-        except OSError:
-            return  # not empty (another save's) or gone: leave the rest
+def _make_parents(directory: Path) -> list[Path]:
+    """The missing parents of ``directory`` made (:func:`streamrec.dirs.make_parents`); a
+    full disk raises ENOSPC naming the path and its filesystem's free bytes."""
+    try:
+        return make_parents(directory)
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise no_space(exc, directory.parent, "a save") from exc
+        raise
 
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:

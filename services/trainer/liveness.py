@@ -19,6 +19,10 @@ log = logging.getLogger("streamrec.trainer.agent")
 STUCK_EXIT = 4
 
 
+#: How often a rank checks that its launcher is still its parent.
+ORPHAN_CHECK_S = 0.2
+
+
 class Heartbeat:
     """Renews the group's heartbeat every ``ttl/3`` seconds in a daemon thread.
 
@@ -48,10 +52,16 @@ class Heartbeat:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
+        next_beat = time.monotonic() + self.period
+        # the parent is looked at every ORPHAN_CHECK_S, not only at each beat: an orphaned
+        # group must stop within a pass or so, not go on training for a third of the TTL
+        while not self._stop.wait(min(ORPHAN_CHECK_S, self.period)):
             if os.getppid() != self.parent:
                 log.error("launcher (pid %d) is gone: this rank exits", self.parent)
                 os._exit(3)
+            if time.monotonic() < next_beat:
+                continue
+            next_beat = time.monotonic() + self.period
             try:
                 self.channel.heartbeat(**self.info, **self.progress())
             except Exception as exc:  # Redis blip: the next beat may succeed

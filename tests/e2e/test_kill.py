@@ -164,7 +164,7 @@ def test_kill_each_service_mid_job_every_pass_exactly_once(tmp_path: Path) -> No
         assert keys == Counter({(DAY, i): 1 for i in range(1, PASSES + 1)}), keys
         assert all(p["state"] == "done" for p in passes)
         # ... and the trainers' own record of the passes they finished
-        lines = (run / "models" / "passes.jsonl").read_text().splitlines()
+        lines = (run / "models" / "demo" / "passes.jsonl").read_text().splitlines()
         recorded = Counter((r["day"], r["pass_id"]) for r in map(json.loads, lines))
         assert recorded == Counter({(DAY, i): 1 for i in range(1, PASSES + 1)}), recorded
         for line in out.lines:

@@ -85,8 +85,8 @@ def test_stack_up_restart_rest_down(tmp_path: Path) -> None:
         assert resp.status_code == 409 and resp.json()["state"] == "succeeded"
         assert httpx.post(f"{api}/v1/jobs/{state['job_id']}/stop", timeout=10).status_code == 401
         # models on disk: checkpoints, then base and batch after the day's last pass
-        assert (run / "models" / "20190720" / "6" / "MANIFEST.json").is_file()
-        assert (run / "models" / "20190720" / "base" / "MANIFEST.json").is_file()
+        assert (run / "models" / "demo" / "20190720" / "6" / "MANIFEST.json").is_file()
+        assert (run / "models" / "demo" / "20190720" / "base" / "MANIFEST.json").is_file()
         # redis persisted with an append-only file
         assert any((run / "redis").rglob("*.aof")) or (run / "redis" / "appendonlydir").is_dir()
         # streamrec down stops everything

@@ -6,12 +6,12 @@ free, leaves no partial directory, and a retry backs off; a name too long is
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import numpy as np
 import pytest
 import torch
+from servers import tmpfs
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
 from streamrec.embedding_store.disk import BACKOFF_FIRST_S
 from streamrec.errors import RemoteError
@@ -21,18 +21,9 @@ TMPFS_BYTES = 2 << 20
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 2 MB tmpfs: a real filesystem that fills up (needs root, as this test VM has)."""
-    root = tmp_path / "models"
-    root.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(root)],
-        capture_output=True,
-        text=True,
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (not root?): {mount.stderr.strip()}")
-    yield root
-    subprocess.run(["umount", "-l", str(root)], check=False)
+    """A 2 MB tmpfs: a real filesystem that fills up."""
+    with tmpfs(tmp_path / "models", TMPFS_BYTES) as root:
+        yield root
 
 
 def remote_error(call) -> RemoteError:

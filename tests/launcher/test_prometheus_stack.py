@@ -89,6 +89,13 @@ TEMPLATE_VARIABLE = re.compile(r"\$\{\w+(:\w+)?\}|\$\w+|\[\[\w+\]\]")
 T = TypeVar("T")
 
 
+def another_job(spec: dict[str, Any], name: str, **sections: Any) -> dict[str, Any]:
+    """The demo job's spec as job ``name``, with its own model path (one path, one job)."""
+    checkpoint = spec["checkpoint"]
+    path = str(Path(checkpoint["model_save_path"]).parent / name)
+    return {**spec, "name": name, "checkpoint": {**checkpoint, "model_save_path": path}, **sections}
+
+
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, up: Any) -> T:
     """Polls ``probe`` until it returns a truthy value; fails after ``timeout_s`` or as soon as
     the ``streamrec up`` process exits, with the end of its output."""
@@ -282,7 +289,7 @@ def crash_loop(state: dict[str, Any], token: str, run: Path, up: Any, p: Prometh
             "runner": {**spec["model"].get("runner", {}), "train_batch_size": 4},
         }
         data = {**spec["data"], "split_per_pass": 4}
-        job_id = api.create_job({**spec, "name": "crash-loop", "data": data, "model": model})["id"]
+        job_id = api.create_job(another_job(spec, "crash-loop", data=data, model=model))["id"]
         api.action(job_id, "start")
         for n in range(3):
             wait_for(
@@ -368,8 +375,7 @@ def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> No
         # (a stop is no group death, restart or failed checkpoint)
         api = ApiClient(state["api_url"], token)
         try:
-            spec = {**api.job(state["job_id"])["spec"], "name": "stopped"}
-            second = api.create_job(spec)["id"]
+            second = api.create_job(another_job(api.job(state["job_id"])["spec"], "stopped"))["id"]
             api.action(second, "start")
             wait_for("a pass of the second job", lambda: api.job(second)["passes_done"] > 0, 60, up)
             api.action(second, "stop")
@@ -390,7 +396,7 @@ def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> No
         try:
             spec = api.job(state["job_id"])["spec"]
             data = {**spec["data"], "start_day": "20190722", "end_day": "20190722"}
-            starved = api.create_job({**spec, "name": "starved", "data": data})["id"]
+            starved = api.create_job(another_job(spec, "starved", data=data))["id"]
             api.action(starved, "start")
             wait_firing(p, "StreamRecDataNotArriving", up, f', job_id="{starved}"')
             api.action(starved, "stop")

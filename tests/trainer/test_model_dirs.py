@@ -8,11 +8,11 @@ import errno
 import json
 import os
 import re
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
+from servers import tmpfs
 from streamrec import layout
 from streamrec.errors import BadRequest
 from streamrec.trainer.checkpoint import read_checkpoint
@@ -132,18 +132,9 @@ def test_an_injected_enospc_leaves_no_partial_checkpoint(stream, tmp_path, monke
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 4 MiB tmpfs: a real filesystem that fills up (needs root, as this test VM has)."""
-    root = tmp_path / "disk"
-    root.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)],
-        capture_output=True,
-        text=True,
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (not root?): {mount.stderr.strip()}")
-    yield root
-    subprocess.run(["umount", "-l", str(root)], check=False)
+    """A 4 MiB tmpfs: a real filesystem that fills up."""
+    with tmpfs(tmp_path / "disk", 4 << 20) as root:
+        yield root
 
 
 def fill(disk: Path) -> Path:

@@ -1,0 +1,444 @@
+"""Chaos on a real `streamrec up --keep-running` stack: kill -9 of every kind of service at
+seeded random moments while a job runs over REST, then the verdict of :mod:`chaos_checks`.
+
+Shared by ``tests/e2e/test_chaos.py`` (bounded, a kill of each kind) and ``tools/chaos.py``
+(as long as asked). The stack's demo job is stopped and deleted at once (its model path,
+``RUN/models``, would hold every other job's); the chaos job is the demo's spec with its
+own model path and ``checkpoint_per_pass``; the no-fault job, the same spec again, runs
+after it on the same data (same seed) for the steps each pass adds and the AUC.
+
+Kinds and what a kill of each takes down (pids from ``RUN/stack.json``)::
+
+    trainer-rank    one rank of the job's torchrun group (torchrun restarts the group)
+    trainer-group   the torchrun process and all its ranks (the launcher restarts it)
+    store           one store shard (the launcher stops the groups, restarts the shard
+                    empty, starts the groups: the job goes back to its last checkpoint)
+    redis, api, sampler   that process (restarted at the same address)
+
+Moments: a random delay in the interval after the previous kill (or its recovery), then for
+a share of the kills the instant the next ``pass_done`` report of a pass no checkpoint holds
+lands on the job's report stream in Redis (the window where a group that dies has trained
+passes the last checkpoint lacks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from servers import wait_for
+from stack_helpers import STREAMREC, Output, child_pids, start_stack, stderr_log, trainer_rank
+from streamrec.control import keys, redis_io
+from streamrec.process import descendants, pid_alive, stop_process
+
+#: Every kind of service a chaos run kills.
+KINDS = ("trainer-rank", "trainer-group", "store", "redis", "api", "sampler")
+TRAINER_KINDS = ("trainer-rank", "trainer-group")
+TERMINAL = ("succeeded", "failed", "stopped")
+
+
+@dataclass
+class Kill:
+    """One kill -9: what, which pids, when (wall clock) and at which moment."""
+
+    kind: str
+    victim: str
+    pids: list[int]
+    at: float
+    moment: str
+
+
+class Stack:
+    """A `streamrec up --keep-running` in ``run`` and a REST client that rides out the API's
+    and Redis's deaths (a read is retried until its deadline)."""
+
+    def __init__(self, run: Path, proc: subprocess.Popen, out: Output) -> None:
+        self.run = run
+        self.proc = proc
+        self.out = out
+        self.state = json.loads((run / "stack.json").read_text())
+        self.shards = len(self.state["store_endpoints"])
+        self.ranks = 2  # the demo job's (drop_demo reads it)
+        token = (run / "api-token").read_text().strip()
+        self.http = httpx.Client(
+            base_url=self.state["api_url"],
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+
+    @classmethod
+    def up(
+        cls, run: Path, *flags: str, split_interval: int, samples: int, rate: float = 0
+    ) -> Stack:
+        """Starts the stack (one trainer group; ``rate`` splits land a second, 0: all at
+        once) and waits for its demo job to be submitted."""
+        proc = start_stack(
+            run,
+            "--keep-running",
+            "--samples-per-split",
+            str(samples),
+            "--trainer-groups",
+            "1",
+            *flags,
+            split_interval=split_interval,
+            rate=rate,
+        )
+        out = Output(proc, stderr_log(run))
+        try:
+            out.wait_for("  job  ", timeout=180)  # stack.json names it from then on
+            return cls(run, proc, out)
+        except BaseException:
+            stop_process(proc, timeout_s=60)
+            raise
+
+    def down(self) -> None:
+        self.http.close()
+        subprocess.run(
+            [STREAMREC, "down", "--run-dir", str(self.run)], capture_output=True, timeout=120
+        )
+        stop_process(self.proc, timeout_s=60)
+
+    def detail(self) -> str:
+        logs = self.run / "logs"
+        tail = [
+            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            for log in sorted(logs.glob("trainers-*.log"))
+        ]
+        return "output:\n" + "\n".join(self.out.lines[-40:]) + "\n" + "\n".join(tail)
+
+    # ---- REST --------------------------------------------------------------------------
+    def call(self, method: str, path: str, timeout: float = 90, **kw: Any) -> Any:
+        """``/v1/jobs{path}``; a refused connection or a 5xx is retried until ``timeout``."""
+
+        def once() -> Any:
+            try:
+                resp = self.http.request(method, f"/v1/jobs{path}", **kw)
+            except httpx.TransportError:
+                return None
+            if resp.status_code >= 500:
+                return None
+            assert resp.status_code < 400, (method, path, resp.status_code, resp.text)
+            return [resp.json() if resp.content else None]
+
+        return wait_for(once, timeout, 0.2, what=f"{method} {path}", detail=self.detail)[0]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.call("GET", f"/{job_id}")
+
+    def passes(self, job_id: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            page = self.call("GET", f"/{job_id}/passes", params={"offset": len(out), "limit": 1000})
+            out += page["data"]
+            if not page["data"] or len(out) >= page["count"]:
+                return out
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": 1000, **({"after": after} if after else {})}
+            page = self.call("GET", f"/{job_id}/events", params=params)
+            out += page["data"]
+            after = page["next"]
+            if after is None:
+                return out
+
+    def wait_state(self, job_id: str, timeout: float, *states: str) -> dict[str, Any]:
+        return wait_for(
+            lambda: (j := self.job(job_id))["state"] in (states or TERMINAL) and j,
+            timeout,
+            0.5,
+            what=f"job {job_id} in {states or TERMINAL}",
+            detail=self.detail,
+        )
+
+    def drop_demo(self) -> dict[str, Any]:
+        """Stops and deletes the demo job `streamrec up` submitted; returns its spec."""
+        demo = self.state["job_id"]
+        spec = self.job(demo)["spec"]
+        self.ranks = int(spec["resources"]["trainer_ranks"])
+        self.call("POST", f"/{demo}/stop")
+        self.wait_state(demo, 120)
+        # the launcher follows the job until it sees it end: only then may it be gone
+        self.out.wait_for("services stay up", timeout=120)
+        self.call("DELETE", f"/{demo}")
+        return spec
+
+    def submit(
+        self, template: dict[str, Any], name: str, checkpoint_per_pass: int, **data: Any
+    ) -> str:
+        """Creates and starts ``template`` as ``name``, its model under ``RUN/models/name``
+        (``data``: fields of its ``data`` section replaced, e.g. ``end_split``)."""
+        spec = json.loads(json.dumps(template))
+        spec["name"] = name
+        spec["data"].update(data)
+        spec["checkpoint"]["model_save_path"] = f"{self.state['model_root']}/{name}"
+        spec["checkpoint"]["checkpoint_per_pass"] = checkpoint_per_pass
+        job_id = self.call("POST", "", json=spec)["id"]
+        self.call("POST", f"/{job_id}/start")
+        return job_id
+
+    def model_path(self, job: dict[str, Any]) -> Path:
+        return Path(job["spec"]["checkpoint"]["model_save_path"])
+
+    # ---- Redis: the instant a report lands -----------------------------------------------
+    def redis(self) -> redis.Redis:
+        url = redis_io.with_password(self.state["redis_url"], self.state["redis_password_file"])
+        return redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=2, socket_connect_timeout=1
+        )
+
+
+def next_pass_done(
+    r: redis.Redis, job_id: str, wanted: Callable[[int], bool], until: Callable[[], bool]
+) -> str | None:
+    """Blocks until a ``pass_done`` report of a pass with ``wanted(pass_id)`` lands on the
+    job's report stream (read without a consumer group: the API's reading is untouched);
+    returns its ``day/pass_id``, or None once ``until()`` (Redis down: retried)."""
+    stream, last = keys.reports(job_id), "$"
+    while not until():
+        try:
+            reply = r.xread({stream: last}, count=100, block=500)
+        except redis.RedisError:
+            time.sleep(0.2)  # Redis restarting (its append-only file keeps the ids)
+            continue
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                last = entry_id
+                if fields.get("type") != "pass_done":
+                    continue
+                data = json.loads(fields.get("data") or "{}")
+                if wanted(int(data.get("pass_id", 0))):
+                    return keys.pass_key(str(data["day"]), int(data["pass_id"]))
+    return None
+
+
+# ---- kills --------------------------------------------------------------------------------
+def victims(stack: Stack, kind: str, index: int) -> tuple[str, list[int]] | None:
+    """The processes a kill of ``kind`` takes down now (None: not up, e.g. restarting);
+    ``index`` picks the rank or the shard."""
+    try:
+        pids = child_pids(stack.run)
+    except (OSError, ValueError):  # stack.json being rewritten
+        return None
+    group = stack.state["trainer_groups"][0]
+    if kind == "trainer-rank":
+        if not pid_alive(pids.get(group)):
+            return None
+        try:
+            return f"{group} rank {index}", [trainer_rank(pids[group], index)]
+        except AssertionError:  # torchrun between two attempts
+            return None
+    if kind == "trainer-group":
+        pid = pids.get(group)
+        below = descendants(pid) if pid_alive(pid) else []
+        return (f"{group} (torchrun + {len(below)})", [pid, *below]) if below else None
+    name = f"store-{index}" if kind == "store" else kind
+    pid = pids.get(name)
+    return (name, [pid]) if pid_alive(pid) else None
+
+
+def kill(stack: Stack, kind: str, rng: random.Random, moment: str) -> Kill:
+    """Kill -9 of ``kind`` (waiting, at most a minute, for one to be up)."""
+    index = rng.randrange(stack.ranks if kind == "trainer-rank" else stack.shards)
+    found = wait_for(lambda: victims(stack, kind, index), 60, 0.1, what=f"a {kind} to kill")
+    name, pids = found
+    at = time.time()
+    for pid in pids:  # torchrun first: it must not restart the ranks it sees die
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return Kill(kind, name, pids, at, moment)
+
+
+@dataclass
+class Schedule:
+    """What to kill when: every kind of ``kinds`` once first (shuffled), then at random.
+
+    Args:
+        seed: the random source of the kinds, victims, moments and delays.
+        kinds: the kinds to kill (each of KINDS).
+        interval: (min, max) seconds from the previous kill (or its recovery, with
+            ``wait_recovery``) to the next.
+        pass_done_share: the share of kills made, after that, at the next ``pass_done``
+            report (at least one trainer kill is, when a trainer kind is in ``kinds``).
+        wait_recovery: the next kill only once a pass handed out after this one is done.
+    """
+
+    seed: int
+    kinds: tuple[str, ...] = KINDS
+    interval: tuple[float, float] = (2.0, 6.0)
+    pass_done_share: float = 0.4
+    wait_recovery: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.kinds if k not in KINDS]
+        if bad or not self.kinds:
+            raise ValueError(f"kinds must be some of {KINDS}, got {list(self.kinds)}")
+        lo, hi = self.interval
+        if not 0 <= lo <= hi:
+            raise ValueError(f"interval must be 0 <= min <= max, got {self.interval}")
+        if not 0 <= self.pass_done_share <= 1:
+            raise ValueError(f"pass_done_share must be in [0, 1], got {self.pass_done_share}")
+
+    def plan(self, rng: random.Random) -> Iterator[tuple[str, float, bool]]:
+        """(kind, delay in seconds, then at a pass_done report or not), for ever."""
+        first = list(self.kinds)
+        rng.shuffle(first)
+        trainers = [i for i, k in enumerate(first) if k in TRAINER_KINDS]
+        forced = rng.choice(trainers) if trainers else None
+        n = 0
+        while True:
+            kind = first[n] if n < len(first) else rng.choice(self.kinds)
+            on_done = n == forced or rng.random() < self.pass_done_share
+            yield kind, round(rng.uniform(*self.interval), 2), on_done
+            n += 1
+
+
+def done_after(stack: Stack, job_id: str, t: float) -> float | None:
+    """When the first pass handed out after ``t`` finished (None: none yet)."""
+    ends = [
+        p["finished_at"]
+        for p in stack.passes(job_id)
+        if p["state"] == "done" and (p.get("queued_at") or 0) > t
+    ]
+    return min(ends) if ends else None
+
+
+def run_chaos(
+    stack: Stack,
+    job_id: str,
+    schedule: Schedule,
+    seconds: float,
+    min_kills: int = 0,
+    say: Callable[[str], None] = print,
+) -> list[Kill]:
+    """Kills by ``schedule`` while the job runs, for ``seconds`` (at least ``min_kills``
+    kills are tried before that ends it); returns the kills."""
+    rng = random.Random(schedule.seed)
+    cpp = int(stack.job(job_id)["spec"]["checkpoint"].get("checkpoint_per_pass") or 1)
+    r = stack.redis()
+    t0 = time.time()
+    kills: list[Kill] = []
+    state = {"ended": False, "checked": 0.0}
+
+    def ended() -> bool:
+        if not state["ended"] and time.monotonic() - state["checked"] > 1:
+            state["checked"] = time.monotonic()
+            state["ended"] = stack.job(job_id)["state"] in TERMINAL
+        return bool(state["ended"])
+
+    def over() -> bool:
+        return ended() or (len(kills) >= min_kills and time.time() - t0 > seconds)
+
+    try:
+        for kind, delay, on_done in schedule.plan(rng):
+            at = time.monotonic() + delay
+            wait_for(lambda at=at: time.monotonic() >= at or over(), delay + 120, 0.05)
+            if over():
+                break
+            moment = f"{delay:.1f}s"
+            if on_done:
+                # then a pass_done of a pass no checkpoint holds (pass_id % cpp != 0)
+                got = next_pass_done(r, job_id, lambda pid: pid % cpp != 0, over)
+                if got is None:
+                    break
+                moment += f", at pass_done {got}"
+            k = kill(stack, kind, rng, moment)
+            kills.append(k)
+            say(f"  t+{k.at - t0:6.1f}s kill -9 {k.victim} (pids {k.pids}) after {k.moment}")
+            if schedule.wait_recovery:
+                wait_for(
+                    lambda k=k: done_after(stack, job_id, k.at) or ended(),
+                    240,
+                    0.3,
+                    what=f"a pass done after the kill of {k.victim}",
+                    detail=stack.detail,
+                )
+    finally:
+        r.close()
+    return kills
+
+
+# ---- what the events say ------------------------------------------------------------------
+def pass_events(
+    events: list[dict[str, Any]],
+) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+    """(hand-outs, dones): (ts, day/pass_id) of the job's pass events, oldest first."""
+    handed, done = [], []
+    for e in events:
+        if e["type"] != "pass" or "pass" not in (e.get("data") or {}):
+            continue
+        item = (float(e["ts"]), str(e["data"]["pass"]))
+        if "attempt" in e["data"] or " handed out" in e["message"]:
+            handed.append(item)
+        elif e["message"].endswith(" done") or " done:" in e["message"]:
+            done.append(item)
+    return handed, done
+
+
+def recovery_s(kill_at: float, events: list[dict[str, Any]]) -> float | None:
+    """Kill -> the end of the first pass handed out after it (a whole pass included)."""
+    handed, done = pass_events(events)
+    for ts, key in done:
+        if ts <= kill_at:
+            continue
+        last_handout = max((h for h, k in handed if k == key and h <= ts), default=0.0)
+        if last_handout > kill_at:
+            return ts - kill_at
+    return None
+
+
+def longest_gap(events: list[dict[str, Any]], start: float) -> tuple[float, float]:
+    """(seconds, start of it): the longest time from ``start`` without a pass done."""
+    _, done = pass_events(events)
+    times = [start, *sorted(ts for ts, _ in done if ts >= start)]
+    gaps = [(b - a, a) for a, b in zip(times, times[1:], strict=False)]
+    return max(gaps, default=(0.0, start))
+
+
+def summary(
+    kills: list[Kill],
+    job: dict[str, Any],
+    events: list[dict[str, Any]],
+    t0: float,
+) -> list[str]:
+    """Kills and recoveries per kind, the longest gap without a pass done, the rollbacks."""
+    lines = [f"kills: {len(kills)} in {(max((k.at for k in kills), default=t0) - t0):.0f}s"]
+    for kind in KINDS:
+        mine = [k for k in kills if k.kind == kind]
+        if not mine:
+            continue
+        rec = [recovery_s(k.at, events) for k in mine]
+        got = [s for s in rec if s is not None]
+        figures = (
+            f"recovery min {min(got):.1f}s median {statistics.median(got):.1f}s max {max(got):.1f}s"
+            if got
+            else "no recovery seen"
+        )
+        lost = len(rec) - len(got)
+        lines.append(
+            f"  {kind:<14} {len(mine):>3} kill(s) ({sum('pass_done' in k.moment for k in mine)} at "
+            f"pass_done)  {figures}" + (f"  ({lost} without a pass done after)" if lost else "")
+        )
+    gap, at = longest_gap(events, t0)
+    lines.append(f"longest gap without a pass done: {gap:.1f}s (from t+{at - t0:.1f}s)")
+    rolled = [e for e in events if e["type"] == "rollback"]
+    lines.append(
+        f"job {job['id']}: {job['state']}, {job['passes_done']}/{job['passes_total']} passes "
+        f"done, restarts_total {job.get('restarts_total')}, {len(rolled)} rollback(s) of "
+        f"{sum(len(e['data'].get('rolled_back') or []) for e in rolled)} pass(es)"
+    )
+    return lines

@@ -1,0 +1,192 @@
+"""Chaos run: kill -9 of the stack's services at random for as long as asked, then the verdict.
+
+On a `streamrec up --keep-running` stack in ``--run-dir`` (one trainer group of 2 ranks, 2
+store shards) a job over REST, its data landing one split every ``--pass-seconds`` for
+``--minutes`` (the job cannot finish sooner), ``--checkpoint-per-pass``; meanwhile a kill -9
+of one of ``--kinds`` every ``--interval`` seconds (for ``--pass-done-share`` of them, after
+that, the instant the next ``pass_done`` report of a pass no checkpoint holds lands in
+Redis), each kind once first, in a seeded order. Then the same job without faults over the
+same data, and a summary: kills and recoveries per kind (kill -> the end of the first pass
+handed out after it), the longest time without a pass done, whether REST, ``passes.jsonl``
+and the checkpoints agree pass by pass (every row in ``RUN/chaos-passes.txt``, the failing
+ones printed) and the mean predict AUC against the no-fault run. Exit code 0: the job
+succeeded and all agree; 1: not; 2: bad arguments.
+
+    .venv/bin/python tools/chaos.py --minutes 5 --seed 7
+    .venv/bin/python tools/chaos.py --minutes 30 --interval 20 60 --run-dir /tmp/chaos
+
+The code is shared with ``tests/e2e/test_chaos.py`` (``tests/e2e/chaos_harness.py``,
+``tests/e2e/chaos_checks.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
+
+from chaos_checks import agreement, kept_records, mean_predict_auc, read_records  # noqa: E402
+from chaos_harness import KINDS, Schedule, Stack, run_chaos, summary  # noqa: E402
+from streamrec.layout import format_day, parse_day, split_names  # noqa: E402
+
+START_DAY = "20190720"  # `streamrec up`'s
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="chaos.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=5.0, help="how long the kills go on")
+    p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
+    p.add_argument("--run-dir", type=Path, default=Path(".run/chaos"))
+    p.add_argument(
+        "--interval",
+        type=float,
+        nargs=2,
+        default=(20.0, 60.0),
+        metavar=("MIN", "MAX"),
+        help="seconds between two kills (uniform)",
+    )
+    p.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"comma-separated kinds to kill, of {','.join(KINDS)}",
+    )
+    p.add_argument(
+        "--pass-done-share",
+        type=float,
+        default=0.4,
+        help="share of the kills made, after the interval, the instant a pass_done report lands",
+    )
+    p.add_argument("--checkpoint-per-pass", type=int, default=4)
+    p.add_argument(
+        "--pass-seconds",
+        type=float,
+        default=2.0,
+        help="a split (a pass) lands every this many seconds: the job has minutes*60/this passes",
+    )
+    p.add_argument("--samples-per-split", type=int, default=300)
+    p.add_argument("--no-baseline", action="store_true", help="skip the no-fault run")
+    p.add_argument("--every-row", action="store_true", help="print every pass's row")
+    return p
+
+
+def check(args: argparse.Namespace) -> tuple[str, ...]:
+    """The kinds asked for; ValueError naming the flag and the value when one is bad."""
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"--kinds must be some of {','.join(KINDS)}, got {args.kinds!r}")
+    for flag in ("minutes", "pass_seconds"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    for flag in ("checkpoint_per_pass", "samples_per_split"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    lo, hi = args.interval
+    if not 0 <= lo <= hi:
+        raise ValueError(f"--interval must be 0 <= MIN <= MAX, got {lo} {hi}")
+    if not 0 <= args.pass_done_share <= 1:
+        raise ValueError(f"--pass-done-share must be in [0, 1], got {args.pass_done_share}")
+    return kinds
+
+
+def job_end(passes: int) -> tuple[int, str, str]:
+    """(days, end_day, end_split) of a job of ``passes`` one-minute splits from START_DAY."""
+    per_day = len(split_names(1))
+    days = math.ceil(passes / per_day)
+    end_day = format_day(parse_day(START_DAY) + dt.timedelta(days=days - 1))
+    return days, end_day, split_names(1)[(passes - 1) % per_day]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        kinds = check(args)
+    except ValueError as exc:
+        print(f"chaos.py: {exc}", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    passes = max(2, round(args.minutes * 60 / args.pass_seconds))
+    days, end_day, end_split = job_end(passes)
+    run = args.run_dir.resolve()
+    print(
+        f"chaos: seed {seed}; {args.minutes:g} min of kills every {args.interval[0]:g}-"
+        f"{args.interval[1]:g}s of {', '.join(kinds)}; a job of {passes} passes (a split "
+        f"lands every {args.pass_seconds:g}s), checkpoint_per_pass {args.checkpoint_per_pass}; "
+        f"run directory {run}",
+        flush=True,
+    )
+    schedule = Schedule(
+        seed, kinds, (args.interval[0], args.interval[1]), args.pass_done_share, False
+    )
+    stack = Stack.up(
+        run,
+        "--days",
+        str(days),
+        "--trainers",
+        "2",
+        "--store-shards",
+        "2",
+        "--max-restarts",
+        "100000",
+        "--timeout-s",
+        str(args.minutes * 60 + 3600),
+        split_interval=1,
+        samples=args.samples_per_split,
+        rate=1 / args.pass_seconds,
+    )
+    try:
+        template = stack.drop_demo()
+        window = {"end_day": end_day, "end_split": end_split}
+        job_id = stack.submit(template, "chaos", args.checkpoint_per_pass, **window)
+        t0 = stack.job(job_id)["created_at"]
+        kills = run_chaos(
+            stack, job_id, schedule, args.minutes * 60, say=lambda s: print(s, flush=True)
+        )
+        print(f"kills over at t+{time.time() - t0:.0f}s; waiting for the job's end", flush=True)
+        job = stack.wait_state(job_id, passes * args.pass_seconds + 1800)
+        passes_rest, events = stack.passes(job_id), stack.events(job_id)
+        for line in summary(kills, job, events, t0):
+            print(line)
+        baseline, base_auc = None, None
+        if not args.no_baseline:
+            print("the same job without faults ...", flush=True)
+            base_id = stack.submit(template, "nofault", args.checkpoint_per_pass, **window)
+            base = stack.wait_state(base_id, passes * 10 + 600)
+            if base["state"] != "succeeded":
+                print(f"! the no-fault job {base['state']}: {base.get('error')}")
+            baseline = kept_records(read_records(stack.model_path(base)))
+            base_auc = mean_predict_auc(stack.passes(base_id))
+        verdict = agreement(job, passes_rest, events, stack.model_path(job), baseline)
+        rows = run / "chaos-passes.txt"
+        rows.write_text("\n".join(verdict.report(every_row=True)) + "\n")
+        for line in verdict.report(every_row=args.every_row):
+            print(line)
+        print(f"every pass's row: {rows}")
+        auc = mean_predict_auc(passes_rest)
+        if auc is not None and base_auc is not None:
+            print(
+                f"mean predict AUC: chaos {auc:.4f}, no faults {base_auc:.4f} "
+                f"(difference {auc - base_auc:+.4f})"
+            )
+        else:
+            print(f"mean predict AUC: chaos {auc}, no faults {base_auc}")
+        if job["state"] != "succeeded":
+            print(f"chaos: FAIL: the job is {job['state']}: {job.get('error')}")
+        elif not verdict.ok:
+            print("chaos: FAIL: REST, passes.jsonl and the checkpoints disagree")
+        else:
+            print("chaos: PASS")
+        return 0 if job["state"] == "succeeded" and verdict.ok else 1
+    finally:
+        stack.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
