@@ -380,3 +380,28 @@ def test_a_typo_among_csv_epoch_times_is_named_by_its_row(tmp_path):
     got = read_back(tmp_path / "d", "parquet")
     assert [r["a"] for r in got[("20240305", "1000")]] == [1, 2, 4]  # s, ms, s
     assert [r["a"] for r in got[("20240305", "1100")]] == [3]
+
+
+def test_daylight_saving_changes_follow_the_clock(tmp_path):
+    """Europe/Paris: the hour skipped on 2024-03-31 is an empty split with its donefile; the
+    two 02:30s of 2024-10-27 (an hour apart) share the split 0200."""
+    spring = int(dt.datetime(2024, 3, 31, 0, 30, tzinfo=dt.UTC).timestamp())  # 01:30 CET
+    autumn = int(dt.datetime(2024, 10, 27, 0, 30, tzinfo=dt.UTC).timestamp())  # 02:30 CEST
+    rows = [
+        {"id": i, "ts": t} for i, t in enumerate([spring, spring + HOUR, autumn, autumn + HOUR])
+    ]
+    for log, out in ((rows[:2], "spring"), (rows[2:], "autumn")):
+        done = run_main(
+            datagen_main,
+            ["--from-events", str(write_log(log, tmp_path / f"{out}.jsonl")), "--time-column",
+             "ts", "--out", str(tmp_path / out), "--timezone", "Europe/Paris"],
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    spring_splits = read_back(tmp_path / "spring", "parquet")
+    assert [r["id"] for r in spring_splits[("20240331", "0100")]] == [0]
+    assert spring_splits[("20240331", "0200")] == []  # 02:00-03:00 never happened
+    assert (tmp_path / "spring" / "20240331" / "0200" / DONE).is_file()
+    assert [r["id"] for r in spring_splits[("20240331", "0300")]] == [1]
+    autumn_splits = read_back(tmp_path / "autumn", "parquet")
+    assert [r["id"] for r in autumn_splits[("20241027", "0200")]] == [2, 3]
+    assert list(autumn_splits)[-1] == ("20241027", "0200")
