@@ -66,9 +66,10 @@ def slot_text(table: pa.Table) -> bytes:
             pieces.append(_text_tokens(name, col))
     lines = pc.binary_join_element_wise(*pieces, " ", null_handling="skip")
     ended = pc.cast(pc.binary_join_element_wise(lines, "", "\n"), pa.large_string())
-    offsets = np.frombuffer(ended.buffers()[1], dtype=np.int64)[: len(ended) + 1]
+    # the lines are consecutive in the array's data buffer: its bytes are the text
+    offsets = np.frombuffer(ended.buffers()[1], dtype=np.int64)
     data = ended.buffers()[2]
     if data is None:
         return b""
-    start = int(offsets[ended.offset])
-    return data.to_pybytes()[start : int(offsets[ended.offset + len(ended)])]
+    start, end = int(offsets[ended.offset]), int(offsets[ended.offset + len(ended)])
+    return data.slice(start, end - start).to_pybytes()
