@@ -22,7 +22,9 @@ split's files, optionally paced at ``--rate`` splits per second::
         --samples-per-split 20000 --slots 8
 
 ``--from-criteo FILE [FILE ...]`` lays real Criteo files into the same layout instead
-(:mod:`streamrec.trainer.criteo_layout`, with its own flags), and ``--random`` the reference
+(:mod:`streamrec.trainer.criteo_layout`, with its own flags), ``--from-events LOG [LOG ...]``
+timestamped event logs, each event in the split of its time
+(:mod:`streamrec.trainer.event_layout`), and ``--random`` the reference
 DLRM's random data (:func:`streamrec.trainer.randgen.lay_out_random`, the reference's flag
 names). Both say, on stderr and in ``--job-out FILE``, the trainer config lines that train
 exactly what they laid out (``end_day`` and ``end_split`` at its last split).
@@ -466,10 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--from-criteo", nargs="*")
+    pre.add_argument("--from-events", nargs="*")
     pre.add_argument("--random", action="store_true")
     known = pre.parse_known_args(argv)[0]
     if known.from_criteo is not None:
         return main_from_criteo(argv)
+    if known.from_events is not None:
+        from streamrec.trainer.event_layout import main_from_events
+
+        return main_from_events(argv)
     if known.random:
         from streamrec.trainer.randgen import main_random
 
@@ -481,6 +488,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="lay real Criteo files out instead of generating (its flags: "
         "streamrec-datagen --from-criteo FILE --help)",
+    )
+    ap.add_argument(
+        "--from-events",
+        nargs="+",
+        metavar="LOG",
+        help="lay timestamped event logs (Parquet, CSV, JSON lines) out by event time instead "
+        "(its flags: streamrec-datagen --from-events LOG --help)",
     )
     ap.add_argument(
         "--random",

@@ -1,0 +1,593 @@
+"""Lays timestamped event logs into the streaming layout (``streamrec-datagen --from-events``).
+
+Each event goes to the split of its timestamp, the split boundaries computed on the wall
+clock of ``--timezone`` (default UTC)::
+
+    ts = 2024-03-05T10:47:12Z, split_interval 60  ->  out/20240305/1000/part-*
+    ts = 2024-03-05T11:02:00Z                     ->  out/20240305/1100/part-*
+
+Logs (Parquet, CSV or JSON lines, found by Parquet's magic bytes or the name's suffix) are
+read in any order and in bounded memory: a Parquet file row group by row group, CSV and JSON
+lines a block of ``block_bytes`` at a time. A batch's rows are sorted by split (one numpy
+argsort, one take) and its per-split slices buffered; when the buffers exceed
+``buffer_bytes``, the largest splits are written out as new part files (``part-00000``,
+``part-00001``, ... : a split whose events come from several logs or out of order gets
+several) and the small rest is copied out of the batches it came from, so memory stays
+within about ``buffer_bytes`` plus one batch whatever the logs' size.
+
+Once every log is read, every split from the first event's day at 0000 to the last event's
+split gets its directory and its donefile, in time order, empty ones included (a job waits
+for each split's donefile, so a hole would stall it for ever).
+
+Appending: a later run into the same ``out`` extends the stream. A split that has its
+donefile is never touched; an event whose split is at or before the last landed split is
+*late*: dropped, counted, and reported (which splits it would have gone to), never written
+to another split, which would train it at a time it did not happen. The splits between the
+last landed one and the new events are laid out empty. ``out/event_layout.json`` keeps the
+time column, interval, zone and format; a run with another interval, zone or format is
+refused by name.
+
+Times and the zone's clock: :mod:`streamrec.trainer.event_times` (integer seconds since the
+epoch, milliseconds from 1e11 up under ``time_unit="auto"``, ISO 8601 strings, Parquet
+timestamps and dates).
+
+Output (``fmt``): ``parquet`` keeps every column as it is (list columns stay lists, the time
+column too), one file per part; ``slot`` writes PaddleRec slot text
+(:mod:`streamrec.trainer.slot_text`: ``click:1 age:0.31 user_id:17 genres:5 genres:9``).
+
+CSV has no lists: ``list_columns`` names the columns whose cells are lists, values separated
+by ``list_sep`` (``5|9``; an empty cell an empty list), read as ``list<int64>`` when every
+value is an integer, else ``list<string>``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+from streamrec.layout import split_names, split_ready
+from streamrec.trainer.datagen import mark_split_done, open_part, part_name
+from streamrec.trainer.errors import DataError
+from streamrec.trainer.event_times import (
+    TIME_UNITS,
+    check_timezone,
+    split_index,
+    split_label,
+    wall_seconds,
+)
+from streamrec.trainer.slot_text import slot_text
+
+FORMATS = ("parquet", "slot")
+#: The state file a run writes at the root of ``out`` (what an appending run must match).
+STATE_NAME = "event_layout.json"
+DEFAULT_BUFFER_BYTES = 64 << 20
+#: pyarrow's CSV reader holds about 36 blocks (measured): 256 KiB keeps it near 9 MiB.
+DEFAULT_BLOCK_BYTES = 256 << 10
+#: Rows per batch read from a Parquet file.
+PARQUET_BATCH_ROWS = 65536
+
+
+def log_kind(path: Path) -> str:
+    """``parquet`` (its magic bytes ``PAR1``, whatever the name), ``csv`` (``.csv``) or
+    ``json`` (``.json``, ``.jsonl``, ``.ndjson``: JSON lines); ValueError naming the file."""
+    with path.open("rb") as f:
+        if f.read(4) == b"PAR1":
+            return "parquet"
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".json", ".jsonl", ".ndjson"):
+        return "json"
+    raise ValueError(
+        f"event log {path}: unknown format (suffix {suffix!r}); a log is Parquet, "
+        ".csv or JSON lines (.json, .jsonl, .ndjson)"
+    )
+
+
+def _csv_lists(batch: pa.RecordBatch, list_columns: Sequence[str], sep: str) -> pa.RecordBatch:
+    """A CSV batch with its ``list_columns`` (strings ``5|9``) turned into list arrays."""
+    cols = []
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        if name in list_columns:
+            text = pc.if_else(pc.equal(col, ""), None, col)
+            parts = pc.split_pattern(text, pattern=sep)
+            parts = pc.if_else(pc.is_null(col), pa.scalar(None, parts.type), parts)
+            parts = pc.if_else(pc.equal(col, ""), pa.scalar([], parts.type), parts)
+            try:
+                col = pc.cast(parts, pa.list_(pa.int64()))
+            except pa.ArrowInvalid:
+                col = parts
+        cols.append(col)
+    return pa.RecordBatch.from_arrays(cols, names=batch.schema.names)
+
+
+def _text_times(t: pa.DataType) -> bool:
+    """A column type the CSV or JSON reader infers from text that looks like a time."""
+    return pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t)
+
+
+def read_log(
+    path: Path,
+    time_column: str,
+    list_columns: Sequence[str] = (),
+    list_sep: str = "|",
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> Iterator[pa.RecordBatch]:
+    """The record batches of one event log, read a bounded piece at a time.
+
+    A CSV or JSON time column of ISO strings stays strings (pyarrow's readers would turn a
+    time with an offset into UTC and one without into the clock's, losing which was which):
+    :func:`streamrec.trainer.event_times.wall_seconds` reads them.
+
+    Raises:
+        DataError: the file cannot be read as its kind (the file and pyarrow's reason).
+    """
+    kind = log_kind(path)
+    try:
+        if kind == "parquet":
+            yield from pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS)
+            return
+        if kind == "json":
+            options = pa_json.ReadOptions(block_size=block_bytes)
+            reader = pa_json.open_json(path, read_options=options)
+            field = reader.schema.field(time_column) if time_column in reader.schema.names else None
+            if field is not None and _text_times(field.type):
+                reader = pa_json.open_json(
+                    path,
+                    read_options=options,
+                    parse_options=pa_json.ParseOptions(
+                        explicit_schema=pa.schema([(time_column, pa.string())]),
+                        unexpected_field_behavior="infer",
+                    ),
+                )
+            yield from reader
+            return
+        types = {name: pa.string() for name in list_columns}
+        convert = pa_csv.ConvertOptions(column_types=types, strings_can_be_null=False)
+        read = pa_csv.ReadOptions(block_size=block_bytes)
+        reader = pa_csv.open_csv(path, read_options=read, convert_options=convert)
+        names = reader.schema.names
+        if time_column in names and _text_times(reader.schema.field(time_column).type):
+            convert.column_types = {**types, time_column: pa.string()}
+            reader = pa_csv.open_csv(path, read_options=read, convert_options=convert)
+        missing = [c for c in list_columns if c not in names]
+        if missing:
+            raise ValueError(
+                f"--list-columns: {', '.join(missing)} not a column of {path} "
+                f"(columns: {', '.join(names)})"
+            )
+        for batch in reader:
+            yield _csv_lists(batch, list_columns, list_sep)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read event log {path} as {kind}: {exc}") from exc
+
+
+def landed_range(out: Path, split_interval: int, donefile: str | None) -> tuple[int, int] | None:
+    """(first, last) split index of the splits under ``out`` that are ready; None if none.
+
+    Raises:
+        ValueError: a split that is not ready holds part files (left by a run that was
+            killed before its donefiles): laying out again would count its events twice.
+    """
+    found: list[int] = []
+    if not out.is_dir():
+        return None
+    for day in out.iterdir():
+        if not (day.is_dir() and len(day.name) == 8 and day.name.isdigit()):
+            continue
+        for split in day.iterdir():
+            if not (len(split.name) == 4 and split.name.isdigit()):
+                continue
+            if split_ready(split, donefile):
+                found.append(split_index(day.name, split.name, split_interval))
+            elif any(split.glob("part-*")):
+                raise ValueError(
+                    f"--out: {split} holds part files but no donefile (a run stopped before "
+                    "its donefiles): remove that run's open splits or lay out into a fresh "
+                    "--out, so that no event is laid out twice"
+                )
+    return (min(found), max(found)) if found else None
+
+
+@dataclass
+class SplitBuffers:
+    """Rows buffered per split until ``budget`` bytes, then written as new part files."""
+
+    out: Path
+    split_interval: int
+    fmt: str
+    budget: int
+    schema: pa.Schema | None = None
+    pending: dict[int, list[pa.RecordBatch]] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)
+    next_part: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+    written: list[Path] = field(default_factory=list)  # part files, in writing order
+
+    @property
+    def parts_written(self) -> int:
+        return len(self.written)
+
+    def remove_written(self) -> None:
+        """Deletes the part files written so far (a run that fails leaves no open split
+        holding parts: run again once the log is fixed)."""
+        for path in self.written:
+            path.unlink(missing_ok=True)
+        self.written.clear()
+
+    def add(self, index: int, rows: pa.RecordBatch) -> None:
+        self.pending.setdefault(index, []).append(rows)
+        self.sizes[index] = self.sizes.get(index, 0) + rows.nbytes
+        self.total += rows.nbytes
+
+    def over(self) -> bool:
+        return self.total > self.budget
+
+    def spill(self) -> None:
+        """Writes the largest splits until at most half the budget is left, and copies the
+        rest, so that no batch read so far stays referenced."""
+        for index in sorted(self.sizes, key=self.sizes.__getitem__, reverse=True):
+            if self.total <= self.budget // 2:
+                table = self._table(index).take(np.arange(self._rows(index)))  # a copy
+                self.pending[index] = table.to_batches()
+            else:
+                self.write(index)
+
+    def _rows(self, index: int) -> int:
+        return sum(b.num_rows for b in self.pending[index])
+
+    def _table(self, index: int) -> pa.Table:
+        assert self.schema is not None
+        rows = [b if b.schema == self.schema else b.cast(self.schema) for b in self.pending[index]]
+        return pa.Table.from_batches(rows, schema=self.schema)
+
+    def write(self, index: int) -> None:
+        table = self._table(index)
+        day, split = split_label(index, self.split_interval)
+        split_dir = self.out / day / split
+        split_dir.mkdir(parents=True, exist_ok=True)
+        number = self.next_part.get(index, 0)  # an open split holds no part: checked
+        with open_part(split_dir, number) as f:
+            if self.fmt == "parquet":
+                pq.write_table(table, f)
+            else:
+                f.write(slot_text(table))
+        self.written.append(split_dir / part_name(number))
+        self.next_part[index] = number + 1
+        self.total -= self.sizes.pop(index)
+        del self.pending[index]
+
+    def write_all(self) -> None:
+        for index in sorted(self.pending):
+            self.write(index)
+
+
+def _check_state(out: Path, state: dict[str, object]) -> None:
+    path = out / STATE_NAME
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    for key in ("split_interval", "timezone", "format"):
+        if old.get(key) != state[key]:
+            flag = "--" + key.replace("_", "-")
+            raise ValueError(
+                f"{flag} {state[key]!r}: {out} was laid out with {old.get(key)!r} "
+                f"({path}); an appended log must use the same"
+            )
+
+
+def _check_columns(batch: pa.RecordBatch, buffers: SplitBuffers, where: str) -> pa.RecordBatch:
+    """The batch with the run's columns in the run's order; the schema widened if needed."""
+    if buffers.schema is None:
+        buffers.schema = batch.schema
+        return batch
+    names = buffers.schema.names
+    if sorted(batch.schema.names) != sorted(names):
+        raise ValueError(
+            f"{where}: columns {', '.join(batch.schema.names)} differ from the first log's "
+            f"{', '.join(names)}"
+        )
+    batch = batch.select(names)
+    if batch.schema != buffers.schema:
+        try:
+            buffers.schema = pa.unify_schemas(
+                [buffers.schema, batch.schema], promote_options="permissive"
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise ValueError(
+                f"{where}: a column's type differs from the first log's: {exc}"
+            ) from None
+    return batch
+
+
+@dataclass
+class SplitRange:
+    """How many events were seen, and the first and last split index they fell in."""
+
+    count: int = 0
+    first: int | None = None
+    last: int | None = None
+
+    def see(self, index: np.ndarray) -> None:
+        """index: (n,) int64 split indices of n events."""
+        if len(index) == 0:
+            return
+        lo, hi = int(index.min()), int(index.max())
+        self.count += len(index)
+        self.first = lo if self.first is None else min(self.first, lo)
+        self.last = hi if self.last is None else max(self.last, hi)
+
+    def first_day_start(self, per_day: int) -> int:
+        """The index of split 0000 of the first split's day (where a job starts)."""
+        if self.first is None:
+            raise ValueError("no split seen")
+        return self.first // per_day * per_day
+
+    @staticmethod
+    def label(index: int | None, split_interval: int) -> str | None:
+        return None if index is None else "/".join(split_label(index, split_interval))
+
+
+def _route(batch: pa.RecordBatch, index: np.ndarray, buffers: SplitBuffers) -> None:
+    """Buffers each split's rows of a batch (index: (n,) int64 split of each row): one sort,
+    one take, then zero-copy slices; spills when the buffers are full."""
+    if batch.num_rows == 0:
+        return
+    order = np.argsort(index, kind="stable")
+    ordered = batch.take(order)
+    index = index[order]
+    starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]])
+    ends = np.r_[starts[1:], len(index)]
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):  # per split, not per row
+        buffers.add(int(index[a]), ordered.slice(a, b - a))
+    if buffers.over():
+        buffers.spill()
+
+
+def lay_out_events(
+    logs: Sequence[str | Path],
+    out: str | Path,
+    time_column: str,
+    split_interval: int = 60,
+    timezone: str = "UTC",
+    fmt: str = "parquet",
+    donefile: str | None = "to.hadoop.done",
+    time_unit: str = "auto",
+    list_columns: Sequence[str] = (),
+    list_sep: str = "|",
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+) -> dict[str, int | str | None]:
+    """Writes every event of ``logs`` into the split of its time under ``out``.
+
+    Returns:
+        counts: events (written), late (dropped: their split had landed), late_first and
+        late_last (the splits the late events fell in, or None), parts, splits (laid out by
+        this run, empty ones included), start_day (the stream's first day under ``out``),
+        end_day and last_split (its last split), split_interval.
+
+    Raises:
+        ValueError: a bad argument, a missing time column, a value that is not a time.
+        DataError: a log that cannot be read, or no event at all.
+    """
+    paths = [Path(p) for p in logs]
+    if not paths:
+        raise ValueError("--from-events: no event log given")
+    for p in paths:
+        if not p.is_file():
+            raise ValueError(f"--from-events: no such file: {p}")
+        log_kind(p)
+    split_names(split_interval)
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"--time-unit {time_unit!r}: one of {', '.join(TIME_UNITS)}")
+    check_timezone(timezone)
+    if buffer_bytes < 1 or block_bytes < 1:
+        raise ValueError(
+            f"--buffer-bytes and --block-bytes must be >= 1, got {buffer_bytes}, {block_bytes}"
+        )
+    root = Path(out)
+    state = {
+        "time_column": time_column,
+        "split_interval": split_interval,
+        "timezone": timezone,
+        "format": fmt,
+    }
+    _check_state(root, state)
+    landed = landed_range(root, split_interval, donefile)
+    last_landed = None if landed is None else landed[1]
+    buffers = SplitBuffers(root, split_interval, fmt, buffer_bytes)
+    seen, late = SplitRange(), SplitRange()
+    try:
+        for path in paths:
+            row = 1  # of the batch's first event in its log, counted from 1 (no CSV header)
+            for batch in read_log(path, time_column, list_columns, list_sep, block_bytes):
+                where = f"event log {path}"
+                if time_column not in batch.schema.names:
+                    raise ValueError(
+                        f"{where}: no time column {time_column!r} (--time-column; columns: "
+                        f"{', '.join(batch.schema.names)})"
+                    )
+                secs = wall_seconds(
+                    batch.column(time_column),
+                    timezone,
+                    time_unit,
+                    f"{where}, column {time_column!r}",
+                    row,
+                )
+                batch = _check_columns(batch, buffers, where)
+                row += batch.num_rows
+                index = (secs // 60) // split_interval
+                if last_landed is not None:
+                    is_late = index <= last_landed
+                    late.see(index[is_late])
+                    keep = np.flatnonzero(~is_late)
+                    if len(keep) < len(index):
+                        batch, index = batch.take(keep), index[keep]
+                seen.see(index)
+                _route(batch, index, buffers)
+        if seen.count == 0 and late.count == 0:
+            raise DataError(f"no events in {', '.join(map(str, paths))}")
+        buffers.write_all()
+    except BaseException:
+        buffers.remove_written()
+        raise
+    per_day = 1440 // split_interval
+    splits = 0
+    if seen.last is not None:
+        # every split from the first one to lay out to the last event's gets its donefile
+        first = last_landed + 1 if last_landed is not None else seen.first_day_start(per_day)
+        for i in range(first, seen.last + 1):  # time order: a job sees them land so
+            day, split = split_label(i, split_interval)
+            split_dir = root / day / split
+            split_dir.mkdir(parents=True, exist_ok=True)
+            mark_split_done(split_dir, donefile)
+            splits += 1
+    (root / STATE_NAME).write_text(json.dumps(state, indent=1) + "\n")
+    stream_last: int | None
+    if landed is not None:
+        stream_first, stream_last = landed[0], max(landed[1], seen.last or landed[1])
+    else:
+        stream_first, stream_last = seen.first_day_start(per_day), seen.last
+    assert stream_last is not None  # events or landed splits, checked above
+    end_day, last_split = split_label(stream_last, split_interval)
+    return {
+        "events": seen.count,
+        "late": late.count,
+        "late_first": late.label(late.first, split_interval),
+        "late_last": late.label(late.last, split_interval),
+        "parts": buffers.parts_written,
+        "splits": splits,
+        "start_day": split_label(stream_first, split_interval)[0],
+        "end_day": end_day,
+        "last_split": last_split,
+        "split_interval": split_interval,
+    }
+
+
+def main_from_events(argv: list[str]) -> int:
+    """``streamrec-datagen --from-events LOG [LOG ...]``: event logs into the layout by time;
+    bad flags and bad input exit 2 naming the flag, the column or the value."""
+    import argparse
+
+    from streamrec.trainer.datagen import add_job_out_flag
+
+    ap = argparse.ArgumentParser(
+        prog="streamrec-datagen",
+        description="Lays timestamped event logs (Parquet, CSV or JSON lines; any order, any "
+        "size: read in bounded memory) into OUT/YYYYMMDD/HHMM/part-*, each event in the split "
+        "of its time, every split from the first event's day to the last event's split with "
+        "its donefile (empty ones included), and prints the start_day / end_day / end_split "
+        "to train them. Run it again with a later log to extend the stream: a split that has "
+        "its donefile is never touched; events that fall into one are dropped as late and "
+        "counted. Times: integer seconds since the epoch (>= 1e11: milliseconds, see "
+        "--time-unit), or ISO 8601 strings (without an offset: the --timezone clock).",
+    )
+    ap.add_argument(
+        "--from-events",
+        nargs="+",
+        required=True,
+        metavar="LOG",
+        help="event logs: Parquet (by its magic bytes), .csv, .json/.jsonl/.ndjson",
+    )
+    ap.add_argument("--time-column", required=True, help="the column holding each event's time")
+    ap.add_argument("--out", required=True, help="data root (train_data_dir)")
+    ap.add_argument(
+        "--split-interval", type=int, default=60, help="minutes per split (dividing 1440)"
+    )
+    ap.add_argument(
+        "--timezone",
+        default="UTC",
+        help="IANA zone whose wall clock the splits follow (default UTC)",
+    )
+    ap.add_argument(
+        "--format",
+        default="parquet",
+        choices=FORMATS,
+        help="parquet: every column as it is, lists as lists; slot: PaddleRec slot "
+        "text, 'name:value' tokens, a list repeating its name",
+    )
+    ap.add_argument(
+        "--time-unit",
+        default="auto",
+        choices=TIME_UNITS,
+        help="of integer times: auto reads values >= 1e11 as milliseconds",
+    )
+    ap.add_argument(
+        "--list-columns",
+        default="",
+        metavar="A,B",
+        help="CSV columns whose cells are lists (5|9); Parquet and JSON carry lists",
+    )
+    ap.add_argument("--list-sep", default="|", help="separator of a CSV list cell")
+    ap.add_argument("--donefile", default="to.hadoop.done", help="'' for none")
+    ap.add_argument(
+        "--buffer-bytes",
+        type=int,
+        default=DEFAULT_BUFFER_BYTES,
+        help="events buffered before part files are written (the memory bound)",
+    )
+    ap.add_argument(
+        "--block-bytes",
+        type=int,
+        default=DEFAULT_BLOCK_BYTES,
+        help="bytes of a CSV or JSON log read at a time",
+    )
+    add_job_out_flag(ap)
+    args = ap.parse_args(argv)
+    try:
+        counts = lay_out_events(
+            args.from_events,
+            args.out,
+            args.time_column,
+            args.split_interval,
+            args.timezone,
+            args.format,
+            args.donefile or None,
+            args.time_unit,
+            [c for c in args.list_columns.split(",") if c],
+            args.list_sep,
+            args.buffer_bytes,
+            args.block_bytes,
+        )
+    except ValueError as exc:  # DataError is one
+        ap.error(str(exc))
+    if counts["late"]:
+        print(
+            f"streamrec-datagen: warning: {counts['late']} events dropped as late: their splits "
+            f"({counts['late_first']} .. {counts['late_last']}) had already landed (a split "
+            "with its donefile is never rewritten)",
+            file=sys.stderr,
+        )
+    print(json.dumps(counts))
+    text = job_lines(args.out, counts, args.format, args.donefile or None)
+    print(f"# trainer config lines for what was laid out:\n{text}", file=sys.stderr, end="")
+    if args.job_out:
+        Path(args.job_out).write_text(text)
+    return 0
+
+
+def job_lines(
+    out: str | Path, counts: dict[str, int | str | None], fmt: str, donefile: str | None
+) -> str:
+    """The trainer config (YAML) that trains the whole stream laid out under ``out``."""
+    return (
+        "runner:\n"
+        f"  train_data_dir: {Path(out).resolve()}\n"
+        f"  data_format: {fmt}\n"
+        f"  split_interval: {counts['split_interval']}\n"
+        f'  start_day: "{counts["start_day"]}"\n'
+        f'  end_day: "{counts["end_day"]}"\n'
+        f'  end_split: "{counts["last_split"]}"    # the last split laid out\n'
+        f"  data_donefile: {'null' if donefile is None else donefile}\n"
+    )
