@@ -20,15 +20,23 @@ whatever the number of slots. For ``S`` slots of a batch of ``B`` samples::
 
 The gradients are those of ``embedding_bag(mode="sum")`` per table: the summed gradient of
 each unique key, as :class:`streamrec.embedding_store.StoreEmbeddingBags` computes them.
+
+A batch of a schema's list features (``Batch.bags``: S ragged features, any number of keys
+a bag) takes the same path with table-major bag offsets; a ``mean`` feature's values weigh
+1 / their bag's length (``per_sample_weights``), so a key's gradient is the sum over its bags
+of each bag's gradient divided by that bag's length; an empty bag pools to zeros. A batch of
+one key a slot keeps the (S, B) gather: ``mean`` and ``sum`` are one there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from streamrec.ragged import RaggedTensor
 from streamrec.trainer.data import Batch
 from streamrec.trainer.errors import ModelShapeError
 
@@ -69,6 +77,8 @@ class SparseBatch:
         offsets: None (one key per bag), or (S * B + 1,) int64 bag offsets, table-major.
         value_rows: None, or (nnz,) int64 the sample of each value (ragged case).
         batch: B.
+        value_weights: None (every bag summed), or (nnz,) float32 each value's weight in
+            its bag: 1 in a ``sum`` feature, 1 / bag length in a ``mean`` one.
         weights: (U, dim) float32 leaf with ``requires_grad`` once pulled, else None.
         flat_keys: (U,) int64, ``keys`` concatenated, once pulled, else None.
     """
@@ -79,6 +89,7 @@ class SparseBatch:
     offsets: torch.Tensor | None
     value_rows: torch.Tensor | None
     batch: int
+    value_weights: torch.Tensor | None = None
     weights: torch.Tensor | None = None
     flat_keys: torch.Tensor | None = None
 
@@ -96,6 +107,9 @@ class SparseTables:
         tables: table names, one per slot, in slot order.
         dim: the rows' width.
         threads: not used: every ``SparseStore`` takes a batch's tables in one call.
+        pooling: per slot ``sum`` or ``mean`` (None: all ``sum``); the two differ only in a
+            bag of more than one key (a ragged batch's), where ``mean`` weighs each key by
+            1 / the bag's length, so its gradient is divided by it too.
 
     Example:
         >>> sp = SparseTables(store, ["t0", "t1"], dim=16)
@@ -104,11 +118,24 @@ class SparseTables:
         >>> loss(dense(batch.dense, ly)).backward(); sp.push(sb, batch.labels)
     """
 
-    def __init__(self, store: SparseStore, tables: list[str], dim: int, threads: int = 1) -> None:
+    def __init__(
+        self,
+        store: SparseStore,
+        tables: list[str],
+        dim: int,
+        threads: int = 1,
+        pooling: Sequence[str] | None = None,
+    ) -> None:
         from streamrec.embedding_store import unique_keys
 
         if not tables:
             raise ModelShapeError("SparseTables needs at least one table")
+        pooling = ["sum"] * len(tables) if pooling is None else list(pooling)
+        if len(pooling) != len(tables) or not set(pooling) <= {"sum", "mean"}:
+            raise ModelShapeError(
+                f"pooling must be 'sum' or 'mean' for each of {len(tables)} tables, got {pooling}"
+            )
+        self.mean = torch.tensor([p == "mean" for p in pooling])
         self.store = store
         self.tables = list(tables)
         self.dim = int(dim)
@@ -123,14 +150,16 @@ class SparseTables:
         """Dedup per table and the fused row index (pure: safe on the prefetch thread).
 
         Args:
-            batch: keys (B, S) int64, present (B, S) bool or None.
+            batch: keys (B, S) int64, present (B, S) bool or None; or S ragged ``bags``.
         """
-        b, s = batch.keys.shape
+        b, s = len(batch), batch.num_features
         if s != len(self.tables):
             raise ModelShapeError(
                 f"batch has {s} sparse slots, expected {len(self.tables)} "
                 f"(one per table {self.tables})"
             )
+        if batch.bags is not None:
+            return self._prepare_bags(batch.bags, b)
         cols = batch.keys.t().contiguous()
         mask = None if batch.present is None else batch.present.t().contiguous()
         keys, inverses, bounds = [], [], [0]
@@ -147,6 +176,35 @@ class SparseTables:
         torch.cumsum(mask.view(-1).to(torch.int64), 0, out=offsets[1:])
         value_rows = torch.arange(b).expand(s, b)[mask]
         return SparseBatch(keys, bounds, index, offsets, value_rows, b)
+
+    def _prepare_bags(self, bags: list[RaggedTensor], b: int) -> SparseBatch:
+        """:meth:`prepare` of S ragged features (any number of keys a bag): per table the
+        unique keys and the inverse, then the table-major bag offsets of all S * B bags."""
+        s = len(bags)
+        keys, inverses, bounds = [], [], [0]
+        offsets = [torch.zeros(1, dtype=torch.int64)]
+        nnz = 0
+        for f in bags:
+            uniq, inv = self._unique(f.values())
+            inverses.append(inv + bounds[-1])
+            keys.append(uniq)
+            bounds.append(bounds[-1] + int(uniq.numel()))
+            offsets.append(f.offsets()[1:] + nnz)
+            nnz += int(f.values().numel())
+        flat_offsets = torch.cat(offsets)
+        lengths = flat_offsets.diff()  # (S * B,) keys a bag
+        value_rows = torch.repeat_interleave(torch.arange(b).repeat(s), lengths)
+        value_weights = None
+        if bool(self.mean.any()):
+            per_bag = torch.where(
+                self.mean.repeat_interleave(b),
+                1.0 / lengths.clamp(min=1).to(torch.float32),
+                torch.ones(s * b),
+            )
+            value_weights = torch.repeat_interleave(per_bag, lengths)
+        return SparseBatch(
+            keys, bounds, torch.cat(inverses), flat_offsets, value_rows, b, value_weights
+        )
 
     def pull(self, sb: SparseBatch, create: bool) -> SparseBatch:
         """Pulls every table's rows into ``sb.weights`` (U, dim) float32 leaf; returns sb.
@@ -168,7 +226,17 @@ class SparseTables:
             return _Gather.apply(sb.weights, index.t())
         s = len(sb.keys)
         offsets = sb.offsets.to(device, non_blocking=True)
-        pooled = F.embedding_bag(index, sb.weights, offsets, mode="sum", include_last_offset=True)
+        weights = None
+        if sb.value_weights is not None:
+            weights = sb.value_weights.to(device, sb.weights.dtype, non_blocking=True)
+        pooled = F.embedding_bag(
+            index,
+            sb.weights,
+            offsets,
+            mode="sum",
+            per_sample_weights=weights,
+            include_last_offset=True,
+        )
         return pooled.view(s, sb.batch, self.dim).transpose(0, 1)
 
     def push(self, sb: SparseBatch, labels: torch.Tensor, grad_scale: float = 1.0) -> None:
