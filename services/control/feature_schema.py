@@ -10,6 +10,7 @@ In a job file it is ``runner.schema`` (in a REST job ``data.schema``)::
         sparse:
           - {name: user_id}                     # a table of its own, the job's dim
           - {name: genres, pooling: mean}       # sum (default) or mean over the bag
+          - {name: hist, table: user_id}        # user_id's table: one row a key for both
 
 Each sparse feature is an embedding table pooled ``sum`` or ``mean`` over its bag of keys
 (an empty bag pools to zeros). ``criteo`` and ``generated`` are presets of the schema:
@@ -21,13 +22,14 @@ Checked when a job is read (:func:`schema_problems`; the API runs :func:`model_p
 at create too, so a bad job is a 422 naming the field, never a failed pass):
 
 - names unique over the label, dense and sparse features; pooling ``sum`` or ``mean``;
+  ``table:`` names a feature with a table of its own (shared tables have one dim);
 - the bottom MLP's input (``arch_mlp_bot``'s first size) = the number of dense features,
   its output = ``arch_sparse_feature_size``, the top MLP ends in 1;
 - every sparse feature's ``dim`` = ``arch_sparse_feature_size``: the DLRM interaction
   (dot products, or a concatenation into one ``(B, S + 1, d)`` block) takes one dim for
   all features, so another ``dim`` is refused by name rather than projected;
-- decided, not yet supported, refused by name: ``table:`` (a shared table), ``log1p: false``
-  with ``criteo``/``generated`` (they always take it), negative sampling with a schema.
+- decided, not yet supported, refused by name: ``log1p: false`` with ``criteo``/``generated``
+  (they always take it), no dense features, negative sampling with a schema.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ class SparseFeature(StrictConfig):
         name: the column (or slot-text name).
         dim: the table's dim; None: ``arch_sparse_feature_size`` (the only one accepted).
         pooling: ``sum`` or ``mean`` of the bag's rows; an empty bag pools to zeros.
-        table: another feature whose table this one shares (not yet supported: refused).
+        table: another feature whose table this one shares (its keys go to that table: a
+            key of both has one row, its gradients over both summed); that feature must
+            have a table of its own.
     """
 
     name: str = Field(pattern=FEATURE_NAME)
@@ -103,14 +107,35 @@ class FeatureSchema(StrictConfig):
             if name in seen:
                 raise ValueError(f"{path}.name {name!r} is already the name of {seen[name]}")
             seen[name] = path
-        sparse = {s.name for s in self.sparse}
+        sparse = {s.name: s for s in self.sparse}
         for i, s in enumerate(self.sparse):
-            if s.table is not None and s.table not in sparse:
+            if s.table is None:
+                continue
+            owner = sparse.get(s.table)
+            if owner is None:
                 raise ValueError(
                     f"sparse[{i}].table {s.table!r} names no sparse feature of the schema "
                     f"(they are {sorted(sparse)})"
                 )
+            if owner.table is not None or owner is s:
+                raise ValueError(
+                    f"sparse[{i}].table {s.table!r}: name a feature with a table of its own "
+                    f"(that one shares {owner.table!r}'s)"
+                    if owner is not s
+                    else f"sparse[{i}].table {s.table!r} names the feature itself"
+                )
+            if s.dim is not None and owner.dim is not None and s.dim != owner.dim:
+                raise ValueError(
+                    f"sparse[{i}].dim {s.dim}: a shared table has one dim, {s.table!r} has "
+                    f"{owner.dim}"
+                )
         return self
+
+    def slot_tables(self) -> list[int]:
+        """Per sparse feature, the index of the feature whose table it uses (its own, or
+        the one its ``table:`` names)."""
+        index = {s.name: i for i, s in enumerate(self.sparse)}
+        return [index[s.table] if s.table is not None else i for i, s in enumerate(self.sparse)]
 
     @classmethod
     def preset(cls, data_format: str, num_sparse: int) -> FeatureSchema:
@@ -197,15 +222,6 @@ def schema_problems(config: TrainerConfig) -> list[Problem]:
                     f"feature {s.name!r}: the DLRM interaction takes one dim for every "
                     f"feature, arch_sparse_feature_size {hp.arch_sparse_feature_size}",
                     s.dim,
-                )
-            )
-        if s.table is not None:
-            out.append(
-                (
-                    f"{where}.sparse[{i}].table",
-                    f"feature {s.name!r}: a shared table is not yet supported (each sparse "
-                    f"feature has its own table)",
-                    s.table,
                 )
             )
     if config.negative_sampling.enabled:

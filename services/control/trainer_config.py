@@ -486,9 +486,19 @@ class TrainerConfig(StrictConfig):
         return self
 
     @property
+    def slot_tables(self) -> list[str]:
+        """The table of each sparse slot: ``slot_<k>``, k the slot, or for a schema feature
+        whose ``table:`` shares another's, that feature's slot."""
+        schema = self.runner.feature_schema
+        if schema is None:
+            return [f"slot_{i}" for i in range(self.hyper_parameters.sparse_inputs_slots)]
+        return [f"slot_{k}" for k in schema.slot_tables()]
+
+    @property
     def table_names(self) -> list[str]:
-        """One embedding table per sparse slot: slot_0 .. slot_{S-1}."""
-        return [f"slot_{i}" for i in range(self.hyper_parameters.sparse_inputs_slots)]
+        """The embedding tables: one per sparse slot (slot_0 .. slot_{S-1}) but the slots
+        that share another's."""
+        return list(dict.fromkeys(self.slot_tables))
 
     @property
     def pooling(self) -> list[str]:

@@ -81,6 +81,7 @@ def export_serving(trainer: Any, out_dir: Path) -> Path:
                 {
                     "hyper_parameters": trainer.config.hyper_parameters.model_dump(mode="json"),
                     "tables": [t.model_dump(mode="json") for t in trainer.tables],
+                    "slot_tables": trainer.config.slot_tables,
                     "data_format": trainer.config.runner.data_format,
                     "schema": trainer.config.model_dump(mode="json")["runner"]["schema"],
                     "lineage": lineage(
@@ -115,6 +116,7 @@ class Predictor:
             spec = json.loads((self.dir / MODEL_JSON).read_text())
             self.arch = ModelConfig.parse(spec["hyper_parameters"], source=str(self.dir))
             tables = [TableOptions.parse(t) for t in spec["tables"]]
+            slot_tables = [str(t) for t in spec.get("slot_tables", [t.name for t in tables])]
             self.data_format = str(spec.get("data_format", "generated"))
             raw = spec.get("schema")
             self.schema = None if raw is None else FeatureSchema.parse(raw, str(self.dir))
@@ -138,7 +140,7 @@ class Predictor:
         pooling = None if self.schema is None else [f.pooling for f in self.schema.sparse]
         self.emb = SparseTables(
             self.store,
-            [t.name for t in tables],
+            slot_tables,
             self.arch.arch_sparse_feature_size,
             pooling=pooling,
         )

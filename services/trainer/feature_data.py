@@ -188,7 +188,7 @@ def _ids(col: pa.Array, path: Path, name: str) -> RaggedTensor:
             f"list of them"
         )
     keys = np.require(keys, np.int64, ["C", "W"])  # torch wants a writable array
-    return RaggedTensor.from_lengths(torch.from_numpy(keys), lengths)
+    return RaggedTensor.from_lengths(torch.from_numpy(keys), np.array(lengths, dtype=np.int64))
 
 
 def _floats(col: pa.Array, path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:

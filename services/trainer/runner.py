@@ -145,7 +145,7 @@ class OnlineTrainer(ModelSaves):
             min(len(config.table_names), 8) if config.store.endpoints else 1
         )
         self.sparse = SparseTables(
-            self.store, config.table_names, hp.arch_sparse_feature_size, threads, config.pooling
+            self.store, config.slot_tables, hp.arch_sparse_feature_size, threads, config.pooling
         )
         self.dense = DLRMDense(
             hp.dense_dim,

@@ -70,8 +70,9 @@ class SparseBatch:
     """A batch's sparse side, fused over its ``S`` tables.
 
     Attributes:
-        keys: S tensors (u_t,) int64, the unique keys of each table (first occurrence order).
-        bounds: S + 1 ints; table t owns rows ``bounds[t]:bounds[t + 1]`` of ``weights``.
+        keys: T tensors (u_t,) int64, the unique keys of each table (first occurrence order);
+            T = S unless slots share a table (its keys deduplicated over them).
+        bounds: T + 1 ints; table t owns rows ``bounds[t]:bounds[t + 1]`` of ``weights``.
         index: (S, B) int64 row of each sample's key when every bag holds one key
             (``offsets`` None), else (nnz,) int64 table-major.
         offsets: None (one key per bag), or (S * B + 1,) int64 bag offsets, table-major.
@@ -104,7 +105,8 @@ class SparseTables:
 
     Args:
         store: the embedding store, in-process or the shards' client.
-        tables: table names, one per slot, in slot order.
+        tables: table names, one per slot, in slot order; slots naming one table share its
+            rows (a key of both is pulled once, its gradients over both summed).
         dim: the rows' width.
         threads: not used: every ``SparseStore`` takes a batch's tables in one call.
         pooling: per slot ``sum`` or ``mean`` (None: all ``sum``); the two differ only in a
@@ -130,6 +132,8 @@ class SparseTables:
 
         if not tables:
             raise ModelShapeError("SparseTables needs at least one table")
+        #: the table of each slot; slots naming one table share its rows (a schema's table:)
+        self.slot_tables = list(tables)
         pooling = ["sum"] * len(tables) if pooling is None else list(pooling)
         if len(pooling) != len(tables) or not set(pooling) <= {"sum", "mean"}:
             raise ModelShapeError(
@@ -137,7 +141,10 @@ class SparseTables:
             )
         self.mean = torch.tensor([p == "mean" for p in pooling])
         self.store = store
-        self.tables = list(tables)
+        #: the distinct tables, in the order of their first slot (what the store is called with)
+        self.tables = list(dict.fromkeys(tables))
+        #: per table, its slots in order
+        self.groups = [[k for k, t in enumerate(tables) if t == name] for name in self.tables]
         self.dim = int(dim)
         # an in-process store whose rows live on a GPU hands them over there (no host copy)
         self.device: torch.device | None = store.resident_device()
@@ -153,22 +160,18 @@ class SparseTables:
             batch: keys (B, S) int64, present (B, S) bool or None; or S ragged ``bags``.
         """
         b, s = len(batch), batch.num_features
-        if s != len(self.tables):
+        if s != len(self.slot_tables):
             raise ModelShapeError(
-                f"batch has {s} sparse slots, expected {len(self.tables)} "
-                f"(one per table {self.tables})"
+                f"batch has {s} sparse slots, expected {len(self.slot_tables)} "
+                f"(one per slot's table {self.slot_tables})"
             )
         if batch.bags is not None:
             return self._prepare_bags(batch.bags, b)
         cols = batch.keys.t().contiguous()
         mask = None if batch.present is None else batch.present.t().contiguous()
-        keys, inverses, bounds = [], [], [0]
-        for t in range(s):
-            values = cols[t] if mask is None else cols[t][mask[t]]
-            uniq, inv = self._unique(values)
-            inverses.append(inv + bounds[-1] if bounds[-1] else inv)
-            keys.append(uniq)
-            bounds.append(bounds[-1] + int(uniq.numel()))
+        keys, inverses, bounds = self._dedup(
+            [cols[t] if mask is None else cols[t][mask[t]] for t in range(s)]
+        )
         index = torch.cat(inverses)
         if mask is None:
             return SparseBatch(keys, bounds, index.view(s, b), None, None, b)
@@ -181,14 +184,10 @@ class SparseTables:
         """:meth:`prepare` of S ragged features (any number of keys a bag): per table the
         unique keys and the inverse, then the table-major bag offsets of all S * B bags."""
         s = len(bags)
-        keys, inverses, bounds = [], [], [0]
+        keys, inverses, bounds = self._dedup([f.values() for f in bags])
         offsets = [torch.zeros(1, dtype=torch.int64)]
         nnz = 0
         for f in bags:
-            uniq, inv = self._unique(f.values())
-            inverses.append(inv + bounds[-1])
-            keys.append(uniq)
-            bounds.append(bounds[-1] + int(uniq.numel()))
             offsets.append(f.offsets()[1:] + nnz)
             nnz += int(f.values().numel())
         flat_offsets = torch.cat(offsets)
@@ -205,6 +204,32 @@ class SparseTables:
         return SparseBatch(
             keys, bounds, torch.cat(inverses), flat_offsets, value_rows, b, value_weights
         )
+
+    def _dedup(
+        self, values: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+        """Per table the unique keys of all its slots' ``values`` ((n_t,) int64 each, slot
+        order), and each slot's rows in the fused row space.
+
+        Returns:
+            keys: T tensors (u,) int64; inverses: S tensors (n_t,) int64, each value's row;
+            bounds: T + 1 ints, table ``i`` owns rows ``bounds[i]:bounds[i + 1]``.
+        """
+        keys, bounds = [], [0]
+        inverses: list[torch.Tensor] = [values[0]] * len(values)  # each slot's, set below
+        for slots in self.groups:
+            if len(slots) == 1:
+                uniq, inv = self._unique(values[slots[0]])
+                inverses[slots[0]] = inv + bounds[-1] if bounds[-1] else inv
+            else:  # a shared table: one dedup over its slots, so a key has one row
+                parts = [values[t] for t in slots]
+                uniq, inv = self._unique(torch.cat(parts))
+                inv = inv + bounds[-1] if bounds[-1] else inv
+                for t, piece in zip(slots, inv.split([p.numel() for p in parts]), strict=True):
+                    inverses[t] = piece
+            keys.append(uniq)
+            bounds.append(bounds[-1] + int(uniq.numel()))
+        return keys, inverses, bounds
 
     def pull(self, sb: SparseBatch, create: bool) -> SparseBatch:
         """Pulls every table's rows into ``sb.weights`` (U, dim) float32 leaf; returns sb.
@@ -224,7 +249,7 @@ class SparseTables:
         index = sb.index.to(device, non_blocking=True)  # no-op on the CPU
         if sb.offsets is None:
             return _Gather.apply(sb.weights, index.t())
-        s = len(sb.keys)
+        s = len(self.slot_tables)
         offsets = sb.offsets.to(device, non_blocking=True)
         weights = None
         if sb.value_weights is not None:
@@ -260,7 +285,7 @@ class SparseTables:
             grad = grad.mul(grad_scale)
         index = sb.index.reshape(-1)
         if sb.value_rows is None:
-            value_labels = labels.expand(len(sb.keys), sb.batch).reshape(-1)
+            value_labels = labels.expand(len(self.slot_tables), sb.batch).reshape(-1)
         else:
             value_labels = labels[sb.value_rows]
         shows = torch.bincount(index, minlength=u).to(torch.float32)

@@ -19,7 +19,11 @@ def schema(**over) -> dict:
     s = {
         "label": "click",
         "dense": list(DENSE),
-        "sparse": [{"name": "user_id"}, {"name": "item_id", "pooling": "mean"}, {"name": "g"}],
+        "sparse": [
+            {"name": "user_id"},
+            {"name": "item_id", "pooling": "mean"},
+            {"name": "hist", "table": "item_id"},
+        ],
     }
     s.update(over)
     return s
@@ -44,13 +48,16 @@ def test_a_schema_is_stored_and_reaches_the_trainer(client, roots, r):
     job = resp.json()
     cfg = json.loads(r.hget(keys.job(job["id"]), "trainer_config"))
     sch = cfg["runner"]["schema"]
-    assert [s["name"] for s in sch["sparse"]] == ["user_id", "item_id", "g"]
+    assert [s["name"] for s in sch["sparse"]] == ["user_id", "item_id", "hist"]
     assert sch["sparse"][1]["pooling"] == "mean" and sch["label"] == "click"
     parsed = TrainerConfig.parse(cfg)
     # the slot count follows the schema (3, not the default 26)
     assert parsed.hyper_parameters.sparse_inputs_slots == 3
     assert parsed.runner.feature_schema is not None
     assert [d.name for d in parsed.runner.feature_schema.dense] == DENSE
+    # hist's keys go to item_id's table: two tables for three features
+    assert parsed.slot_tables == ["slot_0", "slot_1", "slot_1"]
+    assert parsed.table_names == ["slot_0", "slot_1"]
 
 
 @pytest.mark.parametrize(
@@ -74,13 +81,6 @@ def test_a_schema_is_stored_and_reaches_the_trainer(client, roots, r):
             "data.schema.sparse.0.dim",
             32,
             "one dim for every feature",
-        ),
-        (
-            schema(sparse=[{"name": "a"}, {"name": "b", "table": "a"}]),
-            None,
-            "data.schema.sparse.1.table",
-            "a",
-            "not yet supported",
         ),
         (
             schema(sparse=[{"name": "a"}]),
@@ -133,6 +133,14 @@ def test_a_model_that_cannot_take_the_data_is_a_422(client, roots, sch, model, f
         (schema(label="d0"), "schema", "dense[0].name 'd0' is already the name of label"),
         (schema(sparse=[{"name": "a", "pooling": "max"}]), "schema.sparse.0.pooling", "'sum'"),
         (schema(sparse=[{"name": "a", "table": "nope"}]), "schema", "'nope' names no sparse"),
+        (
+            schema(
+                sparse=[{"name": "a"}, {"name": "b", "table": "a"}, {"name": "c", "table": "b"}]
+            ),
+            "schema",
+            "sparse[2].table 'b': name a feature with a table of its own",
+        ),
+        (schema(sparse=[{"name": "a", "table": "a"}]), "schema", "names the feature itself"),
         (schema(sparse=[{"name": "a b"}]), "schema.sparse.0.name", "pattern"),
         (schema(sparse=[]), "schema.sparse", "at least 1"),
         (schema(sparse=[{"name": "a", "dim": 0}]), "schema.sparse.0.dim", "greater than"),

@@ -33,14 +33,20 @@ SCHEMA = {
 }
 
 
-def schema_config(data: Path, model: Path, fmt: str, **runner) -> TrainerConfig:
+#: SCHEMA with a feature sharing tag's table (its keys are tag's ids too)
+SHARED = {**SCHEMA, "sparse": [*SCHEMA["sparse"], {"name": "tag2", "table": "tag"}]}
+
+
+def schema_config(
+    data: Path, model: Path, fmt: str, schema: dict | None = None, **runner
+) -> TrainerConfig:
     return TrainerConfig.parse(
         {
             "runner": {
                 "train_data_dir": str(data),
                 "model_save_path": str(model),
                 "data_format": fmt,
-                "schema": SCHEMA,
+                "schema": SCHEMA if schema is None else schema,
                 "split_interval": 720,
                 "start_day": "20190720",
                 "end_day": "20190721",
@@ -108,6 +114,50 @@ def test_bags_pool_and_their_gradients_are_torchs_embedding_bag():
     k7 = sb.bounds[0] + [int(k) for k in sb.keys[0]].index(7)
     assert torch.allclose(sb.weights.grad[k7], 2 * upstream[0, 0] + upstream[3, 0], atol=1e-6)
     sp.push(sb, batch.labels)  # shows and clicks per key: no error on empty tables
+    store.close()
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_slots_sharing_a_table_pull_a_key_once_and_sum_its_gradients(ragged):
+    """Slots 0 and 2 share table t0: one row a key, the gradient of a key in both slots the
+    sum of both, as one torch EmbeddingBag over both slots' bags computes it."""
+    store = make_store()
+    sp = SparseTables(store, ["t0", "t1", "t0"], DIM)
+    b = 3
+    if ragged:
+        rows = [[[7, 3], [], [3]], [[5], [6], [5]], [[3, 9], [7], []]]
+        batch = Batch(
+            torch.zeros(b, 2),
+            torch.ones(b),
+            torch.zeros(b, 0),
+            bags=[RaggedTensor.from_list(r) for r in rows],
+        )
+    else:
+        keys = torch.tensor([[7, 5, 3], [3, 6, 7], [9, 5, 7]])
+        rows = [[[int(k)] for k in keys[:, t]] for t in range(3)]
+        batch = Batch(torch.zeros(b, 2), torch.ones(b), keys)
+    sb = sp.pull(sp.prepare(batch), create=True)
+    assert len(sb.keys) == 2  # two tables
+    t0 = [int(k) for k in sb.keys[0]]
+    assert sorted(t0) == sorted({k for t in (0, 2) for r in rows[t] for k in r})
+    out = sp.forward(sb)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    (out * upstream).sum().backward()
+    assert sb.weights is not None and sb.weights.grad is not None
+    ref = nn.EmbeddingBag(len(t0), DIM, mode="sum")
+    with torch.no_grad():
+        ref.weight.copy_(sb.weights[: len(t0)])
+    pos = {k: i for i, k in enumerate(t0)}
+    loss = torch.zeros(())
+    for t in (0, 2):
+        flat = torch.tensor([pos[k] for r in rows[t] for k in r], dtype=torch.int64)
+        offsets = RaggedTensor.from_list(rows[t]).offsets()[:-1]
+        want = ref(flat, offsets)
+        assert torch.allclose(out[:, t], want, atol=1e-6)
+        loss = loss + (want * upstream[:, t]).sum()
+    loss.backward()
+    assert torch.allclose(sb.weights.grad[: len(t0)], ref.weight.grad, atol=1e-6)
+    sp.push(sb, batch.labels)
     store.close()
 
 
@@ -249,6 +299,7 @@ def planted(n: int, seed: int) -> dict[str, list]:
         "user_id": [f"u{u}" for u in rng.integers(0, 50, n)],
         "genres": genres,
         "tag": [rng.integers(0, 5, rng.integers(0, 3)).tolist() for _ in range(n)],
+        "tag2": [rng.integers(0, 5, rng.integers(0, 3)).tolist() for _ in range(n)],
     }
 
 
@@ -269,6 +320,7 @@ def write_planted(root: Path, fmt: str, samples: int = 1500) -> None:
                 toks.append(f"user_id:{int(cols['user_id'][i][1:])}")
                 toks += [f"genres:{g}" for g in cols["genres"][i]]
                 toks += [f"tag:{t}" for t in cols["tag"][i]]
+                toks += [f"tag2:{t}" for t in cols["tag2"][i]]
                 lines.append(" ".join(toks))
             (d / "part-00000").write_text("\n".join(lines) + "\n")
         (d / "to.hadoop.done").write_text("")
@@ -277,8 +329,10 @@ def write_planted(root: Path, fmt: str, samples: int = 1500) -> None:
 @pytest.mark.parametrize("fmt", ["parquet", "slot"])
 def test_a_schema_job_learns_the_list_feature(tmp_path, fmt):
     write_planted(tmp_path / "data", fmt)
-    cfg = schema_config(tmp_path / "data", tmp_path / "m", fmt)
+    cfg = schema_config(tmp_path / "data", tmp_path / "m", fmt, SHARED)
+    assert cfg.slot_tables == ["slot_0", "slot_1", "slot_2", "slot_2"]  # tag2 shares tag's
     with OnlineTrainer(cfg) as t:
+        assert [o.name for o in t.tables] == ["slot_0", "slot_1", "slot_2"]
         specs = t.passes_todo()
         assert len(specs) == 4
         for s in specs:
