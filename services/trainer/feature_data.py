@@ -113,7 +113,10 @@ def parse_slot_chunk(
     order = np.argsort(name_keys)
     tok_keys = hash_ranges(buf, starts, np.where(well, colon - starts, 0))
     pos = np.minimum(np.searchsorted(name_keys[order], tok_keys), len(names) - 1)
-    fid = np.where(well & (name_keys[order][pos] == tok_keys), order[pos], -1)
+    # a 64-bit hash and the length both equal: the name (a collision is ~n^2 / 2^64)
+    name_lens = np.array([len(n.encode()) for n in names], dtype=np.int64)
+    same = (name_keys[order][pos] == tok_keys) & (name_lens[order][pos] == colon - starts)
+    fid = np.where(well & same, order[pos], -1)
     nd, ns = len(schema.dense), len(schema.sparse)
     n = nl.size
     bad = np.zeros(n, dtype=bool)
