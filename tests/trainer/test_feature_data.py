@@ -17,6 +17,7 @@ import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.keyhash import string_key, string_keys
 from streamrec.ragged import RaggedTensor
+from streamrec.trainer.__main__ import main
 from streamrec.trainer.data import Batch, ParseStats, iter_batches
 from streamrec.trainer.errors import DataError
 from streamrec.trainer.export import Predictor, export_serving
@@ -327,7 +328,7 @@ def write_planted(root: Path, fmt: str, samples: int = 1500) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "slot"])
-def test_a_schema_job_learns_the_list_feature(tmp_path, fmt):
+def test_a_schema_job_learns_the_list_feature(tmp_path, fmt, capsys):
     write_planted(tmp_path / "data", fmt)
     cfg = schema_config(tmp_path / "data", tmp_path / "m", fmt, SHARED)
     assert cfg.slot_tables == ["slot_0", "slot_1", "slot_2", "slot_2"]  # tag2 shares tag's
@@ -350,3 +351,7 @@ def test_a_schema_job_learns_the_list_feature(tmp_path, fmt):
     finally:
         pred.close()
     assert res["samples"] == 1500 and res["auc"] > 0.7, res
+    # the CLI's predict: the model's format and schema unless told otherwise
+    part = str(tmp_path / "data" / "20190721" / "1200" / "part-00000")
+    assert main(["predict", "--model", str(out), "--data", part]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["auc"] == res["auc"]
