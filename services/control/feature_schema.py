@@ -18,8 +18,9 @@ their lines are positional, so the schema names their columns in order (the labe
 dense ``I1..I13`` with ``log1p`` always applied, one key per sparse column ``C1..CS``); a
 job without a schema is that preset (``sparse_inputs_slots`` sparse features).
 
-Checked when a job is read (:func:`schema_problems`; the API runs :func:`model_problems`
-at create too, so a bad job is a 422 naming the field, never a failed pass):
+Checked by :func:`model_problems` when a job with a schema is read (``TrainerConfig``), and
+by the API at create for every job, so a bad job is a 422 naming the field, never a failed
+pass (a job without a schema read by the trainer alone keeps ``ModelShapeError`` at start):
 
 - names unique over the label, dense and sparse features; pooling ``sum`` or ``mean``;
   ``table:`` names a feature with a table of its own (shared tables have one dim);
@@ -154,11 +155,8 @@ Problem = tuple[str, str, Any]
 
 
 def schema_problems(config: TrainerConfig) -> list[Problem]:
-    """What a job's schema asks that its model or format cannot give (empty: none).
-
-    Only for a job with ``runner.schema``; :func:`model_problems` adds the model's own
-    shape checks, which hold for every job.
-    """
+    """What a job's schema asks that its model or format cannot give (empty: none); for a
+    job without ``runner.schema``, nothing. :func:`model_problems` adds the model's shapes."""
     schema = config.runner.feature_schema
     if schema is None:
         return []

@@ -48,7 +48,7 @@ from streamrec.control.feature_schema import (
     MAX_EMBEDDING_DIM,
     MAX_SLOTS,
     FeatureSchema,
-    schema_problems,
+    model_problems,
 )
 from streamrec.layout import parse_day, split_names
 
@@ -475,7 +475,7 @@ class TrainerConfig(StrictConfig):
         if schema is None:
             return self
         if not (info.context and info.context.get("schema_checks") is False):
-            problems = schema_problems(self)
+            problems = model_problems(self)  # the schema's, and the model's shapes
             if problems:
                 raise ValueError(
                     "; ".join(f"{path}: {msg} (got {value!r})" for path, msg, value in problems)
