@@ -53,6 +53,15 @@ SETUPS: dict[str, dict] = {
         "top": [512, 256, 1],
         "batch": 2048,
     },
+    # (b) with 10 ids a lookup in every table: the reference's --num-indices-per-lookup 10
+    # --num-indices-per-lookup-fixed; StreamRec reads them as Parquet list columns
+    "multihot": {
+        "ln_emb": [100_000] * 26,
+        "bot": [13, 512, 256, 64, 16],
+        "top": [512, 256, 1],
+        "batch": 2048,
+        "lookups": 10,
+    },
 }
 #: the reference's default --learning-rate
 LR = 0.01
@@ -134,17 +143,18 @@ Batch = tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]
 
 
 def random_batches(setup: dict, count: int) -> list[Batch]:
-    """``count`` batches like the reference's random generator (one index per lookup):
-    (dense (B, 13) float32, offsets (S, B) int64, indices S x (B,) int64, targets (B, 1))."""
-    bs = setup["batch"]
+    """``count`` batches like the reference's random generator (``lookups`` indices per
+    lookup, fixed; 1 unless the setup says): (dense (B, 13) float32, offsets (S, B) int64,
+    indices S x (B * lookups,) int64, targets (B, 1))."""
+    bs, k = setup["batch"], setup.get("lookups", 1)
     out = []
     for _ in range(count):
         dense = torch.tensor(np.random.rand(bs, setup["bot"][0]).astype(np.float32))
         idx = [
-            torch.from_numpy(np.round(np.random.rand(bs) * (n - 1)).astype(np.int64))
+            torch.from_numpy(np.round(np.random.rand(bs * k) * (n - 1)).astype(np.int64))
             for n in setup["ln_emb"]
         ]
-        offs = torch.stack([torch.arange(bs, dtype=torch.int64)] * len(idx))
+        offs = torch.stack([torch.arange(0, bs * k, k, dtype=torch.int64)] * len(idx))
         target = torch.tensor(np.random.rand(bs, 1).astype(np.float32))
         out.append((dense, offs, idx, target))
     return out

@@ -1,6 +1,8 @@
 """Trainer benchmark: StreamRec end to end against the reference DLRM step, and quality.
 
-Throughput, for each setup (a: the reference DLRM's CPU table, b: Criteo-Kaggle-like)::
+Throughput, for each setup (a: the reference DLRM's CPU table, b: Criteo-Kaggle-like,
+multihot: b with 10 ids a lookup, read by StreamRec from Parquet list columns through a
+data.schema, the reference with ``--num-indices-per-lookup 10``)::
 
     baseline     the reference's DLRM step (facebookresearch/dlrm ``DLRM_Net``: nn.EmbeddingBag
                  sparse=True + SGD, the same MLPs, dot interaction) as reproduced by
@@ -54,33 +56,67 @@ DAY = "20190720"
 def make_data(setup: dict, samples: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Uniform ids (the reference generator with one index per lookup), Criteo-like ints."""
     rng = np.random.default_rng(seed)
+    k = setup.get("lookups", 1)
     keys = np.stack(
-        [np.round(rng.random(samples) * (n - 1)).astype(np.int64) for n in setup["ln_emb"]], axis=1
+        [np.round(rng.random(samples * k) * (n - 1)).astype(np.int64) for n in setup["ln_emb"]],
+        axis=1,
     )
+    if k > 1:  # (samples, S, k): k ids of each table a sample
+        keys = keys.reshape(samples, k, -1).transpose(0, 2, 1)
     ints = np.floor(np.expm1(rng.gamma(1.5, 1.2, (samples, 13)))).astype(np.int64)
     return {"keys": keys, "ints": ints, "label": rng.integers(0, 2, samples)}
 
 
 def write_pass(root: Path, data: dict[str, np.ndarray], files: int) -> None:
+    """Criteo TSV files, or Parquet with list columns ``C1..`` for keys (samples, S, k)."""
     split = root / DAY / "0000"
     split.mkdir(parents=True)
     bounds = np.linspace(0, len(data["label"]), files + 1).astype(int)
     for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        (split / f"part-{i:05d}").write_bytes(
-            to_criteo_text(data["label"][a:b], data["ints"][a:b], data["keys"][a:b])
-        )
+        part = split / f"part-{i:05d}"
+        if data["keys"].ndim == 3:
+            write_parquet(part, data["label"][a:b], data["ints"][a:b], data["keys"][a:b])
+        else:
+            part.write_bytes(
+                to_criteo_text(data["label"][a:b], data["ints"][a:b], data["keys"][a:b])
+            )
     (split / "to.hadoop.done").touch()
+
+
+def write_parquet(path: Path, label: np.ndarray, ints: np.ndarray, keys: np.ndarray) -> None:
+    """label, I1..I13, C1..CS as list<int64> of k ids each (keys: (n, S, k) int64)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, s, k = keys.shape
+    cols: dict[str, pa.Array] = {"label": pa.array(label)}
+    cols |= {f"I{j + 1}": pa.array(ints[:, j].astype(np.float64)) for j in range(ints.shape[1])}
+    offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
+    for t in range(s):
+        cols[f"C{t + 1}"] = pa.ListArray.from_arrays(offsets, pa.array(keys[:, t].reshape(-1)))
+    pq.write_table(pa.table(cols), path, row_group_size=65536)
+
+
+def schema_of(setup: dict) -> dict:
+    """The data.schema of a setup's Parquet (log1p on the ints, as the Criteo parser)."""
+    return {
+        "label": "label",
+        "dense": [{"name": f"I{j + 1}", "log1p": True} for j in range(setup["bot"][0])],
+        "sparse": [{"name": f"C{t + 1}"} for t in range(len(setup["ln_emb"]))],
+    }
 
 
 def streamrec_config(
     setup: dict, data_root: Path, model_root: Path, addresses: list[str]
 ) -> TrainerConfig:
+    multi = setup.get("lookups", 1) > 1
     return TrainerConfig.parse(
         {
             "runner": {
                 "train_data_dir": str(data_root),
                 "model_save_path": str(model_root),
-                "data_format": "criteo",
+                "data_format": "parquet" if multi else "criteo",
+                "schema": schema_of(setup) if multi else None,
                 "split_interval": 1440,
                 "split_per_pass": 1,
                 "start_day": DAY,
@@ -223,6 +259,7 @@ def throughput(name: str, samples: int, files: int, service_shards: int) -> dict
         f"setup {name}: {len(setup['ln_emb'])} tables {setup['ln_emb'][0]}.. rows, dim "
         f"{setup['bot'][-1]}, bottom {'-'.join(map(str, setup['bot']))}, top "
         f"{'-'.join(map(str, setup['top']))}, batch {setup['batch']}, {samples} samples"
+        + (f", {setup['lookups']} ids a lookup (Parquet lists)" if "lookups" in setup else "")
     )
     base = out["baseline"]
     print(
@@ -437,7 +474,7 @@ def _baseline_forward(model: DLRM, b, rows: int) -> torch.Tensor:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--setup", choices=["a", "b", "all", "none"], default="all")
+    ap.add_argument("--setup", choices=[*SETUPS, "all", "none"], default="all")
     ap.add_argument("--full", action="store_true", help="full size (run alone)")
     ap.add_argument("--samples", type=int, default=None, help="samples per throughput pass")
     ap.add_argument("--service-shards", type=int, default=1, help="0 skips the service run")

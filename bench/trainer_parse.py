@@ -41,8 +41,8 @@ from streamrec.trainer.data import (
     NUM_DENSE,
     Batch,
     _make_batch,
-    _parse_columns,
     parse_chunk,
+    parse_columns,
 )
 from streamrec.trainer.datagen import PlantedStream, StreamParams, to_generated_text
 from trainer import DAY, make_data, to_criteo_text
@@ -125,7 +125,7 @@ def _old_text(col: pa.ChunkedArray, kind: str) -> tuple[np.ndarray, np.ndarray, 
     data = np.frombuffer(data_buf, dtype=np.uint8)
     starts = offsets[:-1].astype(np.int64)[:, None]
     ends = offsets[1:].astype(np.int64)[:, None]
-    values, ok, empty = _parse_columns(data, starts, ends, kind)
+    values, ok, empty = parse_columns(data, starts, ends, kind)
     return values[:, 0], ok[:, 0], empty[:, 0]
 
 

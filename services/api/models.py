@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 from streamrec.control.channel import CommandType
+from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import (
     END_LANDED,
     MAX_ENDPOINTS,
@@ -132,6 +133,11 @@ class DataSpec(Spec):
     """Where the streaming data lands and how it is cut into passes (PaddleRec names, the
     same as the trainer's ``runner`` section)."""
 
+    # ``schema`` is the JSON name of ``feature_schema`` (BaseModel has a ``schema``)
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
     train_data_dir: str = Field(
         min_length=1,
         max_length=4096,
@@ -147,8 +153,12 @@ class DataSpec(Spec):
         "to.hadoop.done", pattern=_FILE_NAME, description="a split is ready when this file exists"
     )
     data_sleep_second: float = Field(1.0, gt=0, le=MAX_SLEEP_S, strict=True)
-    data_format: Literal["generated", "criteo"] = Field(
-        "generated", description="generated (streamrec-datagen) or criteo text"
+    data_format: Literal["generated", "criteo", "parquet", "slot"] = Field(
+        "generated",
+        description=(
+            "generated (streamrec-datagen) or criteo text (positional), parquet or slot "
+            "(PaddleRec's name:value text) read by data.schema"
+        ),
     )
     end_split: str | None = Field(
         None,
@@ -158,6 +168,16 @@ class DataSpec(Spec):
             "the splits up to it, and the job succeeds after it; 'landed': the last split "
             "landed (in order, up to end_day) when the job is created, stored as that day "
             "and HHMM; None: end_day's last split"
+        ),
+    )
+    feature_schema: FeatureSchema | None = Field(
+        None,
+        alias="schema",
+        description=(
+            "the data's features by name: label, dense [names or {name, log1p}], sparse "
+            "[{name, dim?, pooling: sum|mean, table?}] (streamrec.control.feature_schema); "
+            "None: the format's preset (13 dense, model.hyper_parameters.sparse_inputs_slots "
+            "one-key features). Checked against the model at create: a 422 naming the field"
         ),
     )
     on_bad_split: Literal["fail", "skip"] = Field(
@@ -244,6 +264,11 @@ class DataSpec(Spec):
 
     @model_validator(mode="after")
     def _order(self) -> DataSpec:
+        if self.data_format in ("parquet", "slot") and self.feature_schema is None:
+            raise ValueError(
+                f"data_format {self.data_format!r} reads features by name: it needs "
+                f"data.schema (label, dense, sparse)"
+            )
         if self.end_day < self.start_day:
             raise ValueError(f"end_day {self.end_day!r} is before start_day {self.start_day!r}")
         return self
@@ -421,6 +446,9 @@ class JobCreate(Spec):
             "runner": {
                 "train_data_dir": d.train_data_dir,
                 "data_format": d.data_format,
+                "schema": (
+                    None if d.feature_schema is None else d.feature_schema.model_dump(mode="json")
+                ),
                 "split_interval": d.split_interval,
                 "split_per_pass": d.split_per_pass,
                 "start_day": d.start_day,
@@ -489,6 +517,8 @@ JOB_OWNED: dict[tuple[str, str], str] = {
         )
     },
     ("runner", "reader_type"): "data.data_format",
+    ("runner", "schema"): "data.schema",
+    ("runner", "feature_schema"): "data.schema",
     **{
         ("runner", f): f"checkpoint.{f}"
         for f in (

@@ -7,6 +7,7 @@ two calls never leaves a half-written job. Key names come from :mod:`streamrec.c
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -47,6 +48,7 @@ from streamrec.api.state import (
 )
 from streamrec.control import keys, redis_io
 from streamrec.control.channel import CommandType
+from streamrec.control.feature_schema import model_problems
 from streamrec.control.pool import NamespaceDrop
 from streamrec.control.trainer_config import END_LANDED, TrainerConfig
 from streamrec.layout import count_passes
@@ -61,16 +63,33 @@ def trainer_config(spec: JobCreate, job_id: str | None = None) -> dict[str, Any]
     if job_id is not None and spec.store.endpoints:
         cfg["store"]["namespace"] = job_id
     try:
-        TrainerConfig.model_validate(cfg)
+        parsed = TrainerConfig.model_validate(cfg, context={"schema_checks": False})
     except ValidationError as exc:
         errors = []
         for err in exc.errors():
             loc = [str(p) for p in err["loc"]]
-            owner = JOB_OWNED.get((loc[0], loc[1])) if len(loc) > 1 else None
-            field = owner or ".".join(["model", *loc])
-            errors.append((field, err["msg"], err.get("input")))
+            errors.append((job_field(loc), err["msg"], err.get("input")))
         raise SpecInvalid(errors) from None
+    # the schema and the model's shapes against the data: a job whose bottom MLP does not
+    # take its dense features is refused now, not failed at its first pass
+    problems = model_problems(parsed)
+    if problems:
+        raise SpecInvalid(
+            [
+                (job_field(re.split(r"[.\[\]]+", path.strip("]"))), msg, v)
+                for path, msg, v in problems
+            ]
+        )
     return cfg
+
+
+def job_field(loc: list[str]) -> str:
+    """The job field (dotted from the body) that set the trainer config field at ``loc``:
+    ``["runner", "schema", "sparse", "2", "dim"]`` -> ``data.schema.sparse.2.dim``."""
+    owner = JOB_OWNED.get((loc[0], loc[1])) if len(loc) > 1 else None
+    if owner is None:
+        return ".".join(["model", *loc])
+    return ".".join([owner, *loc[2:]]) if owner == "data.schema" else owner
 
 
 def _float(v: str | None) -> float | None:

@@ -113,6 +113,25 @@ class RaggedTensor:
         gather = starts[row_of_value] + within
         return RaggedTensor(self._values[gather], out_offsets)
 
+    def slice_rows(self, start: int, stop: int) -> RaggedTensor:
+        """Rows ``start:stop`` (a view of the values, offsets rebased to 0)."""
+        off = self._offsets[start : stop + 1]
+        lo, hi = int(off[0]), int(off[-1])
+        return RaggedTensor(self._values[lo:hi], off - lo)
+
+    @staticmethod
+    def concat(parts: Sequence[RaggedTensor]) -> RaggedTensor:
+        """The rows of ``parts`` one after the other (one cat of values, one of offsets)."""
+        if len(parts) == 1:
+            return parts[0]
+        values = torch.cat([p._values for p in parts])
+        shift = 0
+        offsets = [parts[0]._offsets[:1]]
+        for p in parts:
+            offsets.append(p._offsets[1:] + shift)
+            shift += p._values.numel()
+        return RaggedTensor(values, torch.cat(offsets))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RaggedTensor):
             return NotImplemented

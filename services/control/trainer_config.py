@@ -5,7 +5,7 @@ renamed one names its new name)::
 
     runner:                       # PaddleRec online runner names
       train_data_dir: data        # train_data_dir/YYYYMMDD/HHMM/part-*
-      data_format: generated      # or criteo (reader_type is accepted as an alias)
+      data_format: generated      # criteo | parquet | slot (reader_type is an alias)
       split_interval: 5           # minutes per split
       split_per_pass: 2
       start_day: "20190720"
@@ -17,6 +17,7 @@ renamed one names its new name)::
       save_delta_frequency: 6
       model_save_path: output_model
       train_batch_size: 2048
+      schema: {label: click, dense: [...], sparse: [...]}   # feature_schema.py; none: preset
     hyper_parameters:             # reference DLRM names
       arch_sparse_feature_size: 16
       arch_mlp_bot: 13-512-256-64-16
@@ -41,11 +42,19 @@ import os
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from streamrec.config import StrictConfig
+from streamrec.control.feature_schema import (
+    MAX_EMBEDDING_DIM,
+    MAX_SLOTS,
+    FeatureSchema,
+    model_problems,
+)
 from streamrec.layout import parse_day, split_names
 
-DataFormat = Literal["criteo", "generated"]
+#: criteo and generated: positional TSV (the schema's presets); parquet and slot: by the
+#: names of runner.schema (PaddleRec's slot text: ``name:value`` tokens).
+DataFormat = Literal["criteo", "generated", "parquet", "slot"]
 #: The saves ``online`` may publish (the serving models: base and delta).
 OnlineSave = Literal["base", "delta"]
 #: ``runner.end_split`` value: end at the last split landed when the run starts.
@@ -70,10 +79,6 @@ MAX_BATCH = 1 << 20
 MAX_READ_CHUNK_MB = 1024.0
 #: TCP's port range (0: any free port).
 MAX_PORT = 65535
-#: Sparse features: a store table each, and the dot interaction grows with their square.
-MAX_SLOTS = 1024
-#: Embedding dim: the store's ``TableOptions.dim`` bound.
-MAX_EMBEDDING_DIM = 4096
 #: Width of an MLP layer (a 16384 x 16384 layer is 1 GiB of float32, its optimizer state more).
 MAX_LAYER_WIDTH = 16384
 #: Layers of an MLP.
@@ -134,8 +139,17 @@ def parse_dims(value: Any, field: str, min_len: int = 2) -> list[int]:
 class RunnerConfig(StrictConfig):
     """The streaming runner (PaddleRec names)."""
 
+    # ``schema`` is the YAML/JSON name of ``feature_schema`` (pydantic's BaseModel has a
+    # ``schema`` attribute); dumps use it too
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
     train_data_dir: str = "data"
     data_format: DataFormat = "generated"
+    #: The job's features by name (feature_schema.py); None: the format's preset (13 dense,
+    #: sparse_inputs_slots one-key features).
+    feature_schema: FeatureSchema | None = Field(None, alias="schema")
     #: PaddleRec's reader name; here an alias of data_format (criteo | generated).
     reader_type: DataFormat | None = None
     split_interval: int = Field(5, ge=1, le=1440, strict=True)
@@ -221,6 +235,11 @@ class RunnerConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _check(self) -> RunnerConfig:
+        if self.data_format in ("parquet", "slot") and self.feature_schema is None:
+            raise ValueError(
+                f"data_format {self.data_format!r} reads features by name: it needs a schema "
+                f"(label, dense, sparse)"
+            )
         if parse_day(self.end_day) < parse_day(self.start_day):
             raise ValueError(f"end_day {self.end_day!r} is before start_day {self.start_day!r}")
         if self.end_split not in (None, END_LANDED) and self.end_split not in split_names(
@@ -447,10 +466,47 @@ class TrainerConfig(StrictConfig):
         runner["train_batch_size"] = mb
         return dict(data, runner=runner)
 
+    @model_validator(mode="after")
+    def _schema(self, info: ValidationInfo) -> TrainerConfig:
+        """A schema's features against the model and the format (feature_schema.py); the
+        slot count follows the schema. The API checks with ``{"schema_checks": False}`` in
+        the context and names each problem by its job field itself."""
+        schema = self.runner.feature_schema
+        if schema is None:
+            return self
+        if not (info.context and info.context.get("schema_checks") is False):
+            problems = model_problems(self)  # the schema's, and the model's shapes
+            if problems:
+                raise ValueError(
+                    "; ".join(f"{path}: {msg} (got {value!r})" for path, msg, value in problems)
+                )
+        hp = self.hyper_parameters
+        if "sparse_inputs_slots" not in hp.model_fields_set:  # a set one is checked above
+            hp.sparse_inputs_slots = len(schema.sparse)
+        return self
+
+    @property
+    def slot_tables(self) -> list[str]:
+        """The table of each sparse slot: ``slot_<k>``, k the slot, or for a schema feature
+        whose ``table:`` shares another's, that feature's slot."""
+        schema = self.runner.feature_schema
+        if schema is None:
+            return [f"slot_{i}" for i in range(self.hyper_parameters.sparse_inputs_slots)]
+        return [f"slot_{k}" for k in schema.slot_tables()]
+
     @property
     def table_names(self) -> list[str]:
-        """One embedding table per sparse slot: slot_0 .. slot_{S-1}."""
-        return [f"slot_{i}" for i in range(self.hyper_parameters.sparse_inputs_slots)]
+        """The embedding tables: one per sparse slot (slot_0 .. slot_{S-1}) but the slots
+        that share another's."""
+        return list(dict.fromkeys(self.slot_tables))
+
+    @property
+    def pooling(self) -> list[str]:
+        """Each slot's pooling (``sum`` or ``mean``): the schema's, else all ``sum``."""
+        schema = self.runner.feature_schema
+        if schema is None:
+            return ["sum"] * self.hyper_parameters.sparse_inputs_slots
+        return [s.pooling for s in schema.sparse]
 
     def world(self) -> tuple[int, int]:
         """(rank, world_size) from the environment (torchrun / Kubernetes env://)."""
@@ -468,6 +524,7 @@ def flag_fields() -> dict[str, tuple[str, str]]:
     """'arch-mlp-bot' -> ('hyper_parameters', 'arch_mlp_bot') for every flag."""
     out = {}
     for section, cls in FLAG_SECTIONS.items():
-        for name in cls.model_fields:
-            out[name.replace("_", "-")] = (section, name)
+        for name, info in cls.model_fields.items():
+            flag = info.alias or name  # --schema '{label: y, dense: [a], sparse: [...]}'
+            out[flag.replace("_", "-")] = (section, flag)
     return out

@@ -26,11 +26,11 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from streamrec.config import read_yaml_mapping
-from streamrec.control.trainer_config import TrainerConfig, flag_fields
+from streamrec.control.trainer_config import DataFormat, TrainerConfig, flag_fields
 from streamrec.errors import BadRequest, StreamRecError
 from streamrec.pass_line import PASS_HEADER, pass_row
 from streamrec.trainer.errors import ConfigError
@@ -158,7 +158,12 @@ def cmd_predict(argv: list[str]) -> int:
     p.add_argument(
         "--data", action="extend", nargs="+", required=True, help="data files (or repeat)"
     )
-    p.add_argument("--data-format", choices=["criteo", "generated"], default=None)
+    p.add_argument(
+        "--data-format",
+        choices=list(get_args(DataFormat)),
+        default=None,
+        help="default: the model's (parquet and slot read by the model's schema)",
+    )
     p.add_argument("--out", default=None, help="write one probability per line here")
     p.add_argument("--batch-size", type=int, default=4096)
     args = p.parse_args(argv)

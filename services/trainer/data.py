@@ -24,9 +24,11 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +40,9 @@ from streamrec.trainer.errors import DataError
 import streamrec.trainer._C as _C
 
 # isort: on
+
+if TYPE_CHECKING:
+    from streamrec.control.feature_schema import FeatureSchema
 
 NUM_DENSE = 13
 CRITEO_SLOTS = 26
@@ -62,6 +67,8 @@ class Batch:
         keys: (B, S) int64, the key of each sparse slot (meaningless where not present).
         present: (B, S) bool, False for an empty categorical field; None: all present.
         ptrue: (B,) float32 planted click probability (generated data), else None.
+        bags: None (one key a slot: ``keys``), or S RaggedTensors of ``B`` rows of int64
+            keys each, any number a row (a schema's list features); ``keys`` is then (B, 0).
     """
 
     dense: torch.Tensor
@@ -69,12 +76,20 @@ class Batch:
     keys: torch.Tensor
     present: torch.Tensor | None = None
     ptrue: torch.Tensor | None = None
+    bags: list[RaggedTensor] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    @property
+    def num_features(self) -> int:
+        """S, the sparse features (slots)."""
+        return int(self.keys.shape[1]) if self.bags is None else len(self.bags)
+
     def features(self) -> list[RaggedTensor]:
-        """One RaggedTensor per slot, ``B`` rows of 0 or 1 keys: S x (values, offsets)."""
+        """One RaggedTensor per slot (S x (values, offsets)), ``B`` rows each."""
+        if self.bags is not None:
+            return self.bags
         b, s = self.keys.shape
         if self.present is None:
             offsets = torch.arange(b + 1, dtype=torch.int64)
@@ -92,6 +107,8 @@ class Batch:
     def concat(batches: list[Batch]) -> Batch:
         if len(batches) == 1:
             return batches[0]
+        if batches[0].bags is not None:
+            return _concat_bags(batches)
         present = None
         if any(b.present is not None for b in batches):
             present = torch.cat(
@@ -114,6 +131,14 @@ class Batch:
         )
 
     def slice(self, start: int, stop: int) -> Batch:
+        if self.bags is not None:
+            return Batch(
+                self.dense[start:stop],
+                self.labels[start:stop],
+                self.keys[start:stop],
+                ptrue=None if self.ptrue is None else self.ptrue[start:stop],
+                bags=[f.slice_rows(start, stop) for f in self.bags],
+            )
         return Batch(
             self.dense[start:stop],
             self.labels[start:stop],
@@ -121,6 +146,22 @@ class Batch:
             None if self.present is None else self.present[start:stop],
             None if self.ptrue is None else self.ptrue[start:stop],
         )
+
+
+def _concat_bags(batches: list[Batch]) -> Batch:
+    """:meth:`Batch.concat` of ragged batches (every one with ``bags``)."""
+    bags = [b.bags for b in batches]
+    assert all(b is not None for b in bags), "ragged and one-key batches are not mixed"
+    ptrue = None
+    if all(b.ptrue is not None for b in batches):
+        ptrue = torch.cat([b.ptrue for b in batches])  # type: ignore[misc]
+    return Batch(
+        torch.cat([b.dense for b in batches]),
+        torch.cat([b.labels for b in batches]),
+        torch.cat([b.keys for b in batches]),
+        ptrue=ptrue,
+        bags=[RaggedTensor.concat(feats) for feats in zip(*bags, strict=True)],  # type: ignore[arg-type]
+    )
 
 
 @dataclass
@@ -151,7 +192,7 @@ class ParseStats:
             )
 
 
-def _parse_columns(
+def parse_columns(
     buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parses a block of fields, all lines at once.
@@ -281,6 +322,12 @@ def _frame(
     return data, np.frombuffer(data, dtype=np.uint8), gen, head, head + NUM_DENSE + num_slots
 
 
+def _parse_format(
+    data: bytes, source: str, first_line: int, data_format: str, num_slots: int
+) -> tuple[Batch, ParseStats]:
+    return parse_chunk(data, data_format, num_slots, source, first_line)
+
+
 def parse_chunk(
     data: bytes | bytearray | memoryview,
     data_format: str,
@@ -321,17 +368,6 @@ def parse_chunk(
     return Batch(dense, labels, keys, present, ptrue), stats
 
 
-def _empty_batch(num_slots: int, gen: bool) -> Batch:
-    return _make_batch(
-        np.zeros(0, np.int64),
-        np.zeros((0, NUM_DENSE), np.int64),
-        np.zeros((0, num_slots), np.int64),
-        np.zeros((0, num_slots), bool),
-        np.zeros(0) if gen else None,
-        np.zeros(0, bool),
-    )
-
-
 def _make_batch(
     label: np.ndarray,
     ints: np.ndarray,
@@ -368,18 +404,18 @@ def _parse_chunk_numpy(
     """
     data, buf, gen, head, ncols = _frame(data, data_format, num_slots)
     starts, ends, good, line_ends = split_lines(buf, ncols)
-    label, lab_ok, lab_empty = _parse_columns(buf, starts[:, :1], ends[:, :1], "int")
+    label, lab_ok, lab_empty = parse_columns(buf, starts[:, :1], ends[:, :1], "int")
     row_ok = (lab_ok & ~lab_empty & ((label == 0) | (label == 1)))[:, 0]
-    ints, int_ok, _ = _parse_columns(
+    ints, int_ok, _ = parse_columns(
         buf, starts[:, head : head + NUM_DENSE], ends[:, head : head + NUM_DENSE], "int"
     )
-    keys, key_ok, key_empty = _parse_columns(
+    keys, key_ok, key_empty = parse_columns(
         buf, starts[:, head + NUM_DENSE :], ends[:, head + NUM_DENSE :], "int" if gen else "hex"
     )
     row_ok &= int_ok.all(axis=1) & key_ok.all(axis=1)
     ptrue = None
     if gen:
-        p, p_ok, p_empty = _parse_columns(buf, starts[:, 1:2], ends[:, 1:2], "fixed")
+        p, p_ok, p_empty = parse_columns(buf, starts[:, 1:2], ends[:, 1:2], "fixed")
         row_ok &= (p_ok & ~p_empty & (p <= 1.0))[:, 0]
         ptrue = p[:, 0]
     field_ok, line_index = _line_scan(buf, ncols)  # the same numbering as the fast path
@@ -416,8 +452,12 @@ def read_file(
     num_slots: int,
     chunk_bytes: int = 16 << 20,
     max_line_bytes: int = MAX_LINE_BYTES,
+    parse: Callable[[bytes, str, int], tuple[Batch, ParseStats]] | None = None,
 ) -> Iterator[tuple[Batch, ParseStats]]:
     """Parses a file chunk by chunk (whole lines each); yields (batch, stats) per chunk.
+
+    ``parse(text, file, first line)`` parses a chunk (default: :func:`parse_chunk` of
+    ``data_format``; the slot text's parser in feature_data.py).
 
     Memory stays within about ``chunk_bytes + max_line_bytes`` whatever the file holds: a line
     longer than ``max_line_bytes`` is dropped up to its newline and counted as malformed. A
@@ -425,7 +465,8 @@ def read_file(
     an unreadable file, raises DataError naming the file.
     """
     path = Path(path)
-    gen = data_format == "generated"
+    if parse is None:
+        parse = partial(_parse_format, data_format=data_format, num_slots=num_slots)
     line_no = 1  # 1-based number of the next line to parse
     rest = b""  # the start of a line whose newline is not read yet
     skipping = False  # inside a line longer than max_line_bytes: dropped up to its newline
@@ -433,7 +474,7 @@ def read_file(
     def overlong() -> tuple[Batch, ParseStats]:
         stats = ParseStats(lines=1, malformed=1)
         stats.first_bad = (str(path), line_no, _OVERLONG.format(max_line_bytes))
-        return _empty_batch(num_slots, gen), stats
+        return parse(b"", str(path), line_no)[0], stats
 
     try:
         with open_data_file(path) as f:
@@ -452,9 +493,7 @@ def read_file(
                 cut = block.rfind(b"\n")
                 rest = block[cut + 1 :]
                 if cut >= 0:
-                    batch, stats = parse_chunk(
-                        block[: cut + 1], data_format, num_slots, str(path), line_no
-                    )
+                    batch, stats = parse(block[: cut + 1], str(path), line_no)
                     line_no += block.count(b"\n", 0, cut + 1)
                     yield batch, stats
                 if len(rest) > max_line_bytes:
@@ -462,7 +501,7 @@ def read_file(
             if skipping:
                 yield overlong()
             elif rest:
-                yield parse_chunk(rest, data_format, num_slots, str(path), line_no)
+                yield parse(rest, str(path), line_no)
     except (OSError, EOFError, zlib.error) as exc:
         # gzip: BadGzipFile (an OSError) on a bad header, EOFError when cut short, zlib.error
         # on corrupt data
@@ -477,16 +516,20 @@ def iter_batches(
     stats: ParseStats,
     max_malformed_ratio: float = 1.0,
     chunk_bytes: int = 16 << 20,
+    schema: FeatureSchema | None = None,
 ) -> Iterator[Batch]:
-    """Batches of exactly ``batch_size`` (the last may be smaller) over several files.
+    """Batches of exactly ``batch_size`` (the last may be smaller) over several files;
+    ``parquet`` and ``slot`` read by ``schema`` (feature_data.py).
 
     ``stats`` accumulates line counts; after each file the malformed share so far is
     checked against ``max_malformed_ratio`` (DataError naming the first bad line).
     """
     pending: list[Batch] = []
     npending = 0
+    from streamrec.trainer.feature_data import read_chunks  # it imports this module
+
     for path in files:
-        for chunk, chunk_stats in read_file(path, data_format, num_slots, chunk_bytes):
+        for chunk, chunk_stats in read_chunks(path, data_format, num_slots, chunk_bytes, schema):
             stats.add(chunk_stats)
             if len(chunk) == 0:
                 continue

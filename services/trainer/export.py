@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import ModelConfig
 from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_manifest, write_manifest
 from streamrec.trainer.data import ParseStats, iter_batches
@@ -34,6 +35,7 @@ from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.lineage import lineage, trained_on
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.pass_log import PASSES_FILE
+from streamrec.trainer.sparse import SparseTables
 from torch import nn
 
 DENSE_INT8 = "dense_int8.pt"
@@ -79,7 +81,9 @@ def export_serving(trainer: Any, out_dir: Path) -> Path:
                 {
                     "hyper_parameters": trainer.config.hyper_parameters.model_dump(mode="json"),
                     "tables": [t.model_dump(mode="json") for t in trainer.tables],
+                    "slot_tables": trainer.config.slot_tables,
                     "data_format": trainer.config.runner.data_format,
+                    "schema": trainer.config.model_dump(mode="json")["runner"]["schema"],
                     "lineage": lineage(
                         trainer.model_root / PASSES_FILE,
                         trainer.last_pass,
@@ -104,7 +108,7 @@ class Predictor:
     """
 
     def __init__(self, model_dir: str | Path, deltas: list[str | Path] | None = None) -> None:
-        from streamrec.embedding_store import EmbeddingStore, StoreEmbeddingBags, TableOptions
+        from streamrec.embedding_store import EmbeddingStore, TableOptions
 
         self.dir = Path(model_dir)
         read_manifest(self.dir)
@@ -112,7 +116,10 @@ class Predictor:
             spec = json.loads((self.dir / MODEL_JSON).read_text())
             self.arch = ModelConfig.parse(spec["hyper_parameters"], source=str(self.dir))
             tables = [TableOptions.parse(t) for t in spec["tables"]]
+            slot_tables = [str(t) for t in spec.get("slot_tables", [t.name for t in tables])]
             self.data_format = str(spec.get("data_format", "generated"))
+            raw = spec.get("schema")
+            self.schema = None if raw is None else FeatureSchema.parse(raw, str(self.dir))
             self.lineage: dict[str, Any] | None = spec.get("lineage")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{self.dir / MODEL_JSON}: unusable: {exc}") from exc
@@ -129,13 +136,20 @@ class Predictor:
         for d in deltas or []:
             read_manifest(Path(d))
             self.store.load(str(Path(d) / SPARSE_NAME))
-        self.emb = StoreEmbeddingBags(self.store, [t.name for t in tables])
+        # the trainer's own sparse side: its pooling per feature, one-key and ragged batches
+        pooling = None if self.schema is None else [f.pooling for f in self.schema.sparse]
+        self.emb = SparseTables(
+            self.store,
+            slot_tables,
+            self.arch.arch_sparse_feature_size,
+            pooling=pooling,
+        )
 
     def predict_batch(self, batch: Any) -> torch.Tensor:
         """A :class:`~streamrec.trainer.data.Batch` -> click probabilities (B,) float32."""
         with torch.no_grad():
-            pulled = self.emb.pull(batch.features(), create=False)
-            return self.dense(batch.dense, self.emb(pulled)).view(-1)
+            pulled = self.emb.pull(self.emb.prepare(batch), create=False)
+            return self.dense(batch.dense, self.emb.forward(pulled)).view(-1)
 
     def score_files(
         self,
@@ -152,7 +166,10 @@ class Predictor:
         fmt = data_format or self.data_format
         sink = out.open("w") if out is not None else None
         try:
-            for batch in iter_batches(files, fmt, self.arch.sparse_inputs_slots, batch_size, stats):
+            batches = iter_batches(
+                files, fmt, self.arch.sparse_inputs_slots, batch_size, stats, schema=self.schema
+            )
+            for batch in batches:
                 p = self.predict_batch(batch)
                 acc.add(p, batch.labels)
                 if sink is not None:

@@ -145,7 +145,7 @@ class OnlineTrainer(ModelSaves):
             min(len(config.table_names), 8) if config.store.endpoints else 1
         )
         self.sparse = SparseTables(
-            self.store, config.table_names, hp.arch_sparse_feature_size, threads
+            self.store, config.slot_tables, hp.arch_sparse_feature_size, threads, config.pooling
         )
         self.dense = DLRMDense(
             hp.dense_dim,
@@ -233,6 +233,7 @@ class OnlineTrainer(ModelSaves):
             stats,
             r.max_malformed_ratio,
             int(r.read_chunk_mb * (1 << 20)),
+            r.feature_schema,
         )
         return Prefetcher(batches, self._prepare, depth=r.prefetch_batches)
 

@@ -20,15 +20,23 @@ whatever the number of slots. For ``S`` slots of a batch of ``B`` samples::
 
 The gradients are those of ``embedding_bag(mode="sum")`` per table: the summed gradient of
 each unique key, as :class:`streamrec.embedding_store.StoreEmbeddingBags` computes them.
+
+A batch of a schema's list features (``Batch.bags``: S ragged features, any number of keys
+a bag) takes the same path with table-major bag offsets; a ``mean`` feature's values weigh
+1 / their bag's length (``per_sample_weights``), so a key's gradient is the sum over its bags
+of each bag's gradient divided by that bag's length; an empty bag pools to zeros. A batch of
+one key a slot keeps the (S, B) gather: ``mean`` and ``sum`` are one there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from streamrec.ragged import RaggedTensor
 from streamrec.trainer.data import Batch
 from streamrec.trainer.errors import ModelShapeError
 
@@ -62,13 +70,16 @@ class SparseBatch:
     """A batch's sparse side, fused over its ``S`` tables.
 
     Attributes:
-        keys: S tensors (u_t,) int64, the unique keys of each table (first occurrence order).
-        bounds: S + 1 ints; table t owns rows ``bounds[t]:bounds[t + 1]`` of ``weights``.
+        keys: T tensors (u_t,) int64, the unique keys of each table (first occurrence order);
+            T = S unless slots share a table (its keys deduplicated over them).
+        bounds: T + 1 ints; table t owns rows ``bounds[t]:bounds[t + 1]`` of ``weights``.
         index: (S, B) int64 row of each sample's key when every bag holds one key
             (``offsets`` None), else (nnz,) int64 table-major.
         offsets: None (one key per bag), or (S * B + 1,) int64 bag offsets, table-major.
         value_rows: None, or (nnz,) int64 the sample of each value (ragged case).
         batch: B.
+        value_weights: None (every bag summed), or (nnz,) float32 each value's weight in
+            its bag: 1 in a ``sum`` feature, 1 / bag length in a ``mean`` one.
         weights: (U, dim) float32 leaf with ``requires_grad`` once pulled, else None.
         flat_keys: (U,) int64, ``keys`` concatenated, once pulled, else None.
     """
@@ -79,6 +90,7 @@ class SparseBatch:
     offsets: torch.Tensor | None
     value_rows: torch.Tensor | None
     batch: int
+    value_weights: torch.Tensor | None = None
     weights: torch.Tensor | None = None
     flat_keys: torch.Tensor | None = None
 
@@ -93,9 +105,13 @@ class SparseTables:
 
     Args:
         store: the embedding store, in-process or the shards' client.
-        tables: table names, one per slot, in slot order.
+        tables: table names, one per slot, in slot order; slots naming one table share its
+            rows (a key of both is pulled once, its gradients over both summed).
         dim: the rows' width.
         threads: not used: every ``SparseStore`` takes a batch's tables in one call.
+        pooling: per slot ``sum`` or ``mean`` (None: all ``sum``); the two differ only in a
+            bag of more than one key (a ragged batch's), where ``mean`` weighs each key by
+            1 / the bag's length, so its gradient is divided by it too.
 
     Example:
         >>> sp = SparseTables(store, ["t0", "t1"], dim=16)
@@ -104,13 +120,31 @@ class SparseTables:
         >>> loss(dense(batch.dense, ly)).backward(); sp.push(sb, batch.labels)
     """
 
-    def __init__(self, store: SparseStore, tables: list[str], dim: int, threads: int = 1) -> None:
+    def __init__(
+        self,
+        store: SparseStore,
+        tables: list[str],
+        dim: int,
+        threads: int = 1,
+        pooling: Sequence[str] | None = None,
+    ) -> None:
         from streamrec.embedding_store import unique_keys
 
         if not tables:
             raise ModelShapeError("SparseTables needs at least one table")
+        #: the table of each slot; slots naming one table share its rows (a schema's table:)
+        self.slot_tables = list(tables)
+        pooling = ["sum"] * len(tables) if pooling is None else list(pooling)
+        if len(pooling) != len(tables) or not set(pooling) <= {"sum", "mean"}:
+            raise ModelShapeError(
+                f"pooling must be 'sum' or 'mean' for each of {len(tables)} tables, got {pooling}"
+            )
+        self.mean = torch.tensor([p == "mean" for p in pooling])
         self.store = store
-        self.tables = list(tables)
+        #: the distinct tables, in the order of their first slot (what the store is called with)
+        self.tables = list(dict.fromkeys(tables))
+        #: per table, its slots in order
+        self.groups = [[k for k, t in enumerate(tables) if t == name] for name in self.tables]
         self.dim = int(dim)
         # an in-process store whose rows live on a GPU hands them over there (no host copy)
         self.device: torch.device | None = store.resident_device()
@@ -123,23 +157,21 @@ class SparseTables:
         """Dedup per table and the fused row index (pure: safe on the prefetch thread).
 
         Args:
-            batch: keys (B, S) int64, present (B, S) bool or None.
+            batch: keys (B, S) int64, present (B, S) bool or None; or S ragged ``bags``.
         """
-        b, s = batch.keys.shape
-        if s != len(self.tables):
+        b, s = len(batch), batch.num_features
+        if s != len(self.slot_tables):
             raise ModelShapeError(
-                f"batch has {s} sparse slots, expected {len(self.tables)} "
-                f"(one per table {self.tables})"
+                f"batch has {s} sparse slots, expected {len(self.slot_tables)} "
+                f"(one per slot's table {self.slot_tables})"
             )
+        if batch.bags is not None:
+            return self._prepare_bags(batch.bags, b)
         cols = batch.keys.t().contiguous()
         mask = None if batch.present is None else batch.present.t().contiguous()
-        keys, inverses, bounds = [], [], [0]
-        for t in range(s):
-            values = cols[t] if mask is None else cols[t][mask[t]]
-            uniq, inv = self._unique(values)
-            inverses.append(inv + bounds[-1] if bounds[-1] else inv)
-            keys.append(uniq)
-            bounds.append(bounds[-1] + int(uniq.numel()))
+        keys, inverses, bounds = self._dedup(
+            [cols[t] if mask is None else cols[t][mask[t]] for t in range(s)]
+        )
         index = torch.cat(inverses)
         if mask is None:
             return SparseBatch(keys, bounds, index.view(s, b), None, None, b)
@@ -147,6 +179,57 @@ class SparseTables:
         torch.cumsum(mask.view(-1).to(torch.int64), 0, out=offsets[1:])
         value_rows = torch.arange(b).expand(s, b)[mask]
         return SparseBatch(keys, bounds, index, offsets, value_rows, b)
+
+    def _prepare_bags(self, bags: list[RaggedTensor], b: int) -> SparseBatch:
+        """:meth:`prepare` of S ragged features (any number of keys a bag): per table the
+        unique keys and the inverse, then the table-major bag offsets of all S * B bags."""
+        s = len(bags)
+        keys, inverses, bounds = self._dedup([f.values() for f in bags])
+        offsets = [torch.zeros(1, dtype=torch.int64)]
+        nnz = 0
+        for f in bags:
+            offsets.append(f.offsets()[1:] + nnz)
+            nnz += int(f.values().numel())
+        flat_offsets = torch.cat(offsets)
+        lengths = flat_offsets.diff()  # (S * B,) keys a bag
+        value_rows = torch.repeat_interleave(torch.arange(b).repeat(s), lengths)
+        value_weights = None
+        if bool(self.mean.any()):
+            per_bag = torch.where(
+                self.mean.repeat_interleave(b),
+                1.0 / lengths.clamp(min=1).to(torch.float32),
+                torch.ones(s * b),
+            )
+            value_weights = torch.repeat_interleave(per_bag, lengths)
+        return SparseBatch(
+            keys, bounds, torch.cat(inverses), flat_offsets, value_rows, b, value_weights
+        )
+
+    def _dedup(
+        self, values: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+        """Per table the unique keys of all its slots' ``values`` ((n_t,) int64 each, slot
+        order), and each slot's rows in the fused row space.
+
+        Returns:
+            keys: T tensors (u,) int64; inverses: S tensors (n_t,) int64, each value's row;
+            bounds: T + 1 ints, table ``i`` owns rows ``bounds[i]:bounds[i + 1]``.
+        """
+        keys, bounds = [], [0]
+        inverses: list[torch.Tensor] = [values[0]] * len(values)  # each slot's, set below
+        for slots in self.groups:
+            if len(slots) == 1:
+                uniq, inv = self._unique(values[slots[0]])
+                inverses[slots[0]] = inv + bounds[-1] if bounds[-1] else inv
+            else:  # a shared table: one dedup over its slots, so a key has one row
+                parts = [values[t] for t in slots]
+                uniq, inv = self._unique(torch.cat(parts))
+                inv = inv + bounds[-1] if bounds[-1] else inv
+                for t, piece in zip(slots, inv.split([p.numel() for p in parts]), strict=True):
+                    inverses[t] = piece
+            keys.append(uniq)
+            bounds.append(bounds[-1] + int(uniq.numel()))
+        return keys, inverses, bounds
 
     def pull(self, sb: SparseBatch, create: bool) -> SparseBatch:
         """Pulls every table's rows into ``sb.weights`` (U, dim) float32 leaf; returns sb.
@@ -166,9 +249,19 @@ class SparseTables:
         index = sb.index.to(device, non_blocking=True)  # no-op on the CPU
         if sb.offsets is None:
             return _Gather.apply(sb.weights, index.t())
-        s = len(sb.keys)
+        s = len(self.slot_tables)
         offsets = sb.offsets.to(device, non_blocking=True)
-        pooled = F.embedding_bag(index, sb.weights, offsets, mode="sum", include_last_offset=True)
+        weights = None
+        if sb.value_weights is not None:
+            weights = sb.value_weights.to(device, sb.weights.dtype, non_blocking=True)
+        pooled = F.embedding_bag(
+            index,
+            sb.weights,
+            offsets,
+            mode="sum",
+            per_sample_weights=weights,
+            include_last_offset=True,
+        )
         return pooled.view(s, sb.batch, self.dim).transpose(0, 1)
 
     def push(self, sb: SparseBatch, labels: torch.Tensor, grad_scale: float = 1.0) -> None:
@@ -192,7 +285,7 @@ class SparseTables:
             grad = grad.mul(grad_scale)
         index = sb.index.reshape(-1)
         if sb.value_rows is None:
-            value_labels = labels.expand(len(sb.keys), sb.batch).reshape(-1)
+            value_labels = labels.expand(len(self.slot_tables), sb.batch).reshape(-1)
         else:
             value_labels = labels[sb.value_rows]
         shows = torch.bincount(index, minlength=u).to(torch.float32)

@@ -129,3 +129,36 @@ def test_the_missing_item_id_is_the_samplers():
 
     assert TrainerConfig.parse({}).negative_sampling.default_value is None  # the sampler's
     assert MISSING_ITEM_ID == 5533571732986600803  # the seed's murmurhash(0)
+
+
+def test_the_schema_in_a_job_file_and_as_a_flag(tmp_path):
+    """runner.schema (YAML) and --schema (inline YAML) give the same features; the slot
+    count follows the schema; a bad one names its field."""
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "runner:\n  data_format: slot\n  schema:\n    label: click\n    dense: [age]\n"
+        "    sparse:\n      - {name: user_id}\n      - {name: genres, pooling: mean}\n"
+        "hyper_parameters:\n  arch_mlp_bot: 1-16\n"
+    )
+    c = load_config(_train_parser("t").parse_args(["--config", str(path)]))
+    assert c.runner.feature_schema is not None
+    assert [s.name for s in c.runner.feature_schema.sparse] == ["user_id", "genres"]
+    assert c.hyper_parameters.sparse_inputs_slots == 2 and c.pooling == ["sum", "mean"]
+    inline = "{label: click, dense: [age], sparse: [{name: u}]}"
+    f = load_config(_train_parser("t").parse_args(["--config", str(path), "--schema", inline]))
+    assert f.runner.feature_schema is not None and f.hyper_parameters.sparse_inputs_slots == 1
+    with pytest.raises(BadRequest, match=r"runner.schema.sparse.0.pooling"):
+        TrainerConfig.parse({"runner": {"schema": {"sparse": [{"name": "a", "pooling": "max"}]}}})
+    # the trainer's own check (no API in between): the bottom MLP against the dense features
+    with pytest.raises(BadRequest, match=r"runner.schema.dense: data_format 'generated'"):
+        TrainerConfig.parse({"runner": {"schema": {"dense": ["a"], "sparse": [{"name": "b"}]}}})
+    with pytest.raises(BadRequest, match=r"hyper_parameters.arch_mlp_bot: its first size"):
+        TrainerConfig.parse(
+            {
+                "runner": {
+                    "data_format": "slot",
+                    "schema": {"dense": ["a"], "sparse": [{"name": "b"}]},
+                },
+                "hyper_parameters": {"arch_mlp_bot": "2-16"},
+            }
+        )
