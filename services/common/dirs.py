@@ -1,9 +1,10 @@
-"""Directories a save creates on its way, and their removal when the save fails: a failed
-save leaves no empty day or shard directory behind (the store's saves and the trainer's
-model writes both)."""
+"""Directories a save creates on its way, and their removal when the save fails (a failed
+save leaves no empty day or shard directory behind), and the free bytes a full disk's error
+names: the store's saves and the trainer's model writes both."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -34,3 +35,15 @@ def remove_created(created: list[Path]) -> None:
             p.rmdir()
         except OSError:
             return  # not empty (another save put something there) or gone: leave the rest
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to this process on the filesystem of ``path`` (its nearest existing
+    ancestor: os.statvfs), or None when that cannot be told."""
+    for p in (path, *path.parents):
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize
+    return None

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamrec.dirs import free_bytes
 from streamrec.embedding_store.errors import NoSpace, PathExists
 from streamrec.errors import BadRequest, StreamRecError, quote
 from streamrec.wire import Arrays, Handler, Meta
@@ -34,18 +35,6 @@ BAD_PATH = {errno.ENAMETOOLONG, errno.EISDIR, errno.ELOOP, errno.EINVAL}
 TAKEN = {errno.EEXIST, errno.ENOTDIR}
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
-
-
-def free_bytes(path: Path) -> int | None:
-    """Bytes free to this process on the filesystem of ``path`` (its nearest existing
-    ancestor), or None if that cannot be told."""
-    for p in (path, *path.parents):
-        try:
-            st = os.statvfs(p)
-        except OSError:
-            continue
-        return st.f_bavail * st.f_frsize
-    return None
 
 
 def _device(path: Path) -> int | None:

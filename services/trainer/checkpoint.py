@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from streamrec import layout
-from streamrec.dirs import make_parents, remove_created
+from streamrec.dirs import free_bytes, make_parents, remove_created
 from streamrec.layout import MANIFEST_NAME
 from streamrec.save_modes import SaveMode
 from streamrec.trainer import faults
@@ -76,18 +76,6 @@ def save_dense(path: Path, state: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def free_bytes(path: Path) -> int | None:
-    """Bytes free to this process on the filesystem of ``path`` (its nearest existing
-    ancestor: os.statvfs), or None when that cannot be told."""
-    for p in (path, *path.parents):
-        try:
-            st = os.statvfs(p)
-        except OSError:
-            continue
-        return st.f_bavail * st.f_frsize
-    return None
 
 
 def no_space(exc: OSError, directory: Path, what: str) -> OSError:

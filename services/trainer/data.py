@@ -131,20 +131,13 @@ class Batch:
         )
 
     def slice(self, start: int, stop: int) -> Batch:
-        if self.bags is not None:
-            return Batch(
-                self.dense[start:stop],
-                self.labels[start:stop],
-                self.keys[start:stop],
-                ptrue=None if self.ptrue is None else self.ptrue[start:stop],
-                bags=[f.slice_rows(start, stop) for f in self.bags],
-            )
         return Batch(
             self.dense[start:stop],
             self.labels[start:stop],
             self.keys[start:stop],
             None if self.present is None else self.present[start:stop],
             None if self.ptrue is None else self.ptrue[start:stop],
+            None if self.bags is None else [f.slice_rows(start, stop) for f in self.bags],
         )
 
 

@@ -4,6 +4,8 @@ a schema column is a bad split under on_bad_split."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 from agent_helpers import finished, run_agent, small_job, started_job
@@ -28,6 +30,16 @@ def schema_job(name: str, data, model, fmt: str) -> dict:
     return body
 
 
+def succeeded(client, redis_url: str, job_id: str, log: Path) -> None:
+    """Runs the job to its end with one real agent; it must succeed."""
+    agent = run_agent(redis_url, job_id, log)
+    try:
+        job = finished(client, job_id, agent, log)
+        assert job["state"] == "succeeded", (job, log.read_text()[-3000:])
+    finally:
+        stop_process(agent)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fmt", ["parquet", "slot"])
@@ -35,13 +47,7 @@ def test_a_schema_job_finishes_over_rest_with_pass_aucs(client, roots, redis_ser
     data, model = roots["data"] / f"schema-{fmt}", roots["model"] / f"schema-{fmt}"
     write_planted(data, fmt)
     job_id = started_job(client, schema_job(f"schema-{fmt}", data, model, fmt))
-    log = tmp_path / "agent.log"
-    agent = run_agent(redis_server.url, job_id, log)
-    try:
-        job = finished(client, job_id, agent, log)
-        assert job["state"] == "succeeded", (job, log.read_text()[-3000:])
-    finally:
-        stop_process(agent)
+    succeeded(client, redis_server.url, job_id, tmp_path / "agent.log")
     passes = client.get(f"/v1/jobs/{job_id}/passes").json()["data"]
     assert len(passes) == 4
     for p in passes:
@@ -62,17 +68,11 @@ def test_a_parquet_file_without_a_schema_column_is_a_skipped_split(
     body = schema_job("schema-missing", data, model, "parquet")
     body["data"] |= {"on_bad_split": "skip", "end_day": "20190720"}
     job_id = started_job(client, body)
-    log = tmp_path / "agent.log"
-    agent = run_agent(redis_server.url, job_id, log)
-    try:
-        job = finished(client, job_id, agent, log)
-        assert job["state"] == "succeeded", (job, log.read_text()[-3000:])
-    finally:
-        stop_process(agent)
+    succeeded(client, redis_server.url, job_id, tmp_path / "agent.log")
     p2 = client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()
     assert p2["skipped_splits"] == ["1200"], p2
     events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
     assert [e for e in events if e["type"] == "skip"], events
     # the failed attempt named the column (its event, or the agent's log)
-    said = str(events) + log.read_text()
+    said = str(events) + (tmp_path / "agent.log").read_text()
     assert "no column 'genres'" in said, said[-3000:]
