@@ -105,12 +105,15 @@ class Batch:
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch:
+        """The rows of ``batches`` in order (all one-key, or all ragged)."""
         if len(batches) == 1:
             return batches[0]
+        present = bags = ptrue = None
         if batches[0].bags is not None:
-            return _concat_bags(batches)
-        present = None
-        if any(b.present is not None for b in batches):
+            parts = [b.bags for b in batches]
+            assert all(p is not None for p in parts), "ragged and one-key batches are not mixed"
+            bags = [RaggedTensor.concat(list(f)) for f in zip(*parts, strict=True)]  # type: ignore[arg-type]
+        elif any(b.present is not None for b in batches):
             present = torch.cat(
                 [
                     b.present
@@ -119,7 +122,6 @@ class Batch:
                     for b in batches
                 ]
             )
-        ptrue = None
         if all(b.ptrue is not None for b in batches):
             ptrue = torch.cat([b.ptrue for b in batches])  # type: ignore[misc]
         return Batch(
@@ -128,6 +130,7 @@ class Batch:
             torch.cat([b.keys for b in batches]),
             present,
             ptrue,
+            bags,
         )
 
     def slice(self, start: int, stop: int) -> Batch:
@@ -139,22 +142,6 @@ class Batch:
             None if self.ptrue is None else self.ptrue[start:stop],
             None if self.bags is None else [f.slice_rows(start, stop) for f in self.bags],
         )
-
-
-def _concat_bags(batches: list[Batch]) -> Batch:
-    """:meth:`Batch.concat` of ragged batches (every one with ``bags``)."""
-    bags = [b.bags for b in batches]
-    assert all(b is not None for b in bags), "ragged and one-key batches are not mixed"
-    ptrue = None
-    if all(b.ptrue is not None for b in batches):
-        ptrue = torch.cat([b.ptrue for b in batches])  # type: ignore[misc]
-    return Batch(
-        torch.cat([b.dense for b in batches]),
-        torch.cat([b.labels for b in batches]),
-        torch.cat([b.keys for b in batches]),
-        ptrue=ptrue,
-        bags=[RaggedTensor.concat(feats) for feats in zip(*bags, strict=True)],  # type: ignore[arg-type]
-    )
 
 
 @dataclass
