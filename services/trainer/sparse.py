@@ -218,15 +218,12 @@ class SparseTables:
         keys, bounds = [], [0]
         inverses: list[torch.Tensor] = [values[0]] * len(values)  # each slot's, set below
         for slots in self.groups:
-            if len(slots) == 1:
-                uniq, inv = self._unique(values[slots[0]])
-                inverses[slots[0]] = inv + bounds[-1] if bounds[-1] else inv
-            else:  # a shared table: one dedup over its slots, so a key has one row
-                parts = [values[t] for t in slots]
-                uniq, inv = self._unique(torch.cat(parts))
-                inv = inv + bounds[-1] if bounds[-1] else inv
-                for t, piece in zip(slots, inv.split([p.numel() for p in parts]), strict=True):
-                    inverses[t] = piece
+            # a shared table: one dedup over its slots, so a key has one row
+            parts = [values[t] for t in slots]
+            uniq, inv = self._unique(parts[0] if len(parts) == 1 else torch.cat(parts))
+            inv = inv + bounds[-1] if bounds[-1] else inv
+            for t, piece in zip(slots, inv.split([p.numel() for p in parts]), strict=True):
+                inverses[t] = piece
             keys.append(uniq)
             bounds.append(bounds[-1] + int(uniq.numel()))
         return keys, inverses, bounds
