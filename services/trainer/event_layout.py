@@ -492,6 +492,10 @@ def main_from_events(argv: list[str]) -> int:
         "its donefile is never touched; events that fall into one are dropped as late and "
         "counted. Times: integer seconds since the epoch (>= 1e11: milliseconds, see "
         "--time-unit), or ISO 8601 strings (without an offset: the --timezone clock).",
+        epilog="Train it with data_format parquet or slot and a feature schema naming the "
+        "columns (runner.schema; REST data.schema): label (0/1), dense [name or {name, "
+        "log1p}], sparse [{name, pooling: sum|mean, table?}] of int or string ids or lists "
+        "of them. services/trainer/README.md: 'Walk-through: your own data over REST'.",
     )
     ap.add_argument(
         "--from-events",

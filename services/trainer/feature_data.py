@@ -10,14 +10,16 @@ its name, in any order::
     click:1 age:0.31 price:12.5 user_id:17 genres:5 genres:9
 
 The label's value is a number (> 0: a click); a dense value a decimal (``-``, digits, one
-optional ``.``: no exponent); a sparse value a decimal int64 key. A sparse feature absent
-from a line is an empty bag; a name the schema does not hold is skipped (a file may carry
-more slots than a job reads). A line is malformed, counted as the TSV parsers count theirs
-(``max_malformed_ratio``), when it lacks the label or a dense feature, names one twice, has
-a token that is not ``name:value``, or a value that is not a number of its kind. The parser
-works on a whole chunk at once in numpy (token bounds, names hashed by
-:func:`streamrec.keyhash.hash_ranges` and matched to the schema's, values parsed column by
-column): no per-line Python.
+optional ``.``: no exponent); a sparse value a decimal int64 key, or else a string id
+(``item_id:sku-53``, what ``streamrec-datagen --from-events --format slot`` writes of a
+string column) hashed by :func:`streamrec.keyhash.hash_ranges` as Parquet's strings are. A
+sparse feature absent from a line is an empty bag; a name the schema does not hold is
+skipped (a file may carry more slots than a job reads). A line is malformed, counted as the
+TSV parsers count theirs (``max_malformed_ratio``), when it lacks the label or a dense
+feature, names one twice, has a token that is not ``name:value``, or a label or dense value
+that is not a number. The parser works on a whole chunk at once in numpy (token bounds,
+names hashed by :func:`streamrec.keyhash.hash_ranges` and matched to the schema's, values
+parsed column by column): no per-line Python.
 
 ``parquet``: columns named by the schema, read with pyarrow a record batch at a time (memory
 bounded by ``batch_rows``); ids int (one key a row, null: an empty bag), string (hashed to
@@ -46,7 +48,7 @@ _NL, _CR, _TAB, _SPACE, _COLON, _MINUS = 10, 13, 9, 32, 58, 45
 #: Why a slot-text line is malformed (the first one of a chunk is named in ParseStats).
 BAD_SLOT_LINE = (
     "does not match the schema: a missing or repeated label or dense feature, a token that "
-    "is not name:value, or a value that is not a number of its kind"
+    "is not name:value, or a label or dense value that is not a number"
 )
 
 
@@ -133,7 +135,8 @@ def parse_slot_chunk(
     bad[line[num][~ok]] = True
     sp = fid > nd
     keys, kok = _numbers(buf, vstart[sp], ends[sp], "int")
-    bad[line[sp][~kok]] = True
+    if not kok.all():  # not a decimal int64: a string id, hashed as Parquet's strings are
+        keys[~kok] = hash_ranges(buf, vstart[sp][~kok], (ends[sp] - vstart[sp])[~kok])
     nonblank = np.bincount(line, minlength=n)[:n] > 0
     bad &= nonblank
     good = nonblank & ~bad

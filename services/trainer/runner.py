@@ -522,14 +522,18 @@ class OnlineTrainer(ModelSaves):
     def close(self) -> None:
         """Stops waiting, releases the store (if built here) and the process group."""
         self.stop_event.set()
-        self._pool.shutdown(wait=True)
-        self.sparse.close()
-        if self.negatives is not None:
-            self.negatives.close()
-        if self._own_store:
-            self.store.close()
-        if self._own_group:
-            ddp.shutdown()
+        try:
+            self._pool.shutdown(wait=True)
+            self.sparse.close()
+            if self.negatives is not None:
+                self.negatives.close()
+            if self._own_store:
+                self.store.close()
+        finally:
+            # always: a gloo group left to the interpreter's exit aborts the process
+            # (std::terminate, pytorch/pytorch#190489) instead of reporting what failed
+            if self._own_group:
+                ddp.shutdown()
 
     def __enter__(self) -> OnlineTrainer:
         return self

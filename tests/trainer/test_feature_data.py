@@ -227,18 +227,23 @@ def test_slot_lines_lists_and_malformed():
         b"click:1 age:x price:1 user_id:1\n"  # a non-number dense: malformed
         b"age:1 price:2 user_id:4\n"  # no label: malformed
         b"click:1 age:1 price:2 age:3 user_id:4\n"  # a dense twice: malformed
-        b"click:1 age:1 price:2 user_id:z\n"  # a key that is no int: malformed
+        b"click:1 age:1 price:2 user_id:sku-z\n"  # a key that is no int: a string id
         b"click:1 age:1 price:2 user_id\n"  # not name:value: malformed
         b"price:3 other:7 click:2 age:1 genres:1\r\n"  # any order, an unknown name skipped
     )
     batch, stats = parse_slot_chunk(text, schema, "part-0", 10)
-    assert (stats.lines, stats.malformed) == (8, 5)
+    assert (stats.lines, stats.malformed) == (8, 4)
     assert stats.first_bad is not None and stats.first_bad[:2] == ("part-0", 13)
-    assert batch.labels.tolist() == [1.0, 0.0, 1.0]
-    assert torch.allclose(batch.dense[:, 0], torch.tensor([0.5, -2.0, 1.0]))
-    assert torch.allclose(batch.dense[:, 1], torch.log1p(torch.tensor([1.0, 0.0, 3.0])))
+    assert batch.labels.tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert torch.allclose(batch.dense[:, 0], torch.tensor([0.5, -2.0, 1.0, 1.0]))
+    assert torch.allclose(batch.dense[:, 1], torch.log1p(torch.tensor([1.0, 0.0, 2.0, 3.0])))
     assert batch.bags is not None
-    assert [b.to_list() for b in batch.bags] == [[[17], [3], []], [[5, 9], [], [1]], [[1], [], []]]
+    sku = string_key("sku-z")  # the key a Parquet string column gives it
+    assert [b.to_list() for b in batch.bags] == [
+        [[17], [3], [sku], []],
+        [[5, 9], [], [], [1]],
+        [[1], [], [], []],
+    ]
 
 
 # ---- Parquet ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ writes a checkpoint), writes OUT/rank<r>.ready, waits for OUT/restarted (the tes
 the store shard empty meanwhile), then pass 2 (must fail), the checkpoint's load and pass 2
 again; writes what happened to OUT/rank<r>.json."""
 
+import faulthandler
 import json
 import sys
 import time
@@ -12,6 +13,7 @@ from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.errors import PassFailed
 from streamrec.trainer.runner import OnlineTrainer
 
+faulthandler.enable()  # a C++ abort (std::terminate) prints every thread's Python stack
 config, out = TrainerConfig.from_yaml(sys.argv[1]), Path(sys.argv[2])
 with OnlineTrainer(config) as t:
     first, second = t.passes_todo()
