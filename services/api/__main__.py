@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a serving Redis jobs may publish to, model.online.redis_url (repeatable)",
     )
     s.add_argument(
+        "--default-online-redis-url",
+        default=None,
+        help="the serving Redis of a job that names none (its model.online.redis_url unset): "
+        "the export trigger's mode online publishes there; allowed like --online-redis-url",
+    )
+    s.add_argument(
         "--metrics-host",
         action="append",
         dest="metrics_hosts",

@@ -13,6 +13,7 @@ Values come from CLI flags and ``STREAMREC_API_*`` environment variables (flags 
 
     STREAMREC_API_SAMPLER_ENDPOINTS=tcp://sampler.node:5700   # jobs' sampler.endpoint
     STREAMREC_API_ONLINE_REDIS_URLS=redis://serving-redis:6379/0  # jobs' model.online.redis_url
+    STREAMREC_API_DEFAULT_ONLINE_REDIS_URL=redis://serving-redis:6379/0  # ... when they name none
     STREAMREC_API_METRICS_HOSTS=127.0.0.1,0.0.0.0   # jobs' model.runner.metrics_host
     STREAMREC_REDIS_PASSWORD_FILE=/run/secrets/redis-password   # Redis AUTH (all services)
 
@@ -67,6 +68,9 @@ class Settings(StrictConfig):
         sampler_endpoints: the sampler endpoints a job's ``sampler.endpoint`` may name (none:
             jobs use their trainer's node-local sampler only).
         online_redis_urls: the serving Redis URLs a job's ``model.online.redis_url`` may name.
+        default_online_redis_url: the serving Redis of a job that names none: its trainer
+            config gets it as ``online.redis_url`` (with ``online.modes`` empty unless the job
+            sets them: only the export trigger's mode ``online`` publishes); allowed too.
         metrics_hosts: the addresses a job's ``model.runner.metrics_host`` may bind.
         redis_password_file: the file holding Redis's password (AUTH); None:
             ``$STREAMREC_REDIS_PASSWORD_FILE``, else none (a warning at start-up).
@@ -102,6 +106,7 @@ class Settings(StrictConfig):
     store_shards: int | None = Field(None, ge=1, le=1024)
     sampler_endpoints: list[str] = Field(default_factory=list, max_length=1024)
     online_redis_urls: list[str] = Field(default_factory=list, max_length=1024)
+    default_online_redis_url: str | None = None
     metrics_hosts: list[str] = Field(default_factory=lambda: list(LOOPBACK_HOSTS), max_length=64)
     redis_password_file: Path | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
@@ -142,6 +147,27 @@ class Settings(StrictConfig):
         known = set(self.store_endpoints)
         extra = [e for e in numbered if e not in known]
         object.__setattr__(self, "store_endpoints", [*self.store_endpoints, *extra])
+        return self
+
+    @model_validator(mode="after")
+    def _default_online_redis_allowed(self) -> Settings:
+        url = self.default_online_redis_url
+        if url is None:
+            return self
+        try:
+            parts = urlsplit(url)
+            password = parts.password
+        except ValueError as exc:
+            raise ValueError(f"default_online_redis_url {url!r}: {exc}") from None
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError(f"default_online_redis_url must be a redis:// URL, got {url!r}")
+        if password:
+            raise ValueError(
+                "default_online_redis_url carries a password: the trainers read it from "
+                "STREAMREC_ONLINE_REDIS_PASSWORD_FILE"
+            )
+        if url not in self.online_redis_urls:
+            object.__setattr__(self, "online_redis_urls", [*self.online_redis_urls, url])
         return self
 
     @model_validator(mode="after")
@@ -191,6 +217,7 @@ class Settings(StrictConfig):
             store_endpoints=self.store_endpoints,
             sampler_endpoints=self.sampler_endpoints,
             online_redis_urls=self.online_redis_urls,
+            default_online_redis_url=self.default_online_redis_url,
             metrics_hosts=self.metrics_hosts,
             api_port=self.port,
             redis_url=self.redis_url,

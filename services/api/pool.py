@@ -126,7 +126,9 @@ class PoolScheduler:
         a = pool.Assignment(job_id, uuid.uuid4().hex[:12])
         with self.r.pipeline() as pipe:
             pipe.hset(keys.POOL_ASSIGNMENTS, name, a.encode())
-            redis_io.hset(pipe, keys.job(job_id), {"group": name, "trainers": ASSIGNED})
+            # last_group: kept when the job ends (and "group" is cleared), to say who ran it
+            fields = {"group": name, "last_group": name, "trainers": ASSIGNED}
+            redis_io.hset(pipe, keys.job(job_id), fields)
             redis_io.xadd(
                 pipe,
                 keys.events(job_id),

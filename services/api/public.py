@@ -39,6 +39,11 @@ class JobPublic(BaseModel):
         ),
     )
     group: str | None = Field(None, description="the pooled trainer group running the job")
+    last_group: str | None = Field(
+        None,
+        description="the pooled trainer group the job was last given to: kept after the job "
+        "ends, when group is cleared (None: never given to one)",
+    )
     restarts: int = Field(
         0, description="infrastructure restarts of the trainer group in a row (budget)"
     )

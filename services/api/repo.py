@@ -50,16 +50,21 @@ from streamrec.control import keys, redis_io
 from streamrec.control.channel import CommandType
 from streamrec.control.feature_schema import model_problems
 from streamrec.control.pool import NamespaceDrop
-from streamrec.control.trainer_config import END_LANDED, TrainerConfig
+from streamrec.control.trainer_config import END_LANDED, OnlineMode, TrainerConfig
 from streamrec.layout import count_passes
 
 
-def trainer_config(spec: JobCreate, job_id: str | None = None) -> dict[str, Any]:
+def trainer_config(
+    spec: JobCreate, job_id: str | None = None, policy: SpecPolicy | None = None
+) -> dict[str, Any]:
     """The trainer config the job implies, validated, so a bad one is a 422 now rather than a
     failed job later; each error names the job field that set the value. On store shards, the
     job's tables live in the namespace ``job_id``: a new job starts from fresh rows, two jobs
-    with different tables share the shards, deleting the job frees its rows."""
+    with different tables share the shards, deleting the job frees its rows. A job that names
+    no serving Redis gets the ``policy``'s default one (``SpecPolicy.with_default_online``)."""
     cfg = spec.trainer_config()
+    if policy is not None:
+        cfg = policy.with_default_online(cfg)
     if job_id is not None and spec.store.endpoints:
         cfg["store"]["namespace"] = job_id
     try:
@@ -149,7 +154,7 @@ class Repo:
                 )
             spec.data.end_day, spec.data.end_split = end
         job_id = uuid.uuid4().hex[:16]
-        trainer = trainer_config(spec, job_id)
+        trainer = trainer_config(spec, job_id, self.policy)
         d = spec.data  # the pass count is computed (days x passes a day), never counted
         now = time.time()
         fields = {
@@ -228,6 +233,7 @@ class Repo:
             error=f.get("error") or None,
             trainers=f.get("trainers") or None,
             group=f.get("group") or None,
+            last_group=f.get("last_group") or None,
             restarts=int(f.get("restarts") or 0),
             restarts_total=int(f.get("restarts_total") or 0),
         )
@@ -262,7 +268,8 @@ class Repo:
             f = self.job_fields(job_id)
             self._check_model_path(job_id, stored_spec(f["spec"]).checkpoint.model_save_path)
             if not f.get("trainer_config"):  # a job stored before the API kept it
-                extra["trainer_config"] = json.dumps(trainer_config(stored_spec(f["spec"]), job_id))
+                cfg = trainer_config(stored_spec(f["spec"]), job_id, self.policy)
+                extra["trainer_config"] = json.dumps(cfg)
             # a stopped or failed job goes on from its last checkpoint: what was trained
             # after it is rolled back and trained again (lineage.py)
             rewind_for_start(self.r, job_id, job_plan(stored_spec(f["spec"])))
@@ -330,8 +337,11 @@ class Repo:
     def create_trigger(self, job_id: str, body: TriggerCreate) -> TriggerPublic:
         """Queues a command for the job's trainers; they report its outcome by trigger id.
 
-        Refused (409) unless a trainer group may be at work (running, paused, stopping).
+        Refused (409) unless a trainer group may be at work (running, paused, stopping), and
+        (422) an online export of a job that publishes to no serving Redis.
         """
+        if body.mode == OnlineMode.ONLINE:
+            self._check_serving_redis(job_id)
         key = keys.job(job_id)
         trigger_id = uuid.uuid4().hex[:12]
         now = f"{time.time():.3f}"
@@ -378,6 +388,18 @@ class Repo:
 
         watched(self.r, create, key)
         return self.get_trigger(job_id, trigger_id)
+
+    def _check_serving_redis(self, job_id: str) -> None:
+        """SpecInvalid (422) naming ``mode`` when the job's trainer config has no
+        ``online.redis_url``: accepted, the trigger would fail on the trainers."""
+        raw = self.job_fields(job_id).get("trainer_config")
+        online = (json.loads(raw).get("online") or {}) if raw else {}
+        if raw and not online.get("redis_url"):
+            reason = (
+                f"job {job_id!r} publishes to no serving Redis: its model.online.redis_url is "
+                f"unset and the API names no default (--default-online-redis-url)"
+            )
+            raise SpecInvalid([("mode", reason, OnlineMode.ONLINE.value)])
 
     def get_trigger(self, job_id: str, trigger_id: str) -> TriggerPublic:
         self.job_fields(job_id)

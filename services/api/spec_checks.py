@@ -64,6 +64,8 @@ class SpecPolicy:
         sampler_endpoints: sampler endpoints a job may name (empty: only the node-local
             default, ``sampler.endpoint`` unset).
         online_redis_urls: serving Redis URLs ``model.online.redis_url`` may name.
+        default_online_redis_url: the serving Redis of a job that names none
+            (:meth:`with_default_online`).
         metrics_hosts: addresses ``model.runner.metrics_host`` may bind.
         api_port / redis_url: the API's own port and Redis (``--port``, ``--redis-url``);
             with the endpoints and URLs above, the ports of the stack that a trainer's
@@ -75,9 +77,20 @@ class SpecPolicy:
     store_endpoints: Sequence[str] = ()
     sampler_endpoints: Sequence[str] = ()
     online_redis_urls: Sequence[str] = ()
+    default_online_redis_url: str | None = None
     metrics_hosts: Sequence[str] = field(default_factory=lambda: list(LOOPBACK_HOSTS))
     api_port: int | None = None
     redis_url: str | None = None
+
+    def with_default_online(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Trainer config ``cfg`` with the default serving Redis as ``online.redis_url`` where
+        the job names none, and then ``online.modes`` empty unless the job set them: only
+        the export trigger's mode ``online`` publishes there, not every base and delta."""
+        online = cfg.get("online") or {}
+        url = self.default_online_redis_url
+        if url is None or not isinstance(online, dict) or online.get("redis_url") is not None:
+            return cfg  # (a bad ``model.online`` is the trainer config's 422)
+        return {**cfg, "online": {"modes": [], **online, "redis_url": url}}
 
     def stack_ports(self) -> dict[int, str]:
         """TCP port -> what of the stack listens there, as far as these settings tell."""

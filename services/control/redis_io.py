@@ -28,6 +28,9 @@ from redis.typing import EncodableT, FieldT
 #: The file holding Redis's password (AUTH), for every client of the control plane: the API,
 #: the trainers, ``streamrec up`` (a mounted Secret in Kubernetes). Never printed.
 PASSWORD_FILE_ENV = "STREAMREC_REDIS_PASSWORD_FILE"
+#: The file holding the serving Redis's password (``online.redis_url``, where the trainers
+#: publish models; its readers hold this one, never the control plane's). Unset: none.
+ONLINE_PASSWORD_FILE_ENV = "STREAMREC_ONLINE_REDIS_PASSWORD_FILE"
 
 #: A hash, or the fields of a stream entry.
 Fields = dict[str, str]
@@ -68,7 +71,7 @@ def read_password(path: str | os.PathLike[str]) -> str:
 def with_password(url: str, password_file: str | os.PathLike[str] | None = None) -> str:
     """``url`` carrying the password of ``password_file`` (None: ``$STREAMREC_REDIS_PASSWORD_FILE``)
     as ``redis://:PASSWORD@host:port/db``, so every client made from it (the trainer's
-    channel, the pool's, the serving Redis's converter) authenticates. A URL that already
+    channel, the pool's; the serving Redis's: :func:`serving_url`) authenticates. A URL that already
     names a password, or no file at all, is returned as it is. Log :func:`redacted` instead.
     """
     path = password_file if password_file is not None else os.environ.get(PASSWORD_FILE_ENV)
@@ -80,6 +83,13 @@ def with_password(url: str, password_file: str | os.PathLike[str] | None = None)
     secret = quote(read_password(path), safe="")
     user = quote(parts.username, safe="") if parts.username else ""
     return urlunsplit(parts._replace(netloc=f"{user}:{secret}@{parts.netloc}"))
+
+
+def serving_url(url: str) -> str:
+    """A serving Redis's ``url`` carrying the password of ``$STREAMREC_ONLINE_REDIS_PASSWORD_FILE``
+    (unset: ``url`` as it is; never the control plane's password)."""
+    path = os.environ.get(ONLINE_PASSWORD_FILE_ENV)
+    return with_password(url, path) if path else url
 
 
 def redacted(url: str) -> str:

@@ -128,13 +128,30 @@ def shard_id_arg(value: str, hostname: str | None = None) -> int | str:
     return int(value) if value.lstrip("-").isdigit() else value
 
 
+def check_ordinal(shard_id: int | str, num_shards: int) -> None:
+    """BadRequest when ``shard_id`` is a shard number not below ``num_shards``: before anything
+    is read, naming the Kubernetes trap that makes one (a StatefulSet pod's ordinal is its
+    ``--shard-id``; its replicas changed where components/counts does not copy them into
+    ``--num-shards``)."""
+    if isinstance(shard_id, int) and shard_id >= num_shards >= 1:
+        raise BadRequest(
+            f"--shard-id {shard_id} is not below --num-shards {num_shards}: there is no shard "
+            f"{shard_id} of {num_shards}. In Kubernetes, the embedding-store StatefulSet's "
+            f"replicas were changed where components/counts does not copy them into "
+            f"NUM_SHARDS: list deploy/k8s/components/counts in the components of the "
+            f'kustomization that sets `replicas:` (deploy/k8s/README.md, "Sizes")'
+        )
+
+
 def serve(args: argparse.Namespace) -> int:
+    shard_id = shard_id_arg(args.shard_id)
+    check_ordinal(shard_id, args.num_shards)  # at once, before the store's imports
     from streamrec.embedding_store.config import ShardConfig, read_tables_file
     from streamrec.embedding_store.server import Shard
 
     config = ShardConfig.parse(
         {
-            "shard_id": shard_id_arg(args.shard_id),
+            "shard_id": shard_id,
             "num_shards": args.num_shards,
             "endpoint": args.endpoint,
             "tables": [] if args.tables is None else read_tables_file(args.tables),

@@ -3,6 +3,8 @@
 ``streamrec up`` starts, as local processes in a run directory (logs under ``RUN/logs``)::
 
     redis-server        append-only file under RUN/redis, free local port
+    serving-redis       redis-server that online exports publish to (RUN/serving-redis, a
+                        password of its own; --online-redis-url names another instead)
     embedding-store     --store-shards shards (streamrec-embedding-store serve), on the
                         --store-tier (ssd: files under RUN/store behind a RAM cache)
     sampler             streamrec-sampler serve on an ipc socket
@@ -37,8 +39,9 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from streamrec.errors import StreamRecError
+from streamrec.errors import StreamRecError, quote
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.stack import Stack
 from streamrec.launcher.state import stack_down
@@ -102,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
         "alert rules; its URL is printed and in RUN/stack.json",
     )
     up.add_argument(
+        "--online-redis-url",
+        default=None,
+        help="the serving Redis online exports publish to (redis://host:port/db, no password "
+        "in it); default: one the stack runs, on a free port with its own password",
+    )
+    up.add_argument(
+        "--online-redis-password-file",
+        default=None,
+        help="file holding the --online-redis-url Redis's password (default: none)",
+    )
+    up.add_argument(
         "--keep-running",
         action="store_true",
         help="leave the services up after the summary, until `streamrec down`",
@@ -142,9 +156,29 @@ def check_args(args: argparse.Namespace) -> None:
             raise StackError("--cache-budget-mb applies to --store-tier ssd only")
         if args.cache_budget_mb <= 0:
             raise StackError(f"--cache-budget-mb must be > 0, got {args.cache_budget_mb}")
+    check_online_redis(args.online_redis_url, args.online_redis_password_file)
     if args.rate < 0 or args.timeout_s <= 0:
         raise StackError(
             f"--rate must be >= 0 and --timeout-s > 0, got {args.rate}, {args.timeout_s}"
+        )
+
+
+def check_online_redis(url: str | None, password_file: str | None) -> None:
+    """``--online-redis-url``: a redis:// URL without a password (jobs and the allow-lists
+    name it; the password goes in ``--online-redis-password-file``, which needs the URL)."""
+    if url is None:
+        if password_file is not None:
+            raise StackError("--online-redis-password-file needs --online-redis-url")
+        return
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("redis", "rediss") and bool(parts.hostname) and not parts.password
+    except ValueError:
+        ok = False
+    if not ok:
+        raise StackError(
+            f"--online-redis-url must be redis://host:port/db without a password (that goes "
+            f"in --online-redis-password-file), got {quote(url)}"
         )
 
 

@@ -52,6 +52,7 @@ from streamrec.launcher.errors import StackError
 from streamrec.launcher.job import job_spec, tables_config
 from streamrec.launcher.plot import write_auc_png
 from streamrec.launcher.report import new_pass_rows, summary_lines
+from streamrec.launcher.serving import SERVING, ServingRedis
 from streamrec.launcher.state import read_state, remove_state, write_state
 from streamrec.pass_line import PASS_HEADER
 from streamrec.process import free_port, pid_alive
@@ -116,6 +117,10 @@ class Stack:
         self.peer_token_file = self.run / "peer-token"
         # Redis's password (AUTH), new every run: every child reads it from this file
         self.redis_password_file = self.run / "redis-password"
+        # where online exports publish (streamrec.launcher.serving): its own Redis by default
+        self.serving = ServingRedis.of_run(
+            self.run, args.online_redis_url, args.online_redis_password_file
+        )
         self.token = ""
         self.api: ApiClient | None = None
         self.job_id: str | None = None
@@ -161,6 +166,7 @@ class Stack:
                 "job_id": self.job_id,
                 "metrics": self.metrics_targets(),
                 "prometheus_url": self.prometheus_url,
+                **self.serving.state(),
                 "children": {
                     n: {"pid": c.pid, "cmd": Path(c.args[0]).name}
                     for n, c in self.children.items()
@@ -180,7 +186,7 @@ class Stack:
                 f"{existing['supervisor_pid']}): `streamrec down --run-dir "
                 f"{self.run}` first"
             )
-        for sub in ("data", "models", "redis", "logs", "store", "prometheus"):
+        for sub in ("data", "models", "redis", "logs", "store", "prometheus", SERVING):
             shutil.rmtree(self.run / sub, ignore_errors=True)
         for sub in ("data", "models", "redis", "logs", "store"):
             (self.run / sub).mkdir(parents=True)
@@ -195,6 +201,7 @@ class Stack:
         self.redis_password_file.touch(mode=0o600)
         self.redis_password_file.write_text(secrets.token_hex(24) + "\n")
         commands.redis_config(self.redis_password_file, self.run / "redis.conf")
+        self.serving.prepare(self.run)
         tables = tables_config(self.args.slots, self.args.embedding_dim)
         (self.run / "tables.json").write_text(json.dumps(tables, indent=1))
 
@@ -243,8 +250,17 @@ class Stack:
             f"in {self.redis_password_file})"
         )
 
+    def start_serving_redis(self) -> None:
+        """The serving Redis of online exports, the stack's own unless ``--online-redis-url``."""
+        if self.serving.owned:
+            self.wait_redis(self.add(SERVING, self.serving.command(self.run), restartable=True))
+        self.say(f"  serving redis    {self.serving}")
+
     def wait_redis(self, child: Child) -> None:
-        """Until Redis answers a PING (after loading its append-only file on a restart)."""
+        """Until Redis (or the serving one) answers a PING (after loading its append-only file
+        on a restart)."""
+        if child.name == SERVING:
+            return self.wait_until("serving redis-server", self.serving.ping, child, 30)
         client = redis.Redis.from_url(
             redis_io.with_password(self.redis_url, self.redis_password_file),
             socket_timeout=1,
@@ -312,7 +328,8 @@ class Stack:
                 self.run / "models",
                 self.store_endpoints,
                 [self.sampler_endpoint],
-            ),
+            )
+            + self.serving.api_args(),
             restartable=True,
         )
         self.api = ApiClient(self.api_url, self.token)
@@ -386,16 +403,20 @@ class Stack:
         limits = commands.trainer_limits(
             self.run / "models", self.run / "data", [self.sampler_endpoint], self.store_endpoints
         )
+        limits += self.serving.trainer_args()  # the serving Redis a job may publish to
         return commands.trainer_command(
             self.args.trainers, self.redis_url, group, port, limits=limits
         )
 
     def start_trainers(self) -> None:
         """The trainer pool: each group registers with the API and waits for a job."""
+        from streamrec.sampler import ENDPOINT_ENV  # here: `streamrec down` needs no torch
+
+        # negatives from the stack's sampler, never a per-user socket another process may hold
+        own = {ENDPOINT_ENV: self.sampler_endpoint, **self.serving.trainer_env()}
         for group in self.groups:
-            self.add(
-                group, self.trainer_args(group), restartable=True, env=commands.TRAINER_GROUP_ENV
-            )
+            env = {**commands.TRAINER_GROUP_ENV, **own}
+            self.add(group, self.trainer_args(group), restartable=True, env=env)
         self.say(
             f"  trainers         {len(self.groups)} group(s) of {self.args.trainers} rank(s) in "
             f"the pool (torchrun, gloo): {', '.join(self.groups)}"
@@ -409,6 +430,7 @@ class Stack:
         self.say(f"streamrec up: run directory {self.run}")
         self.prepare()
         self.start_redis()
+        self.start_serving_redis()
         self.start_store()
         self.start_sampler()
         self.start_api()
@@ -474,7 +496,7 @@ class Stack:
 
     def restart(self, name: str, child: Child) -> None:
         """Starts ``child`` again at the same address (see the module docstring)."""
-        if name == "redis":
+        if name in ("redis", SERVING):
             child.start()
             self.wait_redis(child)  # the append-only file is loaded before PING answers
         elif name.startswith("store-"):
@@ -558,6 +580,7 @@ class Stack:
             "api",
             "sampler",
             *[n for n in self.children if n.startswith("store-")],
+            SERVING,
             "redis",
         ]
         for name in order:

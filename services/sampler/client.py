@@ -13,27 +13,27 @@ the client, so the server needs no access to the file.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from streamrec.auth import read_token, token_file
-from streamrec.errors import BadRequest, RemoteError, RpcTimeout, ServiceUnavailable
-from streamrec.process import spawn, stop_process
+from streamrec.auth import token_file
+from streamrec.errors import BadRequest, RemoteError
+from streamrec.process import stop_process
 from streamrec.ragged import RaggedTensor
 from streamrec.sampler.columns import Column, decode_columns, encode_columns, to_columns
-from streamrec.sampler.config import check_endpoint, default_endpoint, lock_base
-from streamrec.sampler.errors import BadTable, NoTable, SamplerUnavailable, TagMismatch
-from streamrec.wire import RpcClient
+from streamrec.sampler.config import (
+    AUTO_START_IDLE_EXIT_S,
+    IDLE_EXIT_ENV,
+    check_endpoint,
+    default_endpoint,
+    lock_base,
+)
+from streamrec.sampler.errors import BadTable, NoTable, TagMismatch
+from streamrec.sampler.link import ServerLink
 
 _REMOTE_ERRORS: dict[str, type[Exception]] = {
     "bad_request": BadRequest,
@@ -64,6 +64,17 @@ class LocalRpcDataSampler:
         auth_token_file: the file holding the server's peer token; None:
             ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file (:mod:`streamrec.auth`).
             An auto-started server is given the same file.
+        reconnect_timeout_s: how long a call waits for a server that died or restarted to
+            answer again (one auto-started, or restarted by whoever runs it) before it
+            raises :class:`SamplerUnavailable`; 0: no recovery, the call raises at once.
+        idle_exit_s: an auto-started server exits after this long without a request
+            (``$STREAMREC_SAMPLER_IDLE_EXIT_S`` overrides it; 0: never).
+
+    A server that dies or is replaced under a client is survived: the call in hand waits
+    for a server at the endpoint again (starting one when ``auto_start``), puts the table
+    back when the new server has none (the table this client last loaded, or the one named
+    by :meth:`keep_table`; one client of the node does it, the others find it loaded, see
+    :meth:`_restore_table`) and is sent again.
     """
 
     def __init__(
@@ -82,6 +93,8 @@ class LocalRpcDataSampler:
         label_name: str = "label",
         server_args: Sequence[str] = (),
         auth_token_file: str | os.PathLike[str] | None = None,
+        reconnect_timeout_s: float = 120.0,
+        idle_exit_s: float = AUTO_START_IDLE_EXIT_S,
     ) -> None:
         for name, value in (
             ("sample_tag", sample_tag),
@@ -111,151 +124,70 @@ class LocalRpcDataSampler:
         self.endpoint = check_endpoint(endpoint) if endpoint else default_endpoint()
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
-        self.server_args = list(server_args)
         self.auth_token_file = token_file(auth_token_file)
-        self._token = read_token(self.auth_token_file)
-        self._proc: subprocess.Popen | None = None
-        self._rpc = RpcClient(self.endpoint, timeout_s=timeout_s, token=self._token)
-        self.server_info: dict[str, Any] = {}
-        try:
-            info = self._try_ping(timeout_s=2.0)
-            if info is None:
-                if not auto_start:
-                    raise SamplerUnavailable(
-                        f"no sampler server answers at {self.endpoint} (auto_start=False)"
-                    )
-                info = self._start_server()
-        except BaseException:
-            self._rpc.close()
-            raise
-        self.server_info = info
-
-    # ---- server discovery and start -----------------------------------------------------------
-
-    def _try_ping(self, timeout_s: float) -> dict[str, Any] | None:
-        if self.endpoint.startswith("ipc://") and not Path(self.endpoint[6:]).exists():
-            return None
-        try:
-            meta, _ = self._rpc.call("ping", timeout_s=timeout_s)
-        except (RpcTimeout, ServiceUnavailable):
-            return None
-        return meta
-
-    def _server_lock_held(self) -> bool:
-        path = Path(f"{lock_base(self.endpoint)}.lock")
-        if not path.exists():
-            return False
-        with open(path, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
-
-    def _start_server(self) -> dict[str, Any]:
-        base = lock_base(self.endpoint)
-        base.parent.mkdir(parents=True, exist_ok=True)
-        with open(f"{base}.start", "a+") as start_lock:
-            fcntl.flock(start_lock, fcntl.LOCK_EX)  # racing clients queue here
-            info = self._try_ping(timeout_s=1.0)
-            if info is not None:
-                return info  # another client started it while we waited
-            if not self._server_lock_held():
-                # detached (a session of its own, no death signal): the server outlives this
-                # client and serves every later one on the node
-                self._proc = spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "streamrec.sampler",
-                        "serve",
-                        "--endpoint",
-                        self.endpoint,
-                        "--auth-token-file",
-                        str(self.auth_token_file),
-                        *self.server_args,
-                    ],
-                    log=Path(f"{base}.log"),
-                )
-            return self._wait_for_server()
-
-    def _wait_for_server(self) -> dict[str, Any]:
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise SamplerUnavailable(
-                    f"the sampler server started for {self.endpoint} exited with code "
-                    f"{self._proc.returncode}; see {lock_base(self.endpoint)}.log:\n"
-                    f"{_tail(Path(f'{lock_base(self.endpoint)}.log'))}"
-                )
-            info = self._try_ping(timeout_s=1.0)
-            if info is not None:
-                return info
-            time.sleep(0.05)
-        raise SamplerUnavailable(
-            f"no sampler server answered at {self.endpoint} within {self.start_timeout_s:.0f}s"
+        idle = _idle_exit(idle_exit_s)
+        self._link = ServerLink(
+            self.endpoint,
+            self.auth_token_file,
+            auto_start=auto_start,
+            timeout_s=timeout_s,
+            start_timeout_s=start_timeout_s,
+            reconnect_timeout_s=max(0.0, float(reconnect_timeout_s)),
+            serve_args=[
+                *([] if "--idle-exit-s" in server_args else ["--idle-exit-s", f"{idle:g}"]),
+                *server_args,
+            ],
+            restore=self._restore_table,
         )
+        #: What a restarted server is given back (:meth:`reload`, :meth:`keep_table`).
+        self._table_source: Any = None
 
-    def _server_alive(self) -> bool | None:
-        """Whether the server process we talk to still runs (``None``: cannot tell)."""
-        if self._proc is not None and self._proc.pid == self.server_info.get("pid"):
-            return self._proc.poll() is None
-        pid = self.server_info.get("pid")
-        if not isinstance(pid, int) or self.server_info.get("hostname") != socket.gethostname():
-            return None
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return False
-        state = stat.rsplit(")", 1)[-1].split()[0]
-        return state not in ("Z", "X") and b"streamrec" in cmdline
-
-    # ---- calls ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _poll(rpc: RpcClient) -> bool:
-        """A reply ready within 250 ms (raises on a refused handshake); a dropped connection
-        is no answer: whether the server died is for :meth:`_server_alive` to say."""
-        try:
-            return rpc.poll(250)
-        except ServiceUnavailable:
-            return False
+    # ---- the server -------------------------------------------------------------------------
 
     def _call(
         self, op: str, meta: dict[str, Any] | None = None, arrays: Mapping[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        rpc = self._rpc
-        deadline = time.monotonic() + self.timeout_s
         try:
-            with rpc.lock:  # one request in flight per client; the prefetch thread queues here
-                request_id = rpc.send(op, meta, arrays)
-                while not self._poll(rpc):
-                    if self._server_alive() is False:
-                        self._reset()
-                        raise SamplerUnavailable(
-                            f"the sampler server at {self.endpoint} (pid "
-                            f"{self.server_info.get('pid')}) died; create a new "
-                            f"LocalRpcDataSampler to restart it (then reload the table)"
-                        )
-                    if time.monotonic() > deadline:
-                        break
-                return rpc.receive(request_id, max(0.0, deadline - time.monotonic()))
-        except RpcTimeout as exc:
-            raise SamplerUnavailable(
-                f"sampler server at {self.endpoint} did not answer "
-                f"{op!r} within {self.timeout_s:.0f}s"
-            ) from exc
+            return self._link.call(op, meta, arrays)
         except RemoteError as exc:
             cls = _REMOTE_ERRORS.get(exc.code)
             if cls is None:
                 raise
             raise cls(f"sampler {op}: {exc.remote_message}") from exc
 
-    def _reset(self) -> None:
-        self._rpc.close()
-        self._rpc = RpcClient(self.endpoint, timeout_s=self.timeout_s, token=self._token)
+    def keep_table(self, table: Any) -> None:
+        """Names the table to put back into a server that replaced a dead one, without
+        loading it now (:meth:`reload` names the table it loads). A Parquet path is read again
+        then. Every client of a node may name it: the first to find the new server empty
+        loads it, the others find it there."""
+        self._table_source = table
+
+    def _restore_table(self) -> None:
+        """After a recovery to a server without a table: the node's clients queue on
+        ``<socket>.reload``; the first loads its table, the others find it loaded. A client
+        that names no table waits for another to load one."""
+        if self._table_source is None:
+            self._link.wait_for_table("this client named none: reload() or keep_table()")
+            return
+        base = lock_base(self.endpoint)
+        with open(f"{base}.reload", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self._link.has_table():
+                self.reload(self._table_source)
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        """The server's ``ping``: pid, hostname, server_id, generation, rows."""
+        return self._link.server_info
+
+    @property
+    def recoveries(self) -> int:
+        """Servers this client found dead or replaced and came back from."""
+        return self._link.recoveries
+
+    @property
+    def last_recovery_s(self) -> float:
+        return self._link.last_recovery_s
 
     def ping(self) -> dict[str, Any]:
         return self._call("ping")[0]
@@ -268,7 +200,7 @@ class LocalRpcDataSampler:
         return self.server_info.get("pid")
 
     def close(self) -> None:
-        self._rpc.close()
+        self._link.close()
 
     def __enter__(self) -> LocalRpcDataSampler:
         return self
@@ -293,7 +225,9 @@ class LocalRpcDataSampler:
             BadTable: naming the column and value; the previously loaded table stays.
         """
         spec, arrays = encode_columns(to_columns(table))
-        return self._call("reload", {"tags": self.tags, "columns": spec}, arrays)[0]
+        out = self._call("reload", {"tags": self.tags, "columns": spec}, arrays)[0]
+        self._table_source = table
+        return out
 
     def sample_ids(
         self,
@@ -445,6 +379,19 @@ class LocalRpcDataSampler:
         return out
 
 
+def _idle_exit(default: float) -> float:
+    """The idle exit an auto-started server gets: ``$STREAMREC_SAMPLER_IDLE_EXIT_S``, else
+    ``default``."""
+    raw = os.environ.get(IDLE_EXIT_ENV) or default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise BadRequest(f"{IDLE_EXIT_ENV} must be seconds >= 0, got {raw!r}")
+    return value
+
+
 def _values(x: Any, name: str) -> np.ndarray:
     """A RaggedTensor's values, or a 1-D tensor / array / list, as a numpy array."""
     if isinstance(x, RaggedTensor):
@@ -491,12 +438,6 @@ def _repeat_rows(name: str, value: Any, rows: torch.Tensor, n_pos: int) -> Any:
             f"batch feature {name!r} has shape {tuple(tensor.shape)}, expected {n_pos} rows"
         )
     return tensor.index_select(0, rows)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return ""
 
 
 def stop_server(pid: int, timeout_s: float = 10.0) -> None:

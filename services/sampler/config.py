@@ -19,6 +19,11 @@ from streamrec.errors import BadRequest
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 ENDPOINT_ENV = "STREAMREC_SAMPLER_ENDPOINT"
+#: Overrides the idle exit of a server a client auto-starts (seconds, 0: never).
+IDLE_EXIT_ENV = "STREAMREC_SAMPLER_IDLE_EXIT_S"
+#: A server a client auto-started exits after this long without a request: a node's
+#: sampler must not outlive its clients for ever (a standalone one has no idle exit).
+AUTO_START_IDLE_EXIT_S = 600.0
 #: The item id given to a positive whose id is not in the negative table (the seed's
 #: ``murmurhash(0)``, RecIS's ``default_value``): ``valid_sample_ids`` and ``pack_feature``.
 MISSING_ITEM_ID = 5533571732986600803
@@ -68,6 +73,8 @@ class ServerConfig(StrictConfig):
         auth_token_file: the peer token file requests must match (``None``:
             ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file; see :mod:`streamrec.auth`).
         insecure_no_auth: serve requests without a token (local development only).
+        idle_exit_s: exit after this long without a request (0: never, the default; a
+            client that auto-starts a server asks for ``AUTO_START_IDLE_EXIT_S``).
     """
 
     endpoint: str = Field(default_factory=default_endpoint)
@@ -80,6 +87,7 @@ class ServerConfig(StrictConfig):
     seed: int | None = Field(default=None, ge=0)
     auth_token_file: str | None = None
     insecure_no_auth: bool = False
+    idle_exit_s: float = Field(default=0.0, ge=0.0)
 
     def auth_token(self) -> str | None:
         """The token requests must carry; None with ``insecure_no_auth`` (no check)."""

@@ -33,3 +33,10 @@ class SamplerUnavailable(ServiceUnavailable):
     """The sampler server is not running, died, or does not answer."""
 
     code = "unavailable"
+
+
+class SamplerRefused(SamplerUnavailable):
+    """The sampler at the endpoint refused this client's peer token (it was started with
+    another one); the message names the process that holds the endpoint and how to stop it."""
+
+    code = "unauthorized"

@@ -41,7 +41,7 @@ from streamrec.sampler.columns import decode_columns, encode_columns
 from streamrec.sampler.config import ServerConfig, lock_base
 from streamrec.sampler.errors import NoTable, SamplerError, TagMismatch
 from streamrec.sampler.table import NegativeTable, Tags
-from streamrec.wire import Arrays, Meta, RpcServer
+from streamrec.wire import Arrays, Handler, Meta, RpcServer
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +66,23 @@ class SamplerServer:
         self._seed_lock = threading.Lock()
         self._local = threading.local()
         self._lock_file: Any = None
+        # requests in flight and when the last one ended (the idle exit counts from there)
+        self._busy = 0
+        self._last_request = time.monotonic()
+        self._activity = threading.Lock()
         # Requests run side by side on `workers` threads; each request's kernel takes its
         # share of the cores, so concurrent requests do not oversubscribe them.
         self._kernel_threads = max(1, (os.cpu_count() or 1) // config.workers)
         self.handlers = {
-            "ping": self.ping,
-            "reload": self.reload,
-            "sample_ids": self.sample_ids,
-            "valid_sample_ids": self.valid_sample_ids,
-            "pack_feature": self.pack_feature,
-            "stats": self.stats,
+            op: self._tracked(handler)
+            for op, handler in {
+                "ping": self.ping,
+                "reload": self.reload,
+                "sample_ids": self.sample_ids,
+                "valid_sample_ids": self.valid_sample_ids,
+                "pack_feature": self.pack_feature,
+                "stats": self.stats,
+            }.items()
         }
         metrics.start(self.handlers)
         self.rpc: RpcServer | None = None
@@ -120,6 +127,26 @@ class SamplerServer:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+    def _tracked(self, handler: Handler) -> Handler:
+        """``handler``, counted as activity: a request in flight is never idle time."""
+
+        def run(meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
+            with self._activity:
+                self._busy += 1
+            try:
+                return handler(meta, arrays)
+            finally:
+                with self._activity:
+                    self._busy -= 1
+                    self._last_request = time.monotonic()
+
+        return run
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last request ended; 0 while one is in flight."""
+        with self._activity:
+            return 0.0 if self._busy else time.monotonic() - self._last_request
 
     @property
     def endpoint(self) -> str:
@@ -340,9 +367,12 @@ def serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     log.info("sampler serving on %s (pid %d)", server.endpoint, os.getpid())
+    idle_exit = config.idle_exit_s
     try:
         while not stop.wait(0.5):
-            pass
+            if idle_exit and server.idle_seconds() > idle_exit:
+                log.info("no request for %.0f s (idle_exit_s): exiting", idle_exit)
+                break
     finally:
         server.stop()
         log.info("sampler stopped")

@@ -76,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("--data-root", "a root a job's train_data_dir and sampler table must lie under"),
         ("--sampler-endpoint", "a sampler address a job may name (unset: the node-local one)"),
         ("--store-endpoint", "a store shard address a job may name (the peer token goes there)"),
-        ("--online-redis-url", "a serving Redis a job may publish to"),
+        (
+            "--online-redis-url",
+            "a serving Redis a job may publish to (its password: the file "
+            "$STREAMREC_ONLINE_REDIS_PASSWORD_FILE)",
+        ),
     ):
         p.add_argument(flag, action="append", default=[], help=f"{what} (repeatable)")
     p.add_argument(

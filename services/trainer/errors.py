@@ -45,6 +45,13 @@ class CheckpointError(TrainerError):
     code = "bad_checkpoint"
 
 
+class OnlinePublishError(TrainerError):
+    """The serving Redis (``online.redis_url``) refused or could not be reached while a save
+    was published; the message names the URL (password hidden) and the save, written."""
+
+    code = "online_publish_failed"
+
+
 class GroupError(TrainerError):
     """Another rank of the group failed the step this rank was in (its message quoted):
     every rank stops the step together instead of waiting in a collective."""
@@ -90,8 +97,9 @@ class LineageLost(StreamRecError):
 #: What an error that lost the job's state says of itself (a shard restarted empty, a model
 #: without the passes before the one it was given).
 STORE_LOST = ("ShardRestarted", "UnknownNamespace", "LineageLost")
-#: What an unreachable service says of itself (a shard or the sampler down or restarting).
-UNREACHABLE = ("RpcTimeout", "ServiceUnavailable")
+#: What an unreachable service says of itself (a shard or the sampler down or restarting,
+#: or a sampler that refuses the peer token: started by someone else).
+UNREACHABLE = ("RpcTimeout", "ServiceUnavailable", "SamplerUnavailable", "SamplerRefused")
 
 
 def error_class(exc: BaseException) -> str:

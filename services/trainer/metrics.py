@@ -46,6 +46,18 @@ CURRENT_DAY = Gauge(
     "streamrec_trainer_pass_day", "Day (YYYYMMDD) of the last finished pass.", ["rank"]
 )
 CURRENT_PASS = Gauge("streamrec_trainer_pass_id", "Pass id of the last finished pass.", ["rank"])
+SAMPLER_RECOVERIES = Counter(
+    "streamrec_trainer_sampler_recoveries_total",
+    "Negative-sampler servers found dead or replaced mid-pass and ridden out (table put back, "
+    "the call sent again).",
+    ["rank"],
+)
+SAMPLER_RECOVERY_SECONDS = Histogram(
+    "streamrec_trainer_sampler_recovery_seconds",
+    "From the sampler found gone to the call sent again to its successor.",
+    ["rank"],
+    buckets=DURATION_BUCKETS,
+)
 
 
 def observe_pass(rank: str, rec: dict[str, Any], malformed: int, predicted: bool) -> None:

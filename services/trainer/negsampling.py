@@ -20,12 +20,18 @@ item-side ``slot_<k>`` listed in ``item_slots``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from streamrec.ragged import RaggedTensor
+from streamrec.trainer import metrics as m
 from streamrec.trainer.data import Batch
 from streamrec.trainer.errors import ConfigError
+
+#: How long a pass waits for its node's sampler to be back after it died (the launcher, the
+#: DaemonSet or this node's auto-start brings it back in seconds).
+RECONNECT_TIMEOUT_S = 60.0
 
 
 class NegativeSampler:
@@ -34,21 +40,24 @@ class NegativeSampler:
     Args:
         config: the job's ``negative_sampling`` section (:class:`NegativeSamplingConfig`).
         num_slots: S, the batch's sparse slots.
+        load: load ``table_path`` into the sampler now (local rank 0 of each node); every
+            rank names it for a sampler that restarts (the first to find it empty loads it).
+        rank: this rank's ``rank`` label of the metrics.
+
+    The sampler's address: ``endpoint``, else ``$STREAMREC_SAMPLER_ENDPOINT`` (the stack's or
+    the node's DaemonSet: whoever runs it restarts it), else the per-user socket, where a
+    sampler is started when none answers (``auto_start``).
     """
 
-    def __init__(self, config: Any, num_slots: int) -> None:
-        from streamrec.sampler import MISSING_ITEM_ID, LocalRpcDataSampler
+    def __init__(self, config: Any, num_slots: int, load: bool = False, rank: str = "0") -> None:
+        from streamrec.sampler import ENDPOINT_ENV, MISSING_ITEM_ID, LocalRpcDataSampler
 
         self.cfg = config
         #: Item id of a positive missing from the negative table.
         self.default_value: int = (
             MISSING_ITEM_ID if config.default_value is None else config.default_value
         )
-        for k in [config.item_slot, *(config.item_slots or [])] + (
-            [config.category_slot] if config.category_slot is not None else []
-        ):
-            if not 0 <= k < num_slots:
-                raise ConfigError(f"negative_sampling: slot {k} is not in 0..{num_slots - 1}")
+        self.check_slots(config, num_slots)
         self.item_col = f"slot_{config.item_slot}"
         self.cat_col = (
             f"slot_{config.category_slot}" if config.category_slot is not None else "category"
@@ -67,12 +76,32 @@ class NegativeSampler:
             config.skey_name,
             put_back=config.put_back,
             endpoint=config.endpoint,
+            # a sampler back within this is ridden out mid-pass; the control plane calls a
+            # group without progress for trainer_stuck_s (120 s) stuck
+            reconnect_timeout_s=RECONNECT_TIMEOUT_S,
             # a server is started only at this node's own default address: one at an address
-            # the job chose would serve (and outlive) whoever named it
-            auto_start=config.auto_start and config.endpoint is None,
+            # the job chose would serve (and outlive) whoever named it, and one at the
+            # deployment's address ($STREAMREC_SAMPLER_ENDPOINT) is its to start
+            auto_start=config.auto_start
+            and config.endpoint is None
+            and not os.environ.get(ENDPOINT_ENV),
         )
+        self.rank = rank
+        self._recoveries = 0
         if config.table_path and config.reload:
-            self.sampler.reload(config.table_path)
+            if load:
+                self.sampler.reload(config.table_path)
+            else:
+                self.sampler.keep_table(config.table_path)
+
+    @staticmethod
+    def check_slots(config: Any, num_slots: int) -> None:
+        """Raises ConfigError naming a slot of ``config`` outside the batch's ``num_slots``."""
+        for k in [config.item_slot, *(config.item_slots or [])] + (
+            [config.category_slot] if config.category_slot is not None else []
+        ):
+            if not 0 <= k < num_slots:
+                raise ConfigError(f"negative_sampling: slot {k} is not in 0..{num_slots - 1}")
 
     def __call__(self, batch: Batch) -> Batch:
         if self.cfg.positives_only:
@@ -98,6 +127,10 @@ class NegativeSampler:
         pos_ids = self.sampler.valid_sample_ids(items, self.default_value)
         ids = self.sampler.combine_vector_with_sample_counts(pos_ids, cnts, neg)
         table = self.sampler.pack_feature(ids, self.default_value)
+        if self.sampler.recoveries != self._recoveries:  # a sampler restart ridden out
+            self._recoveries = self.sampler.recoveries
+            m.SAMPLER_RECOVERIES.labels(self.rank).inc()
+            m.SAMPLER_RECOVERY_SECONDS.labels(self.rank).observe(self.sampler.last_recovery_s)
         item_cols = {f"slot_{k}": _flat(table[f"slot_{k}"], f"slot_{k}") for k in self.item_slots}
         out = self.sampler.combine([feats], item_cols, cnts)[0]
         keys = torch.stack([out[f"slot_{j}"].to(torch.int64) for j in range(s)], dim=1)

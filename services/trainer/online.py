@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import redis
+from streamrec.control import redis_io
 from streamrec.save_modes import SaveMode
 from streamrec.trainer.checkpoint import SPARSE_NAME
-from streamrec.trainer.errors import CheckpointError, ConfigError
+from streamrec.trainer.errors import CheckpointError, ConfigError, OnlinePublishError
 from streamrec.trainer.group_outcome import agree
 
 MANIFEST = "MANIFEST.json"
@@ -58,7 +60,29 @@ def publish_dir(
     info: dict[str, Any],
 ) -> dict[str, Any]:
     """Writes the ``mode`` rows saved under ``directory/sparse`` to Redis, then bumps the
-    version key; returns the version's fields (``seq`` among them)."""
+    version key; returns the version's fields (``seq`` among them). The serving Redis's
+    password comes from ``$STREAMREC_ONLINE_REDIS_PASSWORD_FILE`` (``redis_io.serving_url``);
+    a Redis that cannot be reached or refuses is an :class:`OnlinePublishError` naming it."""
+    try:
+        return _publish_dir(
+            redis_io.serving_url(redis_url), prefix, directory, tables, mode, tag, info
+        )
+    except redis.RedisError as exc:  # one line naming the Redis, not a client traceback
+        raise OnlinePublishError(
+            f"serving Redis {redis_io.redacted(redis_url)}: {type(exc).__name__}: {exc} "
+            f"(the {mode} save is written in {directory}, not published)"
+        ) from None
+
+
+def _publish_dir(
+    redis_url: str,
+    prefix: str,
+    directory: Path,
+    tables: list[str],
+    mode: str,
+    tag: str,
+    info: dict[str, Any],
+) -> dict[str, Any]:
     from streamrec.embedding_store import FileConverter, RedisConverter
 
     rows = 0

@@ -179,18 +179,10 @@ class OnlineTrainer(ModelSaves):
         #: While run() waits for a pass's donefiles: (that pass, polls that found it not ready).
         self.waiting: tuple[layout.PassSpec, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-sparse")
+        #: The node's sampler, reached at the first pass (:meth:`_reach_sampler`).
         self.negatives: NegativeSampler | None = None
         if config.negative_sampling.enabled:
-            ns = config.negative_sampling
-            # local rank 0 of each node loads the table into the node's sampler; every rank
-            # passes one barrier, the others before they start sampling
-            loader = ns.reload and int(os.environ.get("LOCAL_RANK", "0")) == 0
-            if ns.reload and not loader:
-                ddp.barrier()
-                ns = ns.model_copy(update={"reload": False})
-            self.negatives = NegativeSampler(ns, hp.sparse_inputs_slots)
-            if loader:
-                ddp.barrier()
+            NegativeSampler.check_slots(config.negative_sampling, hp.sparse_inputs_slots)
         self.metrics_port: int | None = None
         if r.metrics_port is not None:
             # one port per rank of this node: a rank per pod (Kubernetes) serves the base port
@@ -403,6 +395,7 @@ class OnlineTrainer(ModelSaves):
         after = "dirty" if not self.clean else _pass_name(self.last_pass)
         self.clean = False
         files = self.rank_files(spec, skip)
+        self._reach_sampler(spec, files)
         pred, best, train = AucAccumulator(), AucAccumulator(), AucAccumulator()
         pstats, tstats = ParseStats(), ParseStats()
         predict_s = 0.0
@@ -475,6 +468,33 @@ class OnlineTrainer(ModelSaves):
             self.label, record, pstats.malformed + tstats.malformed, r.predict_before_train
         )
         return record
+
+    def _reach_sampler(self, spec: layout.PassSpec, files: list[Path]) -> None:
+        """Every rank's client of its node's sampler, made in the first pass: local rank 0 of
+        each node loads the table, then the others connect. In a pass, not at start: a
+        sampler that is not there or refuses the token fails the pass as infrastructure (a
+        restart with backoff and budget, then the job fails naming it), never a group start
+        retried for ever. A failure on any rank leaves every rank without a client."""
+        ns = self.config.negative_sampling
+        if not ns.enabled or self.negatives is not None:
+            return
+        loader = ns.reload and int(os.environ.get("LOCAL_RANK", "0")) == 0
+        try:
+            for loaders_turn in (True, False):  # the table is in before the others sample
+                failure: Exception | None = None
+                if loader == loaders_turn:
+                    try:
+                        self.negatives = NegativeSampler(
+                            ns, self.config.hyper_parameters.sparse_inputs_slots, loader, self.label
+                        )
+                    except Exception as exc:
+                        failure = exc
+                self._together(spec, failure, files)
+        except PassFailed:
+            if self.negatives is not None:
+                self.negatives.close()
+                self.negatives = None
+            raise
 
     def passes_todo(self) -> list[layout.PassSpec]:
         """Every pass of start_day..end_day (to end_split) after the last one done."""

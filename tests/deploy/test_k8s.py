@@ -48,7 +48,7 @@ THIRD_PARTY_IMAGES = {"redis"}
 #: (kind, name) the user creates out of band -> (its keys, the README line that says how).
 OUT_OF_BAND = {
     ("Secret", "streamrec-tokens"): (
-        {"api-token", "peer-token", "redis-password"},
+        {"api-token", "peer-token", "redis-password", "serving-redis-password"},
         "kubectl -n streamrec create secret generic streamrec-tokens",
     ),
 }

@@ -325,6 +325,7 @@ def test_manifests_run_jobs_started_over_rest(tmp_path: Path, layout: str) -> No
         "api-0",
         "embedding-store-0",
         "redis-0",
+        "serving-redis-0",
         "sampler-0",
         *(p.name for p in trainers),
     }

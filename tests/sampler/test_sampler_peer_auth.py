@@ -14,6 +14,7 @@ from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
 from streamrec.errors import RemoteError
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
+from streamrec.sampler.errors import SamplerRefused
 from streamrec.wire import RpcClient
 from unauthenticated import raw_call, rss_bytes, send_unauthenticated
 
@@ -45,11 +46,11 @@ def test_requests_without_the_token_are_refused_and_good_clients_served(token_se
     wrong = tmp_path / "wrong"
     wrong.write_text("another-token-of-enough-length-0000")
     started = time.monotonic()
-    with pytest.raises(RemoteError) as err:
+    with pytest.raises(SamplerRefused) as err:  # naming who holds the endpoint
         LocalRpcDataSampler(
             *TAGS, endpoint=srv.endpoint, auto_start=False, auth_token_file=wrong, timeout_s=60
         )
-    assert err.value.code == "unauthorized"
+    assert err.value.code == "unauthorized" and f"pid {srv.proc.pid}" in str(err.value)
     assert time.monotonic() - started < 10  # refused in the handshake: told, not timed out
     ids = good.sample_ids(torch.tensor([0, 100]), 3, torch.tensor([0, 1]))
     assert ids.numel() == 6

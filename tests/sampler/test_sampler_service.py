@@ -286,15 +286,16 @@ def test_no_table_yet_is_a_clear_error(server):
 
 
 def test_server_death_gives_a_clear_error_and_a_new_client_restarts_it(short_dir):
+    """Without recovery (``reconnect_timeout_s=0``; test_sampler_restart.py has it on)."""
     endpoint = f"ipc://{short_dir}/auto.sock"
-    first = LocalRpcDataSampler(*TAGS, endpoint=endpoint, timeout_s=30)
+    first = LocalRpcDataSampler(*TAGS, endpoint=endpoint, timeout_s=30, reconnect_timeout_s=0)
     pid = first.server_pid
     try:
         first.reload(table(100))
         assert first.sample_ids(torch.tensor([0]), 5, torch.tensor([0])).numel() == 5
         os.kill(pid, signal.SIGKILL)
         started = time.monotonic()
-        with pytest.raises(SamplerUnavailable, match="died; create a new LocalRpcDataSampler"):
+        with pytest.raises(SamplerUnavailable, match="died.*; create a new LocalRpcDataSampler"):
             first.sample_ids(torch.tensor([0]), 5, torch.tensor([0]))
         assert time.monotonic() - started < 10  # noticed long before the 30 s timeout
         second = LocalRpcDataSampler(*TAGS, endpoint=endpoint)

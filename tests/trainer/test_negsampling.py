@@ -66,6 +66,8 @@ def test_positives_expanded_with_negatives(stream, tmp_path, short_dir):
     starter.close()
     t = OnlineTrainer(cfg)
     try:
+        assert t.negatives is None  # the sampler is reached in the first pass
+        rec = t.run_pass(t.passes_todo()[0])
         positives = batches[0].slice(0, 200)
         out = t.negatives(positives)
         npos = int(positives.labels.sum())
@@ -76,7 +78,6 @@ def test_positives_expanded_with_negatives(stream, tmp_path, short_dir):
         assert bool((k[:, 1:, 0] != k[:, :1, 0]).all())  # never the positive's own item
         assert set(k[:, 1:, 0].reshape(-1).tolist()) <= set(items.tolist())
         assert torch.equal(out.dense.view(npos, 3, -1)[:, 2], out.dense.view(npos, 3, -1)[:, 0])
-        rec = t.run_pass(t.passes_todo()[0])
     finally:
         t.close()
         if pid:
