@@ -11,6 +11,7 @@ In a job file it is ``runner.schema`` (in a REST job ``data.schema``)::
           - {name: user_id}                     # a table of its own, the job's dim
           - {name: genres, pooling: mean}       # sum (default) or mean over the bag
           - {name: hist, table: user_id}        # user_id's table: one row a key for both
+          - {name: city, dim: 4}                # a 4-wide table, projected to the job's dim
 
 Each sparse feature is an embedding table pooled ``sum`` or ``mean`` over its bag of keys
 (an empty bag pools to zeros). ``criteo`` and ``generated`` are presets of the schema:
@@ -18,19 +19,28 @@ their lines are positional, so the schema names their columns in order (the labe
 dense ``I1..I13`` with ``log1p`` always applied, one key per sparse column ``C1..CS``); a
 job without a schema is that preset (``sparse_inputs_slots`` sparse features).
 
+A feature's ``dim`` is its table's width (None: ``arch_sparse_feature_size``, the job's
+dim). The DLRM interaction takes one dim for every vector, so a feature of another dim is
+pooled at its own and then projected to the job's by a learned linear map (no bias) of
+the dense model (``DLRMDense``'s ``proj``): trained by the dense optimizer, checkpointed
+and exported with it; a feature at the job's dim has no projection (a job whose features
+are all at its dim is the model it always was).
+
 Checked by :func:`model_problems` when a job with a schema is read (``TrainerConfig``), and
 by the API at create for every job, so a bad job is a 422 naming the field, never a failed
 pass (a job without a schema read by the trainer alone keeps ``ModelShapeError`` at start):
 
 - names unique over the label, dense and sparse features; pooling ``sum`` or ``mean``;
-  ``table:`` names a feature with a table of its own (shared tables have one dim);
+  ``table:`` names a feature with a table of its own; a shared table has one dim (a
+  feature sharing a table sets no ``dim`` or its table's);
 - the bottom MLP's input (``arch_mlp_bot``'s first size) = the number of dense features,
   its output = ``arch_sparse_feature_size``, the top MLP ends in 1;
-- every sparse feature's ``dim`` = ``arch_sparse_feature_size``: the DLRM interaction
-  (dot products, or a concatenation into one ``(B, S + 1, d)`` block) takes one dim for
-  all features, so another ``dim`` is refused by name rather than projected;
+- ``negative_sampling`` names its item-side features by name (``item_features``, the
+  item id first, and ``category_feature``: features of the schema, see
+  ``NegativeSamplingConfig``), not by slot (``item_slot`` and the like: a job without a
+  schema's, refused in one with a schema, and the names refused without one);
 - decided, not yet supported, refused by name: ``log1p: false`` with ``criteo``/``generated``
-  (they always take it), no dense features, negative sampling with a schema.
+  (they always take it), no dense features.
 """
 
 from __future__ import annotations
@@ -71,7 +81,8 @@ class SparseFeature(StrictConfig):
 
     Attributes:
         name: the column (or slot-text name).
-        dim: the table's dim; None: ``arch_sparse_feature_size`` (the only one accepted).
+        dim: the table's dim; None: ``arch_sparse_feature_size``. Another dim is projected
+            to ``arch_sparse_feature_size`` before the interaction (a learned linear map).
         pooling: ``sum`` or ``mean`` of the bag's rows; an empty bag pools to zeros.
         table: another feature whose table this one shares (its keys go to that table: a
             key of both has one row, its gradients over both summed); that feature must
@@ -138,6 +149,12 @@ class FeatureSchema(StrictConfig):
         index = {s.name: i for i, s in enumerate(self.sparse)}
         return [index[s.table] if s.table is not None else i for i, s in enumerate(self.sparse)]
 
+    def slot_dims(self, job_dim: int) -> list[int]:
+        """Per sparse feature, its table's dim: the ``dim`` of the feature owning the table,
+        else ``job_dim`` (``arch_sparse_feature_size``)."""
+        owners = self.slot_tables()
+        return [self.sparse[o].dim or job_dim for o in owners]
+
     @classmethod
     def preset(cls, data_format: str, num_sparse: int) -> FeatureSchema:
         """The schema a ``criteo``/``generated`` job without one reads: label, I1..I13 with
@@ -156,10 +173,11 @@ Problem = tuple[str, str, Any]
 
 def schema_problems(config: TrainerConfig) -> list[Problem]:
     """What a job's schema asks that its model or format cannot give (empty: none); for a
-    job without ``runner.schema``, nothing. :func:`model_problems` adds the model's shapes."""
+    job without ``runner.schema``, only :func:`sampling_problems`. :func:`model_problems`
+    adds the model's shapes."""
     schema = config.runner.feature_schema
     if schema is None:
-        return []
+        return sampling_problems(config)
     hp, fmt = config.hyper_parameters, config.runner.data_format
     out: list[Problem] = []
     where = "runner.schema"
@@ -212,24 +230,65 @@ def schema_problems(config: TrainerConfig) -> list[Problem]:
                 hp.sparse_inputs_slots,
             )
         )
+    dims = schema.slot_dims(hp.arch_sparse_feature_size)
     for i, s in enumerate(schema.sparse):
-        if s.dim is not None and s.dim != hp.arch_sparse_feature_size:
+        if s.table is not None and s.dim is not None and s.dim != dims[i]:
             out.append(
                 (
                     f"{where}.sparse[{i}].dim",
-                    f"feature {s.name!r}: the DLRM interaction takes one dim for every "
-                    f"feature, arch_sparse_feature_size {hp.arch_sparse_feature_size}",
+                    f"feature {s.name!r} shares {s.table!r}'s table, whose dim is {dims[i]} "
+                    f"(a shared table has one dim: leave dim out or set it to {dims[i]})",
                     s.dim,
                 )
             )
-    if config.negative_sampling.enabled:
-        out.append(
+    return out + sampling_problems(config)
+
+
+def sampling_problems(config: TrainerConfig) -> list[Problem]:
+    """``negative_sampling``'s item side against the job: features by name in a schema job
+    (each a sparse feature of the schema), slots by number in a job without one."""
+    ns, schema = config.negative_sampling, config.runner.feature_schema
+    where = "negative_sampling"
+    if schema is None:
+        return [
             (
-                "negative_sampling.enabled",
-                "negative sampling is not yet supported for data.schema jobs",
-                True,
+                f"{where}.{name}",
+                "names schema features; a job without runner.schema names its item-side "
+                "slots (item_slot, item_slots, category_slot)",
+                value,
             )
+            for name, value in (
+                ("item_features", ns.item_features),
+                ("category_feature", ns.category_feature),
+            )
+            if value
+        ]
+    out: list[Problem] = [
+        (
+            f"{where}.{name}",
+            "a schema job names its item-side features by name: negative_sampling."
+            "item_features (the item id first) and category_feature",
+            value,
         )
+        # by value, not by fields set: a whole config dumped and read back names them all
+        for name, value in (
+            ("item_slot", ns.item_slot),
+            ("item_slots", ns.item_slots),
+            ("category_slot", ns.category_slot),
+        )
+        if value not in (0, [], None)
+    ]
+    names = [s.name for s in schema.sparse]
+    named = [(f"item_features[{i}]", n) for i, n in enumerate(ns.item_features)]
+    if ns.category_feature is not None:
+        named.append(("category_feature", ns.category_feature))
+    for path, name in named:
+        if name not in names:
+            out.append(
+                (f"{where}.{path}", f"names no sparse feature of the schema ({names})", name)
+            )
+    if len(set(ns.item_features)) != len(ns.item_features):
+        out.append((f"{where}.item_features", "names a feature twice", ns.item_features))
     return out
 
 

@@ -45,10 +45,12 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from streamrec.config import StrictConfig
 from streamrec.control.feature_schema import (
+    FEATURE_NAME,
     MAX_EMBEDDING_DIM,
     MAX_SLOTS,
     FeatureSchema,
     model_problems,
+    sampling_problems,
 )
 from streamrec.layout import parse_day, split_names
 
@@ -377,7 +379,13 @@ class DistributedConfig(StrictConfig):
 
 
 class NegativeSamplingConfig(StrictConfig):
-    """Negative sampling through the node-local sampler (RecIS); see negsampling.py."""
+    """Negative sampling through the node-local sampler (RecIS); see negsampling.py.
+
+    The item-side features (what a negative replaces) are named by slot in a job without a
+    schema (``item_slot``, ``item_slots``, ``category_slot``: table columns ``slot_<k>``) and
+    by feature name in a schema job (``item_features``, ``category_feature``: table columns
+    of those names); each kind of job refuses the other's (feature_schema.py).
+    """
 
     enabled: bool = False
     #: Parquet negative table, loaded by local rank 0 (LOCAL_RANK) at start.
@@ -389,6 +397,15 @@ class NegativeSamplingConfig(StrictConfig):
     item_slots: list[Annotated[int, Field(ge=0, lt=MAX_SLOTS, strict=True)]] = Field(
         default_factory=list, max_length=MAX_SLOTS
     )
+    #: A schema job's item-side features, the first the item id (the sampler's dedup_tag:
+    #: one id a row), the others packed from the negative table (lists allowed); empty:
+    #: the schema's first sparse feature (what item_slot 0 is to a job without one).
+    item_features: list[Annotated[str, Field(pattern=FEATURE_NAME)]] = Field(
+        default_factory=list, max_length=MAX_SLOTS
+    )
+    #: A schema job's category feature (the sampler's sample_tag, one id a row; packed from
+    #: the table too); None: the table's ``category`` column, not a feature.
+    category_feature: str | None = Field(None, pattern=FEATURE_NAME)
     #: 1 positive + (sample_size - 1) negatives, the seed's name.
     sample_size: int = Field(2, ge=2, le=MAX_SAMPLE_SIZE, strict=True)
     weight_tag: str = "weight"
@@ -472,14 +489,15 @@ class TrainerConfig(StrictConfig):
         slot count follows the schema. The API checks with ``{"schema_checks": False}`` in
         the context and names each problem by its job field itself."""
         schema = self.runner.feature_schema
-        if schema is None:
-            return self
         if not (info.context and info.context.get("schema_checks") is False):
-            problems = model_problems(self)  # the schema's, and the model's shapes
+            # a schema's, and the model's shapes; without one, negative_sampling's names
+            problems = sampling_problems(self) if schema is None else model_problems(self)
             if problems:
                 raise ValueError(
                     "; ".join(f"{path}: {msg} (got {value!r})" for path, msg, value in problems)
                 )
+        if schema is None:
+            return self
         hp = self.hyper_parameters
         if "sparse_inputs_slots" not in hp.model_fields_set:  # a set one is checked above
             hp.sparse_inputs_slots = len(schema.sparse)
@@ -493,6 +511,16 @@ class TrainerConfig(StrictConfig):
         if schema is None:
             return [f"slot_{i}" for i in range(self.hyper_parameters.sparse_inputs_slots)]
         return [f"slot_{k}" for k in schema.slot_tables()]
+
+    @property
+    def slot_dims(self) -> list[int]:
+        """Each slot's table dim: the schema's ``dim`` of its table, else
+        ``arch_sparse_feature_size`` (a slot of another dim is projected to that one)."""
+        schema = self.runner.feature_schema
+        dim = self.hyper_parameters.arch_sparse_feature_size
+        if schema is None:
+            return [dim] * self.hyper_parameters.sparse_inputs_slots
+        return schema.slot_dims(dim)
 
     @property
     def table_names(self) -> list[str]:

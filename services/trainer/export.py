@@ -51,7 +51,8 @@ def quantize(model: nn.Module) -> nn.Module:
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
 
 
-def build_dense(arch: ModelConfig) -> DLRMDense:
+def build_dense(arch: ModelConfig, slot_dims: list[int] | None = None) -> DLRMDense:
+    """The dense model of ``arch``; ``slot_dims``: each feature's dim (None: all the job's)."""
     return DLRMDense(
         arch.dense_dim,
         arch.sparse_inputs_slots,
@@ -62,6 +63,7 @@ def build_dense(arch: ModelConfig) -> DLRMDense:
         arch.arch_interaction_itself,
         arch.loss_threshold,
         seed=arch.numpy_rand_seed,
+        slot_dims=slot_dims,
     )
 
 
@@ -123,7 +125,10 @@ class Predictor:
             self.lineage: dict[str, Any] | None = spec.get("lineage")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{self.dir / MODEL_JSON}: unusable: {exc}") from exc
-        self.dense = quantize(build_dense(self.arch)).eval()
+        # a feature's own dim is its table's (the schema's); its projection is in the state
+        job_dim = self.arch.arch_sparse_feature_size
+        dims = None if self.schema is None else self.schema.slot_dims(job_dim)
+        self.dense = quantize(build_dense(self.arch, dims)).eval()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -141,8 +146,9 @@ class Predictor:
         self.emb = SparseTables(
             self.store,
             slot_tables,
-            self.arch.arch_sparse_feature_size,
+            job_dim,
             pooling=pooling,
+            dims=dims,
         )
 
     def predict_batch(self, batch: Any) -> torch.Tensor:

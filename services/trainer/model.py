@@ -14,6 +14,11 @@ dimension ``d`` (= ``arch_sparse_feature_size`` = the bottom MLP's last size)::
           R = [x, Z[:, i, j] for j < i (j <= i with self-interaction)]
     cat:  R = [x, ly...] (B, (S+1) d)
     R --top MLP (ReLU ..., last layer sigmoid)--> p (B, 1)
+
+A feature whose table has another dim ``d_k`` (a schema's ``dim``) comes in as (B, d_k) and
+is projected to d by its own learned ``nn.Linear(d_k, d, bias=False)`` (``proj[str(k)]``)
+before the interaction; features at d have none, so a model whose features are all at d
+has the state dict it always had.
 """
 
 from __future__ import annotations
@@ -104,6 +109,9 @@ class DLRMDense(nn.Module):
         interaction_itself: 'dot' includes each vector's product with itself.
         loss_threshold: when in (0, 1), clamps p to [t, 1 - t] (reference behaviour).
         seed: numpy seed of the reference initialisation.
+        slot_dims: S ints, each feature's embedding dim (None: all ``sparse_dim``); a
+            feature of another dim gets a projection to ``sparse_dim`` (``proj``), and
+            :meth:`forward` then takes ``ly`` as S tensors (B, slot_dims[k]).
 
     Raises:
         ModelShapeError: on the reference's dimension mismatches.
@@ -126,6 +134,7 @@ class DLRMDense(nn.Module):
         interaction_itself: bool = False,
         loss_threshold: float = 0.0,
         seed: int = 123,
+        slot_dims: list[int] | None = None,
     ) -> None:
         super().__init__()
         if dense_dim != mlp_bot[0]:
@@ -144,6 +153,13 @@ class DLRMDense(nn.Module):
             )
         if num_sparse < 1:
             raise ModelShapeError(f"need at least one sparse feature, got {num_sparse}")
+        dims = [sparse_dim] * num_sparse if slot_dims is None else [int(d) for d in slot_dims]
+        if len(dims) != num_sparse or min(dims) < 1:
+            raise ModelShapeError(
+                f"slot_dims must be {num_sparse} dims >= 1 (one a sparse feature), got {dims}"
+            )
+        #: (S,) each feature's embedding dim before its projection (if any)
+        self.slot_dims = dims
         self.dense_dim, self.num_sparse, self.sparse_dim = dense_dim, num_sparse, sparse_dim
         self.interaction_op, self.interaction_itself = interaction_op, interaction_itself
         self.loss_threshold = loss_threshold
@@ -162,6 +178,18 @@ class DLRMDense(nn.Module):
         self.register_buffer(
             "mirrored", torch.tensor(mirrored, dtype=torch.int64), persistent=False
         )
+        #: per feature of another dim (key ``str(k)``): its map (B, d_k) -> (B, d), no bias,
+        #: initialised as the MLPs' layers from a generator of its own (the MLPs' init is
+        #: the same with or without projections)
+        self.proj = nn.ModuleDict()
+        prng = np.random.RandomState(seed + 2)
+        for k, dk in enumerate(dims):
+            if dk != sparse_dim:
+                layer = nn.Linear(dk, sparse_dim, bias=False)
+                w = prng.normal(0.0, np.sqrt(2.0 / (dk + sparse_dim)), size=(sparse_dim, dk))
+                with torch.no_grad():
+                    layer.weight.copy_(torch.from_numpy(w.astype(np.float32)))
+                self.proj[str(k)] = layer
 
     def interact(self, x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """x: (B, d), ly: S x (B, d) or (B, S, d) -> R: (B, num_int) float32."""
@@ -177,14 +205,19 @@ class DLRMDense(nn.Module):
         return torch.cat([x, _PairDots.apply(t, self.pairs, self.mirrored)], dim=1)
 
     def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        """dense_x: (B, D) float32, ly: S x (B, d) or (B, S, d) float32 -> click probability
-        (B, 1)."""
+        """dense_x: (B, D) float32, ly: S x (B, d_k) (``slot_dims``) or (B, S, d) float32 (all
+        features at d) -> click probability (B, 1)."""
         if dense_x.dim() != 2 or dense_x.shape[1] != self.dense_dim:
             raise ModelShapeError(
                 f"dense_x must be (batch, {self.dense_dim}), got {tuple(dense_x.shape)}"
             )
         if isinstance(ly, torch.Tensor):
             want = (dense_x.shape[0], self.num_sparse, self.sparse_dim)
+            if self.proj:
+                raise ModelShapeError(
+                    f"features of dims {self.slot_dims} come as {self.num_sparse} tensors "
+                    f"(batch, dim), not one {tuple(ly.shape)}"
+                )
             if tuple(ly.shape) != want:
                 raise ModelShapeError(
                     f"sparse features must be {want} (batch, slots, dim), got {tuple(ly.shape)}"
@@ -193,11 +226,16 @@ class DLRMDense(nn.Module):
             if len(ly) != self.num_sparse:
                 raise ModelShapeError(f"expected {self.num_sparse} sparse features, got {len(ly)}")
             for k, e in enumerate(ly):
-                if e.shape != (dense_x.shape[0], self.sparse_dim):
+                if e.shape != (dense_x.shape[0], self.slot_dims[k]):
                     raise ModelShapeError(
                         f"sparse feature {k} must be ({dense_x.shape[0]}, "
-                        f"{self.sparse_dim}), got {tuple(e.shape)}"
+                        f"{self.slot_dims[k]}), got {tuple(e.shape)}"
                     )
+            if self.proj:
+                ly = [
+                    self.proj[str(k)](e) if self.slot_dims[k] != self.sparse_dim else e
+                    for k, e in enumerate(ly)
+                ]
         x = self.bot_l(dense_x)
         p = self.top_l(self.interact(x, ly))
         if 0.0 < self.loss_threshold < 1.0:

@@ -16,22 +16,83 @@ The negative table (Parquet) names its columns after the slots: the item id colu
 ``slot_<item_slot>`` (the sampler's dedup_tag), the category column ``slot_<category_slot>``
 (sample_tag), plus ``weight`` and ``skey`` (RecIS's deprecated string column) and any other
 item-side ``slot_<k>`` listed in ``item_slots``.
+
+A schema job names its item-side features instead (``item_features``, the item id first,
+``category_feature``), and the table's columns are those features' names::
+
+    schema sparse [user_id, item_id, genres]     item_features [item_id, genres]
+    table columns  item_id (one int64 id a row), genres (a list of ids, any length),
+                   category (or category_feature's column), weight, skey
+
+Its batches are ragged (``Batch.bags``): every feature is a RaggedTensor, user-side ones
+repeated row by row, item-side ones packed from the table (a list column stays a list; a
+one-id column is a bag of one) and combined with the positives, which take their own
+item's row too (RecIS's ``combine``). A positive's item bag holds one id, or none (the
+item is then ``default_value``'s, as an id missing from the table); several is a
+:class:`DataError`. Ids in the table are int64: hash string ids with
+``streamrec.keyhash.string_keys``, as the trainer hashes them.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from streamrec.ragged import RaggedTensor
 from streamrec.trainer import metrics as m
 from streamrec.trainer.data import Batch
-from streamrec.trainer.errors import ConfigError
+from streamrec.trainer.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from streamrec.control.feature_schema import FeatureSchema
 
 #: How long a pass waits for its node's sampler to be back after it died (the launcher, the
 #: DaemonSet or this node's auto-start brings it back in seconds).
 RECONNECT_TIMEOUT_S = 60.0
+#: The batch's own columns beside the features: no feature name starts with ``#``.
+DENSE, PRESENT, LABEL = "#dense", "#present", "#label"
+
+
+@dataclass(frozen=True)
+class ItemSide:
+    """Which slots a negative replaces, and the table column of every slot.
+
+    Attributes:
+        columns: S names, slot k's column (``slot_<k>``, or a schema feature's name).
+        item: the item id's slot (the sampler's dedup_tag).
+        category: the category's slot (sample_tag), or None (the table's ``category``).
+        slots: every item-side slot, sorted (item, category and the others).
+    """
+
+    columns: list[str]
+    item: int
+    category: int | None
+    slots: list[int]
+
+    @classmethod
+    def of(cls, config: Any, num_slots: int, schema: FeatureSchema | None) -> ItemSide:
+        """Slots by number (no schema, checked against ``num_slots``) or features by name
+        (``item_features``, ``category_feature``: checked where the job is read)."""
+        if schema is None:
+            NegativeSampler.check_slots(config, num_slots)
+            columns = [f"slot_{k}" for k in range(num_slots)]
+            item, category, more = config.item_slot, config.category_slot, config.item_slots
+        else:
+            columns = [f.name for f in schema.sparse]
+            index = {name: k for k, name in enumerate(columns)}
+            names = config.item_features or columns[:1]
+            for name in [*names, config.category_feature or columns[0]]:
+                if name not in index:
+                    raise ConfigError(
+                        f"negative_sampling: {name!r} names no sparse feature of the schema "
+                        f"({columns})"
+                    )
+            item, more = index[names[0]], [index[n] for n in names[1:]]
+            category = None if config.category_feature is None else index[config.category_feature]
+        slots = sorted({item, *more, *([category] if category is not None else [])})
+        return cls(columns, item, category, slots)
 
 
 class NegativeSampler:
@@ -40,6 +101,8 @@ class NegativeSampler:
     Args:
         config: the job's ``negative_sampling`` section (:class:`NegativeSamplingConfig`).
         num_slots: S, the batch's sparse slots.
+        schema: the job's feature schema: item-side features by name, ragged batches;
+            None: slots by number (``slot_<k>``).
         load: load ``table_path`` into the sampler now (local rank 0 of each node); every
             rank names it for a sampler that restarts (the first to find it empty loads it).
         rank: this rank's ``rank`` label of the metrics.
@@ -49,7 +112,14 @@ class NegativeSampler:
     sampler is started when none answers (``auto_start``).
     """
 
-    def __init__(self, config: Any, num_slots: int, load: bool = False, rank: str = "0") -> None:
+    def __init__(
+        self,
+        config: Any,
+        num_slots: int,
+        load: bool = False,
+        rank: str = "0",
+        schema: FeatureSchema | None = None,
+    ) -> None:
         from streamrec.sampler import ENDPOINT_ENV, MISSING_ITEM_ID, LocalRpcDataSampler
 
         self.cfg = config
@@ -57,24 +127,18 @@ class NegativeSampler:
         self.default_value: int = (
             MISSING_ITEM_ID if config.default_value is None else config.default_value
         )
-        self.check_slots(config, num_slots)
-        self.item_col = f"slot_{config.item_slot}"
-        self.cat_col = (
-            f"slot_{config.category_slot}" if config.category_slot is not None else "category"
-        )
-        self.item_slots = sorted(
-            {
-                config.item_slot,
-                *(config.item_slots or []),
-                *([config.category_slot] if config.category_slot is not None else []),
-            }
-        )
+        self.side = ItemSide.of(config, num_slots, schema)
+        cols, cat = self.side.columns, self.side.category
+        self.item_col = cols[self.side.item]
+        self.cat_col = cols[cat] if cat is not None else "category"
+        self.item_slots = self.side.slots
         self.sampler = LocalRpcDataSampler(
             self.cat_col,
             self.item_col,
             config.weight_tag,
             config.skey_name,
             put_back=config.put_back,
+            label_name=LABEL,
             endpoint=config.endpoint,
             # a sampler back within this is ridden out mid-pass; the control plane calls a
             # group without progress for trainer_stuck_s (120 s) stuck
@@ -105,24 +169,27 @@ class NegativeSampler:
 
     def __call__(self, batch: Batch) -> Batch:
         if self.cfg.positives_only:
-            keep = batch.labels > 0.5
-            batch = Batch(
-                batch.dense[keep],
-                batch.labels[keep],
-                batch.keys[keep],
-                None if batch.present is None else batch.present[keep],
-                None,
-            )
-        n, s = batch.keys.shape
+            batch = _rows(batch, torch.nonzero(batch.labels > 0.5).view(-1))
+        n = len(batch)
         if n == 0:
             return batch
-        feats: dict[str, Any] = {f"slot_{j}": batch.keys[:, j] for j in range(s)}
-        feats["dense"] = batch.dense
-        if batch.present is not None:
-            feats["present"] = batch.present
+        cols, side = self.side.columns, self.side
+        feats: dict[str, Any] = {DENSE: batch.dense}
+        if batch.bags is None:
+            feats.update({c: batch.keys[:, j] for j, c in enumerate(cols)})
+            if batch.present is not None:
+                feats[PRESENT] = batch.present
+            items = batch.keys[:, side.item]
+            cats = None if side.category is None else batch.keys[:, side.category]
+        else:
+            feats.update(zip(cols, batch.bags, strict=True))
+            items = self._one_id(batch.bags[side.item], cols[side.item])
+            cats = (
+                None
+                if side.category is None
+                else self._one_id(batch.bags[side.category], cols[side.category])
+            )
         cnts = torch.full((n,), self.cfg.sample_size - 1, dtype=torch.int64)
-        items = batch.keys[:, self.cfg.item_slot]
-        cats = batch.keys[:, self.cfg.category_slot] if self.cfg.category_slot is not None else None
         neg = self.sampler.sample_ids(items, cnts, cats)
         pos_ids = self.sampler.valid_sample_ids(items, self.default_value)
         ids = self.sampler.combine_vector_with_sample_counts(pos_ids, cnts, neg)
@@ -131,14 +198,40 @@ class NegativeSampler:
             self._recoveries = self.sampler.recoveries
             m.SAMPLER_RECOVERIES.labels(self.rank).inc()
             m.SAMPLER_RECOVERY_SECONDS.labels(self.rank).observe(self.sampler.last_recovery_s)
-        item_cols = {f"slot_{k}": _flat(table[f"slot_{k}"], f"slot_{k}") for k in self.item_slots}
+        for k in side.slots:
+            if cols[k] not in table:
+                raise ConfigError(
+                    f"the negative table has no column {cols[k]!r} (item-side feature); it "
+                    f"has {sorted(table)}"
+                )
+        if batch.bags is not None:
+            packed = {cols[k]: _ragged(table[cols[k]], cols[k]) for k in side.slots}
+            out = self.sampler.combine([feats], packed, cnts)[0]
+            bags = [out[c] for c in cols]
+            total = len(out[LABEL])
+            none = torch.zeros(total, 0, dtype=torch.int64)
+            return Batch(out[DENSE], out[LABEL], none, bags=bags)
+        item_cols = {cols[k]: _flat(table[cols[k]], cols[k]) for k in side.slots}
         out = self.sampler.combine([feats], item_cols, cnts)[0]
-        keys = torch.stack([out[f"slot_{j}"].to(torch.int64) for j in range(s)], dim=1)
-        present = out.get("present")
+        keys = torch.stack([out[c].to(torch.int64) for c in cols], dim=1)
+        present = out.get(PRESENT)
         if present is not None:
             present = present.clone()
-            present[:, self.item_slots] = True
-        return Batch(out["dense"], out[self.sampler.label_name], keys.contiguous(), present, None)
+            present[:, side.slots] = True
+        return Batch(out[DENSE], out[LABEL], keys.contiguous(), present, None)
+
+    def _one_id(self, bags: RaggedTensor, name: str) -> torch.Tensor:
+        """(n,) int64: each row's one id, ``default_value`` for an empty row."""
+        lengths = bags.lengths()
+        if bool((lengths > 1).any()):
+            row = int(torch.nonzero(lengths > 1)[0])
+            raise DataError(
+                f"negative_sampling: feature {name!r} is the item id or category, one id a "
+                f"row, but row {row} holds {int(lengths[row])}: {bags.row(row).tolist()}"
+            )
+        out = torch.full((len(bags),), self.default_value, dtype=torch.int64)
+        out[lengths == 1] = bags.values().to(torch.int64)
+        return out
 
     def close(self) -> None:
         self.sampler.close()
@@ -151,3 +244,29 @@ def _flat(col: Any, name: str) -> torch.Tensor:
             raise ConfigError(f"negative table column {name!r} must hold one id per row")
         return col.values().to(torch.int64)
     return torch.as_tensor(col).to(torch.int64)
+
+
+def _ragged(col: Any, name: str) -> RaggedTensor:
+    """A column of the negative table as a ragged feature: a list column as it is, a
+    one-value column one id a row; int64 ids."""
+    if isinstance(col, RaggedTensor):
+        if col.dtype == torch.uint8:
+            raise ConfigError(
+                f"negative table column {name!r} holds strings: write int64 ids (string "
+                f"ids hashed by streamrec.keyhash.string_keys, as the trainer hashes them)"
+            )
+        return RaggedTensor(col.values().to(torch.int64), col.offsets())
+    values = torch.as_tensor(col).to(torch.int64)
+    return RaggedTensor(values, torch.arange(values.numel() + 1, dtype=torch.int64))
+
+
+def _rows(batch: Batch, rows: torch.Tensor) -> Batch:
+    """The batch's ``rows`` ((k,) int64), ptrue dropped (negatives have none)."""
+    return Batch(
+        batch.dense[rows],
+        batch.labels[rows],
+        batch.keys[rows],
+        None if batch.present is None else batch.present[rows],
+        None,
+        None if batch.bags is None else [f.take_rows(rows) for f in batch.bags],
+    )

@@ -68,9 +68,9 @@ from streamrec.trainer.lr_policy import LRPolicyScheduler
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.model_owner import check_owner
 from streamrec.trainer.model_saves import ModelSaves
-from streamrec.trainer.negsampling import NegativeSampler
+from streamrec.trainer.negsampling import ItemSide, NegativeSampler
 from streamrec.trainer.run_plan import RunPlan, plan_run
-from streamrec.trainer.sparse import SparseBatch, SparseTables
+from streamrec.trainer.sparse import SparseBatch, SparseTables, to_device
 from streamrec.trainer.store import build_table_options, make_store
 from streamrec.trainer.thread_tuner import ThreadTuner
 
@@ -145,7 +145,12 @@ class OnlineTrainer(ModelSaves):
             min(len(config.table_names), 8) if config.store.endpoints else 1
         )
         self.sparse = SparseTables(
-            self.store, config.slot_tables, hp.arch_sparse_feature_size, threads, config.pooling
+            self.store,
+            config.slot_tables,
+            hp.arch_sparse_feature_size,
+            threads,
+            config.pooling,
+            config.slot_dims,
         )
         self.dense = DLRMDense(
             hp.dense_dim,
@@ -157,6 +162,7 @@ class OnlineTrainer(ModelSaves):
             hp.arch_interaction_itself,
             hp.loss_threshold,
             seed=hp.numpy_rand_seed,
+            slot_dims=config.slot_dims,
         ).to(self.device)
         ddp.broadcast_module(self.dense)
         self.params = list(self.dense.parameters())
@@ -181,8 +187,8 @@ class OnlineTrainer(ModelSaves):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-sparse")
         #: The node's sampler, reached at the first pass (:meth:`_reach_sampler`).
         self.negatives: NegativeSampler | None = None
-        if config.negative_sampling.enabled:
-            NegativeSampler.check_slots(config.negative_sampling, hp.sparse_inputs_slots)
+        if config.negative_sampling.enabled:  # its slots or features, before any pass
+            ItemSide.of(config.negative_sampling, hp.sparse_inputs_slots, r.feature_schema)
         self.metrics_port: int | None = None
         if r.metrics_port is not None:
             # one port per rank of this node: a rank per pod (Kubernetes) serves the base port
@@ -243,7 +249,7 @@ class OnlineTrainer(ModelSaves):
         self.sparse.push(pulled, labels, float(pulled.batch) if scale else 1.0)
 
     def _forward(self, batch: Batch, pulled: SparseBatch) -> torch.Tensor:
-        ly = self.sparse.forward(pulled).to(self.device, non_blocking=True)
+        ly = to_device(self.sparse.forward(pulled), self.device)
         return self.dense(batch.dense.to(self.device, non_blocking=True), ly).view(-1)
 
     def predict_files(
@@ -485,7 +491,11 @@ class OnlineTrainer(ModelSaves):
                 if loader == loaders_turn:
                     try:
                         self.negatives = NegativeSampler(
-                            ns, self.config.hyper_parameters.sparse_inputs_slots, loader, self.label
+                            ns,
+                            self.config.hyper_parameters.sparse_inputs_slots,
+                            loader,
+                            self.label,
+                            self.config.runner.feature_schema,
                         )
                     except Exception as exc:
                         failure = exc

@@ -26,6 +26,15 @@ a bag) takes the same path with table-major bag offsets; a ``mean`` feature's va
 1 / their bag's length (``per_sample_weights``), so a key's gradient is the sum over its bags
 of each bag's gradient divided by that bag's length; an empty bag pools to zeros. A batch of
 one key a slot keeps the (S, B) gather: ``mean`` and ``sum`` are one there.
+
+Tables of several dims (a schema's per-feature ``dim``): a store block holds tables of one
+width, so the slots are grouped by dim (a shared table's slots in one group: a table has
+one dim), each group is a ``SparseTables`` of its own, and a batch is one block per dim
+(``SparseBatch.parts``): one pull and one push a dim, and :meth:`SparseTables.forward`
+gives S tensors (B, d_k) in slot order, which ``DLRMDense`` projects to its dim::
+
+    dims [16, 4, 16, 4]  ->  group 16: slots 0, 2     group 4: slots 1, 3
+    forward: [(B, 16), (B, 4), (B, 16), (B, 4)]
 """
 
 from __future__ import annotations
@@ -82,6 +91,8 @@ class SparseBatch:
             its bag: 1 in a ``sum`` feature, 1 / bag length in a ``mean`` one.
         weights: (U, dim) float32 leaf with ``requires_grad`` once pulled, else None.
         flat_keys: (U,) int64, ``keys`` concatenated, once pulled, else None.
+        parts: None, or with tables of several dims one batch a dim (the fields above then
+            empty: ``keys`` [], ``bounds`` [0]), in the order of ``SparseTables.by_dim``.
     """
 
     keys: list[torch.Tensor]
@@ -93,6 +104,7 @@ class SparseBatch:
     value_weights: torch.Tensor | None = None
     weights: torch.Tensor | None = None
     flat_keys: torch.Tensor | None = None
+    parts: list[SparseBatch] | None = None
 
     @property
     def counts(self) -> list[int]:
@@ -107,11 +119,14 @@ class SparseTables:
         store: the embedding store, in-process or the shards' client.
         tables: table names, one per slot, in slot order; slots naming one table share its
             rows (a key of both is pulled once, its gradients over both summed).
-        dim: the rows' width.
+        dim: the rows' width (every slot's, unless ``dims`` says otherwise).
         threads: not used: every ``SparseStore`` takes a batch's tables in one call.
         pooling: per slot ``sum`` or ``mean`` (None: all ``sum``); the two differ only in a
             bag of more than one key (a ragged batch's), where ``mean`` weighs each key by
             1 / the bag's length, so its gradient is divided by it too.
+        dims: per slot its table's width (None: all ``dim``); of several widths, the
+            slots are grouped by width (:attr:`by_dim`) and :meth:`forward` gives S tensors
+            (B, dims[k]).
 
     Example:
         >>> sp = SparseTables(store, ["t0", "t1"], dim=16)
@@ -127,6 +142,7 @@ class SparseTables:
         dim: int,
         threads: int = 1,
         pooling: Sequence[str] | None = None,
+        dims: Sequence[int] | None = None,
     ) -> None:
         from streamrec.embedding_store import unique_keys
 
@@ -149,6 +165,34 @@ class SparseTables:
         # an in-process store whose rows live on a GPU hands them over there (no host copy)
         self.device: torch.device | None = store.resident_device()
         self._unique = unique_keys
+        #: tables of several dims: per dim (first slot's order) its slots and their tables
+        self.by_dim: list[tuple[list[int], SparseTables]] | None = None
+        if dims is not None:
+            self._group_dims(store, [int(d) for d in dims], threads, pooling)
+
+    def _group_dims(
+        self, store: SparseStore, dims: list[int], threads: int, pooling: list[str]
+    ) -> None:
+        """Sets :attr:`dim` (one width) or :attr:`by_dim` (several) from each slot's ``dims``."""
+        tables = self.slot_tables
+        if len(dims) != len(tables) or min(dims) < 1:
+            raise ModelShapeError(f"dims must be {len(tables)} widths >= 1, got {dims}")
+        for name, slots in zip(self.tables, self.groups, strict=True):
+            if len({dims[k] for k in slots}) > 1:
+                raise ModelShapeError(
+                    f"table {name!r} has one dim, its slots {slots} say {[dims[k] for k in slots]}"
+                )
+        widths = list(dict.fromkeys(dims))
+        if len(widths) == 1:
+            self.dim = widths[0]
+            return
+        self.by_dim = []
+        for d in widths:
+            slots = [k for k, w in enumerate(dims) if w == d]
+            part = SparseTables(
+                store, [tables[k] for k in slots], d, threads, [pooling[k] for k in slots]
+            )
+            self.by_dim.append((slots, part))
 
     def close(self) -> None:
         """Nothing held (kept for the runner's teardown)."""
@@ -165,6 +209,10 @@ class SparseTables:
                 f"batch has {s} sparse slots, expected {len(self.slot_tables)} "
                 f"(one per slot's table {self.slot_tables})"
             )
+        if self.by_dim is not None:
+            parts = [t.prepare(_slots_of(batch, slots)) for slots, t in self.by_dim]
+            empty = torch.zeros(0, dtype=torch.int64)
+            return SparseBatch([], [0], empty, None, None, b, parts=parts)
         if batch.bags is not None:
             return self._prepare_bags(batch.bags, b)
         cols = batch.keys.t().contiguous()
@@ -233,14 +281,29 @@ class SparseTables:
 
         create: create absent keys (training), or read them as zeros (prediction).
         """
+        if sb.parts is not None:
+            assert self.by_dim is not None, "prepared by these tables"
+            for (_, t), part in zip(self.by_dim, sb.parts, strict=True):
+                t.pull(part, create)
+            return sb
         sb.flat_keys = torch.cat(sb.keys)
         weights = self.store.pull_rows(self.tables, sb.flat_keys, sb.counts, create=create)
         sb.weights = weights.detach().requires_grad_(True)
         return sb
 
-    def forward(self, sb: SparseBatch) -> torch.Tensor:
-        """Sum-pooled embeddings (B, S, dim) float32, differentiable w.r.t. ``sb.weights``,
-        on the weights' device (a GPU when the store's rows live there)."""
+    def forward(self, sb: SparseBatch) -> torch.Tensor | list[torch.Tensor]:
+        """Pooled embeddings (B, S, dim) float32, differentiable w.r.t. ``sb.weights``, on
+        the weights' device (a GPU when the store's rows live there); with tables of
+        several dims S tensors (B, dims[k]) in slot order."""
+        if sb.parts is not None:
+            assert self.by_dim is not None, "prepared by these tables"
+            out: list[torch.Tensor] = [sb.index] * len(self.slot_tables)  # each set below
+            for (slots, t), part in zip(self.by_dim, sb.parts, strict=True):
+                pooled = t.forward(part)
+                assert isinstance(pooled, torch.Tensor), "a part has one dim"
+                for j, k in enumerate(slots):
+                    out[k] = pooled[:, j]
+            return out
         assert sb.weights is not None, "pull before forward"
         device = sb.weights.device
         index = sb.index.to(device, non_blocking=True)  # no-op on the CPU
@@ -269,6 +332,11 @@ class SparseTables:
             labels: (B,) click labels, any real dtype.
             grad_scale: multiplies the gradients (PaddleRec's batch-size scaling).
         """
+        if sb.parts is not None:
+            assert self.by_dim is not None, "prepared by these tables"
+            for (_, t), part in zip(self.by_dim, sb.parts, strict=True):
+                t.push(part, labels, grad_scale)
+            return
         assert sb.weights is not None, "pull before push"
         u = sb.bounds[-1]
         if u == 0:
@@ -290,3 +358,21 @@ class SparseTables:
         assert sb.flat_keys is not None, "pulled by pull_rows"
         self.store.push_rows(self.tables, sb.flat_keys, sb.counts, grad, shows, clicks)
         sb.weights.grad = None
+
+
+def _slots_of(batch: Batch, slots: list[int]) -> Batch:
+    """The batch with only the sparse features ``slots`` (dense and labels shared)."""
+    if batch.bags is not None:
+        return Batch(batch.dense, batch.labels, batch.keys, bags=[batch.bags[k] for k in slots])
+    cols = torch.tensor(slots, dtype=torch.int64)
+    present = None if batch.present is None else batch.present.index_select(1, cols)
+    return Batch(batch.dense, batch.labels, batch.keys.index_select(1, cols), present)
+
+
+def to_device(
+    ly: torch.Tensor | list[torch.Tensor], device: torch.device
+) -> torch.Tensor | list[torch.Tensor]:
+    """:meth:`SparseTables.forward`'s output on ``device`` (one tensor, or S of them)."""
+    if isinstance(ly, torch.Tensor):
+        return ly.to(device, non_blocking=True)
+    return [e.to(device, non_blocking=True) for e in ly]

@@ -47,20 +47,23 @@ DEFAULT_TABLE_PARAMETERS: dict[str, Any] = {
 
 
 def build_table_options(config: TrainerConfig) -> list[TableOptions]:
-    """One ``TableOptions`` per sparse slot (``slot_<k>``), dim = arch_sparse_feature_size."""
+    """One ``TableOptions`` per table (``slot_<k>``), at its dim: the schema's ``dim`` of
+    the feature owning it, else arch_sparse_feature_size (``TrainerConfig.slot_dims``)."""
     from streamrec.embedding_store import TableOptions
 
     params = dict(DEFAULT_TABLE_PARAMETERS, **config.table_parameters)
-    dim = config.hyper_parameters.arch_sparse_feature_size
     for bad in ("name", "dim", "embedx_dim"):
         if bad in config.table_parameters:
             raise ConfigError(
                 f"table_parameters.{bad} is set by the trainer (one table per slot, dim = "
-                f"arch_sparse_feature_size = {dim}); got {config.table_parameters[bad]!r}"
+                f"the schema's dim of its feature, else arch_sparse_feature_size = "
+                f"{config.hyper_parameters.arch_sparse_feature_size}); got "
+                f"{config.table_parameters[bad]!r}"
             )
+    dims = dict(zip(config.slot_tables, config.slot_dims, strict=True))
     return [
         TableOptions.parse(
-            dict(params, name=name, dim=dim), source=f"table_parameters (table {name})"
+            dict(params, name=name, dim=dims[name]), source=f"table_parameters (table {name})"
         )
         for name in config.table_names
     ]

@@ -60,6 +60,32 @@ def test_a_schema_is_stored_and_reaches_the_trainer(client, roots, r):
     assert parsed.table_names == ["slot_0", "slot_1"]
 
 
+def test_features_of_their_own_dims_and_negatives_by_name_are_created(client, roots, r):
+    """A dim other than the job's (projected in the model) and negative sampling naming its
+    item-side features: a 201 whose trainer config says so."""
+    sch = schema(
+        sparse=[
+            {"name": "user_id", "dim": 2},
+            {"name": "item_id"},
+            {"name": "genres", "dim": 8, "pooling": "mean"},
+            {"name": "hist", "table": "genres"},
+        ]
+    )
+    body = job_body(roots, "dims")
+    body["data"]["schema"] = sch
+    body["model"] = {
+        **MODEL,
+        "negative_sampling": {"reload": False, "item_features": ["item_id", "genres"]},
+    }
+    body["sampler"] = {"neg_num": 2}
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == 201, resp.text
+    parsed = TrainerConfig.parse(json.loads(r.hget(keys.job(resp.json()["id"]), "trainer_config")))
+    assert parsed.slot_dims == [2, 4, 8, 8]  # hist: genres' table, genres' dim
+    ns = parsed.negative_sampling
+    assert ns.enabled and ns.sample_size == 3 and ns.item_features == ["item_id", "genres"]
+
+
 @pytest.mark.parametrize(
     "sch,model,field,value,words",
     [
@@ -76,11 +102,11 @@ def test_a_schema_is_stored_and_reaches_the_trainer(client, roots, r):
         (None, {"hyper_parameters": {"arch_mlp_top": "8-2"}}, "arch_mlp_top", "8-2", "be 1"),
         (schema(dense=DENSE[:2]), None, "data.schema.dense", DENSE[:2], "13 dense fields"),
         (
-            schema(sparse=[{"name": "a", "dim": 32}]),
+            schema(sparse=[{"name": "a"}, {"name": "b", "table": "a", "dim": 32}]),
             None,
-            "data.schema.sparse.0.dim",
+            "data.schema.sparse.1.dim",
             32,
-            "one dim for every feature",
+            "a shared table has one dim",
         ),
         (
             schema(sparse=[{"name": "a"}]),
@@ -98,23 +124,28 @@ def test_a_schema_is_stored_and_reaches_the_trainer(client, roots, r):
         ),
         (
             schema(),
-            {**MODEL, "negative_sampling": {"reload": False}},
+            {**MODEL, "negative_sampling": {"reload": False, "item_features": ["nope"]}},
+            "model.negative_sampling.item_features.0",
+            "nope",
+            "names no sparse feature of the schema",
+        ),
+        (
+            schema(),
+            {**MODEL, "negative_sampling": {"reload": False, "item_slot": 1}},
+            "model.negative_sampling.item_slot",
+            1,
+            "a schema job names its item-side features by name",
+        ),
+        (
             None,
-            None,
-            None,
+            {"negative_sampling": {"reload": False, "item_features": ["item_id"]}},
+            "model.negative_sampling.item_features",
+            ["item_id"],
+            "names schema features",
         ),
     ],
 )
 def test_a_model_that_cannot_take_the_data_is_a_422(client, roots, sch, model, field, value, words):
-    if field is None:  # negative sampling (sampler.neg_num) with a schema: refused by name
-        body = job_body(roots, "neg")
-        body["data"]["schema"] = sch
-        body["model"] = model
-        body["sampler"] = {"neg_num": 1}
-        errs = errors(client.post("/v1/jobs", json=body))
-        assert "body.sampler.neg_num" in errs, errs
-        assert "not yet supported for data.schema" in errs["body.sampler.neg_num"][0]
-        return
     errs = errors(post(client, roots, "bad", sch, model))
     where = field if field.startswith(("data.", "model.")) else f"model.hyper_parameters.{field}"
     loc = "body." + where
