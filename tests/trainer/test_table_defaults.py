@@ -59,12 +59,16 @@ def torch_steps(lr: float, grads: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def test_defaults_are_the_ones_benchmarked() -> None:
-    """BENCHMARKS.md "Defaults" measured these; change both together."""
-    hp = TrainerConfig.parse({}).hyper_parameters
-    assert (hp.optimizer, hp.learning_rate) == ("adagrad", 0.02)
+    """BENCHMARKS.md "Defaults" and "Defaults on a real stream" measured these; change both
+    together."""
+    cfg0 = TrainerConfig.parse({})
+    hp = cfg0.hyper_parameters
+    assert (hp.optimizer, hp.learning_rate) == ("adagrad", 0.01)
+    assert cfg0.runner.train_batch_size == 256
     cfg = TrainerConfig.parse({"hyper_parameters": {"sparse_inputs_slots": 2}})
     for t in build_table_options(cfg):
         assert t.embedx_threshold == 0
+        assert (t.delete_threshold, t.delete_after_unseen_days) == (0.0, 30.0)
         assert (t.initializer.low, t.initializer.high) == (-0.005, 0.005)
         for rule in (t.embed_sgd_param, t.embedx_sgd_param):
             assert (rule.name, rule.learning_rate, rule.initial_g2sum) == (
