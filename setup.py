@@ -4,8 +4,8 @@ C++ CPU extensions, compiled with torch's cpp_extension and OpenMP:
 
 - ``streamrec.embedding_store._C`` from ``services/embedding-store/csrc/cpu/*.cpp``
 - ``streamrec.sampler._C`` from ``services/sampler/csrc/*.cpp``
-- ``streamrec.trainer._C`` from ``services/trainer/csrc/*.cpp`` (the line parser:
-  single-threaded, no OpenMP use, so it does not compete with torch's threads)
+- ``streamrec.trainer._C`` from ``services/trainer/csrc/*.cpp`` (the TSV line parser and the
+  slot text parser: single-threaded, no OpenMP use, so they do not compete with torch's threads)
 
 Only each extension's ``bindings.cpp`` includes torch (the tensor checks, the outputs, the
 Python API); the other sources are plain C++ over raw arrays, so they compile in seconds (a

@@ -15,9 +15,17 @@ are 16 MiB: the default is about that). Parsers, all measured in this run:
                  keys and p_true converted by numpy), kept here as a copy; the text is clean, so
                  its exact-numpy fallback is never taken
 
+Slot text (``--format slot``, in the default run too): PaddleRec lines of the same shape as
+setup (b)'s (``click``, 13 int dense I1..I13 with log1p, 24 int ids C1..C24, a list C25 of
+0 to 5 ids and a string id C26), written by ``slot_text``; parsers:
+
+    streamrec    ``parse_slot_chunk``: the compiled slot parser (one thread, no GIL) + numpy's
+                 log1p, the ragged Batch a schema job trains on
+    numpy        ``_parse_slot_chunk_numpy``, the numpy reference it replaced as the default
+
 Each figure is the median of ``--repeats`` runs; ratios are streamrec's speed over the other's.
 
-    .venv/bin/python bench/trainer_parse.py
+    .venv/bin/python bench/trainer_parse.py [--format criteo|generated|slot]
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import torch
 
 # bench/ is the script's directory, first on sys.path
 from reference_dlrm import SETUPS
+from streamrec.control.feature_schema import FeatureSchema
 from streamrec.trainer.data import (
     NUM_DENSE,
     Batch,
@@ -45,6 +54,8 @@ from streamrec.trainer.data import (
     parse_columns,
 )
 from streamrec.trainer.datagen import PlantedStream, StreamParams, to_generated_text
+from streamrec.trainer.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
+from streamrec.trainer.slot_text import slot_text
 from trainer import DAY, make_data, to_criteo_text
 
 BATCH = 2048
@@ -59,6 +70,26 @@ def criteo_text(samples: int) -> bytes:
 def generated_text(samples: int) -> bytes:
     stream = PlantedStream(StreamParams(slots=SLOTS, seed=0), DAY)
     return to_generated_text(stream.draw(DAY, samples, np.random.default_rng(0)))
+
+
+def slot_sample_text(samples: int) -> tuple[bytes, FeatureSchema]:
+    """Slot lines shaped as setup (b)'s, and their schema (the module docstring)."""
+    rng = np.random.default_rng(0)
+    cols = {"click": pa.array(rng.integers(0, 2, samples))}
+    for i in range(1, NUM_DENSE + 1):
+        cols[f"I{i}"] = pa.array(np.round(rng.exponential(20, samples)).astype(np.int64))
+    for i in range(1, SLOTS - 1):
+        cols[f"C{i}"] = pa.array(rng.integers(0, 10**6, samples))
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(0, 6, samples))]).astype(np.int32)
+    items = pa.array(rng.integers(0, 1000, int(offsets[-1])))
+    cols[f"C{SLOTS - 1}"] = pa.ListArray.from_arrays(pa.array(offsets), items)
+    cols[f"C{SLOTS}"] = pa.array([f"sku-{k}" for k in rng.integers(0, 10**5, samples)])
+    schema = FeatureSchema(
+        label="click",
+        dense=[{"name": f"I{i}", "log1p": True} for i in range(1, NUM_DENSE + 1)],
+        sparse=[{"name": f"C{i}"} for i in range(1, SLOTS + 1)],
+    )
+    return slot_text(pa.table(cols)), schema
 
 
 def column_types(
@@ -189,14 +220,46 @@ def report(fmt: str, text: bytes, samples: int, repeats: int) -> None:
         )
 
 
+def report_slot(samples: int, repeats: int) -> None:
+    text, schema = slot_sample_text(samples)
+    batch, stats = parse_slot_chunk(text, schema)
+    assert stats.malformed == 0 and len(batch) == samples, stats
+    exact, _ = _parse_slot_chunk_numpy(text, schema)
+    assert torch.equal(batch.dense, exact.dense) and torch.equal(batch.labels, exact.labels)
+    assert batch.bags is not None and exact.bags is not None
+    assert all(a == b for a, b in zip(batch.bags, exact.bags, strict=True)), "the bags differ"
+    seconds = {
+        "streamrec": median_seconds(lambda: parse_slot_chunk(text, schema), repeats),
+        "numpy": median_seconds(lambda: _parse_slot_chunk_numpy(text, schema), repeats),
+    }
+    mb = len(text) / 1e6
+    print(
+        f"slot: {samples} lines, {mb:.1f} MB ({len(text) / samples:.0f} bytes/line), "
+        f"{len(schema.dense)} dense, {SLOTS} sparse (one a list, one string ids)"
+    )
+    for name, s in seconds.items():
+        vs = "" if name == "streamrec" else f"   streamrec is {s / seconds['streamrec']:.2f}x"
+        print(
+            f"  {name:<10} {mb / s:8.0f} MB/s {s / samples * BATCH * 1e3:8.3f} ms "
+            f"per {BATCH}-sample batch{vs}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=61_440, help="lines per text (30 batches)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--format", choices=["criteo", "generated", "slot"], help="only this one (default: all)"
+    )
     args = ap.parse_args()
     print(f"median of {args.repeats} runs; torch threads {torch.get_num_threads()}")
-    report("criteo", criteo_text(args.samples), args.samples, args.repeats)
-    report("generated", generated_text(args.samples), args.samples, args.repeats)
+    if args.format in (None, "criteo"):
+        report("criteo", criteo_text(args.samples), args.samples, args.repeats)
+    if args.format in (None, "generated"):
+        report("generated", generated_text(args.samples), args.samples, args.repeats)
+    if args.format in (None, "slot"):
+        report_slot(args.samples, args.repeats)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ sparse feature absent from a line is an empty bag; a name the schema does not ho
 skipped (a file may carry more slots than a job reads). A line is malformed, counted as the
 TSV parsers count theirs (``max_malformed_ratio``), when it lacks the label or a dense
 feature, names one twice, has a token that is not ``name:value``, or a label or dense value
-that is not a number. The parser works on a whole chunk at once in numpy (token bounds,
-names hashed by :func:`streamrec.keyhash.hash_ranges` and matched to the schema's, values
-parsed column by column): no per-line Python.
+that is not a number. :func:`parse_slot_chunk` hands a whole chunk to the compiled parser
+(``streamrec.trainer._C.parse_slot``: one pass, one thread, without the GIL), which writes
+the labels, the dense columns and each feature's keys and offsets. :func:`_parse_slot_chunk_numpy`
+states the same rules in numpy (token bounds, names hashed by
+:func:`streamrec.keyhash.hash_ranges` and matched to the schema's, values parsed column by
+column); it is the reference the tests hold the compiled parser to.
 
 ``parquet``: columns named by the schema, read with pyarrow a record batch at a time (memory
 bounded by ``batch_rows``); ids int (one key a row, null: an empty bag), string (hashed to
@@ -41,6 +44,7 @@ import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.keyhash import hash_ranges, string_key, string_keys
 from streamrec.ragged import RaggedTensor
+from streamrec.trainer import _C
 from streamrec.trainer.data import Batch, ParseStats, parse_columns
 from streamrec.trainer.errors import DataError
 
@@ -84,10 +88,40 @@ def _numbers(
     return np.where(neg, -v[:, 0], v[:, 0]), (ok & ~empty)[:, 0]
 
 
+def _feature_names(schema: FeatureSchema) -> list[str]:
+    """The label's name, the dense features', then the sparse features' (feature ids 0..)."""
+    return [schema.label, *(d.name for d in schema.dense), *(s.name for s in schema.sparse)]
+
+
 def parse_slot_chunk(
-    data: bytes, schema: FeatureSchema, source: str = "<bytes>", first_line: int = 1
+    data: bytes | bytearray | memoryview,
+    schema: FeatureSchema,
+    source: str = "<bytes>",
+    first_line: int = 1,
 ) -> tuple[Batch, ParseStats]:
     """Parses whole lines of slot text into a ragged Batch; malformed lines counted, skipped.
+
+    Args:
+        data: whole lines (a missing final newline is tolerated); any contiguous buffer,
+            read in place.
+        schema: the job's features.
+        source, first_line: file name and line number of ``data``'s first line, for errors.
+    """
+    labels, dense, keys, offsets, lines, malformed, first_bad = _C.parse_slot(
+        data, _feature_names(schema), len(schema.dense)
+    )
+    bags = [RaggedTensor(k, o) for k, o in zip(keys, offsets, strict=True)]
+    stats = ParseStats(lines=lines, malformed=malformed)
+    if malformed:
+        stats.first_bad = (source, first_line + first_bad, BAD_SLOT_LINE)
+    return make_batch(schema, labels.numpy(), dense.numpy(), bags), stats
+
+
+def _parse_slot_chunk_numpy(
+    data: bytes, schema: FeatureSchema, source: str = "<bytes>", first_line: int = 1
+) -> tuple[Batch, ParseStats]:
+    """The reference parser, in numpy: what :func:`parse_slot_chunk` (compiled) must give,
+    field for field and count for count. Only the tests and tests/fuzz/fuzz_slot.py call it.
 
     Args:
         data: whole lines (a missing final newline is tolerated).
@@ -110,7 +144,7 @@ def parse_slot_chunk(
         colon < ends - 1
     )  # the token's first ':' after a name, before a value
     # feature ids: 0 label, 1..D dense, D+1..D+S sparse, -1 a name the schema lacks
-    names = [schema.label, *(d.name for d in schema.dense), *(s.name for s in schema.sparse)]
+    names = _feature_names(schema)
     name_keys = np.array([string_key(n) for n in names], dtype=np.int64)
     order = np.argsort(name_keys)
     tok_keys = hash_ranges(buf, starts, np.where(well, colon - starts, 0))

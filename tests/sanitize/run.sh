@@ -11,7 +11,8 @@
 # spawned server).
 #
 #   tests/sanitize/run.sh [pytest args]   default: tests/embedding_store tests/sampler
-#       tests/trainer/test_data.py tests/trainer/test_line_parser.py (no CUDA)
+#       tests/trainer/test_data.py tests/trainer/test_line_parser.py
+#       tests/trainer/test_slot_parser.py (no CUDA)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -23,7 +24,7 @@ args=("$@")
 # The CUDA build test is left out: it runs nvcc and the host compiler, which the preloaded
 # ASan runtime breaks.
 [ ${#args[@]} -gt 0 ] || args=(tests/embedding_store tests/sampler
-  tests/trainer/test_data.py tests/trainer/test_line_parser.py
+  tests/trainer/test_data.py tests/trainer/test_line_parser.py tests/trainer/test_slot_parser.py
   "--ignore=tests/embedding_store/test_cuda_build.py"
   "--ignore=tests/embedding_store/test_cuda_race.py")
 

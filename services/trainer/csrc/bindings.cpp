@@ -1,12 +1,18 @@
 // The one binding file of streamrec.trainer._C, and the only one that sees torch: it
-// allocates the parser's outputs and runs the parse (ops.h) without the GIL, reading the
+// allocates the parsers' outputs and runs each parse (ops.h) without the GIL, reading the
 // caller's buffer in place (no copy of the chunk).
 
-// torch's Tensor, its pybind11 casters and at::empty, not <torch/extension.h> (its C++
-// frontend doubles the compile time; see csrc/cpu/bindings.cpp of the store).
+// torch's Tensor, its pybind11 casters, at::empty and at::from_blob, not <torch/extension.h>
+// (its C++ frontend doubles the compile time; see csrc/cpu/bindings.cpp of the store).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ops.h"
 
@@ -75,14 +81,61 @@ py::tuple parse_lines_py(const py::object& data, bool generated, int64_t num_slo
                         c.first_bad_fields, c.first_bad_value);
 }
 
+// A (n,) int64 tensor owning v's buffer (no copy).
+at::Tensor long_tensor(std::vector<int64_t>&& v) {
+  const auto n = static_cast<int64_t>(v.size());
+  if (n == 0) return at::empty({0}, at::dtype(at::kLong));
+  auto* owner = new std::vector<int64_t>(std::move(v));
+  return at::from_blob(
+      owner->data(), {n}, [owner](void*) { delete owner; }, at::dtype(at::kLong));
+}
+
+py::tuple parse_slot_py(const py::object& data, const std::vector<std::string>& names,
+                        int64_t num_dense) {
+  const ByteView bytes(data);
+  at::Tensor labels, dense, offsets;
+  SlotColumns out{};
+  SlotCounts c;
+  std::vector<at::Tensor> keys;
+  {
+    const py::gil_scoped_release nogil;
+    const int64_t capacity = parse_capacity(bytes.data(), bytes.size(), 0);
+    // parse_slot refuses a bad num_dense; sized to at least 0 until then
+    const int64_t nd = std::max<int64_t>(num_dense, 0);
+    const int64_t ns = std::max<int64_t>(static_cast<int64_t>(names.size()) - 1 - nd, 0);
+    labels = at::empty({capacity}, at::dtype(at::kFloat));
+    dense = at::empty({capacity, nd}, at::dtype(at::kFloat));
+    offsets = at::empty({ns, capacity + 1}, at::dtype(at::kLong));
+    out.capacity = capacity;
+    out.labels = labels.data_ptr<float>();
+    out.dense = dense.data_ptr<float>();
+    out.offsets = offsets.data_ptr<int64_t>();
+    c = parse_slot(bytes.data(), bytes.size(), names, num_dense, out);
+    for (auto& k : out.keys) keys.push_back(long_tensor(std::move(k)));
+  }
+  py::list key_list, offset_list;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    key_list.append(keys[k]);
+    offset_list.append(offsets[static_cast<int64_t>(k)].narrow(0, 0, c.rows + 1));
+  }
+  return py::make_tuple(labels.narrow(0, 0, c.rows), dense.narrow(0, 0, c.rows), key_list,
+                        offset_list, c.lines, c.malformed, c.first_bad);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "StreamRec trainer CPU ops (the Criteo / generated text line parser)";
+  m.doc() = "StreamRec trainer CPU ops (the Criteo / generated line parser, the slot parser)";
   m.def("parse_lines", &parse_lines_py,
         "whole tab-separated lines -> (dense (n, 13) float32 max(int, 0) before log1p, "
         "labels (n,) float32, keys (n, S) int64, present (n, S) bool or None, "
         "ptrue (n,) float32 or None, lines, malformed, first_bad_fields, first_bad_value); "
         "line indices 0-based, blank lines counted, -1: none",
         py::arg("data"), py::arg("generated"), py::arg("num_slots"));
+  m.def("parse_slot", &parse_slot_py,
+        "whole slot text lines -> (labels (n,) float32 0/1, dense (n, D) float32, "
+        "keys: S tensors (nnz_k,) int64, offsets: S tensors (n + 1,) int64, lines, malformed, "
+        "first_bad); names: the label's, the D dense, the S sparse features' names; "
+        "first_bad 0-based, blank lines counted, -1: none",
+        py::arg("data"), py::arg("names"), py::arg("num_dense"));
 }

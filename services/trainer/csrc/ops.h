@@ -1,4 +1,5 @@
-// The trainer's compiled operations (streamrec.trainer._C): the text line parser.
+// The trainer's compiled operations (streamrec.trainer._C): the text line parser, and the
+// slot text parser (parse_slot, at the end).
 //
 // One pass over a chunk of tab-separated lines (Criteo or the generator's format, see
 // streamrec/trainer/data.py), single-threaded on purpose: it runs on the trainer's prefetch
@@ -15,6 +16,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace streamrec::trainer {
 
@@ -56,5 +59,49 @@ int64_t parse_capacity(const uint8_t* data, int64_t nbytes, int64_t num_slots);
 //   num_slots:  S, categorical fields per line, >= 0
 LineCounts parse_lines(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots,
                        const LineOutputs& out);
+
+// --- parse_slot.cpp ---
+// PaddleRec slot text (streamrec/trainer/feature_data.py): one sample a line, `name:value`
+// tokens split by ' ', '\t' or '\r', a list feature repeating its name, in any order:
+//
+//     click:1 age:0.31 user_id:17 genres:5 genres:9
+//
+// The rules are those of feature_data.py's numpy reference (_parse_slot_chunk_numpy), byte
+// for byte: a line ends at '\n'; one without a token is blank (skipped, not counted, but
+// numbered). A token's name runs to its first ':', its value to the token's end; a name the
+// schema lacks is skipped. A line is malformed (counted, skipped) when a token has no ':', an
+// empty name or an empty value, or the label or a dense feature is missing, twice, or not a
+// number ('-', then digits with at most one '.', at most 19 bytes after the '-'). A sparse
+// value is a decimal int64 key ('-', digits, at most 19 bytes with the '-'), else a string
+// id: keyhash's string key (FNV-1a 64, then the SplitMix64 finalizer) of its bytes.
+
+// Where parse_slot writes: capacity rows (parse_capacity(data, nbytes, 0)), row r for the
+// r-th good line; the caller keeps the first `rows` (offsets: the first rows + 1 of each).
+struct SlotColumns {
+  int64_t capacity;
+  float* labels;     // (capacity,) float32: 1 where the label's value is > 0, else 0
+  float* dense;      // (capacity, D) float32: the values (read in float64, then rounded)
+  int64_t* offsets;  // (S, capacity + 1) int64: row r of feature k holds its keys
+                     // keys[k][offsets[k, r] : offsets[k, r + 1]]
+  // S vectors, filled by parse_slot: feature k's keys, row by row, each row's in line order
+  std::vector<std::vector<int64_t>> keys;  // S x (nnz_k,)
+};
+
+// What parse_slot counts.
+struct SlotCounts {
+  int64_t rows = 0;        // good lines, the rows written
+  int64_t lines = 0;       // non-blank lines
+  int64_t malformed = 0;   // of those, the ones skipped
+  int64_t first_bad = -1;  // 0-based index (blank lines counted) of the first malformed line
+  int64_t line = 0;        // lines seen, blank ones and an unterminated last one counted
+};
+
+// Parses `nbytes` bytes of whole lines (a missing final newline is allowed) into `out`;
+// `data` is only read.
+//
+//   names:      the label's, the D dense features', then the S sparse features' names
+//   num_dense:  D, in [0, names.size() - 1]; std::invalid_argument (ValueError) otherwise
+SlotCounts parse_slot(const uint8_t* data, int64_t nbytes, const std::vector<std::string>& names,
+                      int64_t num_dense, SlotColumns& out);
 
 }  // namespace streamrec::trainer
