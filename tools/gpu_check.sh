@@ -56,7 +56,10 @@ step() {
       python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target "$SITE" . \
         >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; } ;;
     build)
-      make cuda NVCC=nvcc >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; } ;;
+      make cuda NVCC=nvcc >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; }
+      # load() refuses a library whose runtime sees other than torch's devices (old driver)
+      python3 -c 'from streamrec.embedding_store import cuda_ext as c
+n = c.load().lib.streamrec_cuda_device_count(); print(f"the CUDA extension sees {n} GPU(s)")' ;;
     tests)
       # shellcheck disable=SC2086
       python3 -m pytest -q -p no:cacheprovider -m gpu $GPU_TESTS 2>&1 |

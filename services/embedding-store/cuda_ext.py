@@ -9,7 +9,9 @@ are in :mod:`~streamrec.embedding_store.cuda_lib` (re-exported here).
 Every method checks its tensors (device, dtype, contiguity, shape) and raises ``ValueError``
 naming the argument before any pointer reaches the library; runs under a device guard for the
 ops' device, on that device's current stream; and raises :class:`CudaOpError` (``IndexFull``,
-``RowsFull``) with the library's message.
+``RowsFull``) with the library's message. A kernel's error comes back through an error flag of
+the call's own (a new zeroed int32 per call): one instance serves every table of a device, from
+any thread, and no call can read, clear or trip on another's error.
 
 Example (on a GPU machine)::
 
@@ -48,6 +50,7 @@ from streamrec.embedding_store.cuda_lib import (
     TableParams,
     build,
     build_cpu,
+    check_devices,
     cpu_library_path,
     nvcc_command,
     open_library,
@@ -80,6 +83,7 @@ __all__ = [
     "Rule",
     "TableParams",
     "build",
+    "check_devices",
     "load",
     "load_cpu",
     "nvcc_command",
@@ -105,7 +109,9 @@ _LOADED: dict[str, CudaOps] = {}
 
 def load(device: str | torch.device | None = None, path: Path | None = None) -> CudaOps:
     """The CUDA ops on a GPU (device: ``"cuda"``/``"cuda:N"``, default the current one);
-    TierUnavailable where there is none. One instance (and one error flag) per device."""
+    TierUnavailable where there is none, or where the library's CUDA runtime sees fewer
+    devices than torch (a driver older than it needs: :func:`check_devices`). One instance
+    per device."""
     reason = _no_gpu_reason()
     if reason is not None:
         raise TierUnavailable(
@@ -120,7 +126,9 @@ def load(device: str | torch.device | None = None, path: Path | None = None) -> 
         dev = torch.device("cuda", torch.cuda.current_device())
     key = f"{dev}:{path}"
     if key not in _LOADED:
-        _LOADED[key] = CudaOps(open_library(path), dev)
+        lib = open_library(path)
+        check_devices(lib, torch.cuda.device_count())
+        _LOADED[key] = CudaOps(lib, dev)
     return _LOADED[key]
 
 
@@ -159,7 +167,6 @@ class CudaOps:
                 f"the {'CPU' if cpu_build else 'CUDA'} build of the library cannot run on {device}"
             )
         self.device = device
-        self._flag = torch.zeros(1, dtype=torch.int32, device=device)  # this device's
 
     # -- plumbing ----------------------------------------------------------------------------
     def _guard(self) -> contextlib.AbstractContextManager[Any]:
@@ -184,8 +191,12 @@ class CudaOps:
                 op, rc, message
             )
 
-    def _check_flag(self, op: str) -> None:
-        self._run(op, self.lib.streamrec_cuda_status, _ptr(self._flag))
+    def _flag(self) -> torch.Tensor:
+        """A call's own error flag, zeroed: never shared, so no other call reads or clears it."""
+        return self._zeros(1, self._torch.int32)
+
+    def _check_flag(self, op: str, flag: torch.Tensor) -> None:
+        self._run(op, self.lib.streamrec_cuda_status, _ptr(flag))
 
     def _empty(self, shape: tuple[int, ...] | int, dtype: Any) -> torch.Tensor:
         return self._torch.empty(shape, dtype=dtype, device=self.device)
@@ -302,15 +313,15 @@ class CudaOps:
         init = params is not None and table.has_values()
         if not init:
             rt.chunks = None
-        rows = self._torch.empty_like(keys)
-        nr = NewRows(_ptr(next_row), rt, None, _ptr(self._flag))
+        rows, flag = self._torch.empty_like(keys), self._flag()
+        nr = NewRows(_ptr(next_row), rt, None, _ptr(flag))
         pp = ctypes.byref(params) if init and params is not None else None
         self._run(
             op, self.lib.streamrec_cuda_find_or_insert, index, _ptr(keys), keys.numel(),
             _ptr(rows), nr, pp,
         )  # fmt: skip
         try:
-            self._check_flag(op)
+            self._check_flag(op, flag)
         except RowsFull:
             next_row.clamp_(max=table.rows)
             raise
@@ -324,11 +335,12 @@ class CudaOps:
         self._keys(op, vals, "vals")
         if vals.numel() != keys.numel():
             raise ValueError(f"{op}: vals has {vals.numel()} values for {keys.numel()} keys")
+        flag = self._flag()
         self._run(
             op, self.lib.streamrec_cuda_insert_or_assign, index, _ptr(keys), _ptr(vals),
-            keys.numel(), _ptr(self._flag),
+            keys.numel(), _ptr(flag),
         )  # fmt: skip
-        self._check_flag(op)
+        self._check_flag(op, flag)
 
     def erase(self, slots: torch.Tensor, keys: torch.Tensor) -> int:
         """Erases keys; returns how many were present. keys: (n,) int64."""
@@ -361,12 +373,12 @@ class CudaOps:
     def rebuild(self, slots: torch.Tensor, capacity: int) -> torch.Tensor:
         """A new index of capacity slots holding every live entry of slots (growth)."""
         src = self._slots("index_rebuild", slots)
-        dst = self._empty((capacity, 2), self._torch.int64)
+        dst, flag = self._empty((capacity, 2), self._torch.int64), self._flag()
         self._run(
             "index_rebuild", self.lib.streamrec_cuda_index_rebuild, src,
-            Index(dst.data_ptr(), capacity), _ptr(self._flag),
+            Index(dst.data_ptr(), capacity), _ptr(flag),
         )  # fmt: skip
-        self._check_flag("index_rebuild")
+        self._check_flag("index_rebuild", flag)
         return dst
 
     # -- rows (data: a chunked device_rows.RowChunks or one (R, stride) float32 matrix) ----
@@ -406,12 +418,12 @@ class CudaOps:
         """Weights of rows (n,) int64, zeros where < 0 -> (n, dim) float32."""
         table = self._table("gather", data, p)
         self._keys("gather", rows, "rows")
-        out = self._empty((rows.numel(), p.dim), self._torch.float32)
+        out, flag = self._empty((rows.numel(), p.dim), self._torch.float32), self._flag()
         self._run(
             "gather", self.lib.streamrec_cuda_gather, table.struct(), _ptr(rows), rows.numel(),
-            _ptr(out), _ptr(self._flag), ctypes.byref(p),
+            _ptr(out), _ptr(flag), ctypes.byref(p),
         )  # fmt: skip
-        self._check_flag("gather")
+        self._check_flag("gather", flag)
         return out
 
     def gather_pooled(
@@ -428,12 +440,12 @@ class CudaOps:
         self._keys(op, rows, "rows")
         self._keys(op, offsets, "offsets")
         bags = offsets.numel() - 1
-        out = self._empty((max(bags, 0), p.dim), self._torch.float32)
+        out, flag = self._empty((max(bags, 0), p.dim), self._torch.float32), self._flag()
         self._run(
             op, self.lib.streamrec_cuda_gather_pooled, table.struct(), _ptr(rows), _ptr(offsets),
-            bags, int(mean), _ptr(out), _ptr(self._flag), ctypes.byref(p),
+            bags, int(mean), _ptr(out), _ptr(flag), ctypes.byref(p),
         )  # fmt: skip
-        self._check_flag(op)
+        self._check_flag(op, flag)
         return out
 
     def read_rows(
@@ -460,11 +472,12 @@ class CudaOps:
             out_keys is not None and out_keys.numel() != rows.numel()
         ):
             raise ValueError(f"{op}: out and out_keys must have {rows.numel()} rows")
+        flag = self._flag()
         self._run(
             op, self.lib.streamrec_cuda_read_rows, table.struct(), _ptr(rows), rows.numel(), col,
-            cols, _ptr(out), _ptr(out_keys), _ptr(self._flag), ctypes.byref(p),
+            cols, _ptr(out), _ptr(out_keys), _ptr(flag), ctypes.byref(p),
         )  # fmt: skip
-        self._check_flag(op)
+        self._check_flag(op, flag)
         return out
 
     def write_rows(
@@ -486,11 +499,12 @@ class CudaOps:
             self._keys(op, keys, "keys")
         if values.shape[0] != rows.numel() or (keys is not None and keys.numel() != rows.numel()):
             raise ValueError(f"{op}: values and keys must have {rows.numel()} rows")
+        flag = self._flag()
         self._run(
             op, self.lib.streamrec_cuda_write_rows, table.struct(), _ptr(rows), rows.numel(),
-            col, values.shape[1], _ptr(values), _ptr(keys), _ptr(self._flag), ctypes.byref(p),
+            col, values.shape[1], _ptr(values), _ptr(keys), _ptr(flag), ctypes.byref(p),
         )  # fmt: skip
-        self._check_flag(op)
+        self._check_flag(op, flag)
 
     def update(
         self,
@@ -517,19 +531,19 @@ class CudaOps:
         self._check(op, "clicks", clicks, f32, 1)
         if grads.shape[0] != n or shows.numel() != n or clicks.numel() != n:
             raise ValueError(f"{op}: grads, shows and clicks must have {n} rows, one per position")
-        expanded = self._zeros(1, self._torch.int64)
-        scratch = self._empty(
-            int(self.lib.streamrec_cuda_update_scratch_bytes(n, p.dim)), self._torch.uint8
-        )
+        expanded, flag = self._zeros(1, self._torch.int64), self._flag()
+        with self._guard():  # CUB's size query would make a context on the current device
+            scratch_bytes = int(self.lib.streamrec_cuda_update_scratch_bytes(n, p.dim))
+        scratch = self._empty(scratch_bytes, self._torch.uint8)
         push = Push(
             table.struct(), _ptr(rows), _ptr(grads), _ptr(shows), _ptr(clicks), n,
-            _ptr(expanded), _ptr(self._flag),
+            _ptr(expanded), _ptr(flag),
         )  # fmt: skip
         self._run(
             op, self.lib.streamrec_cuda_update, push, _ptr(scratch), scratch.numel(),
             ctypes.byref(p),
         )  # fmt: skip
-        self._check_flag(op)
+        self._check_flag(op, flag)
         return int(expanded.item())
 
     # -- day, shrink, save selection, dirty marks --------------------------------------------
@@ -544,26 +558,15 @@ class CudaOps:
 
     def advance_day(self, data: torch.Tensor | RowChunks, size: int, p: TableParams) -> None:
         table = self._rows_in_use("advance_day", data, size, p)
-        self._run(
-            "advance_day",
-            self.lib.streamrec_cuda_advance_day,
-            table.struct(),
-            size,
-            ctypes.byref(p),
-        )
+        fn = self.lib.streamrec_cuda_advance_day
+        self._run("advance_day", fn, table.struct(), size, ctypes.byref(p))
 
     def shrink(self, data: torch.Tensor | RowChunks, size: int, p: TableParams) -> torch.Tensor:
         """Decays show/click of rows [0, size); the keep mask (size,) bool."""
         table = self._rows_in_use("shrink", data, size, p)
         keep = self._empty(size, self._torch.uint8)
-        self._run(
-            "shrink",
-            self.lib.streamrec_cuda_shrink,
-            table.struct(),
-            size,
-            _ptr(keep),
-            ctypes.byref(p),
-        )
+        fn = self.lib.streamrec_cuda_shrink
+        self._run("shrink", fn, table.struct(), size, _ptr(keep), ctypes.byref(p))
         return keep.bool()
 
     def select_rows(
@@ -580,13 +583,8 @@ class CudaOps:
 
     def clear_dirty(self, data: torch.Tensor | RowChunks, size: int, p: TableParams) -> None:
         table = self._rows_in_use("clear_dirty", data, size, p)
-        self._run(
-            "clear_dirty",
-            self.lib.streamrec_cuda_clear_dirty,
-            table.struct(),
-            size,
-            ctypes.byref(p),
-        )
+        fn = self.lib.streamrec_cuda_clear_dirty
+        self._run("clear_dirty", fn, table.struct(), size, ctypes.byref(p))
 
     def mark_dirty(
         self, data: torch.Tensor | RowChunks, rows: torch.Tensor, p: TableParams

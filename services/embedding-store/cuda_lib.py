@@ -26,7 +26,7 @@ from streamrec.embedding_store.errors import EmbeddingStoreError, TierUnavailabl
 from streamrec.embedding_store.tier import TABLE_SCALARS
 
 #: the C API version this loader binds (streamrec_cuda_api_version)
-API_VERSION = 4
+API_VERSION = 5
 #: the sources and the header
 CUDA_DIR = Path(__file__).resolve().parent / "csrc" / "cuda"
 #: the row math both builds (and the CPU core) include
@@ -101,7 +101,22 @@ class RowsFull(CudaOpError):
 
 
 # ---- the header's structs ----
-class Rule(ctypes.Structure):
+class _Struct(ctypes.Structure):
+    """A C struct whose keyword arguments must name its fields: plain ctypes sets any other
+    name as a Python attribute the library never sees (a renamed field passed silently)."""
+
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        names = [f[0] for f in self._fields_]
+        unknown = sorted(set(fields) - set(names))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} has no field {', '.join(unknown)}; "
+                f"its fields: {', '.join(names)}"
+            )
+        super().__init__(*args, **fields)
+
+
+class Rule(_Struct):
     """StreamrecRule."""
 
     _fields_ = [
@@ -116,13 +131,13 @@ class Rule(ctypes.Structure):
     ]
 
 
-class Init(ctypes.Structure):
+class Init(_Struct):
     """StreamrecInit."""
 
     _fields_ = [("kind", ctypes.c_int64), ("a", ctypes.c_double), ("b", ctypes.c_double)]
 
 
-class TableParams(ctypes.Structure):
+class TableParams(_Struct):
     """StreamrecTableParams: a finalized ``_C.TableParams`` copied field by field."""
 
     _fields_ = [
@@ -156,13 +171,13 @@ class TableParams(ctypes.Structure):
         return out
 
 
-class Index(ctypes.Structure):
+class Index(_Struct):
     """StreamrecIndex: slots (capacity, 2) int64 device."""
 
     _fields_ = [("slots", ctypes.c_void_p), ("capacity", ctypes.c_int64)]
 
 
-class Rows(ctypes.Structure):
+class Rows(_Struct):
     """StreamrecRows: a table's rows in chunks of ``2**shift`` rows (device pointer arrays)."""
 
     _fields_ = [
@@ -173,7 +188,7 @@ class Rows(ctypes.Structure):
     ]
 
 
-class NewRows(ctypes.Structure):
+class NewRows(_Struct):
     """StreamrecNewRows."""
 
     _fields_ = [
@@ -184,7 +199,7 @@ class NewRows(ctypes.Structure):
     ]
 
 
-class Push(ctypes.Structure):
+class Push(_Struct):
     """StreamrecPush."""
 
     _fields_ = [
@@ -207,6 +222,8 @@ BINDINGS: dict[str, tuple[Any, list[Any]]] = {
     "streamrec_cuda_last_error": (ctypes.c_char_p, []),
     "streamrec_cuda_api_version": (_INT, []),
     "streamrec_cuda_device_count": (_INT, []),
+    "streamrec_cuda_driver_version": (_INT, []),
+    "streamrec_cuda_runtime_version": (_INT, []),
     "streamrec_cuda_cpu_device": (_INT, []),
     "streamrec_cuda_status": (_INT, [_P, _P]),
     "streamrec_cuda_index_init": (_INT, [Index, _P]),
@@ -324,6 +341,30 @@ def build_cpu(out: Path | None = None, extra: tuple[str, ...] = (), force: bool 
     if force or _stale(out):
         _compile(cpu_command(Path("{out}"), extra), out, "the CPU build (g++)")
     return out
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def check_devices(lib: ctypes.CDLL, torch_devices: int) -> None:
+    """Refuses (TierUnavailable) a library whose own CUDA runtime sees other than torch's
+    ``torch_devices`` devices: nvcc links CUDA's runtime into it statically (CUDA 13's needs
+    a driver of r580 or newer), so on an older driver than that it sees none, where torch (its
+    own runtime) may see them all, and every op would fail later with ERR_CUDA."""
+    seen = int(lib.streamrec_cuda_device_count())
+    if seen == torch_devices:
+        return
+    runtime = int(lib.streamrec_cuda_runtime_version())
+    driver = int(lib.streamrec_cuda_driver_version())
+    linked = f"CUDA {_cuda_version(runtime)}'s runtime" if runtime else "no CUDA runtime"
+    need = "r580 or newer" if runtime == 0 or runtime >= 13000 else "supporting it"
+    found = f"this one supports CUDA {_cuda_version(driver)}" if driver else "none answered"
+    raise TierUnavailable(
+        f"the CUDA extension sees {seen} CUDA device(s), torch sees {torch_devices}: it links "
+        f"{linked} statically, which needs an NVIDIA driver {need}; {found}. Upgrade the "
+        "driver (nvidia-smi shows its version)"
+    )
 
 
 def open_library(path: Path | None = None, build_missing: bool = True) -> ctypes.CDLL:

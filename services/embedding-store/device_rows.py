@@ -151,7 +151,8 @@ class RowChunks:
         if m == 0:
             return
         c = min(self.chunk_rows, m)
-        scratch = torch.empty((c, self.stride), dtype=torch.float32, device=self.device)
+        # the row's width columns: padding (stride - width) is never read nor written
+        scratch = torch.empty((c, p.width), dtype=torch.float32, device=self.device)
         scratch_keys = torch.empty(c, dtype=torch.int64, device=self.device)
         dest = torch.arange(c, dtype=torch.int64, device=self.device)
         for b in range(0, m, c):  # m / chunk_rows blocks: not a per-row loop
@@ -159,7 +160,7 @@ class RowChunks:
             src = idx[b : b + k]
             if bool(src[-1] == b + k - 1):
                 continue  # idx[j] >= j: the block's rows are already in place
-            ops.read_rows(self, src, 0, self.stride, p, scratch[:k], scratch_keys[:k])
+            ops.read_rows(self, src, 0, p.width, p, scratch[:k], scratch_keys[:k])
             ops.write_rows(self, dest[:k] + b, 0, scratch[:k], p, scratch_keys[:k])
 
 

@@ -19,9 +19,22 @@ build one per table; where there is no CUDA GPU that raises ``TierUnavailable`` 
 tests' "CPU device": every tensor a CPU tensor, every kernel body on CPU threads).
 :meth:`DeviceTable.pull_resident` hands the weights over as CUDA tensors (the store's ``pull(...,
 device=self.device)``, for a trainer on the same GPU): no copy through host memory.
+
+Streams: a CUDA table runs every op on a stream of its own (:meth:`DeviceTable.ordered`), so
+its ops run in call order whichever thread (with its own current stream) calls, even where an
+op leaves work queued when the table's lock is released (``advance_day``, ``clear_dirty``,
+``mark_dirty``, ``reset``). The table's stream first waits for the caller's (the inputs it
+wrote), and the caller's for the table's at the end (the results); the table's tensors are
+allocated on its stream, so only what crosses streams is recorded on the other one
+(``record_stream``): inputs already on the GPU, and the weights :meth:`pull_resident` returns.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Concatenate, ParamSpec, TypeVar
 
 import streamrec.embedding_store._C as _C
 import torch
@@ -31,6 +44,22 @@ from streamrec.embedding_store.device_staging import Staging
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _ordered(
+    method: Callable[Concatenate[DeviceTable, _P], _R],
+) -> Callable[Concatenate[DeviceTable, _P], _R]:
+    """The method runs on the table's stream (:meth:`DeviceTable.ordered`)."""
+
+    @functools.wraps(method)
+    def run(self: DeviceTable, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self.ordered():
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class DeviceTable(TableTier):
@@ -75,22 +104,45 @@ class DeviceTable(TableTier):
         if capacity is not None:
             rows = max(MIN_ROWS, min(rows, capacity))
         self._init_rows = rows
+        #: every op's stream (None on the CPU build: calls finish when they return)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if chunk_rows is None:
             shift = chunk_shift(rows, self._stride)
         elif chunk_rows >= 1 and chunk_rows & (chunk_rows - 1) == 0:
             shift = chunk_rows.bit_length() - 1
         else:
             raise InvalidInput(f"chunk_rows must be a power of two, got {chunk_rows}")
-        self._rows = RowChunks(self._stride, shift, self.device)
-        self._rows.reserve(rows)
-        self._slots = self._ops.index_new(index_slots(rows))
-        self._next = torch.zeros(1, dtype=torch.int64, device=self.device)  # the next row id
+        with self.ordered():  # the table's tensors allocated on its stream
+            self._rows = RowChunks(self._stride, shift, self.device)
+            self._rows.reserve(rows)
+            self._slots = self._ops.index_new(index_slots(rows))
+            self._next = torch.zeros(1, dtype=torch.int64, device=self.device)  # next row id
+            self._misses = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._size = 0
-        self._misses = torch.zeros(1, dtype=torch.int64, device=self.device)
         #: host inputs go to the GPU through pinned buffers reused between steps
         self.staging = Staging(self.device)
         #: where :meth:`pull_resident` returns the weights
         self.resident_device = self.device
+
+    # -- ordering ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def ordered(self) -> Iterator[None]:
+        """The table's stream current inside, after the caller's stream's work so far; the
+        caller's stream waits for what was queued inside (on leaving, even by an error). One
+        stream for every op of the table: each runs after the one before, whichever thread's
+        stream called it (the store's table lock orders the calls; this orders the GPU work).
+        Nothing on the CPU build."""
+        stream = self._stream
+        if stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(stream):
+                yield
+        finally:
+            caller.wait_stream(stream)
 
     # -- growth and creation ------------------------------------------------------------
     def _reserve(self, extra: int) -> None:
@@ -106,20 +158,26 @@ class DeviceTable(TableTier):
         values); the count created. Refuses (nothing written) past ``capacity``.
 
         Host syncs: the miss count (one int64), and only where keys are new the count of
-        distinct new keys and the insert's error flag.
+        distinct new keys and the insert's error flag. Only the missed positions are probed
+        again (by the insert).
         """
         self._misses.zero_()
         rows = self._ops.find(self._slots, keys, self._misses)
         if int(self._misses.item()) == 0:
             return rows, 0
-        distinct = int(torch.unique(keys[rows < 0]).numel())
+        missed = rows < 0
+        absent = keys[missed]
+        distinct = int(torch.unique(absent).numel())
         if self.capacity is not None and self._size + distinct > self.capacity:
             raise CapacityExceeded(
                 f"table {self.options.name!r}: {why} {distinct} new rows would exceed "
                 f"capacity {self.capacity} (holds {self._size})"
             )
         self._reserve(distinct)
-        rows = self._ops.find_or_insert(self._slots, keys, self._next, self._rows, None, self._gp)
+        created = self._ops.find_or_insert(
+            self._slots, absent, self._next, self._rows, None, self._gp
+        )
+        rows.masked_scatter_(missed, created)  # in position order, as keys[missed]
         # calls on a table are serialised: exactly the distinct absent keys were created
         self._size += distinct
         return rows, distinct
@@ -143,23 +201,35 @@ class DeviceTable(TableTier):
         there; from the host through the pinned buffer ``name`` (a step's inputs), or a plain
         copy (unnamed: loads and inspection, off the hot path)."""
         if name:
-            return self.staging.to_device(name, t, dtype)
-        return t.to(device=self.device, dtype=dtype).contiguous()
+            out = self.staging.to_device(name, t, dtype)
+        else:
+            out = t.to(device=self.device, dtype=dtype).contiguous()
+        if self._stream is not None and t.device == self.device:
+            out.record_stream(self._stream)  # the caller's tensor, read on the table's stream
+        return out
 
     # -- the tier interface ---------------------------------------------------------------
     def pull_resident(self, keys: torch.Tensor, create: bool) -> torch.Tensor:
-        """Weights (n, dim) float32 of keys (n,) int64 (CPU or cuda), left on the device."""
-        kd = self._cuda(keys, torch.int64, "keys")
-        if create:
-            rows, created = self._find_or_create(kd, "creating")
-            self.counters["rows_created"] += created
-        else:
-            rows = self._ops.find(self._slots, kd)
-        return self._ops.gather(self._rows, rows, self._gp)
+        """Weights (n, dim) float32 of keys (n,) int64 (CPU or cuda), left on the device
+        (ready on the caller's current stream)."""
+        caller = torch.cuda.current_stream(self.device) if self._stream is not None else None
+        with self.ordered():
+            kd = self._cuda(keys, torch.int64, "keys")
+            if create:
+                rows, created = self._find_or_create(kd, "creating")
+                self.counters["rows_created"] += created
+            else:
+                rows = self._ops.find(self._slots, kd)
+            out = self._ops.gather(self._rows, rows, self._gp)
+        if caller is not None:
+            out.record_stream(caller)  # freed by the caller: reused after its stream's reads
+        return out
 
+    @_ordered
     def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
         return self.pull_resident(keys, create).cpu()
 
+    @_ordered
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> bool:
@@ -179,14 +249,17 @@ class DeviceTable(TableTier):
     def size(self) -> int:
         return self._size
 
+    @_ordered
     def inspect(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
         rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
         full = self._ops.read_rows(self._rows, rows.clamp(min=0), 0, self.width, self._gp).cpu()
         return self._stats_of(rows.cpu(), full)
 
+    @_ordered
     def advance_day(self) -> None:
         self._ops.advance_day(self._rows, self._size, self._gp)
 
+    @_ordered
     def shrink(self) -> int:
         keep = self._ops.shrink(self._rows, self._size, self._gp)
         idx = keep.nonzero().squeeze(1)
@@ -196,6 +269,7 @@ class DeviceTable(TableTier):
         self.counters["rows_deleted"] += deleted
         return deleted
 
+    @_ordered
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
         mask = self._ops.select_rows(self._rows, self._size, select, self._gp)
         idx = mask.nonzero().squeeze(1)
@@ -203,9 +277,11 @@ class DeviceTable(TableTier):
         rows = self._ops.read_rows(self._rows, idx, 0, self.width, self._gp, out_keys=keys)
         return keys.cpu(), rows.cpu()
 
+    @_ordered
     def clear_dirty(self) -> None:
         self._ops.clear_dirty(self._rows, self._size, self._gp)
 
+    @_ordered
     def import_rows(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
         if rows.dim() != 2 or rows.shape[1] != self.width or rows.shape[0] != keys.numel():
             raise InvalidInput(
@@ -215,6 +291,7 @@ class DeviceTable(TableTier):
         where, _ = self._find_or_create(self._cuda(keys, torch.int64), "loading")
         self._ops.write_rows(self._rows, where, 0, self._cuda(rows, torch.float32), self._gp)
 
+    @_ordered
     def import_weights(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if values.dim() != 2 or values.shape != (keys.numel(), self.dim):
             raise InvalidInput(
@@ -229,10 +306,12 @@ class DeviceTable(TableTier):
         flags |= expanded[:, None]
         self._ops.write_rows(self._rows, rows, _C.FLAGS, flags.to(torch.float32), self._gp)
 
+    @_ordered
     def mark_dirty(self, keys: torch.Tensor) -> None:
         rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
         self._ops.mark_dirty(self._rows, rows, self._gp)  # absent (-1) skipped
 
+    @_ordered
     def reset(self) -> None:
         self._size = 0
         self._rows.release_from(self._init_rows)
@@ -246,6 +325,7 @@ class DeviceTable(TableTier):
         """The chunked rows (for inspection: their chunk tensors, bytes and R)."""
         return self._rows
 
+    @_ordered
     def close(self) -> None:
         self._size = 0
         self._rows.clear()

@@ -135,6 +135,17 @@ def test_library_binds_and_checks_arguments_without_a_gpu(
     assert lib.streamrec_cuda_api_version() == cuda_ext.API_VERSION
     if not torch.cuda.is_available():
         assert lib.streamrec_cuda_device_count() == 0
+    # load() checks the library's own runtime sees torch's devices: a driver older than its
+    # statically linked runtime needs (CUDA 13: r580) makes it see fewer, refused by name
+    runtime = lib.streamrec_cuda_runtime_version()
+    assert runtime == 0 if build == "cpu" else runtime >= 13000
+    seen = lib.streamrec_cuda_device_count()
+    cuda_ext.check_devices(lib, seen)
+    with pytest.raises(
+        TierUnavailable,
+        match=rf"sees {seen} CUDA device\(s\), torch sees {seen + 1}: .* driver r580 or newer",
+    ):
+        cuda_ext.check_devices(lib, seen + 1)
     # argument checks run before any CUDA call: no device needed
     bad = cuda_ext.Index(None, 3)
     rc = lib.streamrec_cuda_find(bad, None, 0, None, None, None)

@@ -185,6 +185,7 @@ def test_checkpoints_round_trip_between_the_device_and_host_tiers(tmp_path: Any)
         torch.testing.assert_close(s.pull("t", keys, create=False), host.pull("t", keys, False))
 
 
+@pytest.mark.gpu
 @needs_gpu
 def test_a_device_table_checks_and_applies_gpu_gradients_on_the_gpu(monkeypatch) -> None:
     """Gradients already on the table's GPU are checked there (not by the host's C++ check,
@@ -211,3 +212,36 @@ def test_a_device_table_checks_and_applies_gpu_gradients_on_the_gpu(monkeypatch)
     bad[7, 3] = float("nan")
     with pytest.raises(NonFiniteGradient, match=f"first key {int(keys[7])}"):
         on_gpu.push("t", keys, bad)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_tables_ops_run_in_call_order_whichever_stream_calls() -> None:
+    """Two callers with streams of their own (as two threads' current streams): the first
+    queues a long kernel, then the day advance and the dirty marks cleared, and returns (the
+    table's lock released with that work still queued); the second pushes at once from its
+    idle stream. The push runs after them (unseen_days 0 after it, its rows dirty), as on the
+    host tier."""
+    host, table = tables("cuda")
+    keys = keys_of(2048, 1500, seed=21)
+    g = torch.Generator().manual_seed(22)
+    grads = torch.randn((keys.numel(), 8), generator=g) * 0.1
+    shows = torch.rand(keys.numel(), generator=g)
+    for t in (host, table):
+        t.pull(keys, True)
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(first):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time ahead of the table's work
+        table.advance_day()
+        table.clear_dirty()
+    with torch.cuda.stream(second):
+        assert table.push(keys[:1000], grads[:1000], shows[:1000], shows[:1000] * 0.5)
+        pulled = table.pull_resident(keys, False)
+    host.advance_day()
+    host.clear_dirty()
+    host.push(keys[:1000], grads[:1000], shows[:1000], shows[:1000] * 0.5)
+    with torch.cuda.stream(second):  # the pulled weights are ready on the caller's stream
+        torch.testing.assert_close(pulled.cpu(), host.pull(keys, False), **TOL)
+    same_contents(host, table)
+    delta = [t.export(SELECT_DELTA)[0].sort().values for t in (host, table)]
+    assert torch.equal(delta[0], delta[1])

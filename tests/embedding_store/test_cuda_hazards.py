@@ -5,6 +5,7 @@ arguments the kernels would misread, the update's scratch, and the device guard.
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Any
 
 import pytest
@@ -184,10 +185,75 @@ def test_update_takes_its_scratch_from_the_caller(ops: cuda_ext.CudaOps) -> None
     small, large = (lib.streamrec_cuda_update_scratch_bytes(n, 8) for n in (10, 100_000))
     assert 0 < small < large
     _, gp = params()
-    push = cuda_ext.Push(n=10, R=1, flag=1, data=1, row_keys=1, rows=1, grads=1, shows=1, clicks=1)
+    table = cuda_ext.Rows(chunks=1, key_chunks=1, shift=0, R=1)
+    push = cuda_ext.Push(table=table, n=10, flag=1, rows=1, grads=1, shows=1, clicks=1)
     rc = lib.streamrec_cuda_update(push, 1, small - 1, ctypes.byref(gp), None)
     assert rc == cuda_ext.ERR_ARGUMENT
     assert b"update: scratch must hold" in lib.streamrec_cuda_last_error()
+    # a field the struct has not is refused (plain ctypes would keep it as an attribute)
+    with pytest.raises(TypeError, match="Push has no field R, data; its fields: table, rows"):
+        cuda_ext.Push(n=10, R=1, data=1)
+
+
+@pytest.mark.timeout(300)
+def test_each_call_raises_only_its_own_kernel_error_under_concurrency(
+    ops: cuda_ext.CudaOps,
+) -> None:
+    """One CudaOps serves every table of a device, and ctypes lets two threads into the
+    library at once. Thread A gathers a row outside its table (ERR_ROW_OUTSIDE) over and over
+    while thread B pushes through the same ops: A raises that error every time, B never, and
+    B's every push lands (the rows the same pushes give one after another)."""
+    p, gp = params()
+    n_rows, rounds = 256, 60
+    keys = distinct_keys(n_rows, seed=11)
+    start = torch.zeros((n_rows, p.width))
+    _C.init_rows(start, keys, 0, n_rows, p)
+    g = torch.Generator().manual_seed(12)
+    rows = torch.randint(0, n_rows, (20_000,), generator=g)
+    grads = torch.randn((rows.numel(), 8), generator=g) * 1e-2
+    shows = torch.rand(rows.numel(), generator=g)
+    args = [on(ops, t) for t in (keys, rows, grads, shows, shows * 0.5)]
+    want = on(ops, start)
+    for _ in range(rounds):  # the same pushes one after another: what B must end with
+        ops.update(want, *args, gp)
+    a_table = torch.zeros((8, gp.width), device=ops.device)
+    a_rows = torch.tensor([0, 3, 8, 1], device=ops.device)  # row 8 is outside A's 8 rows
+    got, problems, b_done = on(ops, start), [], threading.Event()
+    gate = threading.Barrier(2, timeout=60)
+    a_calls = 0
+
+    def thread_a() -> None:
+        nonlocal a_calls
+        gate.wait()
+        while not b_done.is_set() or a_calls < rounds:
+            a_calls += 1
+            try:
+                ops.gather(a_table, a_rows, gp)
+                problems.append("A: a gather outside the table returned without its error")
+            except cuda_ext.CudaOpError as exc:
+                if exc.rc != cuda_ext.ERR_ROW_OUTSIDE:
+                    problems.append(f"A: {exc}")
+
+    def thread_b() -> None:
+        gate.wait()
+        try:
+            for _ in range(rounds):
+                try:
+                    ops.update(got, *args, gp)
+                except cuda_ext.CudaOpError as exc:
+                    problems.append(f"B: {exc}")
+        finally:
+            b_done.set()
+
+    threads = [threading.Thread(target=f) for f in (thread_a, thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in threads)
+    assert problems == [], problems[:5]
+    assert a_calls >= rounds
+    assert torch.equal(got.cpu(), want.cpu())  # no push dropped
 
 
 @pytest.mark.skipif(

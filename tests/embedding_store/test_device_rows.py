@@ -119,7 +119,8 @@ def test_shrink_compacts_across_chunk_borders_as_the_host_tier(device: str) -> N
 @pytest.mark.gpu
 @pytest.mark.parametrize("keep_fraction", [0.0, 0.1, 0.5, 0.97, 1.0])
 def test_compact_equals_the_numpy_reference(device: str, keep_fraction: float) -> None:
-    """RowChunks.compact against numpy's fancy indexing, bit for bit, chunks of 8 rows."""
+    """RowChunks.compact against numpy's fancy indexing, bit for bit, chunks of 8 rows; the
+    padding columns (past the width) are neither read nor written: each row keeps its own."""
     ops = cuda_ext.load_cpu() if device == "cpu" else cuda_ext.load(device)
     gp = _params()
     rows = RowChunks(gp.stride, 3, ops.device)
@@ -136,8 +137,10 @@ def test_compact_equals_the_numpy_reference(device: str, keep_fraction: float) -
     rows.compact(ops, idx.to(ops.device), gp)
     m = idx.numel()
     out_keys = torch.empty(m, dtype=torch.int64, device=ops.device)
-    got = ops.read_rows(rows, every[:m], 0, gp.stride, gp, out_keys=out_keys).cpu()
-    assert np.array_equal(got.numpy(), values.numpy()[idx.numpy()])
+    got = ops.read_rows(rows, every[:m], 0, gp.stride, gp, out_keys=out_keys).cpu().numpy()
+    assert gp.stride > gp.width  # padded rows
+    assert np.array_equal(got[:, : gp.width], values.numpy()[idx.numpy(), : gp.width])
+    assert np.array_equal(got[:, gp.width :], values.numpy()[:m, gp.width :])
     assert np.array_equal(out_keys.cpu().numpy(), keys.numpy()[idx.numpy()])
 
 

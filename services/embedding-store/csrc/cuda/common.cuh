@@ -49,6 +49,10 @@ int read_back(void* host, const void* device, size_t bytes, cudaStream_t stream,
 int launched(const char* op);
 // CUDA devices the runtime sees (0 in the CPU build, or without a driver).
 int device_count();
+// The CUDA version the driver supports and the one linked in (1000 major + 10 minor; 0 in
+// the CPU build, or without a driver).
+int driver_version();
+int runtime_version();
 
 // Four floats moved in one 16-byte access (a float4 load or store on the GPU), at a 16-byte
 // aligned address.

@@ -89,6 +89,24 @@ int device_count() {
   }
   return count;
 }
+
+int driver_version() {
+  int v = 0;
+  if (cudaDriverGetVersion(&v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return v;
+}
+
+int runtime_version() {
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return v;
+}
 #else
 int zero_async(void* p, size_t bytes, cudaStream_t /*stream*/, const char* /*op*/) {
   std::memset(p, 0, bytes);
@@ -104,6 +122,10 @@ int read_back(void* host, const void* device, size_t bytes, cudaStream_t /*strea
 int launched(const char* /*op*/) { return STREAMREC_CUDA_OK; }
 
 int device_count() { return 0; }  // no CUDA device: the CPU build's device is the host
+
+int driver_version() { return 0; }  // no CUDA runtime linked
+
+int runtime_version() { return 0; }
 #endif
 
 }  // namespace streamrec_cuda
@@ -112,9 +134,13 @@ using namespace streamrec_cuda;
 
 extern "C" const char* streamrec_cuda_last_error(void) { return last_message; }
 
-extern "C" int streamrec_cuda_api_version(void) { return 4; }
+extern "C" int streamrec_cuda_api_version(void) { return 5; }
 
 extern "C" int streamrec_cuda_device_count(void) { return device_count(); }
+
+extern "C" int streamrec_cuda_driver_version(void) { return driver_version(); }
+
+extern "C" int streamrec_cuda_runtime_version(void) { return runtime_version(); }
 
 extern "C" int streamrec_cuda_cpu_device(void) {
 #if defined(__CUDACC__)

@@ -8,7 +8,9 @@
 //   last error of the calling host thread is streamrec_cuda_last_error(). No C++ exception
 //   crosses this boundary. Launches are asynchronous on `stream`: an error a kernel finds
 //   (a full index) is reported by streamrec_cuda_status() after a synchronisation, through
-//   the device flag the call was given.
+//   the device flag the call was given. A flag belongs to one call (cuda_ext.py zeroes a new
+//   one per call): two calls sharing a flag, from two threads, could read or clear each
+//   other's error, and a flag already set makes the update skip its push.
 // - "device" pointers are CUDA global memory (torch CUDA tensors' data_ptr()); "host"
 //   pointers are CPU memory. All arrays are contiguous.
 // - Two builds of one source (common.cuh): nvcc's, on a GPU; and the CPU build (g++,
@@ -61,6 +63,12 @@ int streamrec_cuda_api_version(void);
 // Number of CUDA devices the runtime sees (0 when none or no driver, and in the CPU build);
 // never fails.
 int streamrec_cuda_device_count(void);
+// The CUDA version the installed driver supports (cudaDriverGetVersion: 1000 * major + 10 *
+// minor, 0 without a driver) and the runtime's this library links (statically, nvcc's
+// default: CUDA 13's needs a driver supporting 13000, r580 or newer); both 0 in the CPU
+// build. Never fail.
+int streamrec_cuda_driver_version(void);
+int streamrec_cuda_runtime_version(void);
 // 1 in the CPU build (device pointers are host memory), 0 in nvcc's.
 int streamrec_cuda_cpu_device(void);
 // Reads the kernel error flag `flag` (device, one int32, 0 = no error) after synchronising
