@@ -17,7 +17,10 @@ best mean is reported, and every cell.
 The figure is the mean predict AUC over the passes whose predict AUC is defined (both
 classes present), and the same passes for both.
 
-    python bench/quality.py --data /tmp/ml100k/data --schema /tmp/ml100k/schema.yaml
+    python bench/quality.py --data /tmp/ml100k/data --schema /tmp/ml100k/schema.yaml --grid
+    streamrec-datagen --out /tmp/planted --start-day 20190720 --days 4 \
+        --split-interval 240 --samples-per-split 20000
+    python bench/quality.py --data /tmp/planted --baseline-lr 0.01   # the planted stream
 """
 
 from __future__ import annotations
@@ -48,9 +51,16 @@ GRID = {"batch": (64, 256, 1024), "lr": (0.003, 0.01, 0.03)}
 
 def stream_bounds(data: Path) -> dict[str, Any]:
     """The job lines of a stream laid out by ``streamrec-datagen --from-events``."""
-    meta = json.loads((data / "event_layout.json").read_text())
     days = sorted(p.name for p in data.iterdir() if p.is_dir() and p.name.isdigit())
+    splits = sorted(p.name for p in (data / days[0]).iterdir() if p.is_dir())
     last = sorted(p.name for p in (data / days[-1]).iterdir() if p.is_dir())[-1]
+    meta_file = data / "event_layout.json"
+    if meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+    else:  # streamrec-datagen's planted stream: the generated format, its splits' interval
+        minutes = [int(n[:2]) * 60 + int(n[2:]) for n in splits[:2]]
+        interval = minutes[1] - minutes[0] if len(minutes) > 1 else 1440
+        meta = {"format": "generated", "split_interval": interval}
     return {
         "train_data_dir": str(data),
         "data_format": meta["format"],
@@ -61,16 +71,20 @@ def stream_bounds(data: Path) -> dict[str, Any]:
     }
 
 
-def job(data: Path, schema: dict[str, Any], sets: list[str], model_dir: Path) -> TrainerConfig:
-    """The defaults' job over ``data``, with ``sets`` (``section.key=yaml``) applied."""
+def job(
+    data: Path, schema: dict[str, Any] | None, sets: list[str], model_dir: Path
+) -> TrainerConfig:
+    """The defaults' job over ``data``, with ``sets`` (``section.key=yaml``) applied; no
+    schema: the format's preset."""
+    dense = 13 if schema is None else len(schema.get("dense", []))
     spec: dict[str, Any] = {
         "runner": {
             **stream_bounds(data),
-            "schema": schema,
+            **({} if schema is None else {"schema": schema}),
             "model_save_path": str(model_dir),
             "data_sleep_second": 0.01,
         },
-        "hyper_parameters": {"arch_mlp_bot": [len(schema.get("dense", [])), 512, 256, 64, 16]},
+        "hyper_parameters": {"arch_mlp_bot": [dense, 512, 256, 64, 16]},
     }
     for item in sets:
         path, _, value = item.partition("=")
@@ -123,8 +137,9 @@ class Baseline(nn.Module):
 def baseline_aucs(config: TrainerConfig, batch: int, lr: float) -> list[float | None]:
     torch.manual_seed(0)
     r = config.runner
-    schema = r.feature_schema
-    assert schema is not None
+    schema = r.feature_schema or FeatureSchema.preset(
+        r.data_format, config.hyper_parameters.sparse_inputs_slots
+    )
     model = Baseline(config, schema)
     opt = torch.optim.Adagrad(model.parameters(), lr=lr)
     loss_fn = nn.BCELoss()
@@ -160,14 +175,16 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--data", type=Path, required=True, help="a stream laid out by --from-events")
-    ap.add_argument("--schema", type=Path, required=True, help="the data.schema (YAML or JSON)")
+    ap.add_argument(
+        "--schema", type=Path, help="the data.schema (YAML or JSON); none: a planted stream"
+    )
     ap.add_argument("--set", action="append", default=[], help="section.key=value (repeatable)")
     ap.add_argument("--grid", action="store_true", help=f"tune the baseline over {GRID}")
     ap.add_argument("--baseline-batch", type=int, default=256)
     ap.add_argument("--baseline-lr", type=float, default=0.01)
     ap.add_argument("--no-baseline", action="store_true")
     args = ap.parse_args(argv)
-    schema = yaml.safe_load(args.schema.read_text())
+    schema = None if args.schema is None else yaml.safe_load(args.schema.read_text())
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as tmp:
         config = job(args.data, schema, args.set, Path(tmp) / "model")
