@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             "baseline": round(scores[best], 4),
             "baseline_batch": best[0],
             "baseline_lr": best[1],
-            "ratio_minus_baseline": round(result["streamrec"] - scores[best], 4),
+            "streamrec_minus_baseline": round(result["streamrec"] - scores[best], 4),
             "grid": {f"{b}/{lr}": round(s, 4) for (b, lr), s in scores.items()},
         }
     first = passes[: max(1, len(passes) // 7)]
