@@ -402,11 +402,11 @@ def test_every_panel_and_alert_has_data_in_a_running_stack(tmp_path: Path) -> No
             api.action(starved, "stop")
         finally:
             api.close()
-        for program, alert in (
-            ("redis-server", "StreamRecRedisUnreachable"),
-            ("streamrec-embedding-store", "StreamRecTargetDown"),
+        for child, alert in (
+            ("redis", "StreamRecRedisUnreachable"),  # the control plane's, not the serving one
+            ("store-0", "StreamRecTargetDown"),
         ):
-            (pid,) = [c["pid"] for c in state["children"].values() if c["cmd"] == program]
+            pid = state["children"][child]["pid"]
             os.kill(pid, signal.SIGSTOP)  # hung, not dead: the launcher restarts no one
             try:
                 wait_firing(p, alert, up)
