@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from doc_blocks import blocks_for
 from stack_helpers import STREAMREC, Output
 from streamrec.control.redis_io import with_password
 from streamrec.embedding_store import EmbeddingStoreClient, RedisConverter
@@ -24,15 +24,13 @@ from streamrec.process import spawn, stop_process
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
 def online_export_block() -> str:
-    text = (ROOT / "services" / "api" / "README.md").read_text()
-    found = re.search(r"<!-- online-export[^>]*-->\n```bash\n(.*?)```", text, re.S)
-    assert found, "services/api/README.md has no online-export block"
-    return found.group(1)
+    """The API README's online-export block (tests/doc_blocks.py RUN_BY)."""
+    (block,) = blocks_for(__file__)
+    return block
 
 
 @pytest.fixture(scope="module")

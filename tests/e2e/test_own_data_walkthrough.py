@@ -14,23 +14,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from doc_blocks import blocks_for
 from stack_helpers import STREAMREC, Output, start_stack, stderr_log
 from streamrec.process import stop_process
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parents[2] / "services" / "trainer" / "README.md"
-HEADING = "## Walk-through: your own data over REST"
 #: A job's line printed by the walk-through's ``train``: its id and its state.
 JOB_LINE = re.compile(r"^([0-9a-f]{16}) (\w+)\b(.*)$")
 
 
 def walkthrough_script() -> str:
-    """The section's ```sh blocks, joined in order: what a user pastes into one shell."""
-    text = README.read_text()
-    section = text[text.index(HEADING) + len(HEADING) :]
-    section = section[: section.find("\n## ")]
-    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    """The section's ```sh blocks, joined in order: what a user pastes into one shell
+    (tests/doc_blocks.py RUN_BY)."""
+    blocks = blocks_for(__file__)
     assert len(blocks) == 4, "the walk-through's blocks: stack, event log, parquet job, slot job"
     return "\n".join(blocks)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from doc_blocks import blocks_for
 from servers import wait_for
 from stack_helpers import STREAMREC, Output, child_pids, trainer_rank
 from streamrec.embedding_store import EmbeddingStoreClient
@@ -27,7 +28,6 @@ from streamrec.process import spawn, stop_process
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 DAY = "20190720"
 #: The demo's day: 12 splits of 120 minutes, 8 slots.
 SPLITS = 12
@@ -175,10 +175,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def readme_rest_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    found = re.search(r"<!-- rest-example[^>]*-->\n```bash\n(.*?)```", text, re.S)
-    assert found, "README.md has no rest-example block"
-    return found.group(1)
+    """README.md's "Start and stop a job over REST" block (tests/doc_blocks.py RUN_BY)."""
+    (block,) = blocks_for(__file__)
+    return block
 
 
 def test_the_readme_rest_example_runs_as_written(stack: Stack) -> None:

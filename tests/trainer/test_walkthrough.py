@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,21 +14,17 @@ import numpy as np
 import pytest
 import redis
 import yaml
+from doc_blocks import blocks_for
 from servers import RedisServer, free_port
 from streamrec.embedding_store import FileConverter, RedisConverter
 from streamrec.trainer.datagen import PlantedStream, StreamParams, to_criteo_text
 
-README = Path(__file__).resolve().parents[2] / "services" / "trainer" / "README.md"
-HEADING = "## Walk-through: a Criteo file, start to finish"
-
 
 def walkthrough_commands() -> list[str]:
-    """The commands of the README's walk-through block, as written."""
-    text = README.read_text()
-    section = text[text.index(HEADING) :]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None, "the walk-through has no ```sh block"
-    return [line for line in block.group(1).splitlines() if line.strip()]
+    """The commands of the README's walk-through block, as written (tests/doc_blocks.py
+    RUN_BY)."""
+    (block,) = blocks_for(__file__)
+    return [line for line in block.splitlines() if line.strip()]
 
 
 def criteo_file(path: Path, day: str, n: int, seed: int, bad: bool) -> None:
