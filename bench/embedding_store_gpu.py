@@ -15,7 +15,10 @@ Figures (HierarchicalKV's benchmark shape: 1,048,576 keys per call):
      True)`` + ``torch.optim.Adagrad`` over a table of the same rows (forward, backward, step;
      one id per bag); floor 3x. For the pull at dim 128, the bytes it moves per second as a
      share of the measured bandwidth (floor 60%).
-3. TODO (not measured yet): the trainer end to end on the GPU (``bench/trainer.py`` setup b,
+3. ``find_or_insert`` alone (the CUDA op over one index and row matrix, rows initialised),
+   all-new keys (every key inserted: the row-id atomic, the row initialisation) against
+   all-hit (the same keys again: probes only), per dim 8 and 64, keys/s and their ratio.
+4. TODO (not measured yet): the trainer end to end on the GPU (``bench/trainer.py`` setup b,
    the store in-process on tier device) against the reference DLRM step alone.
 
 Without a CUDA GPU it exits 2 saying so. Run alone on the GPU machine:
@@ -40,6 +43,7 @@ from embedding_store import figure as cpu_figure
 from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.options import TableOptions
+from streamrec.embedding_store.tier import index_slots, table_params
 
 KEYS_PER_CALL = 1 << 20
 
@@ -79,8 +83,8 @@ def random_keys(n: int, seed: int) -> torch.Tensor:
     return torch.randint(-(2**62), 2**62, (n,), device="cuda", generator=g)
 
 
-def make_table(dim: int, rows: int) -> DeviceTable:
-    options = TableOptions(
+def make_table_options(dim: int, rows: int) -> TableOptions:
+    return TableOptions(
         name=f"bench{dim}",
         dim=dim,
         embedx_threshold=0,
@@ -88,7 +92,10 @@ def make_table(dim: int, rows: int) -> DeviceTable:
         embed_sgd_param={"name": "adagrad"},
         embedx_sgd_param={"name": "adagrad"},
     )
-    return DeviceTable(options, seed=0)
+
+
+def make_table(dim: int, rows: int) -> DeviceTable:
+    return DeviceTable(make_table_options(dim, rows), seed=0)
 
 
 def bench_table(dim: int, load: float, capacity: int, steps: int, bandwidth: float) -> None:
@@ -145,6 +152,45 @@ def bench_table(dim: int, load: float, capacity: int, steps: int, bandwidth: flo
         baseline_name="EmbeddingBag+Adagrad",
         floor=3.0,
     )
+
+
+def bench_find_or_insert(
+    dim: int, steps: int, n: int = KEYS_PER_CALL, device: str = "cuda", timed: Any = None
+) -> tuple[float, float]:
+    """Keys/s of the op ``find_or_insert`` on batches of ``n`` keys all new, then on the same
+    batches again (all hit): each batch of distinct keys over the whole key space, an index
+    of ``index_slots`` for every row (load at most 0.5), the new rows initialised. ``device``
+    and ``timed`` (a :func:`gpu_timed`) are for a smoke run on the CPU build."""
+    cpu = device == "cpu"
+    ops = cuda_ext.load_cpu() if cpu else cuda_ext.load(device)
+    timed = timed or gpu_timed
+    rows = (steps + 1) * n
+    gp = cuda_ext.TableParams.of(table_params(make_table_options(dim, rows), seed=0), pad=True)
+    slots = ops.index_new(index_slots(rows))
+    data = torch.zeros((rows, gp.stride), device=ops.device)
+    row_keys = torch.zeros(rows, dtype=torch.int64, device=ops.device)
+    next_row = torch.zeros(1, dtype=torch.int64, device=ops.device)
+    g = torch.Generator(device=ops.device).manual_seed(dim)
+    keys = torch.randint(-(2**62), 2**62, (rows,), device=ops.device, generator=g).unique()
+    keys = keys[torch.randperm(keys.numel(), device=ops.device, generator=g)]
+    batches = [keys[i * n : (i + 1) * n] for i in range(steps + 1)]
+
+    def call(i: int) -> object:
+        return ops.find_or_insert(slots, batches[i], next_row, row_keys, data, gp)
+
+    t_new = timed(call, steps)
+    inserted = int(next_row.item())
+    assert inserted == keys.numel(), f"{inserted} rows for {keys.numel()} new keys"
+    t_hit = timed(call, steps)
+    assert int(next_row.item()) == inserted, "an all-hit call inserted rows"
+    figure(
+        f"find_or_insert op, all new (dim {dim})",
+        n / t_new / 1e9,
+        "G keys/s",
+        baseline=n / t_hit / 1e9,
+        baseline_name="all hit",
+    )
+    return n / t_new, n / t_hit
 
 
 def baseline(dim: int, rows: int, batches: list[torch.Tensor], steps: int) -> float:
@@ -204,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
                 print(f"dim {dim} load {load}: NOT MEASURED: {type(exc).__name__}: {exc}")
             torch.cuda.empty_cache()
+    for dim in (8, 64):
+        try:
+            bench_find_or_insert(dim, steps)
+        except Exception as exc:
+            failed += 1
+            print(f"find_or_insert op dim {dim}: NOT MEASURED: {type(exc).__name__}: {exc}")
+        torch.cuda.empty_cache()
     print("trainer end to end on the GPU: TODO, not measured yet (see the module doc)")
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))

@@ -3,6 +3,11 @@
 # limit (the device tool's `run`, with `carry: [".whl"]` from tools/gpu_wheels.sh); the steps
 # share the machine's state (build/gpu-site, build/cuda) while it stays warm:
 #
+#   tools/gpu_check.sh first       what a GPU day checks first, stopping at the first failure:
+#                                  install; the driver r580+ (the library links CUDA 13's
+#                                  runtime statically) and nvidia-smi's GPU count equal to
+#                                  torch's; build; the bit-identical, initializer, hot-key and
+#                                  padded-row tests (CPU build and GPU parameters)
 #   tools/gpu_check.sh install     the carried wheels, then the project against the machine's
 #                                  torch, --upgrade (a warm machine's older copy is replaced)
 #   tools/gpu_check.sh build       the CUDA library (make cuda: sm_80/sm_90 SASS, compute_90 PTX)
@@ -16,7 +21,7 @@
 #   tools/gpu_check.sh initcheck   reads of uninitialised device memory
 #   tools/gpu_check.sh synccheck   misuse of barriers and warp-synchronous calls
 #   tools/gpu_check.sh bench       bench/embedding_store_gpu.py
-#   tools/gpu_check.sh all         every step in this order (no run limit)
+#   tools/gpu_check.sh all         first, then tests .. bench in this order (no run limit)
 #
 # Logs go under $OUT (or build/gpu-check where OUT is unset). compute-sanitizer may be refused
 # on a sandboxed host: the step then fails saying so in its log.
@@ -46,8 +51,35 @@ sanitize() {  # compute-sanitizer --tool $1 over the GPU parameters of the op te
   return $s
 }
 
+#: the driver the statically linked CUDA 13 runtime needs, at least
+MIN_DRIVER=580
+FIRST_TESTS="bit_identical or initializers or hot_key or padded"
+
+drivers() {  # the driver's major version and nvidia-smi's GPU count against torch's
+  local driver count torch_count
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+  count=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+  torch_count=$(python3 -c 'import torch; print(torch.cuda.device_count())') || return 1
+  echo "driver $driver; GPUs: $count by nvidia-smi, $torch_count by torch"
+  if ! [ "${driver%%.*}" -ge "$MIN_DRIVER" ] 2>/dev/null; then
+    echo "driver '$driver' is not r$MIN_DRIVER or newer, which the library's CUDA 13 runtime" \
+      "(linked statically) needs: every op would fail with ERR_CUDA" >&2
+    return 1
+  fi
+  if [ "$count" != "$torch_count" ]; then
+    echo "nvidia-smi sees $count GPU(s), torch $torch_count (CUDA_VISIBLE_DEVICES?)" >&2
+    return 1
+  fi
+}
+
 step() {
   case $1 in
+    first)
+      step install && drivers && step build || return 1
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -p no:cacheprovider -m gpu -k "$FIRST_TESTS" $GPU_TESTS 2>&1 |
+        tee "$OUT/first-tests.log" | tail -5
+      return "${PIPESTATUS[0]}" ;;
     install)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" .whl/*.whl || return 1
@@ -70,7 +102,8 @@ n = c.load().lib.streamrec_cuda_device_count(); print(f"the CUDA extension sees 
     bench)
       python3 bench/embedding_store_gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
       return "${PIPESTATUS[0]}" ;;
-    *) echo "unknown step '$1' (install build tests memcheck racecheck initcheck synccheck bench all)" >&2
+    *) echo "unknown step '$1' (first install build tests memcheck racecheck initcheck synccheck" \
+      "bench all)" >&2
       return 2 ;;
   esac
 }
@@ -78,7 +111,7 @@ n = c.load().lib.streamrec_cuda_device_count(); print(f"the CUDA extension sees 
 [ $# -eq 1 ] || { echo "usage: tools/gpu_check.sh STEP (see the header)" >&2; exit 2; }
 if [ "$1" = all ]; then
   rc=0
-  for s in install build tests memcheck racecheck initcheck synccheck bench; do
+  for s in first tests memcheck racecheck initcheck synccheck bench; do
     echo "== $s"; step "$s" || rc=1
   done
   exit $rc

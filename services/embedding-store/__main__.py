@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="GPU memory caching each table's hot rows (tiers host and ssd; needs a CUDA GPU)",
     )
+    s.add_argument(
+        "--device",
+        default=None,
+        help="the device of tier device or of the GPU cache: cuda, cuda:N (default: the "
+        "current one); cpu runs the CUDA kernels' CPU build (tests)",
+    )
     s.add_argument("--capacity", type=int, default=None, help="upper bound on rows (ssd tier)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--num-threads", type=int, default=None, help="compute threads of the store")
@@ -159,6 +165,7 @@ def serve(args: argparse.Namespace) -> int:
             "persistent_path": args.persistent_path,
             "cache_budget_mb": args.cache_budget_mb,
             "gpu_cache_budget_mb": args.gpu_cache_budget_mb,
+            "device": args.device,
             "capacity": args.capacity,
             "seed": args.seed,
             "num_threads": args.num_threads,

@@ -28,7 +28,7 @@ import yaml
 from pydantic import Field, model_validator
 from streamrec.config import StrictConfig
 from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, MAX_NAMESPACES
-from streamrec.embedding_store.options import TableOptions, check_tier_options
+from streamrec.embedding_store.options import DEVICE_PATTERN, TableOptions, check_tier_options
 from streamrec.errors import BadRequest
 
 
@@ -73,6 +73,12 @@ class ShardConfig(StrictConfig):
     gpu_cache_budget_mb: float | None = Field(
         default=None, gt=0, description="GPU cache of each host or ssd table's hot rows, MiB"
     )
+    device: str | None = Field(
+        default=None,
+        pattern=DEVICE_PATTERN,
+        description="tier device's or the GPU cache's device (None: the current CUDA device; "
+        "'cpu': the CPU build of the kernels, for tests)",
+    )
     capacity: int | None = Field(default=None, gt=0)
     seed: int = 0
     num_threads: int | None = Field(default=None, ge=1)
@@ -104,6 +110,11 @@ class ShardConfig(StrictConfig):
                 f"num_shards={self.num_shards}"
             )
         check_tier_options(self)
+        if self.device is not None and self.tier != "device" and self.gpu_cache_budget_mb is None:
+            raise ValueError(
+                f"device {self.device!r} places the rows of tier 'device' or of the GPU cache; "
+                f"tier is {self.tier!r} and gpu_cache_budget_mb is not set"
+            )
         names = [t.name for t in self.tables]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

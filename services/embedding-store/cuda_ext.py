@@ -217,6 +217,8 @@ class CudaOps:
             problem = f"has shape {tuple(t.shape)}, needs {dims} dimension(s)"
         elif not t.is_contiguous():
             problem = "is not contiguous"
+        elif t.data_ptr() % t.element_size():
+            problem = f"is not aligned to its {t.element_size()}-byte elements"
         elif width is not None and t.shape[1] != width:
             problem = f"has shape {tuple(t.shape)}, needs {width} columns"
         if problem is not None:

@@ -9,7 +9,9 @@ the cache only when evicted (written back to the backing table if a push changed
 an operation on the whole table flushes the cache first (save/export, shrink, day, load).
 
 The bookkeeping (:class:`SlotMap`) is plain torch ops on ``device``, no per-key Python loop,
-so the same code runs on ``"cuda"`` and, for the tests, on ``"cpu"``::
+and the rows' gather and fused update are the CUDA extension's ops, so the same code runs on
+``"cuda"`` and, for the tests, on ``"cpu"`` (the CPU build of the kernels: only pinned
+staging and streams are left to a GPU)::
 
     slots  (sets * ways,)  a key lives in one set, set = mix(key) mod sets, any of its ways
     set 0  [ way 0 | way 1 | ... | way W-1 ]   keys, valid, dirty, stamp per slot
@@ -144,20 +146,17 @@ class SlotMap:
 
 
 class _RowOps:
-    """gather and the fused update over a row matrix on ``device``: the CPU core's ops on
-    ``"cpu"``, the CUDA extension's on ``"cuda"`` (the same math, bit for bit)."""
+    """gather and the fused update over a row matrix on ``device``: the CUDA extension's ops,
+    on a GPU or, on ``"cpu"``, from the CPU build of the same kernels (the tests run the
+    cache's GPU code path there; the math is the CPU core's, bit for bit)."""
 
     def __init__(self, params: _C.TableParams, device: torch.device) -> None:
-        self.params = params
-        self.cuda: cuda_ext.CudaOps | None = None
-        if device.type == "cuda":
-            self.cuda = cuda_ext.load(device)  # under a guard for this device, on its stream
-            self._gp = cuda_ext.TableParams.of(params)
+        # under a guard for this device, on its current stream
+        self.cuda = cuda_ext.load_cpu() if device.type == "cpu" else cuda_ext.load(device)
+        self._gp = cuda_ext.TableParams.of(params)
 
     def gather(self, data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Weights (n, dim) float32 of ``rows`` (n,) int64 of ``data``; -1 reads zeros."""
-        if self.cuda is None:
-            return _C.gather(data, rows.contiguous(), self.params)
         return self.cuda.gather(data, rows.contiguous(), self._gp)
 
     def update(
@@ -170,10 +169,7 @@ class _RowOps:
         clicks: torch.Tensor,
     ) -> int:
         """The fused push of rows (n,) int64 (all >= 0); returns the rows expanded."""
-        args = (data, row_keys, rows.contiguous(), grads, shows, clicks)
-        if self.cuda is None:
-            return int(_C.update(*args, self.params))
-        return self.cuda.update(*args, self._gp)
+        return self.cuda.update(data, row_keys, rows.contiguous(), grads, shows, clicks, self._gp)
 
 
 class _Misses(NamedTuple):
@@ -190,7 +186,8 @@ class CachedTable(TableTier):
     Args:
         backing: the table holding every row (its counters are this table's counters).
         budget_mb: the cache's memory on ``device``, MiB (rows, keys and bookkeeping).
-        device: ``"cuda"`` (or ``"cuda:N"``); ``"cpu"`` runs the same cache in RAM (tests).
+        device: ``"cuda"`` (or ``"cuda:N"``); ``"cpu"`` runs the same cache in RAM on the CPU
+            build of the kernels (tests).
         ways: slots per set.
 
     Raises:

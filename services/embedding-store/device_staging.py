@@ -23,6 +23,12 @@ import torch
 MIN_BYTES = 1 << 16
 
 
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy of it where its data is not aligned to its element size (a view into a
+    received message's bytes can start anywhere; the kernels read whole elements)."""
+    return t if t.data_ptr() % t.element_size() == 0 else t.clone()
+
+
 class Fence(Protocol):
     """What a buffer waits on before reuse (a ``torch.cuda.Event`` on a GPU)."""
 
@@ -70,9 +76,9 @@ class Staging:
         """t as a contiguous dtype tensor on the device: as it is (or cast there) when it is
         already on the device, no host round trip; from the host through the name's buffer."""
         if t.device == self.device:
-            return t.to(dtype=dtype).contiguous()
+            return aligned(t.to(dtype=dtype).contiguous())
         if self.device.type != "cuda" or t.device.type != "cpu":
-            return t.to(device=self.device, dtype=dtype).contiguous()  # another GPU: D2D
+            return aligned(t.to(device=self.device, dtype=dtype).contiguous())  # another GPU
         staged = self.stage(name, t, dtype)
         out = torch.empty(t.shape, dtype=dtype, device=self.device)
         stream = torch.cuda.current_stream(self.device)

@@ -40,7 +40,7 @@ import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_rows import RowChunks, chunk_shift
-from streamrec.embedding_store.device_staging import Staging
+from streamrec.embedding_store.device_staging import Staging, aligned
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
@@ -203,7 +203,7 @@ class DeviceTable(TableTier):
         if name:
             out = self.staging.to_device(name, t, dtype)
         else:
-            out = t.to(device=self.device, dtype=dtype).contiguous()
+            out = aligned(t.to(device=self.device, dtype=dtype).contiguous())
         if self._stream is not None and t.device == self.device:
             out.record_stream(self._stream)  # the caller's tensor, read on the table's stream
         return out

@@ -200,6 +200,10 @@ class TableOptions(StrictConfig):
         return self.nonclk_coeff * (show - click) + self.click_coeff * click
 
 
+#: a device a store option may name: a CUDA device, or the CPU (the CPU build of the kernels)
+DEVICE_PATTERN = r"^(cuda(:\d+)?|cpu)$"
+
+
 def check_tier_options(options: object) -> None:
     """Raises ValueError naming what the ``ssd`` tier lacks, or a GPU cache asked of the
     ``device`` tier (``options`` has the tier fields)."""
@@ -236,7 +240,10 @@ class StoreOptions(StrictConfig):
     #: GPU cache of hot rows per table of tier host or ssd, MiB (None: no GPU cache)
     gpu_cache_budget_mb: float | None = Field(None, gt=0.0)
     #: where that cache lives: a CUDA device; "cpu" runs the same cache in RAM (tests)
-    gpu_cache_device: str = Field("cuda", pattern=r"^(cuda(:\d+)?|cpu)$")
+    gpu_cache_device: str = Field("cuda", pattern=DEVICE_PATTERN)
+    #: where tier device keeps its rows (None: the current CUDA device); "cpu" runs it on the
+    #: CPU build of the kernels (tests)
+    device: str | None = Field(None, pattern=DEVICE_PATTERN)
     capacity: int | None = Field(None, ge=1)
     seed: int = Field(0, ge=0, lt=2**63)
     num_threads: int | None = Field(None, ge=1, le=1024)
@@ -244,4 +251,9 @@ class StoreOptions(StrictConfig):
     @model_validator(mode="after")
     def _ssd_needs_path(self) -> StoreOptions:
         check_tier_options(self)
+        if self.device is not None and self.tier != "device":
+            raise ValueError(
+                f"device {self.device!r} places the rows of tier 'device', not of tier "
+                f"{self.tier!r} (a GPU cache's: gpu_cache_device)"
+            )
         return self

@@ -39,6 +39,8 @@ def build_store(
         persistent_path=config.shard_persistent_path(namespace),
         cache_budget_mb=config.cache_budget_mb,
         gpu_cache_budget_mb=config.gpu_cache_budget_mb,
+        gpu_cache_device=config.device or "cuda",
+        device=config.device if config.tier == "device" else None,
         capacity=config.capacity,
         seed=config.seed,
         num_threads=config.num_threads,

@@ -93,6 +93,8 @@ class EmbeddingStore(RowsFromTables):
             in GPU memory, MiB (:mod:`~streamrec.embedding_store.device_cache`); None: none.
         gpu_cache_device: where that cache lives (``"cuda"``, ``"cuda:N"``; ``"cpu"`` runs
             the same cache in RAM, for tests).
+        device: tier device's rows (``"cuda"``, ``"cuda:N"``; None: the current CUDA device;
+            ``"cpu"``: the CPU build of the kernels, for tests).
         capacity: most rows per table (required for ssd; host: unbounded when None).
         seed: initializer seed; initial values are a function of (seed, table, key, column).
         num_threads: threads of the C++ ops (sets torch's intra-op threads, process-wide).
@@ -109,6 +111,7 @@ class EmbeddingStore(RowsFromTables):
         num_threads: int | None = None,
         gpu_cache_budget_mb: float | None = None,
         gpu_cache_device: str = "cuda",
+        device: str | None = None,
     ) -> None:
         self.options = StoreOptions.parse(
             {
@@ -120,6 +123,7 @@ class EmbeddingStore(RowsFromTables):
                 "num_threads": num_threads,
                 "gpu_cache_budget_mb": gpu_cache_budget_mb,
                 "gpu_cache_device": gpu_cache_device,
+                "device": device,
             },
             source="store options",
         )
@@ -174,7 +178,7 @@ class EmbeddingStore(RowsFromTables):
         CUDA GPU, saying so."""
         o = self.options
         if o.tier == "device":
-            return DeviceTable(t, o.seed, o.capacity)
+            return DeviceTable(t, o.seed, o.capacity, device=o.device or "cuda")
         backing: HostTable | SsdTable
         if o.tier == "host":
             backing = HostTable(t, o.seed, o.capacity)

@@ -172,6 +172,10 @@ def test_arguments_the_kernels_would_misread_are_refused_by_name(ops: cuda_ext.C
     with pytest.raises(ValueError, match="update: grads has shape"):
         ops.update(data, keys, keys, torch.zeros((8, 3), device=ops.device), data[:, 0].clone(),
                    data[:, 0].clone(), gp)  # fmt: skip
+    if ops.device.type == "cpu":  # a view into a message's bytes at an odd offset
+        odd = torch.frombuffer(bytearray(8 * 4 + 1), dtype=torch.float32, offset=1, count=8)
+        with pytest.raises(ValueError, match="update: shows is not aligned to its 4-byte"):
+            ops.update(data, keys, keys, torch.zeros((8, gp.dim)), odd, odd.clone(), gp)
     if ops.device.type == "cpu" and torch.cuda.is_available():  # pragma: no cover - GPU hosts
         with pytest.raises(ValueError, match="find: keys is on cuda"):
             ops.find(slots, keys.cuda())

@@ -1,7 +1,8 @@
 """The GPU cache of a host or ssd table (``gpu_cache_budget_mb``, device_cache.py).
 
-Its bookkeeping and rows are torch tensors on a device, so every scenario runs for real on
-``"cpu"`` and, marked ``gpu``, on ``"cuda"``: hits and misses, eviction order, bypass, a
+Its bookkeeping and rows are torch tensors on a device and its row ops the CUDA extension's,
+so every scenario runs for real on ``"cpu"`` (the CPU build of the kernels) and, marked ``gpu``,
+on ``"cuda"`` (adding pinned staging and streams): hits and misses, eviction order, bypass, a
 table far larger than the cache, duplicate keys, write-back (the backing table's rows equal a
 no-cache run's once flushed; bit for bit, the same fused update runs on the same rows), save
 and the whole-table operations flushing first.
@@ -22,7 +23,8 @@ from streamrec.embedding_store.tier import SELECT_ALL
 from streamrec.errors import BadRequest
 
 needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU; none present"
+    not torch.cuda.is_available(),
+    reason="the cache on a GPU (pinned staging, CUDA streams): needs a CUDA GPU; none present",
 )
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])]
 DIM = 8

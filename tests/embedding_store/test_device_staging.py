@@ -13,7 +13,10 @@ import torch
 from streamrec.embedding_store.device_staging import MIN_BYTES, Staging
 from streamrec.embedding_store.options import TableOptions
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="pinned buffers, the asynchronous H2D copy and its CUDA event need a CUDA GPU",
+)
 CPU = torch.device("cpu")
 
 
@@ -25,6 +28,18 @@ def test_without_cuda_nothing_is_pinned_and_device_inputs_pass_through() -> None
     cast = staging.to_device("shows", torch.ones(4, dtype=torch.float64), torch.float32)
     assert cast.dtype == torch.float32 and torch.equal(cast, torch.ones(4))
     assert staging.allocations == 0 and staging.nbytes() == 0
+
+
+def test_a_misaligned_input_on_the_device_is_copied_aligned() -> None:
+    """A received message's float32 view may start at any byte (the shard's pushes on the CPU
+    build): the kernels get an aligned copy, an aligned input goes as it is."""
+    staging = Staging(CPU)
+    odd = torch.frombuffer(bytearray(range(4 * 6 + 1)), dtype=torch.float32, offset=1, count=6)
+    assert odd.data_ptr() % 4 != 0
+    out = staging.to_device("grads", odd, torch.float32)
+    assert out.data_ptr() % 4 == 0 and torch.equal(out, odd)
+    even = torch.ones(6)
+    assert staging.to_device("grads", even, torch.float32) is even
 
 
 def test_buffers_are_reused_and_grow_by_doubling() -> None:

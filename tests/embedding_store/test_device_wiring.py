@@ -2,8 +2,10 @@
 trainer's in-process store (docs/design-notes.md, "The embedding store on a GPU").
 
 Without a GPU: each refuses with a message naming the tier (or option) and that it needs a
-CUDA GPU; the shard process exits nonzero saying so. With one (``gpu``): the shard serves the
-device tier, and the trainer pulls rows as CUDA tensors from an in-process device store.
+CUDA GPU; the shard process exits nonzero saying so. The store and the shard serve the device
+tier on the CPU build of the kernels (``device="cpu"``, ``--device cpu``) everywhere, and on a
+GPU (``gpu``); the trainer pulls rows as CUDA tensors from an in-process device store only on a
+GPU (what it checks is the handover of CUDA tensors).
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, TableOptions
+from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.errors import TierUnavailable
+from streamrec.errors import BadRequest
 from streamrec.process import bin_path, free_port
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU; none present"
 )
+#: the CPU build of the kernels everywhere; the GPU where there is one
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_gpu])]
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 DIM = 4
 
@@ -91,6 +97,16 @@ def test_shard_refuses_a_gpu_cache_on_tier_device_by_name(tmp_path: Path) -> Non
     assert "gpu_cache_budget_mb caches rows of tier 'host' or 'ssd'" in done.stderr
 
 
+def test_a_device_with_nothing_to_place_is_refused_by_name(tmp_path: Path) -> None:
+    done = serve(tmp_path, "--device", "cpu")
+    assert done.returncode == 2, done.stderr
+    assert "device 'cpu' places the rows of tier 'device' or of the GPU cache" in done.stderr
+    with pytest.raises(BadRequest, match="device 'cuda:1' places the rows of tier 'device'"):
+        EmbeddingStore([options()], device="cuda:1")
+    with pytest.raises(BadRequest, match="device"):
+        EmbeddingStore([options()], tier="device", device="tpu")
+
+
 def test_a_host_store_has_no_resident_device_and_pulls_to_the_cpu() -> None:
     store = EmbeddingStore([options()])
     assert store.resident_device() is None
@@ -138,43 +154,59 @@ def test_trainer_in_process_host_store_is_unchanged() -> None:
     store.close()
 
 
-# ---- on a GPU ----------------------------------------------------------------------------------
-@pytest.mark.gpu
-@needs_gpu
-def test_store_tier_device_matches_the_host_tier_and_pulls_to_the_gpu() -> None:
+# ---- on the CPU build of the kernels, and on a GPU -------------------------------------------
+@pytest.mark.parametrize("where", DEVICES)
+def test_store_tier_device_matches_the_host_tier_and_pulls_to_its_device(where: str) -> None:
     host = EmbeddingStore([options()], seed=3)
-    device = EmbeddingStore([options()], seed=3, tier="device")
-    assert device.resident_device() == torch.device("cuda", torch.cuda.current_device())
+    device = EmbeddingStore([options()], seed=3, tier="device", device=where)
+    assert isinstance(device.tier("t"), DeviceTable)
+    resident = torch.device("cuda", torch.cuda.current_device()) if where == "cuda" else None
+    assert device.resident_device() == resident  # the CPU build's rows are in host memory
     keys = torch.tensor([5, 9, 5, -(2**63), 2**63 - 1])
+    g = torch.Generator().manual_seed(0)
     for _ in range(3):
         torch.testing.assert_close(device.pull("t", keys), host.pull("t", keys))
-        grads = torch.randn(keys.numel(), DIM)
+        grads = torch.randn(keys.numel(), DIM, generator=g)
         host.push("t", keys, grads)
         device.push("t", keys, grads)
-    on_gpu = device.pull("t", keys, device="cuda")
-    assert on_gpu.is_cuda
-    torch.testing.assert_close(on_gpu.cpu(), host.pull("t", keys))
+    pulled = device.pull("t", keys, device=where)
+    assert pulled.device.type == where
+    torch.testing.assert_close(pulled.cpu(), host.pull("t", keys))
     assert device.stats()["tier"] == "device"
 
 
-@pytest.mark.gpu
-@needs_gpu
-def test_shard_process_serves_the_device_tier(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", DEVICES)
+@pytest.mark.parametrize("tier", ["device", "host"])
+def test_shard_process_serves_the_device_tier_and_the_gpu_cache(
+    tmp_path: Path, where: str, tier: str
+) -> None:
+    """``--tier device`` or ``--gpu-cache-budget-mb`` on ``--device``: served, and the
+    stats say where the rows are."""
     from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
 
     tables = tables_file(tmp_path)
-    with LocalShards(tables, 1, extra_args=["--tier", "device"]) as shards:
+    extra = ["--tier", tier, "--device", where]
+    if tier == "host":
+        extra += ["--gpu-cache-budget-mb", "1"]
+    with LocalShards(tables, 1, extra_args=extra) as shards:
         client = EmbeddingStoreClient(shards.endpoints, timeout_s=30)
         keys = torch.tensor([1, 2, 3, 2])
         w = client.pull("t", keys)
         client.push("t", keys, torch.ones(4, DIM))
         assert not torch.equal(client.pull("t", keys), w)
-        assert client.stats()["shards"][0]["tier"] == "device"
+        shard = client.stats()["shards"][0]
+        assert shard["tier"] == tier
+        if tier == "host":
+            assert shard["tables"]["t"]["gpu_cache_hits"] > 0
         client.close()
 
 
+# ---- on a GPU only: CUDA tensors handed to the trainer -----------------------------------------
 @pytest.mark.gpu
-@needs_gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="checks CUDA tensors handed to the trainer: needs a CUDA GPU; none present",
+)
 @pytest.mark.parametrize("cache", [False, True])
 def test_trainer_sparse_tables_pull_cuda_tensors_from_an_in_process_gpu_store(
     cache: bool,

@@ -79,6 +79,44 @@ STREAMREC_HD inline void add_to(int64_t* counter, int64_t v) {
   if (counter != nullptr) Atomic<int64_t>(*counter).fetch_add(v, cuda::memory_order_relaxed);
 }
 
+// ---- warp-aggregated counters: one atomic a warp (libcu++'s atomics are inline asm, which
+// nvcc does not aggregate by itself) ----
+// The threads that call together: on the GPU the warp's active threads (__activemask: those
+// converged here, a 1-D block's lane threadIdx.x % 32), the lowest of them the leader, which
+// adds for all and shuffles the old value to the others; in the CPU build each call is a warp
+// of one (mask 1, lane 0), so the same arithmetic runs there.
+struct Voters {
+  unsigned mask;
+  int lane;
+};
+
+#if defined(__CUDA_ARCH__)  // the one warp-only block: a vote of the warp's active threads
+STREAMREC_HD inline Voters voters() {
+  return {__activemask(), static_cast<int>(threadIdx.x % 32)};
+}
+STREAMREC_HD inline int popcount(unsigned m) { return __popc(m); }
+// The leader's x, for every voter.
+STREAMREC_HD inline int64_t from_leader(const Voters& v, int64_t x, int leader) {
+  return __shfl_sync(v.mask, static_cast<long long>(x), leader);
+}
+#else  // a warp of one
+STREAMREC_HD inline Voters voters() { return {1u, 0}; }
+STREAMREC_HD inline int popcount(unsigned m) { return __builtin_popcount(m); }
+STREAMREC_HD inline int64_t from_leader(const Voters&, int64_t x, int) { return x; }
+#endif
+
+// *counter += 1 for the calling thread; returns its own old value (distinct per caller, as a
+// fetch_add of 1 each would give), with one atomic add per warp.
+STREAMREC_HD inline int64_t fetch_add_one(int64_t* counter) {
+  const Voters v = voters();
+  const int leader = popcount((v.mask & (0u - v.mask)) - 1u);  // the lowest voter's lane
+  int64_t old = 0;
+  if (v.lane == leader)
+    old = Atomic<int64_t>(*counter).fetch_add(popcount(v.mask), cuda::memory_order_relaxed);
+  const unsigned below = v.lane == 0 ? 0u : v.mask & (~0u >> (32 - v.lane));
+  return from_leader(v, old, leader) + popcount(below);
+}
+
 // ---- row addresses: the one place a row id becomes a pointer (StreamrecRows) ----
 STREAMREC_HD inline int64_t chunk_mask(const StreamrecRows& t) {
   return (int64_t{1} << t.shift) - 1;

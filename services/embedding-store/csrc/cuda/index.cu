@@ -123,18 +123,24 @@ struct Find {
   STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = lookup(s, mask, keys[i]);
     rows[i] = r;
-    if (r < 0) add_to(misses, 1);
+    if (r < 0 && misses != nullptr) fetch_add_one(misses);
   }
 };
 
+// A row created by this call, as find_or_insert's first pass leaves it in rows[i] for the
+// second to initialise (-1 is a failed key; ids are >= 0).
+STREAMREC_HD inline int64_t created_mark(int64_t id) { return -2 - id; }
+
+// First pass: a new key's slot is published as soon as its row id is drawn (probes passing
+// it wait only for the id); where rows are initialised, its rows[i] is marked
+// (created_mark) for InitCreated, the second pass.
 struct FindOrInsert {
   int64_t* s;
   uint64_t mask;
   const int64_t* keys;
   int64_t* rows;
   StreamrecNewRows nr;
-  StreamrecTableParams p;
-  bool expand;
+  bool init;
   STREAMREC_HD void operator()(int64_t i) const {
     const int64_t key = keys[i];
     const Claim c = claim(s, mask, key);
@@ -147,7 +153,7 @@ struct FindOrInsert {
       rows[i] = -1;
       return;
     }
-    const int64_t id = Atomic<int64_t>(*nr.next_row).fetch_add(1, cuda::memory_order_relaxed);
+    const int64_t id = fetch_add_one(nr.next_row);
     if (id >= nr.table.R) {
       raise_flag(nr.flag, STREAMREC_CUDA_ERR_ROWS_FULL);
       publish(s, c.slot, kTombRow);  // the key stays absent (holds() never matches a tomb)
@@ -155,10 +161,25 @@ struct FindOrInsert {
       return;
     }
     *key_at(nr.table, id) = key;
-    if (nr.table.chunks != nullptr)
-      init_row(row_at(nr.table, id, p.stride), key, p, expand, PortablePairs{});
-    add_to(nr.created, 1);
     publish(s, c.slot, id);
+    if (nr.created != nullptr) fetch_add_one(nr.created);
+    rows[i] = init ? created_mark(id) : id;
+  }
+};
+
+// Second pass: initialises the rows the first created (one thread a position; positions of
+// keys found, or failed, only read their row) and writes their ids.
+struct InitCreated {
+  int64_t* rows;
+  const int64_t* keys;
+  StreamrecRows t;
+  StreamrecTableParams p;
+  bool expand;
+  STREAMREC_HD void operator()(int64_t i) const {
+    const int64_t r = rows[i];
+    if (r >= -1) return;
+    const int64_t id = created_mark(r);  // its own inverse
+    init_row(row_at(t, id, p.stride), keys[i], p, expand, PortablePairs{});
     rows[i] = id;
   }
 };
@@ -226,7 +247,7 @@ struct Export {
   STREAMREC_HD void operator()(int64_t i) const {
     const int64_t r = s[2 * i + 1];
     if (r < 0) return;
-    const int64_t at = Atomic<int64_t>(*count).fetch_add(1, cuda::memory_order_relaxed);
+    const int64_t at = fetch_add_one(count);
     keys[at] = s[2 * i];
     rows[at] = r;
   }
@@ -303,9 +324,12 @@ extern "C" int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t
     p = *params;
     expand = expand_at_creation(p);
   }
+  const bool init = new_rows.table.chunks != nullptr;
   STREAMREC_CUDA_TRY(launch(
-      n, FindOrInsert{index.slots, mask_of(index), keys, rows, new_rows, p, expand}, stream,
-      kOp));
+      n, FindOrInsert{index.slots, mask_of(index), keys, rows, new_rows, init}, stream, kOp));
+  if (init)
+    STREAMREC_CUDA_TRY(
+        launch(n, InitCreated{rows, keys, new_rows.table, p, expand}, stream, kOp));
   return ok();
 }
 
