@@ -18,17 +18,12 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import torch
+from item_tables import day_items, start_sampler_process, write_item_table
 from servers import wait_for
 from stack_helpers import STREAMREC, Output, child_pids
 from streamrec.auth import write_token_file
 from streamrec.process import spawn, stop_process
-from streamrec.trainer.data import ParseStats, iter_batches
-from streamrec.wire import RpcClient
 
 pytestmark = pytest.mark.slow
 
@@ -43,50 +38,16 @@ def foreign_sampler(xdg: Path) -> subprocess.Popen:
     runtime.mkdir(mode=0o700)
     token = write_token_file(runtime / "their-token")
     endpoint = f"ipc://{runtime / 'sampler.sock'}"
-    proc = spawn(
-        [sys.executable, "-m", "streamrec.sampler", "serve", "--endpoint", endpoint]
-        + ["--auth-token-file", str(token)],
-        log=runtime / "foreign.log",
-        die_with_parent=True,
+    return start_sampler_process(
+        endpoint, runtime / "foreign.log", token, what="the foreign sampler"
     )
-
-    def answers() -> bool:
-        try:
-            with RpcClient(endpoint, timeout_s=1, token=token.read_text().strip()) as c:
-                c.call("ping", timeout_s=1)
-            return True
-        except Exception:
-            return False
-
-    wait_for(
-        answers,
-        60,
-        0.1,
-        what="the foreign sampler",
-        gone=lambda: None if proc.poll() is None else "it exited",
-    )
-    return proc
 
 
 def negative_table(data: Path) -> tuple[Path, int]:
     """items.parquet of every item id (slot 0) of the day, under the data root; and the day's
     clicks."""
-    files = sorted(data.glob(f"{DAY}/*/part-*"))
-    batches = list(iter_batches(files, "generated", 4, 10**6, ParseStats()))
-    ids = torch.unique(torch.cat([b.keys[:, 0] for b in batches])).numpy()
-    path = data / "items.parquet"
-    pq.write_table(
-        pa.table(
-            {
-                "slot_0": pa.array(ids, pa.int64()),
-                "category": pa.array(np.ones(len(ids), np.int64)),
-                "weight": pa.array(np.ones(len(ids), np.float32)),
-                "skey": pa.array([""] * len(ids)),
-            }
-        ),
-        path,
-    )
-    return path, sum(int(b.labels.sum()) for b in batches)
+    ids, clicks = day_items(sorted(data.glob(f"{DAY}/*/part-*")))
+    return write_item_table(data / "items.parquet", ids), clicks
 
 
 @pytest.mark.timeout(600)

@@ -13,11 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import torch
 from agent_helpers import (
     SMALL_MODEL,
     agent_args,
@@ -196,27 +192,15 @@ def test_shards_of_another_tier_fail_the_job(client, roots, redis_server, tmp_pa
 @pytest.mark.timeout(240)
 def test_negatives_and_threads_reach_the_trainer_group(client, roots, redis_server, tmp_path):
     """sampler.neg_num negatives per click from sampler.endpoint; threads_per_rank threads."""
+    from item_tables import day_items, write_item_table
     from streamrec.sampler import LocalRpcDataSampler
     from streamrec.sampler.client import stop_server
-    from streamrec.trainer.data import ParseStats, iter_batches
 
     data, model = roots["data"] / "negatives", roots["model"] / "negatives"
     datagen(data, max_splits=1)
     files = sorted((data / "20190720" / "0000").glob("part-*"))
-    batches = list(iter_batches(files, "generated", 4, 10**6, ParseStats()))
-    clicks = sum(int(b.labels.sum()) for b in batches)
-    items = torch.unique(torch.cat([b.keys[:, 0] for b in batches])).numpy()
-    pq.write_table(
-        pa.table(
-            {
-                "slot_0": pa.array(items, pa.int64()),
-                "category": pa.array(np.ones(len(items), np.int64)),
-                "weight": pa.array(np.ones(len(items), np.float32)),
-                "skey": pa.array([""] * len(items)),
-            }
-        ),
-        data / "items.parquet",  # under the API's data root, as a job's table must be
-    )
+    items, clicks = day_items(files)
+    write_item_table(data / "items.parquet", items)  # under the API's data root, as a job's
     endpoint = TEST_SAMPLER_ENDPOINT  # one the API allows (--sampler-endpoint)
     sampler = LocalRpcDataSampler("category", "slot_0", "weight", "skey", endpoint=endpoint)
     body = small_job(

@@ -6,11 +6,9 @@ import json
 import shutil
 import tempfile
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
+from item_tables import day_items, write_item_table
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
 from streamrec.trainer.data import ParseStats, iter_batches
@@ -28,18 +26,8 @@ def short_dir():
 def test_positives_expanded_with_negatives(stream, tmp_path, short_dir):
     spec_files = sorted((stream / "20190720" / "0000").glob("part-*"))
     batches = list(iter_batches(spec_files, "generated", 4, 10**6, ParseStats()))
-    items = torch.unique(torch.cat([b.keys[:, 0] for b in batches])).numpy()
-    pq.write_table(
-        pa.table(
-            {
-                "slot_0": pa.array(items, pa.int64()),
-                "category": pa.array(np.ones(len(items), np.int64)),
-                "weight": pa.array(np.ones(len(items), np.float32)),
-                "skey": pa.array([""] * len(items)),
-            }
-        ),
-        tmp_path / "items.parquet",
-    )
+    items = day_items(spec_files)[0]
+    write_item_table(tmp_path / "items.parquet", items)
     cfg = small_config(
         stream,
         tmp_path / "m",

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -16,20 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import torch
 from agent_helpers import SMALL_MODEL, datagen, run_agent, small_job, started_job
 from api_helpers import TEST_SAMPLER_ENDPOINT
+from item_tables import day_items, start_sampler_process, write_item_table
 from prometheus_client import REGISTRY
 from servers import wait_for
 from streamrec.auth import write_token_file
-from streamrec.process import spawn, stop_process
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.process import stop_process
 from streamrec.trainer.errors import PassFailed, error_class
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.wire import RpcClient
 from trainer_helpers import small_config
 
 
@@ -43,62 +38,22 @@ def short_dir() -> Iterator[Path]:
 def start_sampler(
     directory: Path, token_file: Path | None = None, sock: Path | None = None
 ) -> subprocess.Popen:
-    """A sampler server on ``sock`` (default ``directory``/sampler.sock), as the launcher runs
-    it; returns once it answers. It dies with the thread that started it."""
+    """A sampler server on ``sock`` (default ``directory``/sampler.sock); returns once it
+    answers."""
     sock = sock or directory / "sampler.sock"
-    endpoint = f"ipc://{sock}"
-    extra = [] if token_file is None else ["--auth-token-file", str(token_file)]
-    log = directory / "sampler.log"
-    proc = spawn(
-        [sys.executable, "-m", "streamrec.sampler", "serve", "--endpoint", endpoint, *extra],
-        log=log,
-        die_with_parent=True,
-    )
-    token = None if token_file is None else token_file.read_text().strip()
-
-    def answers() -> bool:
-        if not sock.exists():
-            return False
-        try:
-            with RpcClient(endpoint, timeout_s=1, token=token) as c:
-                c.call("ping", timeout_s=1)
-            return True
-        except Exception:
-            return False
-
-    wait_for(
-        answers,
-        60,
-        0.1,
-        what="the sampler's ping",
-        gone=lambda: None if proc.poll() is None else "it exited",
-        detail=lambda: log.read_text(errors="replace"),
-    )
-    return proc
+    return start_sampler_process(f"ipc://{sock}", directory / "sampler.log", token_file)
 
 
 def negatives_config(stream: Path, tmp_path: Path, endpoint: str, **runner: object):
     """The stream's first day, with 2 negatives per click from a table of the day's items
     (written to ``tmp_path``/items.parquet); also returns the clicks of each pass."""
     clicks = []
-    items = set()
+    items = []
     for split in ("0000", "1200"):
-        files = sorted((stream / "20190720" / split).glob("part-*"))
-        batches = list(iter_batches(files, "generated", 4, 10**6, ParseStats()))
-        clicks.append(sum(int(b.labels.sum()) for b in batches))
-        items |= set(torch.cat([b.keys[:, 0] for b in batches]).tolist())
-    ids = np.array(sorted(items), np.int64)
-    pq.write_table(
-        pa.table(
-            {
-                "slot_0": pa.array(ids, pa.int64()),
-                "category": pa.array(np.ones(len(ids), np.int64)),
-                "weight": pa.array(np.ones(len(ids), np.float32)),
-                "skey": pa.array([""] * len(ids)),
-            }
-        ),
-        tmp_path / "items.parquet",
-    )
+        ids, split_clicks = day_items(sorted((stream / "20190720" / split).glob("part-*")))
+        clicks.append(split_clicks)
+        items.append(ids)
+    write_item_table(tmp_path / "items.parquet", np.unique(np.concatenate(items)))
     cfg = small_config(stream, tmp_path / "m", end_day="20190720", **runner)
     job = cfg.model_dump(mode="json")
     job["negative_sampling"] = {
@@ -226,18 +181,7 @@ def test_a_refusing_sampler_spends_the_restart_budget_then_fails_the_job_naming_
     error naming the sampler, the process holding it and how to stop it."""
     data, model = roots["data"] / "refused", roots["model"] / "refused"
     datagen(data, max_splits=1)
-    ids = np.arange(100, dtype=np.int64)
-    pq.write_table(
-        pa.table(
-            {
-                "slot_0": pa.array(ids),
-                "category": pa.array(np.ones(100, np.int64)),
-                "weight": pa.array(np.ones(100, np.float32)),
-                "skey": pa.array([""] * 100),
-            }
-        ),
-        data / "items.parquet",
-    )
+    write_item_table(data / "items.parquet", np.arange(100, dtype=np.int64))
     theirs = write_token_file(short_dir / "their-token")
     server = start_sampler(short_dir, theirs, Path(TEST_SAMPLER_ENDPOINT[len("ipc://") :]))
     body = small_job(
