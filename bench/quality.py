@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-baseline", action="store_true")
     args = ap.parse_args(argv)
     schema = None if args.schema is None else yaml.safe_load(args.schema.read_text())
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as tmp:
         config = job(args.data, schema, args.set, Path(tmp) / "model")
         t0 = time.monotonic()
