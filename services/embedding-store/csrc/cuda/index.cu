@@ -167,20 +167,23 @@ struct FindOrInsert {
   }
 };
 
-// Second pass: initialises the rows the first created (one thread a position; positions of
-// keys found, or failed, only read their row) and writes their ids.
+// Second pass: initialises the rows the first created, one warp a position (its lanes write
+// consecutive columns: coalesced; positions of keys found, or failed, only read their row),
+// then the leader writes the id, after every lane has read the mark.
 struct InitCreated {
   int64_t* rows;
   const int64_t* keys;
   StreamrecRows t;
   StreamrecTableParams p;
   bool expand;
-  STREAMREC_HD void operator()(int64_t i) const {
+  template <class Lanes>
+  STREAMREC_HD void operator()(int64_t i, const Lanes& lanes) const {
     const int64_t r = rows[i];
     if (r >= -1) return;
     const int64_t id = created_mark(r);  // its own inverse
-    init_row(row_at(t, id, p.stride), keys[i], p, expand, PortablePairs{});
-    rows[i] = id;
+    init_row_lanes(row_at(t, id, p.stride), keys[i], p, expand, lanes);
+    lanes.sync();
+    if (lanes.leader()) rows[i] = id;
   }
 };
 
@@ -329,7 +332,7 @@ extern "C" int streamrec_cuda_find_or_insert(StreamrecIndex index, const int64_t
       n, FindOrInsert{index.slots, mask_of(index), keys, rows, new_rows, init}, stream, kOp));
   if (init)
     STREAMREC_CUDA_TRY(
-        launch(n, InitCreated{rows, keys, new_rows.table, p, expand}, stream, kOp));
+        launch_rows(n, InitCreated{rows, keys, new_rows.table, p, expand}, stream, kOp));
   return ok();
 }
 

@@ -1,5 +1,6 @@
 // Row creation: init_rows (rows [start, start + count) from their keys) and initial_weights
-// (the draws of given keys), one thread per row; the draws are ../shared/row_init.h.
+// (the draws of given keys), one warp per row (lanes take consecutive columns: coalesced);
+// the draws are ../shared/row_init.h's column functions.
 #include "common.cuh"
 
 namespace streamrec_cuda {
@@ -10,9 +11,10 @@ struct InitRows {
   int64_t start;
   StreamrecTableParams p;
   bool expand;
-  STREAMREC_HD void operator()(int64_t i) const {
+  template <class Lanes>
+  STREAMREC_HD void operator()(int64_t i, const Lanes& lanes) const {
     const int64_t r = start + i;
-    init_row(row_at(t, r, p.stride), *key_at(t, r), p, expand, PortablePairs{});
+    init_row_lanes(row_at(t, r, p.stride), *key_at(t, r), p, expand, lanes);
   }
 };
 
@@ -22,8 +24,9 @@ struct InitialWeights {
   float* out;
   StreamrecTableParams p;
   bool expand;
-  STREAMREC_HD void operator()(int64_t i) const {
-    draw_weights(out + i * p.dim, row_stream(p.seed, keys[i]), p, expand, PortablePairs{});
+  template <class Lanes>
+  STREAMREC_HD void operator()(int64_t i, const Lanes& lanes) const {
+    draw_weights_lanes(out + i * p.dim, row_stream(p.seed, keys[i]), p, expand, lanes);
   }
 };
 
@@ -45,7 +48,7 @@ extern "C" int streamrec_cuda_init_rows(StreamrecRows table, int64_t start, int6
   if (count == 0) return ok();
   const StreamrecTableParams p = *params;
   STREAMREC_CUDA_TRY(
-      launch(count, InitRows{table, start, p, expand_at_creation(p)}, stream, kOp));
+      launch_rows(count, InitRows{table, start, p, expand_at_creation(p)}, stream, kOp));
   return ok();
 }
 
@@ -59,6 +62,6 @@ extern "C" int streamrec_cuda_initial_weights(const int64_t* keys, int64_t n, in
   STREAMREC_CUDA_REQUIRE(keys != nullptr && out != nullptr,
                          "initial_weights: keys and out must be set");
   STREAMREC_CUDA_TRY(
-      launch(n, InitialWeights{keys, out, *params, with_embedx != 0}, stream, kOp));
+      launch_rows(n, InitialWeights{keys, out, *params, with_embedx != 0}, stream, kOp));
   return ok();
 }

@@ -138,6 +138,70 @@ STREAMREC_HD inline void init_row(float* row, int64_t key, const P& p, bool expa
   init_state(row + p.embedx_state, p.embedx_rule, p.dim - 1);
 }
 
+// ---- one column at a time: the GPU's warp-per-row creation (lanes of a warp take columns
+// lane, lane + 32, ...: coalesced stores), bit for bit what the whole-row functions write ----
+
+// Column c of a draw from initializer ip (draw_columns' value at c).
+template <class Init>
+STREAMREC_HD inline float draw_column(const Init& ip, uint64_t stream, int64_t c) {
+  const float a = static_cast<float>(ip.a), b = static_cast<float>(ip.b);
+  if (ip.kind == kUniform) {
+    const uint64_t h = col_hash(stream, static_cast<uint64_t>(c) >> 1);
+    const int32_t bits = (c & 1) ? static_cast<int32_t>((h & 0xFFFFFFFFu) >> 8)
+                                 : static_cast<int32_t>(h >> 40);  // uniform_pair's halves
+    return a + uniform_scale(a, b) * static_cast<float>(bits);
+  }
+  if (ip.kind == kNormal) return normal_draw(stream, c, a, b);
+  return 0.0f;
+}
+
+// Weight c of a new row (draw_weights' value at c): column 0 is always embed_init's draw (with
+// expand and the same initializer, embedx_init's draw there is the same value).
+template <class P>
+STREAMREC_HD inline float initial_weight(uint64_t stream, const P& p, bool expand, int64_t c) {
+  if (c == 0) return draw_column(p.embed_init, stream, 0);
+  return expand ? draw_column(p.embedx_init, stream, c) : 0.0f;
+}
+
+// Column c of the initial optimizer state of d weights under rule rp (init_state's value).
+template <class Rule>
+STREAMREC_HD inline float initial_state(const Rule& rp, int64_t d, int64_t c) {
+  if (rp.kind == kAdam && d > 0) {
+    if (c == 2 * d) return static_cast<float>(rp.beta1);
+    if (c == 2 * d + 1) return static_cast<float>(rp.beta2);
+  }
+  return 0.0f;
+}
+
+// init_row by cooperating lanes (Lanes: first(), step(), leader(), as update_row's): lane k
+// writes columns first() + k step() of each part, the leader the header. The caller syncs
+// the lanes before anything reads the row.
+template <class P, class Lanes>
+STREAMREC_HD inline void init_row_lanes(float* row, int64_t key, const P& p, bool expand,
+                                        const Lanes& lanes) {
+  if (lanes.leader()) {
+    row[kShow] = row[kClick] = row[kUnseen] = 0.0f;
+    row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
+  }
+  const uint64_t stream = row_stream(p.seed, key);
+  for (int64_t c = lanes.first(); c < p.dim; c += lanes.step())
+    row[kEmbedW + c] = initial_weight(stream, p, expand, c);
+  const int64_t w1 = state_width(p.embed_rule.kind, 1);
+  for (int64_t c = lanes.first(); c < w1; c += lanes.step())
+    row[p.embed_state + c] = initial_state(p.embed_rule, 1, c);
+  const int64_t wx = state_width(p.embedx_rule.kind, p.dim - 1);
+  for (int64_t c = lanes.first(); c < wx; c += lanes.step())
+    row[p.embedx_state + c] = initial_state(p.embedx_rule, p.dim - 1, c);
+}
+
+// draw_weights by cooperating lanes, into out[0 .. dim).
+template <class P, class Lanes>
+STREAMREC_HD inline void draw_weights_lanes(float* out, uint64_t stream, const P& p, bool expand,
+                                            const Lanes& lanes) {
+  for (int64_t c = lanes.first(); c < p.dim; c += lanes.step())
+    out[c] = initial_weight(stream, p, expand, c);
+}
+
 // The embedx weights of an expanding row.
 template <class Pairs, class P>
 STREAMREC_HD inline void init_embedx(float* row, int64_t key, const P& p, const Pairs& pairs) {
