@@ -38,11 +38,11 @@ GPU_TESTS="tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cud
   tests/embedding_store/test_device_wiring.py tests/embedding_store/test_device_rows.py
   tests/embedding_store/test_device_staging.py"
 
-sanitize() {  # compute-sanitizer --tool $1 over the GPU parameters of the op tests
+sanitize() {  # compute-sanitizer --tool $1 over the GPU parameters ([cuda...]) of the op tests
   local tool=$1
   shift
   "$@" compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
-    python3 -m pytest -q -x -p no:cacheprovider -m gpu -k cuda \
+    python3 -m pytest -q -x -p no:cacheprovider -m gpu -k "[cuda" \
     tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cuda_hazards.py \
     >"$OUT/sanitizer-$tool.log" 2>&1
   local s=$?
