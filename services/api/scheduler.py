@@ -53,6 +53,7 @@ from streamrec.api.state import (
     event_fields,
 )
 from streamrec.control import keys, redis_io
+from streamrec.control.work import WorkItem
 from streamrec.layout import PassSpec, pass_ready
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,9 @@ class Scheduler:
         skipped = before[3] or "[]"
         resume_from = f.get("last_checkpoint", "") if attempts > 1 else ""
         after = keys.pass_key(plan[cursor - 1].day, plan[cursor - 1].pass_id) if cursor else ""
-        ts = f"{time.time():.3f}"
+        now_s = time.time()
+        ts = f"{now_s:.3f}"
+        item = WorkItem("", p, attempts, resume_from, after, tuple(json.loads(skipped)))
         with self.r.pipeline() as pipe:
             pipe.delete(rec)
             redis_io.hset(
@@ -232,20 +235,7 @@ class Scheduler:
                 },
             )
             pipe.zadd(keys.passes(job_id), {pk: cursor})
-            redis_io.xadd(
-                pipe,
-                keys.work(job_id),
-                {
-                    "day": p.day,
-                    "pass_id": str(p.pass_id),
-                    "splits": json.dumps(list(p.splits)),
-                    "attempt": str(attempts),
-                    "resume_from": resume_from,
-                    "after": after,
-                    "skip": skipped,
-                    "ts": ts,
-                },
-            )
+            redis_io.xadd(pipe, keys.work(job_id), item.to_fields(now_s))
             redis_io.hset(pipe, keys.job(job_id), {"in_flight": pk, "cursor": str(cursor + 1)})
             redis_io.xadd(
                 pipe,

@@ -24,6 +24,7 @@ if os.environ.get("STREAMREC_SIMD", "") not in ("", "portable"):
 from streamrec.embedding_store.client import EmbeddingStoreClient
 from streamrec.embedding_store.converters import Converter, FileConverter
 from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
 from streamrec.embedding_store.local_shards import LocalShards
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
 from streamrec.embedding_store.options import (
@@ -48,11 +49,13 @@ __all__ = [
     "NormalInitializer",
     "PulledBatch",
     "SgdRuleParam",
+    "ShardRestarted",
     "SparseStore",
     "StoreEmbeddingBags",
     "StoreOptions",
     "TableOptions",
     "UniformInitializer",
+    "UnknownNamespace",
     "ZerosInitializer",
     "unique_keys",
 ]
