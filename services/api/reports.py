@@ -25,8 +25,8 @@ from streamrec.api.state import (
     JobState,
     PassState,
     TriggerState,
+    append_event,
     change_state,
-    event_fields,
 )
 from streamrec.control import keys, redis_io
 from streamrec.control.channel import CommandType
@@ -114,24 +114,24 @@ class ReportApplier:
             report = decode_report(fields)
             self._handlers[report.KIND](job_id, report)
         except (ValueError, KeyError, TypeError) as exc:
-            redis_io.xadd(
+            append_event(
                 self.r,
-                keys.events(job_id),
-                event_fields(
-                    "bad_report", f"report {msg_id} ({kind!r}) ignored: {exc}", {"id": msg_id}
-                ),
+                job_id,
+                "bad_report",
+                f"report {msg_id} ({kind!r}) ignored: {exc}",
+                {"id": msg_id},
             )
         except ApiError as exc:  # e.g. a transition no longer allowed: record it, go on
-            redis_io.xadd(
+            append_event(
                 self.r,
-                keys.events(job_id),
-                event_fields(
-                    "bad_report", f"report {msg_id} ({kind!r}) not applied: {exc}", {"id": msg_id}
-                ),
+                job_id,
+                "bad_report",
+                f"report {msg_id} ({kind!r}) not applied: {exc}",
+                {"id": msg_id},
             )
 
     def _event(self, job_id: str, kind: str, message: str, data: dict[str, Any]) -> None:
-        redis_io.xadd(self.r, keys.events(job_id), event_fields(kind, message, data))
+        append_event(self.r, job_id, kind, message, data)
 
     def _on_started(self, job_id: str, report: Started) -> None:
         """A group is up for the job, its model at ``resumed_from``: the passes done after
@@ -226,14 +226,12 @@ class ReportApplier:
                 for k in ("predict_auc", "train_auc", "logloss")
                 if isinstance(record.get(k), int | float)
             )
-            redis_io.xadd(
+            append_event(
                 pipe,
-                keys.events(job_id),
-                event_fields(
-                    "pass",
-                    f"pass {pk} done" + (f": {shown}" if shown else ""),
-                    {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
-                ),
+                job_id,
+                "pass",
+                f"pass {pk} done" + (f": {shown}" if shown else ""),
+                {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
             )
             pipe.execute()
         self._ack_work(job_id)
