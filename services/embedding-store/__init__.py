@@ -27,7 +27,10 @@ from streamrec.embedding_store.dedup import unique_keys
 from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
 from streamrec.embedding_store.local_shards import LocalShards
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
-from streamrec.embedding_store.options import (
+from streamrec.embedding_store.redis_converter import RedisConverter
+from streamrec.embedding_store.sparse_store import SparseStore
+from streamrec.embedding_store.store import EmbeddingStore
+from streamrec.store_schema import (
     NormalInitializer,
     SgdRuleParam,
     StoreOptions,
@@ -35,9 +38,6 @@ from streamrec.embedding_store.options import (
     UniformInitializer,
     ZerosInitializer,
 )
-from streamrec.embedding_store.redis_converter import RedisConverter
-from streamrec.embedding_store.sparse_store import SparseStore
-from streamrec.embedding_store.store import EmbeddingStore
 
 __all__ = [
     "Converter",
