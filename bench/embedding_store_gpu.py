@@ -42,8 +42,8 @@ from embedding_store import RESULTS
 from embedding_store import figure as cpu_figure
 from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_tier import DeviceTable
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import index_slots, table_params
+from streamrec.store_schema import TableOptions
 
 KEYS_PER_CALL = 1 << 20
 

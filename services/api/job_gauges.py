@@ -20,7 +20,7 @@ from streamrec.api.data_gauges import DataGauges
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.pool import WAITING
-from streamrec.api.state import event_fields
+from streamrec.api.state import append_event
 from streamrec.control import keys, redis_io
 
 
@@ -80,14 +80,12 @@ class RunningJobGauges:
                 spec = stored_spec(fields["spec"]).data
                 where = Path(spec.train_data_dir) / awaited
                 what = f"{where}/{spec.data_donefile}" if spec.data_donefile else str(where)
-                redis_io.xadd(
+                append_event(
                     pipe,
-                    keys.events(job_id),
-                    event_fields(
-                        "data_wait",
-                        f"waiting for split {awaited}: {what} is not there yet",
-                        {"split": awaited, "path": what},
-                    ),
+                    job_id,
+                    "data_wait",
+                    f"waiting for split {awaited}: {what} is not there yet",
+                    {"split": awaited, "path": what},
                 )
             pipe.execute()
 

@@ -15,7 +15,7 @@ import time
 
 import redis
 from streamrec.api.models import JobCreate
-from streamrec.api.state import event_fields, watched
+from streamrec.api.state import append_event, watched
 from streamrec.control import keys, redis_io
 from streamrec.control.states import JobState, PassState
 from streamrec.layout import PassSpec, iter_passes
@@ -64,15 +64,13 @@ def queue_rollback(
             {"state": PassState.ROLLED_BACK.value, "rolled_back_at": now},
         )
     pipe.hincrby(keys.job(job_id), "passes_done", -len(rolled))
-    redis_io.xadd(
+    append_event(
         pipe,
-        keys.events(job_id),
-        event_fields(
-            "rollback",
-            f"pass(es) {', '.join(rolled)} rolled back to {checkpoint or 'the start'} ({why}): "
-            f"they are trained again",
-            {"rolled_back": rolled, "resume_from": checkpoint or None},
-        ),
+        job_id,
+        "rollback",
+        f"pass(es) {', '.join(rolled)} rolled back to {checkpoint or 'the start'} ({why}): "
+        f"they are trained again",
+        {"rolled_back": rolled, "resume_from": checkpoint or None},
     )
 
 

@@ -25,7 +25,7 @@ import uuid
 import redis
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
-from streamrec.api.state import event_fields
+from streamrec.api.state import append_event
 from streamrec.control import keys, pool, redis_io
 
 #: The job hash's ``trainers`` field: how the job stands with the pool.
@@ -103,10 +103,8 @@ class PoolScheduler:
             pipe.hdel(keys.POOL_ASSIGNMENTS, name)
             if exists:
                 redis_io.hset(pipe, keys.job(a.job_id), {"group": "", "trainers": ""})
-                redis_io.xadd(
-                    pipe,
-                    keys.events(a.job_id),
-                    event_fields("pool", f"trainer group {name} released: {why}", {"group": name}),
+                append_event(
+                    pipe, a.job_id, "pool", f"trainer group {name} released: {why}", {"group": name}
                 )
 
         self.r.transaction(body, keys.POOL_ASSIGNMENTS)
@@ -129,11 +127,7 @@ class PoolScheduler:
             # last_group: kept when the job ends (and "group" is cleared), to say who ran it
             fields = {"group": name, "last_group": name, "trainers": ASSIGNED}
             redis_io.hset(pipe, keys.job(job_id), fields)
-            redis_io.xadd(
-                pipe,
-                keys.events(job_id),
-                event_fields("pool", f"assigned to trainer group {name}", {"group": name}),
-            )
+            append_event(pipe, job_id, "pool", f"assigned to trainer group {name}", {"group": name})
             pipe.execute()
 
     def mark(self, job_id: str, standing: str) -> None:
@@ -151,16 +145,14 @@ class PoolScheduler:
             ]
             with self.r.pipeline() as pipe:
                 redis_io.hset(pipe, keys.job(job_id), {"trainers": WAITING, "group": ""})
-                redis_io.xadd(
+                append_event(
                     pipe,
-                    keys.events(job_id),
-                    event_fields(
-                        "pool",
-                        "waiting for trainers: no free trainer group in the pool fits "
-                        "resources.trainer_ranks (start one with streamrec-trainer-agent "
-                        "without --job-id)",
-                        {"groups": groups},
-                    ),
+                    job_id,
+                    "pool",
+                    "waiting for trainers: no free trainer group in the pool fits "
+                    "resources.trainer_ranks (start one with streamrec-trainer-agent "
+                    "without --job-id)",
+                    {"groups": groups},
                 )
                 pipe.execute()
         return 1

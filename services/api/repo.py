@@ -41,8 +41,8 @@ from streamrec.api.state import (
     JobAction,
     JobState,
     TriggerState,
+    append_event,
     change_state,
-    event_fields,
     next_state,
     watched,
 )
@@ -193,9 +193,7 @@ class Repo:
             pipe.xgroup_create(keys.work(job_id), keys.TRAINER_GROUP, id="0", mkstream=True)
             pipe.xgroup_create(keys.commands(job_id), keys.TRAINER_GROUP, id="0", mkstream=True)
             pipe.xgroup_create(keys.reports(job_id), keys.API_GROUP, id="0", mkstream=True)
-            redis_io.xadd(
-                pipe, keys.events(job_id), event_fields("state", "created", {"to": "created"})
-            )
+            append_event(pipe, job_id, "state", "created", {"to": "created"})
 
         watched(self.r, create, keys.JOBS, keys.MODEL_PATHS)
         return self.get_job(job_id)
@@ -376,14 +374,12 @@ class Repo:
                 },
             )
             what = body.kind.value + (f" {body.mode.value}" if body.mode else "")
-            redis_io.xadd(
+            append_event(
                 pipe,
-                keys.events(job_id),
-                event_fields(
-                    "trigger",
-                    f"{what} requested ({trigger_id})",
-                    {"trigger_id": trigger_id, "kind": body.kind.value, "mode": body.mode},
-                ),
+                job_id,
+                "trigger",
+                f"{what} requested ({trigger_id})",
+                {"trigger_id": trigger_id, "kind": body.kind.value, "mode": body.mode},
             )
 
         watched(self.r, create, key)

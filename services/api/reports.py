@@ -25,11 +25,29 @@ from streamrec.api.state import (
     JobState,
     PassState,
     TriggerState,
+    append_event,
     change_state,
-    event_fields,
 )
 from streamrec.control import keys, redis_io
-from streamrec.control.channel import CommandType, ReportKind
+from streamrec.control.channel import CommandType
+from streamrec.control.codec import encode
+from streamrec.control.reports import (
+    Checkpoint,
+    Claimed,
+    Error,
+    ErrorClass,
+    Fatal,
+    PassDone,
+    PassFailed,
+    Phase,
+    Released,
+    ReportKind,
+    Started,
+    Stopped,
+    TriggerDone,
+    TriggerFailed,
+    decode_report,
+)
 
 #: Metric fields a trainer reports for a pass (OnlineTrainer.run_pass record).
 PASS_METRICS = (
@@ -67,7 +85,7 @@ class ReportApplier:
         self._requeue = requeue
         self._ack_work = ack_work
         #: ``_on_<kind>`` for every report kind (streamrec.control.channel.ReportKind).
-        self._handlers: dict[ReportKind, Callable[[str, dict[str, Any]], None]] = {
+        self._handlers: dict[ReportKind, Callable[[str, Any], None]] = {
             kind: getattr(self, f"_on_{kind.value}") for kind in ReportKind
         }
 
@@ -93,42 +111,34 @@ class ReportApplier:
     def _apply_one(self, job_id: str, msg_id: str, fields: dict[str, str]) -> None:
         kind = fields.get("type", "")
         try:
-            data = json.loads(fields.get("data") or "{}")
-            if not isinstance(data, dict):
-                raise ValueError(f"data must be an object, got {type(data).__name__}")
-            try:
-                handler = self._handlers[ReportKind(kind)]
-            except ValueError:
-                raise ValueError(f"unknown report type {kind!r}") from None
-            handler(job_id, data)
+            report = decode_report(fields)
+            self._handlers[report.KIND](job_id, report)
         except (ValueError, KeyError, TypeError) as exc:
-            redis_io.xadd(
+            append_event(
                 self.r,
-                keys.events(job_id),
-                event_fields(
-                    "bad_report", f"report {msg_id} ({kind!r}) ignored: {exc}", {"id": msg_id}
-                ),
+                job_id,
+                "bad_report",
+                f"report {msg_id} ({kind!r}) ignored: {exc}",
+                {"id": msg_id},
             )
         except ApiError as exc:  # e.g. a transition no longer allowed: record it, go on
-            redis_io.xadd(
+            append_event(
                 self.r,
-                keys.events(job_id),
-                event_fields(
-                    "bad_report", f"report {msg_id} ({kind!r}) not applied: {exc}", {"id": msg_id}
-                ),
+                job_id,
+                "bad_report",
+                f"report {msg_id} ({kind!r}) not applied: {exc}",
+                {"id": msg_id},
             )
 
     def _event(self, job_id: str, kind: str, message: str, data: dict[str, Any]) -> None:
-        redis_io.xadd(self.r, keys.events(job_id), event_fields(kind, message, data))
+        append_event(self.r, job_id, kind, message, data)
 
-    def _on_started(self, job_id: str, data: dict[str, Any]) -> None:
+    def _on_started(self, job_id: str, report: Started) -> None:
         """A group is up for the job, its model at ``resumed_from``: the passes done after
         that are not in the model the job goes on from (a group restarted after a kill
         between a pass's report and its checkpoint): rolled back and trained again."""
-        self._event(job_id, "trainer", f"trainer group up: {data.get('ranks')} rank(s)", data)
-        resumed = data.get("resumed_from")
-        if resumed is not None and not isinstance(resumed, str):
-            raise ValueError(f"resumed_from must be a pass key or null, got {resumed!r}")
+        self._event(job_id, "trainer", f"trainer group up: {report.ranks} rank(s)", encode(report))
+        resumed = report.resumed_from
         if resumed:
             keys.parse_pass_key(resumed)  # a malformed key is a bad report
         spec = self.repo.job_fields(job_id).get("spec")
@@ -144,28 +154,30 @@ class ReportApplier:
         if rolled:
             self.metrics.passes_requeued.labels(job_id).inc(len(rolled))
 
-    def _stale(self, job_id: str, rec: str, data: dict[str, Any]) -> bool:
+    def _stale(
+        self, job_id: str, rec: str, report: Claimed | PassDone | PassFailed | Released
+    ) -> bool:
         """A report about an earlier attempt of a pass that was handed out again."""
-        if "attempt" not in data:
+        if report.attempt is None:
             return False
         current_raw, retired_raw = redis_io.hmget(self.r, rec, ["attempts", "retired"])
         current, retired = int(current_raw or 0), int(retired_raw or 0)
-        if int(data["attempt"]) == current and int(data["attempt"]) > retired:
+        if report.attempt == current and report.attempt > retired:
             return False
         self._event(
             job_id,
             "stale_report",
-            f"report for attempt {data['attempt']} of "
+            f"report for attempt {report.attempt} of "
             f"{rec.rsplit(':', 1)[-1]} ignored (attempt {current} is current)",
-            data,
+            encode(report),
         )
         return True
 
-    def _on_claimed(self, job_id: str, data: dict[str, Any]) -> None:
-        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
-        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
+    def _on_claimed(self, job_id: str, report: Claimed) -> None:
+        pk = keys.pass_key(report.day, report.pass_id)
+        rec = keys.pass_record(job_id, report.day, report.pass_id)
         if (
-            self._stale(job_id, rec, data)
+            self._stale(job_id, rec, report)
             or redis_io.hget(self.r, rec, "state") != PassState.QUEUED.value
         ):
             return
@@ -175,21 +187,18 @@ class ReportApplier:
             {
                 "state": PassState.RUNNING.value,
                 "started_at": f"{time.time():.3f}",
-                "ranks": str(int(data.get("ranks", 1))),
+                "ranks": str(report.ranks),
             },
         )
-        self._event(
-            job_id, "pass", f"pass {pk} started on {data.get('ranks', 1)} rank(s)", {"pass": pk}
-        )
+        self._event(job_id, "pass", f"pass {pk} started on {report.ranks} rank(s)", {"pass": pk})
 
-    def _on_pass_done(self, job_id: str, data: dict[str, Any]) -> None:
-        day, pid = str(data["day"]), int(data["pass_id"])
-        pk = keys.pass_key(day, pid)
-        rec = keys.pass_record(job_id, day, pid)
+    def _on_pass_done(self, job_id: str, report: PassDone) -> None:
+        pk = keys.pass_key(report.day, report.pass_id)
+        rec = keys.pass_record(job_id, report.day, report.pass_id)
         current = redis_io.hget(self.r, rec, "state")
-        if current is None or current == PassState.DONE.value or self._stale(job_id, rec, data):
+        if current is None or current == PassState.DONE.value or self._stale(job_id, rec, report):
             return
-        record = data.get("record") or {}
+        record = report.record
         values = {}
         for name in PASS_METRICS:
             v = record.get(name)
@@ -205,7 +214,7 @@ class ReportApplier:
                     "state": PassState.DONE.value,
                     "error": "",
                     "finished_at": f"{time.time():.3f}",
-                    "ranks": str(int(data.get("ranks", 1))),
+                    "ranks": str(report.ranks),
                 },
             )
             pipe.hincrby(keys.job(job_id), "passes_done", 1)
@@ -217,14 +226,12 @@ class ReportApplier:
                 for k in ("predict_auc", "train_auc", "logloss")
                 if isinstance(record.get(k), int | float)
             )
-            redis_io.xadd(
+            append_event(
                 pipe,
-                keys.events(job_id),
-                event_fields(
-                    "pass",
-                    f"pass {pk} done" + (f": {shown}" if shown else ""),
-                    {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
-                ),
+                job_id,
+                "pass",
+                f"pass {pk} done" + (f": {shown}" if shown else ""),
+                {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
             )
             pipe.execute()
         self._ack_work(job_id)
@@ -256,16 +263,16 @@ class ReportApplier:
                 {"pass": pk},
             )
 
-    def _on_pass_failed(self, job_id: str, data: dict[str, Any]) -> None:
-        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
-        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
+    def _on_pass_failed(self, job_id: str, report: PassFailed) -> None:
+        pk = keys.pass_key(report.day, report.pass_id)
+        rec = keys.pass_record(job_id, report.day, report.pass_id)
         f = self.repo.job_fields(job_id)
-        if f.get("in_flight") != pk or self._stale(job_id, rec, data):
+        if f.get("in_flight") != pk or self._stale(job_id, rec, report):
             return
-        error = f"trainer error: {str(data.get('error', ''))[:500]}"
-        if data.get("phase") == "save":
+        error = f"trainer error: {report.error[:500]}"
+        if report.phase == Phase.SAVE:
             self.metrics.checkpoint_failures.labels(job_id).inc()
-        if data.get("error_class") == "store_lost":  # the store's fault, not the pass's
+        if report.error_class == ErrorClass.STORE_LOST:  # the store's fault, not the pass's
             self._requeue(
                 job_id,
                 f,
@@ -274,21 +281,21 @@ class ReportApplier:
                 failure=False,
             )
             return
-        if data.get("error_class") == "infra":  # a shard or the sampler unreachable
+        if report.error_class == ErrorClass.INFRA:  # a shard or the sampler unreachable
             self._requeue(job_id, f, error, failure=False, infra=True)
             return
-        if data.get("error_class") != "data":  # transient: retried from the last checkpoint
+        if report.error_class == ErrorClass.TRANSIENT:  # retried from the last checkpoint
             self._requeue(job_id, f, error)
             return
         policy = stored_spec(f["spec"]).data.on_bad_split
-        bad = [str(s) for s in data.get("bad_splits") or []][:64]
+        bad = list(report.bad_splits[:64])
         if policy == "skip" and bad:
             self._requeue(job_id, f, f"bad data, skipped: {error}", failure=False, skip=bad)
         else:  # a retry cannot pass
             self._requeue(job_id, f, f"bad data (on_bad_split: {policy}): {error}", fatal=True)
 
-    def _on_checkpoint(self, job_id: str, data: dict[str, Any]) -> None:
-        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
+    def _on_checkpoint(self, job_id: str, report: Checkpoint) -> None:
+        pk = keys.pass_key(report.day, report.pass_id)
         self.r.hset(keys.job(job_id), "last_checkpoint", pk)
         self.metrics.checkpoints.labels(job_id).inc()
         self.metrics.last_checkpoint.labels(job_id).set(time.time())
@@ -296,27 +303,29 @@ class ReportApplier:
         self._event(
             job_id,
             "checkpoint",
-            f"checkpoint {pk} at {data.get('path')}",
-            {"pass": pk, "path": data.get("path")},
+            f"checkpoint {pk} at {report.path}",
+            {"pass": pk, "path": report.path},
         )
 
-    def _finish_trigger(self, job_id: str, data: dict[str, Any], state: TriggerState) -> None:
-        tid = str(data["trigger_id"])
+    def _finish_trigger(self, job_id: str, report: TriggerDone | TriggerFailed) -> None:
+        tid = report.trigger_id
         key = keys.trigger(job_id, tid)
         kind = redis_io.hget(self.r, key, "kind")
         if kind is None:
             raise ValueError(f"unknown trigger {tid!r}")
+        done = isinstance(report, TriggerDone)
+        state = TriggerState.DONE if done else TriggerState.FAILED
         fields = {"state": state.value, "finished_at": f"{time.time():.3f}"}
-        if state == TriggerState.DONE:
-            fields["result"] = json.dumps(data.get("result") or {})
+        if isinstance(report, TriggerDone):
+            fields["result"] = json.dumps(report.result)
         else:
-            fields["error"] = str(data.get("error", ""))[:2000]
+            fields["error"] = report.error[:2000]
         redis_io.hset(self.r, key, fields)
         self.metrics.triggers.labels(kind, state.value).inc()
-        # a trigger refused for want of a model (before the first pass, after a failed one:
-        # the agent's NotFound) is no failed save: it must not page as one
-        refused = str(data.get("error", "")).startswith("NotFound")
-        if kind == CommandType.CHECKPOINT and state == TriggerState.FAILED and not refused:
+        # a trigger refused for want of a model (before the first pass, after a failed one)
+        # is no failed save: it must not page as one
+        failed_save = isinstance(report, TriggerFailed) and not report.refused
+        if kind == CommandType.CHECKPOINT and failed_save:
             self.metrics.checkpoint_failures.labels(job_id).inc()
         self._event(
             job_id,
@@ -325,23 +334,23 @@ class ReportApplier:
             {"trigger_id": tid, **{k: v for k, v in fields.items() if k != "state"}},
         )
 
-    def _on_trigger_done(self, job_id: str, data: dict[str, Any]) -> None:
-        self._finish_trigger(job_id, data, TriggerState.DONE)
+    def _on_trigger_done(self, job_id: str, report: TriggerDone) -> None:
+        self._finish_trigger(job_id, report)
 
-    def _on_trigger_failed(self, job_id: str, data: dict[str, Any]) -> None:
-        self._finish_trigger(job_id, data, TriggerState.FAILED)
+    def _on_trigger_failed(self, job_id: str, report: TriggerFailed) -> None:
+        self._finish_trigger(job_id, report)
 
-    def _on_stopped(self, job_id: str, data: dict[str, Any]) -> None:
+    def _on_stopped(self, job_id: str, report: Stopped) -> None:
         if redis_io.hget(self.r, keys.job(job_id), "state") == JobState.STOPPING.value:
             change_state(self.r, job_id, JobAction.TRAINERS_STOPPED, reason="trainers stopped")
 
-    def _on_released(self, job_id: str, data: dict[str, Any]) -> None:
+    def _on_released(self, job_id: str, report: Released) -> None:
         """A group told to end (SIGTERM) gave its pass back: handed out again, no failure of
         the pass, a restart of the group."""
-        pk = keys.pass_key(str(data["day"]), int(data["pass_id"]))
-        rec = keys.pass_record(job_id, str(data["day"]), int(data["pass_id"]))
+        pk = keys.pass_key(report.day, report.pass_id)
+        rec = keys.pass_record(job_id, report.day, report.pass_id)
         f = self.repo.job_fields(job_id)
-        if f.get("in_flight") != pk or self._stale(job_id, rec, data):
+        if f.get("in_flight") != pk or self._stale(job_id, rec, report):
             return
         # SIGTERM: an evicted or deleted pod, or torchrun stopping the ranks that survived
         # one that died; an infrastructure restart either way (budget, backoff), found at once
@@ -349,11 +358,11 @@ class ReportApplier:
             job_id, f, "released by a trainer group that was stopped", failure=False, infra=True
         )
 
-    def _on_error(self, job_id: str, data: dict[str, Any]) -> None:
-        self._event(job_id, "failure", f"trainer error: {str(data.get('message'))[:2000]}", data)
+    def _on_error(self, job_id: str, report: Error) -> None:
+        self._event(job_id, "failure", f"trainer error: {report.message[:2000]}", encode(report))
 
-    def _on_fatal(self, job_id: str, data: dict[str, Any]) -> None:
+    def _on_fatal(self, job_id: str, report: Fatal) -> None:
         """A trainer cannot run this job at all (e.g. its config is invalid): fail it."""
-        msg = str(data.get("message"))[:2000]
+        msg = report.message[:2000]
         self.r.hset(keys.job(job_id), "error", msg)
         change_state(self.r, job_id, JobAction.FAIL, reason=msg)

@@ -49,10 +49,11 @@ from streamrec.api.state import (
     JobAction,
     JobState,
     PassState,
+    append_event,
     change_state,
-    event_fields,
 )
 from streamrec.control import keys, redis_io
+from streamrec.control.work import WorkItem
 from streamrec.layout import PassSpec, pass_ready
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,9 @@ class Scheduler:
         skipped = before[3] or "[]"
         resume_from = f.get("last_checkpoint", "") if attempts > 1 else ""
         after = keys.pass_key(plan[cursor - 1].day, plan[cursor - 1].pass_id) if cursor else ""
-        ts = f"{time.time():.3f}"
+        now_s = time.time()
+        ts = f"{now_s:.3f}"
+        item = WorkItem("", p, attempts, resume_from, after, tuple(json.loads(skipped)))
         with self.r.pipeline() as pipe:
             pipe.delete(rec)
             redis_io.hset(
@@ -232,29 +235,14 @@ class Scheduler:
                 },
             )
             pipe.zadd(keys.passes(job_id), {pk: cursor})
-            redis_io.xadd(
-                pipe,
-                keys.work(job_id),
-                {
-                    "day": p.day,
-                    "pass_id": str(p.pass_id),
-                    "splits": json.dumps(list(p.splits)),
-                    "attempt": str(attempts),
-                    "resume_from": resume_from,
-                    "after": after,
-                    "skip": skipped,
-                    "ts": ts,
-                },
-            )
+            redis_io.xadd(pipe, keys.work(job_id), item.to_fields(now_s))
             redis_io.hset(pipe, keys.job(job_id), {"in_flight": pk, "cursor": str(cursor + 1)})
-            redis_io.xadd(
+            append_event(
                 pipe,
-                keys.events(job_id),
-                event_fields(
-                    "pass",
-                    f"pass {pk} handed out (attempt {attempts})",
-                    {"pass": pk, "attempt": attempts, "resume_from": resume_from or None},
-                ),
+                job_id,
+                "pass",
+                f"pass {pk} handed out (attempt {attempts})",
+                {"pass": pk, "attempt": attempts, "resume_from": resume_from or None},
             )
             pipe.execute()
         self.metrics.passes_handed_out.labels(job_id).inc()
@@ -442,7 +430,7 @@ class Scheduler:
         pipe: redis.client.Pipeline, job_id: str, kind: str, message: str, **data: object
     ) -> None:
         data = {k.rstrip("_"): v for k, v in data.items()}
-        redis_io.xadd(pipe, keys.events(job_id), event_fields(kind, message, data))
+        append_event(pipe, job_id, kind, message, data)
 
     def _ack_work(self, job_id: str) -> None:
         """Acknowledges every pending entry of the work group (at most one pass in flight)."""

@@ -42,6 +42,7 @@ from streamrec.api.errors import (
 from streamrec.api.models import JobCreate
 from streamrec.control.trainer_config import MAX_PORT
 from streamrec.errors import quote
+from streamrec.store_schema import TableOptions
 
 #: Longest path component (bytes, UTF-8): Linux's NAME_MAX; a longer one fails every open.
 NAME_MAX = 255
@@ -263,8 +264,8 @@ def metrics_port_problems(port: int, ranks: int, policy: SpecPolicy) -> list[Pro
 
 def table_problems(spec: JobCreate) -> list[Problem]:
     """Table parameters checked by name and type with the store's ``TableOptions`` rules
-    (each field as the store reads it; unknown names refused). The store (and torch) is
-    imported by the first job that sets any."""
+    (each field as the store reads it; unknown names refused), from the torch-free
+    :mod:`streamrec.store_schema`: the API never loads the store."""
     out: list[Problem] = []
     sources = (
         ("model.table_parameters", _section(spec.model, "table_parameters")),
@@ -272,8 +273,6 @@ def table_problems(spec: JobCreate) -> list[Problem]:
     )
     if not any(params for _, params in sources):
         return out
-    from streamrec.embedding_store import TableOptions
-
     for where, params in sources:
         for key in params:
             if key in TRAINER_TABLE_FIELDS:

@@ -93,6 +93,18 @@ def event_fields(kind: str, message: str, data: dict[str, Any] | None = None) ->
     }
 
 
+def append_event(
+    client: redis.Redis,
+    job_id: str,
+    kind: str,
+    message: str,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Appends an event to the job's event stream: the one place the API writes events
+    (``client`` a pipeline: queued with the rest of its transaction)."""
+    redis_io.xadd(client, keys.events(job_id), event_fields(kind, message, data))
+
+
 def change_state(
     r: redis.Redis,
     job_id: str,
@@ -129,10 +141,8 @@ def change_state(
         pipe.srem(keys.jobs_in_state(current.value), job_id)
         pipe.sadd(keys.jobs_in_state(new.value), job_id)
         msg = f"{current.value} -> {new.value} ({action})" + (f": {reason}" if reason else "")
-        redis_io.xadd(
-            pipe,
-            keys.events(job_id),
-            event_fields("state", msg, {"from": current.value, "to": new.value, "action": action}),
+        append_event(
+            pipe, job_id, "state", msg, {"from": current.value, "to": new.value, "action": action}
         )
         if command is not None:
             redis_io.xadd(pipe, keys.commands(job_id), command)

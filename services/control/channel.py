@@ -2,37 +2,17 @@
 take passes from the job's work stream, acknowledge them, report outcomes, heartbeat, read
 commands. Only rank 0 of a trainer group talks to it.
 
-Report kinds the scheduler understands (``report(kind, **data)``, :class:`ReportKind`)::
-
-    started        ranks, threads, host        trainer group came up
-    claimed        day, pass_id, ranks         a pass was taken
-    pass_done      day, pass_id, ranks, record the per-pass record (AUCs, logloss, samples, ...)
-    pass_failed    day, pass_id, error,        the pass raised on some rank (every rank stopped
-                   error_class, bad_splits     it): error_class "data" (bad_splits named)
-                                               follows the job's on_bad_split; "transient" is
-                                               handed out again once, from the last checkpoint;
-                                               "store_lost" (a shard lost the job's rows) goes
-                                               back to the last checkpoint, no failure;
-                                               "infra" (a shard or the sampler unreachable):
-                                               a restart of the group (budget, backoff)
-    checkpoint     day, pass_id, path          a full checkpoint is complete on disk
-    trigger_done   trigger_id, result          a checkpoint/export/shrink command finished
-    trigger_failed trigger_id, error
-    stopped                                    the group obeyed a stop command
-    released       day, pass_id, attempt       the group was told to end (SIGTERM) with this
-                                               pass in hand: handed out again, no failure
-    error          message                     something worth an event
-    fatal          message                     the job cannot run here (bad trainer config,
-                                               wrong world size or store tier): fail it
+Reports are typed (:mod:`~streamrec.control.reports`: one dataclass per kind, a failed
+pass's :class:`~streamrec.control.reports.ErrorClass`); work items are
+:class:`~streamrec.control.work.WorkItem`.
 
 The trainer imports nothing else of the api: what it needs of a job (its trainer config, the
-states in which it ends, the kinds above, the command types) comes from this module.
+states in which it ends, the report kinds, the command types) comes from this module.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -40,9 +20,11 @@ from typing import Any
 
 import redis
 from streamrec.control import keys, redis_io
+from streamrec.control.codec import json_safe
+from streamrec.control.reports import Report, ReportKind, encode_report, report_from_data
 from streamrec.control.states import TERMINAL_STATES
+from streamrec.control.work import WorkItem
 from streamrec.errors import NotFound
-from streamrec.layout import PassSpec
 
 __all__ = [
     "TERMINAL_STATES",
@@ -52,22 +34,6 @@ __all__ = [
     "TrainerChannel",
     "WorkItem",
 ]
-
-
-class ReportKind(StrEnum):
-    """What a trainer group reports on a job's report stream (see the module docstring)."""
-
-    STARTED = "started"
-    CLAIMED = "claimed"
-    PASS_DONE = "pass_done"
-    PASS_FAILED = "pass_failed"
-    CHECKPOINT = "checkpoint"
-    TRIGGER_DONE = "trigger_done"
-    TRIGGER_FAILED = "trigger_failed"
-    STOPPED = "stopped"
-    RELEASED = "released"
-    ERROR = "error"
-    FATAL = "fatal"
 
 
 class CommandType(StrEnum):
@@ -80,24 +46,6 @@ class CommandType(StrEnum):
 
 
 @dataclass(frozen=True)
-class WorkItem:
-    """A pass taken from the work stream; ``msg_id`` is what :meth:`ack_pass` needs.
-
-    ``after`` is the pass before this one in training order (None for the first): a group
-    whose model is the state after it goes on in memory; any other group first loads
-    ``resume_from`` (the checkpoint the API names), never whatever is newest on disk.
-    ``skip``: splits the job's ``on_bad_split: skip`` policy leaves out of this pass.
-    """
-
-    msg_id: str
-    spec: PassSpec
-    attempt: int
-    resume_from: str | None
-    after: str | None = None
-    skip: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class Command:
     """A command for the trainer group: a :class:`CommandType` value (an unknown one is
     kept as sent, for the agent to log), the save mode of an export, its trigger, and its
@@ -107,21 +55,6 @@ class Command:
     mode: str | None
     trigger_id: str | None
     msg_id: str | None = None
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe copy: NaN/inf become None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return _clean(value.item())
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return str(value)
 
 
 class TrainerChannel:
@@ -187,7 +120,7 @@ class TrainerChannel:
     # ---- liveness ----------------------------------------------------------------------
     def heartbeat(self, **info: Any) -> None:
         """Renews the group's heartbeat (a key with TTL; the scheduler reads its absence)."""
-        body = json.dumps(_clean({"consumer": self.consumer, "ts": time.time(), **info}))
+        body = json.dumps(json_safe({"consumer": self.consumer, "ts": time.time(), **info}))
         self.r.set(keys.heartbeat(self.job_id), body, px=self.heartbeat_ttl_ms)
 
     def clear_heartbeat(self) -> None:
@@ -213,17 +146,9 @@ class TrainerChannel:
                 break
             if time.monotonic() >= deadline:
                 return None
-        msg_id, f = entries[0]
+        msg_id, fields = entries[0]
         self._held.add(msg_id)
-        spec = PassSpec(f["day"], int(f["pass_id"]), tuple(json.loads(f["splits"])))
-        return WorkItem(
-            msg_id,
-            spec,
-            int(f.get("attempt", 1)),
-            f.get("resume_from") or None,
-            f.get("after") or None,
-            tuple(json.loads(f.get("skip") or "[]")),
-        )
+        return WorkItem.from_fields(msg_id, fields)
 
     def ack_pass(self, item: WorkItem) -> None:
         self.r.xack(keys.work(self.job_id), keys.TRAINER_GROUP, item.msg_id)
@@ -247,15 +172,14 @@ class TrainerChannel:
             self.r.xack(work, keys.TRAINER_GROUP, msg_id)  # deleted while pending
         return []
 
-    def report(self, kind: ReportKind, **data: Any) -> str:
-        """Appends a report for the scheduler (see the module docstring for the kinds);
-        ValueError for a kind the scheduler does not know."""
-        kind = ReportKind(kind)
-        return redis_io.xadd(
-            self.r,
-            keys.reports(self.job_id),
-            {"type": kind.value, "data": json.dumps(_clean(data)), "ts": f"{time.time():.3f}"},
-        )
+    def send(self, report: Report) -> str:
+        """Appends a report for the scheduler; returns its stream id."""
+        return redis_io.xadd(self.r, keys.reports(self.job_id), encode_report(report, time.time()))
+
+    def report(self, kind: ReportKind | str, **data: Any) -> str:
+        """:meth:`send` of the report ``kind`` with the fields ``data``; ContractError (a
+        ValueError) for a kind the scheduler does not know or a field of the wrong type."""
+        return self.send(report_from_data(kind, json_safe(data)))
 
     # ---- commands ----------------------------------------------------------------------
     def take_commands(self, block_ms: int | None = None) -> list[Command]:

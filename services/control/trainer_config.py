@@ -53,6 +53,7 @@ from streamrec.control.feature_schema import (
     sampling_problems,
 )
 from streamrec.layout import parse_day, split_names
+from streamrec.store_schema import NAMESPACE_PATTERN
 
 #: criteo and generated: positional TSV (the schema's presets); parquet and slot: by the
 #: names of runner.schema (PaddleRec's slot text: ``name:value`` tokens).
@@ -321,11 +322,6 @@ class ModelConfig(StrictConfig):
         return self.arch_mlp_bot[0]
 
 
-#: What ``store.namespace`` may be: the embedding store's ``NAMESPACE_PATTERN`` (this schema
-#: imports no store; tests/embedding_store/test_trainer_namespace.py checks the two are one).
-STORE_NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-
-
 class StoreConfig(StrictConfig):
     """Where the sparse parameters live: in-process (no endpoints) or store shards.
 
@@ -342,8 +338,8 @@ class StoreConfig(StrictConfig):
     timeout_s: float = Field(60.0, gt=0, le=MAX_STORE_TIMEOUT_S, strict=True)
     #: The shards' namespace of this job's tables (the control plane sets the job id), so
     #: jobs share no rows; None: the shards' default namespace (their ``--tables``). The
-    #: pattern is the store's ``namespaces.NAMESPACE_PATTERN``.
-    namespace: str | None = Field(None, pattern=STORE_NAMESPACE_PATTERN)
+    #: pattern is the store's own (``streamrec.store_schema.NAMESPACE_PATTERN``).
+    namespace: str | None = Field(None, pattern=NAMESPACE_PATTERN)
 
     @model_validator(mode="before")
     @classmethod

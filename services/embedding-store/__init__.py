@@ -24,9 +24,13 @@ if os.environ.get("STREAMREC_SIMD", "") not in ("", "portable"):
 from streamrec.embedding_store.client import EmbeddingStoreClient
 from streamrec.embedding_store.converters import Converter, FileConverter
 from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
 from streamrec.embedding_store.local_shards import LocalShards
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
-from streamrec.embedding_store.options import (
+from streamrec.embedding_store.redis_converter import RedisConverter
+from streamrec.embedding_store.sparse_store import SparseStore
+from streamrec.embedding_store.store import EmbeddingStore
+from streamrec.store_schema import (
     NormalInitializer,
     SgdRuleParam,
     StoreOptions,
@@ -34,9 +38,6 @@ from streamrec.embedding_store.options import (
     UniformInitializer,
     ZerosInitializer,
 )
-from streamrec.embedding_store.redis_converter import RedisConverter
-from streamrec.embedding_store.sparse_store import SparseStore
-from streamrec.embedding_store.store import EmbeddingStore
 
 __all__ = [
     "Converter",
@@ -48,11 +49,13 @@ __all__ = [
     "NormalInitializer",
     "PulledBatch",
     "SgdRuleParam",
+    "ShardRestarted",
     "SparseStore",
     "StoreEmbeddingBags",
     "StoreOptions",
     "TableOptions",
     "UniformInitializer",
+    "UnknownNamespace",
     "ZerosInitializer",
     "unique_keys",
 ]

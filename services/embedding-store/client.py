@@ -44,7 +44,6 @@ from streamrec.embedding_store.config import shard_dir_name
 from streamrec.embedding_store.dedup import DedupPolicy
 from streamrec.embedding_store.errors import UnknownTable
 from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, check_namespace
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.routing import (
     MAX_REQUEST_KEYS,
     Route,
@@ -71,6 +70,7 @@ from streamrec.embedding_store.validation import (
 from streamrec.errors import BadRequest
 from streamrec.malloc import keep_freed_memory
 from streamrec.save_modes import FULL_MODES, SAVE_MODES
+from streamrec.store_schema import TableOptions
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta
 
 

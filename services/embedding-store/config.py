@@ -1,6 +1,6 @@
 """Configuration of one embedding-store shard process (the service, not the tables).
 
-The tables themselves are :class:`~streamrec.embedding_store.options.TableOptions`, read from
+The tables themselves are :class:`~streamrec.store_schema.TableOptions`, read from
 a YAML or JSON file that holds either a list of tables or a mapping with a ``tables`` list::
 
     tables:
@@ -28,8 +28,8 @@ import yaml
 from pydantic import Field, model_validator
 from streamrec.config import StrictConfig
 from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, MAX_NAMESPACES
-from streamrec.embedding_store.options import DEVICE_PATTERN, TableOptions, check_tier_options
 from streamrec.errors import BadRequest
+from streamrec.store_schema import DEVICE_PATTERN, TableOptions, check_tier_options
 
 
 def shard_dir_name(shard_id: int, num_shards: int) -> str:

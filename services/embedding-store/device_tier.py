@@ -42,8 +42,8 @@ from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_rows import RowChunks, chunk_shift
 from streamrec.embedding_store.device_staging import Staging, aligned
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+from streamrec.store_schema import TableOptions
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")

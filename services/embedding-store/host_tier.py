@@ -19,9 +19,9 @@ from collections import deque
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.prefault import Prefaulter
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+from streamrec.store_schema import TableOptions
 
 #: pulls whose rows a host table keeps for the pushes after them (HostTable._remember)
 _RECENT_PULLS = 8

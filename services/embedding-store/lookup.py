@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from streamrec.embedding_store.dedup import unique_keys
 from streamrec.embedding_store.errors import InvalidInput
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.validation import as_keys
+from streamrec.store_schema import TableOptions
 
 
 class PullingStore(Protocol):

@@ -29,14 +29,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from streamrec.embedding_store.errors import TableConflict, UnknownNamespace
-from streamrec.embedding_store.options import TableOptions
 from streamrec.errors import BadRequest, quote
+from streamrec.store_schema import NAMESPACE_PATTERN, TableOptions
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store import EmbeddingStore
 
-#: What a namespace may be called (the trainer config's ``store.namespace`` uses the same).
-NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 _NAMESPACE = re.compile(NAMESPACE_PATTERN)
 #: The namespace of ``--tables`` and of requests that name none.
 DEFAULT_NAMESPACE = ""

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from streamrec.embedding_store.config import ShardConfig
 from streamrec.embedding_store.metrics import StoreMetrics
 from streamrec.embedding_store.namespaces import DEFAULT_NAMESPACE, Namespaces
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.service import StoreService
+from streamrec.store_schema import TableOptions
 from streamrec.wire import RpcServer
 
 if TYPE_CHECKING:

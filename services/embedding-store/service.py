@@ -93,11 +93,11 @@ from streamrec.embedding_store.namespaces import (
     check_namespace,
     parse_tables,
 )
-from streamrec.embedding_store.options import TableOptions
 from streamrec.errors import BadRequest, NotFound, quote
 from streamrec.keyhash import shard_of
 from streamrec.roots import confine, resolve_roots
 from streamrec.save_modes import SAVE_MODES
+from streamrec.store_schema import TableOptions
 from streamrec.wire import Arrays, Handler, Meta
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from streamrec.embedding_store.errors import InvalidInput, UnknownTable
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
+from streamrec.store_schema import TableOptions
 
 
 class SparseStore(Protocol):

@@ -19,8 +19,8 @@ import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 from streamrec.embedding_store.host_tier import HostTable
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+from streamrec.store_schema import TableOptions
 
 
 class SsdTable(TableTier):

@@ -47,12 +47,12 @@ from streamrec.embedding_store.errors import (
 )
 from streamrec.embedding_store.host_tier import HostTable
 from streamrec.embedding_store.locks import RWLock
-from streamrec.embedding_store.options import StoreOptions, TableOptions
 from streamrec.embedding_store.sparse_store import RowsFromTables
 from streamrec.embedding_store.ssd_tier import SsdTable
 from streamrec.embedding_store.tier import TableTier
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned, push_faults
 from streamrec.malloc import keep_freed_memory
+from streamrec.store_schema import StoreOptions, TableOptions
 
 #: called after each table of pull_many/push_many with (table, keys, seconds)
 TableHook = Callable[[str, int, float], None]

@@ -21,7 +21,7 @@ from typing import Any
 
 import streamrec.embedding_store._C as _C
 import torch
-from streamrec.embedding_store.options import TableOptions
+from streamrec.store_schema import TableOptions
 
 #: Save selections (csrc select_rows modes).
 SELECT_ALL, SELECT_BASE, SELECT_DELTA = 0, 1, 2

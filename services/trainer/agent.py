@@ -52,11 +52,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from streamrec.control import keys
+from streamrec.control import keys, reports
 from streamrec.control.channel import (
     TERMINAL_STATES,
     CommandType,
-    ReportKind,
     TrainerChannel,
     WorkItem,
 )
@@ -205,8 +204,8 @@ class Agent:
             raise
         except StreamRecError as exc:  # e.g. a shard not up: worth an event, then a retry
             if self.rank == 0:
-                self.channel.report(
-                    ReportKind.ERROR, message=f"the trainer group could not start: {exc}"
+                self.channel.send(
+                    reports.Error(message=f"the trainer group could not start: {exc}")
                 )
             raise
         if self.watchdog is not None:
@@ -217,13 +216,14 @@ class Agent:
             self._fatal(exc)
             raise
         if self.rank == 0:
-            self.channel.report(
-                ReportKind.STARTED,
-                ranks=self.world,
-                threads=torch.get_num_threads(),
-                host=socket.gethostname(),
-                group=self.group,
-                resumed_from=layout_key(resumed),
+            self.channel.send(
+                reports.Started(
+                    ranks=self.world,
+                    threads=torch.get_num_threads(),
+                    host=socket.gethostname(),
+                    group=self.group,
+                    resumed_from=layout_key(resumed),
+                )
             )
 
     def resume(self) -> tuple[str, int] | None:
@@ -313,7 +313,7 @@ class Agent:
         """Rank 0 tells the control plane this group cannot run the job (it fails the job)."""
         log.error("job %s cannot run here: %s", self.job_id, exc)
         if self.rank == 0:
-            self.channel.report(ReportKind.FATAL, message=str(exc))
+            self.channel.send(reports.Fatal(message=str(exc)))
 
     # ---- rank 0: what next --------------------------------------------------------------
     def next_step(self) -> Step:
@@ -391,7 +391,7 @@ class Agent:
                 step = broadcast_step(self.next_step() if self.rank == 0 else None, self.rank)
                 if step.op in (EXIT, STOP):
                     if step.op == STOP and self.rank == 0:
-                        self.channel.report(ReportKind.STOPPED)
+                        self.channel.send(reports.Stopped())
                         if step.command is not None:
                             self.channel.ack_command(step.command)
                     return 0
@@ -414,12 +414,8 @@ class Agent:
         spec = step.spec
         assert spec is not None
         if self.rank == 0:
-            self.channel.report(
-                ReportKind.CLAIMED,
-                day=spec.day,
-                pass_id=spec.pass_id,
-                ranks=self.world,
-                attempt=step.attempt,
+            self.channel.send(
+                reports.Claimed(spec.day, spec.pass_id, ranks=self.world, attempt=step.attempt)
             )
         try:
             if step.load == LOST:
@@ -438,15 +434,16 @@ class Agent:
             log.exception("pass %s/%s failed", spec.day, spec.pass_id)
             if self.rank == 0:
                 failed = exc if isinstance(exc, PassFailed) else None
-                self.channel.report(
-                    ReportKind.PASS_FAILED,
-                    day=spec.day,
-                    pass_id=spec.pass_id,
-                    attempt=step.attempt,
-                    error=f"{type(exc).__name__}: {exc}",
-                    error_class=error_class(exc),
-                    phase=failed.phase if failed else "train",
-                    bad_splits=list(failed.bad_splits) if failed else [],
+                self.channel.send(
+                    reports.PassFailed(
+                        spec.day,
+                        spec.pass_id,
+                        attempt=step.attempt,
+                        error=f"{type(exc).__name__}: {exc}",
+                        error_class=error_class(exc),
+                        phase=failed.phase if failed else reports.Phase.TRAIN,
+                        bad_splits=failed.bad_splits if failed else (),
+                    )
                 )
                 assert step.item is not None
                 self.channel.ack_pass(step.item)
@@ -456,21 +453,15 @@ class Agent:
             # done first, then its checkpoint: the job's last checkpoint never names a pass
             # the API has not counted done (a kill between the two leaves the job at its
             # previous checkpoint, and the restarted group's resumed_from rewinds it)
-            self.channel.report(
-                ReportKind.PASS_DONE,
-                day=spec.day,
-                pass_id=spec.pass_id,
-                ranks=self.world,
-                attempt=step.attempt,
-                record=record,
+            self.channel.send(
+                reports.PassDone(
+                    spec.day, spec.pass_id, ranks=self.world, attempt=step.attempt, record=record
+                )
             )
             faults.after_pass_done()
             if record.get("checkpoint"):  # written by this pass, complete
-                self.channel.report(
-                    ReportKind.CHECKPOINT,
-                    day=spec.day,
-                    pass_id=spec.pass_id,
-                    path=record["checkpoint"],
+                self.channel.send(
+                    reports.Checkpoint(spec.day, spec.pass_id, path=str(record["checkpoint"]))
                 )
             assert step.item is not None
             self.channel.ack_pass(step.item)
@@ -504,23 +495,21 @@ class Agent:
         except (StreamRecError, OSError, ValueError) as exc:
             if self.rank == 0 and cmd is not None:
                 if cmd.trigger_id:
-                    self.channel.report(
-                        ReportKind.TRIGGER_FAILED,
-                        trigger_id=cmd.trigger_id,
-                        error=f"{type(exc).__name__}: {exc}",
+                    self.channel.send(
+                        reports.TriggerFailed(
+                            cmd.trigger_id,
+                            error=f"{type(exc).__name__}: {exc}",
+                            refused=isinstance(exc, NotFound),  # no model to save or shrink
+                        )
                     )
                 self.channel.ack_command(cmd)
             return
         if self.rank == 0:
             if step.op == CHECKPOINT:
-                self.channel.report(
-                    ReportKind.CHECKPOINT, day=day, pass_id=pass_id, path=result["path"]
-                )
+                self.channel.send(reports.Checkpoint(day, pass_id, path=result["path"]))
             if cmd is not None:
                 if cmd.trigger_id:
-                    self.channel.report(
-                        ReportKind.TRIGGER_DONE, trigger_id=cmd.trigger_id, result=result
-                    )
+                    self.channel.send(reports.TriggerDone(cmd.trigger_id, result=result))
                 self.channel.ack_command(cmd)
 
     def close(self) -> None:
@@ -529,11 +518,8 @@ class Agent:
         if self.holding is not None and TERMINATING.is_set():  # SIGTERM mid-pass: give it back
             item, self.holding = self.holding, None
             try:
-                self.channel.report(
-                    ReportKind.RELEASED,
-                    day=item.spec.day,
-                    pass_id=item.spec.pass_id,
-                    attempt=item.attempt,
+                self.channel.send(
+                    reports.Released(item.spec.day, item.spec.pass_id, attempt=item.attempt)
                 )
                 self.channel.ack_pass(item)
             except Exception as exc:  # Redis gone: the heartbeat's expiry requeues it

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from streamrec.errors import BadRequest, StreamRecError
+from streamrec.control.reports import ErrorClass, Phase
+from streamrec.embedding_store import ShardRestarted
+from streamrec.errors import BadRequest, RpcTimeout, ServiceUnavailable, StreamRecError
 
 
 class TrainerError(StreamRecError):
@@ -54,17 +56,27 @@ class OnlinePublishError(TrainerError):
 
 class GroupError(TrainerError):
     """Another rank of the group failed the step this rank was in (its message quoted):
-    every rank stops the step together instead of waiting in a collective."""
+    every rank stops the step together instead of waiting in a collective.
+
+    Args:
+        error_class: the failed ranks' class (exchanged with the outcomes, never read from
+            the quoted text).
+    """
 
     code = "group_error"
+
+    def __init__(self, message: str, error_class: ErrorClass | str = ErrorClass.TRANSIENT) -> None:
+        super().__init__(message)
+        self.error_class = ErrorClass(error_class)
 
 
 class PassFailed(TrainerError):
     """A pass failed on at least one rank; raised on every rank of the group alike.
 
     Args:
-        kind: ``"data"`` (a split's content is bad: a retry cannot pass) or ``"transient"``
-            (disk, network, a peer: a retry from the last checkpoint may).
+        kind: the failed ranks' :class:`ErrorClass`: ``data`` (a split's content is bad: a
+            retry cannot pass), ``store_lost``, ``infra`` or ``transient`` (disk, network, a
+            peer: a retry from the last checkpoint may).
         bad_splits: the splits a data error was found in.
         phase: ``"train"`` (predicting or training) or ``"save"`` (the saves due after the
             pass: the control plane counts those as checkpoint failures).
@@ -73,12 +85,16 @@ class PassFailed(TrainerError):
     code = "pass_failed"
 
     def __init__(
-        self, message: str, kind: str, bad_splits: tuple[str, ...] = (), phase: str = "train"
+        self,
+        message: str,
+        kind: ErrorClass | str,
+        bad_splits: tuple[str, ...] = (),
+        phase: Phase | str = Phase.TRAIN,
     ) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorClass(kind)
         self.bad_splits = bad_splits
-        self.phase = phase
+        self.phase = Phase(phase)
 
 
 class BadSplits(PassFailed, DataError):
@@ -94,26 +110,44 @@ class LineageLost(StreamRecError):
     code = "lineage_lost"
 
 
-#: What an error that lost the job's state says of itself (a shard restarted empty, a model
-#: without the passes before the one it was given).
-STORE_LOST = ("ShardRestarted", "UnknownNamespace", "LineageLost")
-#: What an unreachable service says of itself (a shard or the sampler down or restarting,
-#: or a sampler that refuses the peer token: started by someone else).
-UNREACHABLE = ("RpcTimeout", "ServiceUnavailable", "SamplerUnavailable", "SamplerRefused")
+#: Errors that lost the job's state (a shard restarted empty, a namespace it no longer holds,
+#: a model without the passes before the one it was given).
+STORE_LOST: tuple[type[BaseException], ...] = (ShardRestarted, LineageLost)
+#: Errors of an unreachable service (a shard or the sampler down or restarting, or a sampler
+#: that refuses the peer token: started by someone else).
+UNREACHABLE: tuple[type[BaseException], ...] = (RpcTimeout, ServiceUnavailable)
+#: The classes from the most to the least telling: a group's class is its failed ranks' first.
+PRECEDENCE = (ErrorClass.DATA, ErrorClass.STORE_LOST, ErrorClass.INFRA, ErrorClass.TRANSIENT)
 
 
-def error_class(exc: BaseException) -> str:
-    """What kind of failure a pass had, for the control plane: ``data`` (the pass's own:
-    ``data.on_bad_split``), ``store_lost`` (a shard lost the job's rows: the job goes back
-    to a consistent start), ``infra`` (a shard or the sampler unreachable: a restart with
-    backoff, no failed attempt) or ``transient`` (retried once from the checkpoint). Ranks
-    quote each other's errors by type name, so the text is read too."""
-    if isinstance(exc, PassFailed) and exc.kind == "data":
-        return "data"
-    for kind, names in (("store_lost", STORE_LOST), ("infra", UNREACHABLE)):
-        chain: BaseException | None = exc
-        while chain is not None:
-            if type(chain).__name__ in names or any(f"{n}:" in str(chain) for n in names):
-                return kind
-            chain = chain.__cause__
-    return "transient"
+def own_class(exc: BaseException) -> ErrorClass:
+    """The class of one exception by its type (its causes not looked at)."""
+    if isinstance(exc, PassFailed):
+        return exc.kind
+    if isinstance(exc, GroupError):
+        return exc.error_class
+    if isinstance(exc, STORE_LOST):
+        return ErrorClass.STORE_LOST
+    if isinstance(exc, UNREACHABLE):
+        return ErrorClass.INFRA
+    return ErrorClass.TRANSIENT
+
+
+def first_class(classes: list[ErrorClass]) -> ErrorClass:
+    """The most telling of ``classes`` (:data:`PRECEDENCE`; none: ``transient``)."""
+    return next((c for c in PRECEDENCE if c in classes), ErrorClass.TRANSIENT)
+
+
+def error_class(exc: BaseException) -> ErrorClass:
+    """What kind of failure a pass had, for the control plane, from the types of ``exc``
+    and its causes: ``data`` (the pass's own: ``data.on_bad_split``), ``store_lost`` (a
+    shard lost the job's rows: the job goes back to a consistent start), ``infra`` (a shard
+    or the sampler unreachable: a restart with backoff, no failed attempt) or ``transient``
+    (retried once from the checkpoint). Other ranks' failures arrive as a
+    :class:`PassFailed` or :class:`GroupError` carrying their class."""
+    found = []
+    chain: BaseException | None = exc
+    while chain is not None:
+        found.append(own_class(chain))
+        chain = chain.__cause__
+    return first_class(found)

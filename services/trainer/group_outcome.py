@@ -12,11 +12,34 @@ from __future__ import annotations
 from pathlib import Path
 
 from streamrec import layout
+from streamrec.control.reports import ErrorClass, Phase
 from streamrec.trainer import distributed as ddp
-from streamrec.trainer.errors import BadSplits, DataError, GroupError, PassFailed
+from streamrec.trainer.errors import (
+    PRECEDENCE,
+    BadSplits,
+    DataError,
+    GroupError,
+    PassFailed,
+    error_class,
+    first_class,
+)
 
-#: exchange_outcomes codes of a rank's part of a phase.
-OK, DATA_FAILURE, OTHER_FAILURE = 0, 1, 2
+#: exchange_outcomes code of a rank whose part of a phase succeeded; a failed rank's code
+#: is its ErrorClass's (:func:`code_of`), so every rank knows every failed rank's class.
+OK = 0
+
+
+def code_of(kind: ErrorClass) -> int:
+    """The exchange code of a failed rank of class ``kind`` (1 and up)."""
+    return 1 + PRECEDENCE.index(kind)
+
+
+def class_of(code: int) -> ErrorClass:
+    """The inverse of :func:`code_of`."""
+    return PRECEDENCE[code - 1]
+
+
+DATA_FAILURE = code_of(ErrorClass.DATA)
 
 
 def share_pass_outcome(
@@ -24,11 +47,11 @@ def share_pass_outcome(
     spec: layout.PassSpec,
     failure: Exception | None,
     files: list[Path],
-    phase: str = "train",
+    phase: str = Phase.TRAIN,
 ) -> None:
     """Every rank learns every rank's outcome of a ``phase`` of ``spec`` (one exchange); when
     any failed, all raise the same :class:`PassFailed` (:class:`BadSplits`, naming the bad
-    splits, when some rank's data was bad; else ``transient``).
+    splits, when some rank's data was bad; else of the failed ranks' most telling class).
 
     Args:
         rank: this rank.
@@ -37,7 +60,7 @@ def share_pass_outcome(
     """
     code, marks, message = OK, [0] * len(spec.splits), ""
     if failure is not None and not isinstance(failure, GroupError):
-        code = DATA_FAILURE if isinstance(failure, DataError) else OTHER_FAILURE
+        code = DATA_FAILURE if isinstance(failure, DataError) else code_of(error_class(failure))
         message = f"{type(failure).__name__}: {failure}"
         if code == DATA_FAILURE:
             for path in files:
@@ -46,13 +69,14 @@ def share_pass_outcome(
     outcomes = ddp.exchange_outcomes(code, marks, message)
     failed = [o for o in outcomes if o.code != OK]
     if not failed and failure is not None:  # only GroupErrors: the culprit said nothing
-        failed = [ddp.RankOutcome(rank, OTHER_FAILURE, tuple(marks), str(failure))]
+        own = code_of(error_class(failure))
+        failed = [ddp.RankOutcome(rank, own, tuple(marks), str(failure))]
     if not failed:
         return
-    kind = "data" if any(o.code == DATA_FAILURE for o in failed) else "transient"
+    kind = first_class([class_of(o.code) for o in failed])
     bad = tuple(s for i, s in enumerate(spec.splits) if any(o.marks[i] for o in failed))
     text = "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
-    cls = BadSplits if kind == "data" else PassFailed
+    cls = BadSplits if kind == ErrorClass.DATA else PassFailed
     raise cls(
         f"pass {spec.day}/{spec.pass_id} failed ({kind}): {text}", kind, bad, phase
     ) from failure
@@ -60,13 +84,15 @@ def share_pass_outcome(
 
 def agree(failure: Exception | None, what: str) -> None:
     """Outside a pass (saves, loads): every rank raises when any rank failed ``what`` (its
-    own error, or :class:`GroupError` quoting the failed rank's)."""
+    own error, or :class:`GroupError` quoting the failed rank's, of their class)."""
     message = f"{type(failure).__name__}: {failure}" if failure is not None else ""
-    outcomes = ddp.exchange_outcomes(OTHER_FAILURE if failure else OK, [], message)
+    code = code_of(error_class(failure)) if failure is not None else OK
+    outcomes = ddp.exchange_outcomes(code, [], message)
     if failure is not None:
         raise failure
     failed = [o for o in outcomes if o.code != OK]
     if failed:
         raise GroupError(
-            f"{what} failed: " + "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
+            f"{what} failed: " + "; ".join(f"rank {o.rank}: {o.message}" for o in failed),
+            first_class([class_of(o.code) for o in failed]),
         )

@@ -19,10 +19,10 @@ import pytest
 import torch
 from streamrec.embedding_store import cuda_ext, cuda_lib
 from streamrec.embedding_store.errors import TierUnavailable
-from streamrec.embedding_store.options import (
+from streamrec.embedding_store.tier import table_params
+from streamrec.store_schema import (
     TableOptions,
 )
-from streamrec.embedding_store.tier import table_params
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")

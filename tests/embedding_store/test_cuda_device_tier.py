@@ -16,8 +16,8 @@ from streamrec.embedding_store.errors import (
     TierUnavailable,
 )
 from streamrec.embedding_store.host_tier import HostTable
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
+from streamrec.store_schema import TableOptions
 
 TOL = {"rtol": 1e-6, "atol": 1e-7}
 

@@ -12,8 +12,8 @@ import pytest
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import cuda_ext
-from streamrec.embedding_store.options import SgdRuleParam, TableOptions
 from streamrec.embedding_store.tier import table_params
+from streamrec.store_schema import SgdRuleParam, TableOptions
 
 pytestmark = pytest.mark.gpu
 

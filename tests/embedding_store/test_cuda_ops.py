@@ -17,14 +17,14 @@ import pytest
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import cuda_ext
-from streamrec.embedding_store.options import (
+from streamrec.embedding_store.tier import table_params
+from streamrec.store_schema import (
     NormalInitializer,
     SgdRuleParam,
     TableOptions,
     UniformInitializer,
     ZerosInitializer,
 )
-from streamrec.embedding_store.tier import table_params
 
 pytestmark = pytest.mark.gpu
 

@@ -14,8 +14,8 @@ from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_rows import RowChunks, chunk_shift
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 from streamrec.embedding_store.host_tier import HostTable
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.tier import SELECT_ALL
+from streamrec.store_schema import TableOptions
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from streamrec.embedding_store.device_staging import MIN_BYTES, Staging
-from streamrec.embedding_store.options import TableOptions
+from streamrec.store_schema import TableOptions
 
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(),

@@ -23,9 +23,9 @@ from streamrec.embedding_store.errors import (
     UnknownNamespace,
 )
 from streamrec.embedding_store.namespaces import MAX_TABLES, check_namespace
-from streamrec.embedding_store.options import TableOptions
 from streamrec.errors import BadRequest, RemoteError
 from streamrec.keyhash import shard_of
+from streamrec.store_schema import TableOptions
 
 
 def table(name: str, dim: int, lr: float = 0.1) -> TableOptions:

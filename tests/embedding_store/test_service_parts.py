@@ -8,7 +8,7 @@ import json
 import numpy as np
 import torch
 from streamrec.embedding_store import EmbeddingStore, EmbeddingStoreClient, LocalShards
-from streamrec.embedding_store.options import TableOptions
+from streamrec.store_schema import TableOptions
 
 PART_TABLES = [
     {"name": "normal", "embedx_dim": 5, "embedx_threshold": 0,

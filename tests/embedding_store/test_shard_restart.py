@@ -22,11 +22,11 @@ from streamrec.embedding_store.incarnation import (
     Incarnations,
     new_incarnation,
 )
-from streamrec.embedding_store.options import TableOptions
 from streamrec.embedding_store.service import StoreService
 from streamrec.errors import BadRequest
 from streamrec.keyhash import shard_of
 from streamrec.process import free_port
+from streamrec.store_schema import TableOptions
 
 TABLES = [
     {

@@ -5,9 +5,8 @@ processes."""
 from __future__ import annotations
 
 import pytest
-from streamrec.control.trainer_config import STORE_NAMESPACE_PATTERN, TrainerConfig
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import LocalShards
-from streamrec.embedding_store.namespaces import NAMESPACE_PATTERN
 from streamrec.errors import BadRequest
 from streamrec.trainer.store import build_table_options, make_store
 
@@ -19,8 +18,7 @@ def shards():
 
 
 def test_trainer_config_namespace_uses_the_store_pattern(shards):
-    """One name rule; a bad name refused by field; the trainer's store is the job's own."""
-    assert STORE_NAMESPACE_PATTERN == NAMESPACE_PATTERN
+    """A bad name refused by field; the trainer's store is the job's own."""
     with pytest.raises(BadRequest, match="store.namespace"):
         TrainerConfig.parse({"store": {"endpoints": shards.endpoints, "namespace": "a b"}})
     config = TrainerConfig.parse({"store": {"endpoints": shards.endpoints, "namespace": "job-j"}})

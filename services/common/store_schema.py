@@ -1,4 +1,7 @@
-"""Table and store options, with the knob names of PaddleRec and OneEmbedding.
+"""The embedding store's schema: table and store options, with the knob names of PaddleRec
+and OneEmbedding, and the name rule of a namespace. Torch-free: the store reads its tables
+with it, the API checks a job's table parameters and the trainer config its
+``store.namespace`` with the same definitions, without loading the store.
 
 A row of a table holds ``dim = 1 + embedx_dim`` weights: column 0 is the 1-dim *embed* part,
 trained by ``embed_sgd_param``; columns 1.. are the *embedx* part, trained by
@@ -40,6 +43,9 @@ RULE_ALIASES = {
 RULE_KINDS = {name: i for i, name in enumerate(RULE_NAMES)}
 
 TIERS = ("host", "ssd", "device")
+#: What a store namespace may be called (a job's tables live in the namespace of its id;
+#: the trainer config's ``store.namespace``).
+NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
