@@ -121,6 +121,8 @@ class ReportApplier:
                 f"report {msg_id} ({kind!r}) ignored: {exc}",
                 {"id": msg_id},
             )
+            if kind == ReportKind.PASS_FAILED.value:
+                self._retry_unreadable_failure(job_id, fields)
         except ApiError as exc:  # e.g. a transition no longer allowed: record it, go on
             append_event(
                 self.r,
@@ -129,6 +131,23 @@ class ReportApplier:
                 f"report {msg_id} ({kind!r}) not applied: {exc}",
                 {"id": msg_id},
             )
+
+    def _retry_unreadable_failure(self, job_id: str, fields: dict[str, str]) -> None:
+        """A ``pass_failed`` this API cannot read in full (an error class it does not know,
+        from a newer trainer, say) still names a pass its group has given up: retried as a
+        transient failure, not left in flight until the group is declared stuck."""
+        try:
+            data = json.loads(fields.get("data") or "{}")
+            attempt = data.get("attempt")
+            report = PassFailed(
+                day=str(data["day"]),
+                pass_id=int(data["pass_id"]),
+                attempt=None if attempt is None else int(attempt),
+                error=f"(unreadable report) {str(data.get('error', ''))[:400]}",
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return  # not even the pass it names: the stuck-group check recovers the job
+        self._on_pass_failed(job_id, report)
 
     def _event(self, job_id: str, kind: str, message: str, data: dict[str, Any]) -> None:
         append_event(self.r, job_id, kind, message, data)
