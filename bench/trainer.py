@@ -107,7 +107,7 @@ def schema_of(setup: dict) -> dict:
 
 
 def streamrec_config(
-    setup: dict, data_root: Path, model_root: Path, addresses: list[str]
+    setup: dict, data_root: Path, model_root: Path, addresses: list[str], precision: str = "auto"
 ) -> TrainerConfig:
     multi = setup.get("lookups", 1) > 1
     return TrainerConfig.parse(
@@ -133,6 +133,7 @@ def streamrec_config(
                 "arch_mlp_top": setup["top"],
                 "optimizer": "sgd",
                 "learning_rate": LR,
+                "precision": precision,
             },
             "table_parameters": {
                 "initializer": {"type": "uniform", "low": -0.01, "high": 0.01},
@@ -158,13 +159,16 @@ def streamrec_rate(config: TrainerConfig) -> dict:
         "rate": second["samples_per_second"],
         "first": first["samples_per_second"],
         "threads": second["intra_op_threads"],
+        "precision": second["precision"],
     }
 
 
-def measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict:
+def measure(
+    kind: str, name: str, samples: int, root: Path, shards: int, precision: str = "auto"
+) -> dict:
     """One figure in the current process (the parent runs each in a fresh process)."""
     setup = SETUPS[name]
-    cfg = streamrec_config(setup, root / "data", root / f"model-{kind}", [])
+    cfg = streamrec_config(setup, root / "data", root / f"model-{kind}-{precision}", [], precision)
     if kind == "inproc":
         return streamrec_rate(cfg)
     from streamrec.embedding_store import LocalShards
@@ -174,11 +178,15 @@ def measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict
         json.dumps({"tables": [t.model_dump(mode="json") for t in build_table_options(cfg)]})
     )
     with LocalShards(tables, shards) as local:
-        remote = streamrec_config(setup, root / "data", root / "model-service", local.endpoints)
+        remote = streamrec_config(
+            setup, root / "data", root / f"model-service-{precision}", local.endpoints, precision
+        )
         return streamrec_rate(remote)
 
 
-def run_measure(kind: str, name: str, samples: int, root: Path, shards: int) -> dict:
+def run_measure(
+    kind: str, name: str, samples: int, root: Path, shards: int, precision: str = "auto"
+) -> dict:
     """Runs :func:`measure` in a fresh interpreter. In-process, the trainer owns the machine's
     cores, as a rank in its pod (``OMP_WAIT_POLICY=ACTIVE`` in the trainer images): its OpenMP
     threads run the step's gemms and spin between them, as the reference's do. Through the
@@ -201,6 +209,8 @@ def run_measure(kind: str, name: str, samples: int, root: Path, shards: int) -> 
             str(root),
             "--service-shards",
             str(shards),
+            "--precision",
+            precision,
         ],
         env=env,
         capture_output=True,
@@ -245,15 +255,23 @@ def run_baseline(name: str, steps: int) -> dict:
     return {"rate": res["samples_per_s"], **res}
 
 
-def throughput(name: str, samples: int, files: int, service_shards: int) -> dict:
+def throughput(
+    name: str, samples: int, files: int, service_shards: int, precisions: list[str]
+) -> dict:
+    """The reference step, then StreamRec in-process at each of ``precisions`` and through
+    the service at the first."""
     setup = SETUPS[name]
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         root = Path(tmp)
         write_pass(root / "data", make_data(setup, samples), files)
         out["baseline"] = run_baseline(name, samples // setup["batch"])
-        for kind in ["inproc"] + (["service"] if service_shards else []):
-            out[kind] = run_measure(kind, name, samples, root, service_shards)
+        for p in precisions:
+            out[f"inproc/{p}"] = run_measure("inproc", name, samples, root, service_shards, p)
+        if service_shards:
+            out["service"] = run_measure(
+                "service", name, samples, root, service_shards, precisions[0]
+            )
     b = out["baseline"]["rate"]
     print(
         f"setup {name}: {len(setup['ln_emb'])} tables {setup['ln_emb'][0]}.. rows, dim "
@@ -267,12 +285,14 @@ def throughput(name: str, samples: int, files: int, service_shards: int) -> dict
         f"{base['threads']} threads, OMP_WAIT_POLICY {base['omp_wait_policy'] or 'unset'}, "
         f"{base['loss']} loss, own process: bench/reference_dlrm.py)"
     )
-    for key, label in (("inproc", "in-process store"), ("service", "store service")):
+    labels = [(f"inproc/{p}", f"in-process {p}") for p in precisions]
+    for key, label in [*labels, ("service", "store service")]:
         if key in out:
             r = out[key]
             print(
                 f"  StreamRec e2e, {label:16s}{r['rate']:10.0f} samples/s  "
-                f"ratio {r['rate'] / b:.2f}  ({r['threads']} thread(s); first pass "
+                f"ratio {r['rate'] / b:.2f}  ({r['precision']}, {r['threads']} thread(s); "
+                f"first pass "
                 f"{r['first']:.0f}, "
                 f"ratio {r['first'] / b:.2f})"
             )
@@ -479,6 +499,13 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=None, help="samples per throughput pass")
     ap.add_argument("--service-shards", type=int, default=1, help="0 skips the service run")
     ap.add_argument("--quality", action="store_true")
+    ap.add_argument(
+        "--precision",
+        nargs="+",
+        choices=["auto", "fp32", "bf16"],
+        default=["auto", "fp32"],
+        help="model.precision of the in-process runs (the service run takes the first)",
+    )
     ap.add_argument("--measure", choices=["inproc", "service"], help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--quality-days", type=int, default=None)
@@ -504,7 +531,12 @@ def main() -> None:
         print(
             json.dumps(
                 measure(
-                    args.measure, args.setup, args.samples, Path(args.root), args.service_shards
+                    args.measure,
+                    args.setup,
+                    args.samples,
+                    Path(args.root),
+                    args.service_shards,
+                    args.precision[0],
                 )
             )
         )
@@ -512,7 +544,7 @@ def main() -> None:
     names = ["a", "b"] if args.setup == "all" else [] if args.setup == "none" else [args.setup]
     for name in names:
         samples = args.samples or (SETUPS[name]["batch"] * (400 if args.full else 60))
-        throughput(name, samples, 4, args.service_shards)
+        throughput(name, samples, 4, args.service_shards, args.precision)
     knobs = QualityKnobs(
         dense_optimizer=args.dense_optimizer,
         dense_lr=args.dense_lr,

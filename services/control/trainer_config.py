@@ -290,6 +290,11 @@ class ModelConfig(StrictConfig):
     #: The reference's mini_batch_size; an alias of runner.train_batch_size.
     mini_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, strict=True)
     numpy_rand_seed: int = Field(123, ge=0, le=MAX_SEED, strict=True)
+    #: The dense model's arithmetic: "bf16" runs the MLPs and the interaction under bf16
+    #: autocast (fp32 weights and optimizer state), "fp32" as the reference, "auto" bf16 only
+    #: where the hardware runs it fast (a CPU with AMX or AVX512-BF16, a GPU of compute
+    #: capability 8.0+; streamrec.trainer.precision). The pass log says which ran.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
 
     @field_validator("arch_mlp_bot", "arch_mlp_top", mode="before")
     @classmethod
@@ -471,6 +476,15 @@ class TrainerConfig(StrictConfig):
     def _alias(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        if "precision" in data:  # a REST job's model.precision: hyper_parameters.precision
+            hp = dict(data.get("hyper_parameters") or {})
+            if hp.get("precision", data["precision"]) != data["precision"]:
+                raise ValueError(
+                    f"precision {data['precision']!r} contradicts hyper_parameters.precision "
+                    f"{hp['precision']!r}"
+                )
+            hp["precision"] = data["precision"]
+            data = {k: v for k, v in data.items() if k != "precision"} | {"hyper_parameters": hp}
         hp, runner = data.get("hyper_parameters"), data.get("runner")
         mb = hp.get("mini_batch_size") if isinstance(hp, dict) else None
         if mb is None:

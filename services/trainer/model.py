@@ -45,6 +45,14 @@ def interaction_size(op: str, num_features: int, dim: int, itself: bool) -> int:
     raise ModelShapeError(f"arch_interaction_op must be 'dot' or 'cat', got {op!r}")
 
 
+class Fp32Sigmoid(nn.Module):
+    """The click probability in fp32 also under bf16 autocast: bf16 keeps 8 bits of
+    mantissa, so a sigmoid above 1 - 2^-9 would round to 1 and its log loss to infinity."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x.float())
+
+
 def make_mlp(sizes: list[int], sigmoid_layer: int, rng: np.random.RandomState) -> nn.Sequential:
     """Linear layers with the reference's initialisation; ReLU after each but ``sigmoid_layer``.
 
@@ -61,7 +69,7 @@ def make_mlp(sizes: list[int], sigmoid_layer: int, rng: np.random.RandomState) -
             layer.bias.copy_(torch.from_numpy(b))
         layers.append(layer)
         # in place: the ReLU backward reads only its output, not the Linear output it replaces
-        layers.append(nn.Sigmoid() if i == sigmoid_layer else nn.ReLU(inplace=True))
+        layers.append(Fp32Sigmoid() if i == sigmoid_layer else nn.ReLU(inplace=True))
     return nn.Sequential(*layers)
 
 
@@ -89,8 +97,10 @@ class _PairDots(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         t, both = ctx.saved_tensors
         batch, n, _ = t.shape
-        g2 = torch.cat([grad, grad], dim=1)
-        gz = torch.zeros(batch, n * n, dtype=grad.dtype, device=grad.device)
+        # under autocast the forward's product ran in bf16 and grad is bf16; the backward
+        # runs without autocast, so it takes t's dtype
+        g2 = torch.cat([grad, grad], dim=1).to(t.dtype)
+        gz = torch.zeros(batch, n * n, dtype=t.dtype, device=grad.device)
         gz = gz.index_add_(1, both, g2).view(batch, n, n)
         return torch.bmm(gz, t), None, None
 

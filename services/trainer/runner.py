@@ -69,6 +69,7 @@ from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.model_owner import check_owner
 from streamrec.trainer.model_saves import ModelSaves
 from streamrec.trainer.negsampling import ItemSide, NegativeSampler
+from streamrec.trainer.precision import compute_in, resolve
 from streamrec.trainer.run_plan import RunPlan, plan_run
 from streamrec.trainer.sparse import SparseBatch, SparseTables, to_device
 from streamrec.trainer.store import build_table_options, make_store
@@ -165,6 +166,9 @@ class OnlineTrainer(ModelSaves):
             slot_dims=config.slot_dims,
         ).to(self.device)
         ddp.broadcast_module(self.dense)
+        #: fp32 or bf16 autocast (model.precision), said in every pass's record
+        self.precision = resolve(hp.precision, self.device)
+        log.info("dense model in %s (%s)", self.precision.name, self.precision.reason)
         self.params = list(self.dense.parameters())
         self.optimizer = self._make_optimizer()
         self.scheduler = LRPolicyScheduler(
@@ -250,7 +254,9 @@ class OnlineTrainer(ModelSaves):
 
     def _forward(self, batch: Batch, pulled: SparseBatch) -> torch.Tensor:
         ly = to_device(self.sparse.forward(pulled), self.device)
-        return self.dense(batch.dense.to(self.device, non_blocking=True), ly).view(-1)
+        with compute_in(self.precision, self.device):
+            p = self.dense(batch.dense.to(self.device, non_blocking=True), ly)
+        return p.view(-1).float()
 
     def predict_files(
         self, files: list[Path], acc: AucAccumulator, best: AucAccumulator | None, stats: ParseStats
@@ -452,6 +458,7 @@ class OnlineTrainer(ModelSaves):
             "train_seconds": train_s,
             "samples_per_second": tr["samples"] / train_s if train_s > 0 else None,
             "intra_op_threads": torch.get_num_threads(),
+            "precision": self.precision.name,
             "lr": self.optimizer.param_groups[0]["lr"],
             "step": self.step,
             "world_size": self.world,
