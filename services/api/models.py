@@ -30,16 +30,16 @@ from pydantic import (
     model_validator,
 )
 from streamrec.control.channel import CommandType
-from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import (
-    END_LANDED,
     MAX_ENDPOINTS,
     MAX_EVERY_PASSES,
     MAX_RANKS,
     MAX_SAMPLE_SIZE,
-    MAX_SLEEP_S,
-    MAX_SPLITS_PER_PASS,
     MAX_THREADS,
+    CheckpointFields,
+    DataFields,
+    Day,
+    JobPath,
     OnlineMode,
 )
 from streamrec.layout import (
@@ -47,14 +47,11 @@ from streamrec.layout import (
     day_count,
     iter_passes,
     landed_end,
-    parse_day,
     passes_per_day,
-    split_names,
 )
 from streamrec.save_modes import SaveMode
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-_FILE_NAME = r"^[A-Za-z0-9_.-]{1,128}$"
 _ENDPOINT = r"^(tcp://[A-Za-z0-9_.\-\[\]:]+:\d{1,5}|ipc://[^\s]{1,200})$"
 
 
@@ -108,6 +105,12 @@ class Spec(BaseModel):
         return v
 
 
+def _described(fields: type[BaseModel], name: str) -> str | None:
+    """The description of a field the job spec takes over from the trainer's config (a
+    field made required here keeps its text)."""
+    return fields.model_fields[name].description
+
+
 def _stored(info: ValidationInfo) -> bool:
     """Whether a spec is read back from Redis (limits added since it was stored not applied)."""
     return bool(info.context and info.context.get("stored"))
@@ -129,57 +132,24 @@ def _renamed(
     return data
 
 
-class DataSpec(Spec):
-    """Where the streaming data lands and how it is cut into passes (PaddleRec names, the
-    same as the trainer's ``runner`` section)."""
+class DataSpec(Spec, DataFields):
+    """Where the streaming data lands and how it is cut into passes: the trainer's own
+    ``runner`` fields (:class:`~streamrec.control.trainer_config.DataFields`, their bounds and
+    checks), of which a job must name the data directory and its days, and the job's own
+    limits (its span, its pass count) and bad-data policy."""
 
-    # ``schema`` is the JSON name of ``feature_schema`` (BaseModel has a ``schema``)
     model_config = ConfigDict(
-        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+        extra="forbid",
+        allow_inf_nan=False,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
     )
 
-    train_data_dir: str = Field(
-        min_length=1,
-        max_length=4096,
-        description="root of YYYYMMDD/HHMM/ splits, under a data root",
-    )
-    start_day: str = Field(pattern=r"^\d{8}$", examples=["20190720"])
-    end_day: str = Field(pattern=r"^\d{8}$", examples=["20190721"])
-    split_interval: int = Field(5, ge=1, le=1440, strict=True, description="minutes per split")
-    split_per_pass: int = Field(
-        1, ge=1, le=MAX_SPLITS_PER_PASS, strict=True, description="splits per pass"
-    )
-    data_donefile: str | None = Field(
-        "to.hadoop.done", pattern=_FILE_NAME, description="a split is ready when this file exists"
-    )
-    data_sleep_second: float = Field(1.0, gt=0, le=MAX_SLEEP_S, strict=True)
-    data_format: Literal["generated", "criteo", "parquet", "slot"] = Field(
-        "generated",
-        description=(
-            "generated (streamrec-datagen) or criteo text (positional), parquet or slot "
-            "(PaddleRec's name:value text) read by data.schema"
-        ),
-    )
-    end_split: str | None = Field(
-        None,
-        examples=["0025"],
-        description=(
-            "the split of end_day (HHMM) the job ends with: the pass holding it keeps only "
-            "the splits up to it, and the job succeeds after it; 'landed': the last split "
-            "landed (in order, up to end_day) when the job is created, stored as that day "
-            "and HHMM; None: end_day's last split"
-        ),
-    )
-    feature_schema: FeatureSchema | None = Field(
-        None,
-        alias="schema",
-        description=(
-            "the data's features by name: label, dense [names or {name, log1p}], sparse "
-            "[{name, dim?, pooling: sum|mean, table?}] (streamrec.control.feature_schema); "
-            "None: the format's preset (13 dense, model.hyper_parameters.sparse_inputs_slots "
-            "one-key features). Checked against the model at create: a 422 naming the field"
-        ),
-    )
+    # required in a job (the runner's defaults are for a config file's small runs)
+    train_data_dir: JobPath = Field(description=_described(DataFields, "train_data_dir"))
+    start_day: Day
+    end_day: Day
     on_bad_split: Literal["fail", "skip"] = Field(
         "fail",
         description=(
@@ -199,31 +169,6 @@ class DataSpec(Spec):
             data = dict(data, data_format="generated")
         return data
 
-    @field_validator("start_day", "end_day")
-    @classmethod
-    def _day(cls, v: str) -> str:
-        parse_day(v)
-        return v
-
-    @field_validator("split_interval")
-    @classmethod
-    def _interval(cls, v: int) -> int:
-        split_names(v)
-        return v
-
-    @field_validator("end_split")
-    @classmethod
-    def _end_split(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None or v == END_LANDED:
-            return v
-        interval = info.data.get("split_interval")
-        if interval is not None and v not in split_names(interval):
-            raise ValueError(
-                f"end_split {v!r} is not a split of the day at split_interval {interval} "
-                f"(HHMM, a multiple of {interval} minutes)"
-            )
-        return v
-
     @field_validator("end_day")
     @classmethod
     def _span(cls, v: str, info: ValidationInfo) -> str:
@@ -241,7 +186,7 @@ class DataSpec(Spec):
     @field_validator("split_per_pass")
     @classmethod
     def _bounded(cls, v: int, info: ValidationInfo) -> int:
-        d = info.data
+        d = info.data  # the days and split_interval come before split_per_pass (DataFields)
         if _stored(info) or not {"start_day", "end_day", "split_interval"} <= d.keys():
             return v
         if d["end_day"] < d["start_day"]:
@@ -262,40 +207,21 @@ class DataSpec(Spec):
         plan = iter_passes(self.start_day, self.end_day, self.split_interval, 1)
         return landed_end(self.train_data_dir, plan, self.data_donefile)
 
-    @model_validator(mode="after")
-    def _order(self) -> DataSpec:
-        if self.data_format in ("parquet", "slot") and self.feature_schema is None:
-            raise ValueError(
-                f"data_format {self.data_format!r} reads features by name: it needs "
-                f"data.schema (label, dense, sparse)"
-            )
-        if self.end_day < self.start_day:
-            raise ValueError(f"end_day {self.end_day!r} is before start_day {self.start_day!r}")
-        return self
 
+class CheckpointSpec(Spec, CheckpointFields):
+    """Checkpoint and export policy (PaddleRec: checkpoints per pass, base/delta/batch
+    models): the trainer's own fields (:class:`~streamrec.control.trainer_config.
+    CheckpointFields`); a job names its model root and resumes from checkpoints, so it needs
+    one every N >= 1 passes."""
 
-class CheckpointSpec(Spec):
-    """Checkpoint and export policy (PaddleRec: checkpoints per pass, base/delta/batch models)."""
-
-    model_save_path: str = Field(
-        min_length=1, max_length=4096, description="model root; under a configured model root"
-    )
+    model_save_path: JobPath = Field(description=_described(CheckpointFields, "model_save_path"))
+    # narrowed: 0 (no checkpoint) is for the runner's own runs, a job must be resumable
     checkpoint_per_pass: int = Field(
         1,
         ge=1,
         le=MAX_EVERY_PASSES,
         strict=True,
-        description="a full checkpoint every N passes (a job is resumed from one: not 0)",
-    )
-    save_delta_frequency: int = Field(
-        0,
-        ge=0,
-        le=MAX_EVERY_PASSES,
-        strict=True,
-        description="a delta model every N passes (0: none)",
-    )
-    save_base_at_day_end: bool = Field(
-        True, description="shrink, then base and batch models after the last pass of a day"
+        description=_described(CheckpointFields, "checkpoint_per_pass"),
     )
 
 
@@ -443,23 +369,10 @@ class JobCreate(Spec):
         cfg = copy.deepcopy(self.model)
         d, c, smp, st, res = self.data, self.checkpoint, self.sampler, self.store, self.resources
         owned: dict[str, dict[str, Any]] = {
+            # the runner's fields the job's data and checkpoint sections take over, by name
             "runner": {
-                "train_data_dir": d.train_data_dir,
-                "data_format": d.data_format,
-                "schema": (
-                    None if d.feature_schema is None else d.feature_schema.model_dump(mode="json")
-                ),
-                "split_interval": d.split_interval,
-                "split_per_pass": d.split_per_pass,
-                "start_day": d.start_day,
-                "end_day": d.end_day,
-                "end_split": d.end_split,
-                "data_donefile": d.data_donefile,
-                "data_sleep_second": d.data_sleep_second,
-                "model_save_path": c.model_save_path,
-                "checkpoint_per_pass": c.checkpoint_per_pass,
-                "save_delta_frequency": c.save_delta_frequency,
-                "save_base_at_day_end": c.save_base_at_day_end,
+                **d.model_dump(mode="json", include=set(DataFields.model_fields)),
+                **c.model_dump(mode="json", include=set(CheckpointFields.model_fields)),
             },
             "store": {"endpoints": list(st.endpoints), "tier": st.tier},
             "negative_sampling": {
@@ -503,31 +416,12 @@ DATA_RENAMED = {"data_root": "train_data_dir", "format": "data_format"}
 #: ``model`` may not set them.
 JOB_OWNED: dict[tuple[str, str], str] = {
     **{
-        ("runner", f): f"data.{f}"
-        for f in (
-            "train_data_dir",
-            "data_format",
-            "split_interval",
-            "split_per_pass",
-            "start_day",
-            "end_day",
-            "end_split",
-            "data_donefile",
-            "data_sleep_second",
-        )
+        ("runner", f.alias or name): f"data.{f.alias or name}"
+        for name, f in DataFields.model_fields.items()
     },
-    ("runner", "reader_type"): "data.data_format",
-    ("runner", "schema"): "data.schema",
     ("runner", "feature_schema"): "data.schema",
-    **{
-        ("runner", f): f"checkpoint.{f}"
-        for f in (
-            "model_save_path",
-            "checkpoint_per_pass",
-            "save_delta_frequency",
-            "save_base_at_day_end",
-        )
-    },
+    ("runner", "reader_type"): "data.data_format",
+    **{("runner", name): f"checkpoint.{name}" for name in CheckpointFields.model_fields},
     ("store", "endpoints"): "store.endpoints",
     ("store", "tier"): "store.tier",
     ("store", "namespace"): "the job id (each job's tables are its own in the store)",
