@@ -156,7 +156,10 @@ class ReportApplier:
         """A group is up for the job, its model at ``resumed_from``: the passes done after
         that are not in the model the job goes on from (a group restarted after a kill
         between a pass's report and its checkpoint): rolled back and trained again."""
-        self._event(job_id, "trainer", f"trainer group up: {report.ranks} rank(s)", encode(report))
+        message = f"trainer group up: {report.ranks} rank(s)"
+        if report.resharded:
+            message += f"; checkpoint {report.resumed_from} resharded {report.resharded} shards"
+        self._event(job_id, "trainer", message, encode(report))
         resumed = report.resumed_from
         if resumed:
             keys.parse_pass_key(resumed)  # a malformed key is a bad report

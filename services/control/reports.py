@@ -66,7 +66,8 @@ class Phase(StrEnum):
 @dataclass(frozen=True)
 class Started:
     """The trainer group came up, its model the state after ``resumed_from`` (a pass key;
-    None: a fresh model)."""
+    None: a fresh model); ``resharded``: "M -> N" when that checkpoint was saved by M store
+    shards and loaded into N."""
 
     KIND: ClassVar[ReportKind] = ReportKind.STARTED
     ranks: int = 1
@@ -74,6 +75,7 @@ class Started:
     host: str | None = None
     group: str | None = None
     resumed_from: str | None = None
+    resharded: str | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
 from streamrec.embedding_store.local_shards import LocalShards
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
 from streamrec.embedding_store.redis_converter import RedisConverter
+from streamrec.embedding_store.shard_link import shard_count
 from streamrec.embedding_store.sparse_store import SparseStore
 from streamrec.embedding_store.store import EmbeddingStore
 from streamrec.store_schema import (
@@ -57,5 +58,6 @@ __all__ = [
     "UniformInitializer",
     "UnknownNamespace",
     "ZerosInitializer",
+    "shard_count",
     "unique_keys",
 ]

@@ -55,6 +55,7 @@ from streamrec.save_modes import FULL_MODES, SAVE_MODES, SaveMode
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store import EmbeddingStore
+    from streamrec.embedding_store.tier import TableTier
 
 MANIFEST = "MANIFEST.json"
 FORMAT = "streamrec-embedding-store"
@@ -281,22 +282,9 @@ def saved_parts(path: str | os.PathLike[str]) -> list[Path]:
     return [path / name for name in expected]
 
 
-def load_store(
-    store: EmbeddingStore, path: str | os.PathLike[str], converter: Converter | None = None
-) -> dict[str, Any]:
-    """Loads a save written by :func:`save_store` into ``store``: one directory, or the
-    ``shard-K-of-N/`` directories of a shard service's save (:func:`saved_parts`), whose rows
-    all go into this one store (the shards' keys are disjoint; the day is the latest one).
-
-    checkpoint/batch replace the rows of the tables they hold (day included); base/delta set
-    the weights of their keys (a delta after its base). Everything is read and checked
-    before the store changes, so a bad checkpoint leaves the store as it was.
-
-    Returns:
-        The manifest (of a sharded save: shard 0's, with ``shards``: the number of parts).
-    """
-    parts = saved_parts(path)
-    manifests = [read_manifest(part) for part in parts]
+def check_one_save(parts: list[Path], manifests: list[dict[str, Any]]) -> None:
+    """Raises CheckpointError unless the verified ``parts`` of a save (their ``manifests``)
+    are one save: one mode, one set of tables."""
     manifest = manifests[0]
     for part, other in zip(parts[1:], manifests[1:], strict=True):
         if other["mode"] != manifest["mode"] or set(other["tables"]) != set(manifest["tables"]):
@@ -305,6 +293,35 @@ def load_store(
                 f"{str(parts[0])!r} a {manifest['mode']} save of {sorted(manifest['tables'])}: "
                 f"not one save"
             )
+
+
+def load_store(
+    store: EmbeddingStore,
+    path: str | os.PathLike[str],
+    converter: Converter | None = None,
+    shard: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Loads a save written by :func:`save_store` into ``store``: one directory, or the
+    ``shard-K-of-N/`` directories of a shard service's save (:func:`saved_parts`), whose rows
+    all go into this one store (the shards' keys are disjoint; the day is the latest one).
+    ``shard`` (K, N): only the keys of shard K of N, from a save of any shard count
+    (:mod:`~streamrec.embedding_store.reshard`, streaming).
+
+    checkpoint/batch replace the rows of the tables they hold (day included); base/delta set
+    the weights of their keys (a delta after its base). Everything is read and checked
+    before the store changes, so a bad checkpoint leaves the store as it was.
+
+    Returns:
+        The manifest (of a sharded save: shard 0's, with ``shards``: the number of parts).
+    """
+    if shard is not None:
+        from streamrec.embedding_store.reshard import load_resharded
+
+        return load_resharded(store, path, shard[0], shard[1], converter)
+    parts = saved_parts(path)
+    manifests = [read_manifest(part) for part in parts]
+    check_one_save(parts, manifests)
+    manifest = manifests[0]
     full = manifest["mode"] in FULL_MODES
     if len(parts) > 1 and converter is not None and not full:
         raise InvalidInput(
@@ -348,20 +365,8 @@ def _read_part(
     full = manifest["mode"] in FULL_MODES
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, meta in manifest["tables"].items():
-        if name not in store.tables:
-            raise CheckpointError(
-                f"{str(path)!r}: table {name!r} is not in this store ({list(store.tables)})"
-            )
-        tier = store.tier(name)
-        if not isinstance(meta, dict):
-            raise CheckpointError(f"{str(path)!r}: table {name!r}: {meta!r} is not a mapping")
-        if meta.get("dim") != tier.dim:
-            raise CheckpointError(
-                f"{str(path)!r}: table {name!r} has dim {meta.get('dim')!r} in the checkpoint, "
-                f"{tier.dim} in this store"
-            )
+        tier = check_table(store, path, name, meta, full)
         if full:
-            _check_same_layout(path, name, meta, tier.options.model_dump(mode="json"), tier.width)
             keys = load_npy(path / f"{name}.keys.npy")
             values = load_npy(path / f"{name}.rows.npy")
             want = (keys.shape[0], tier.width) if keys.ndim == 1 else None
@@ -383,6 +388,27 @@ def _read_part(
             raise CheckpointError(f"{str(path)!r}: table {name!r} holds NaN or Inf")
         out[name] = (keys, values)
     return out
+
+
+def check_table(store: EmbeddingStore, path: Path, name: str, meta: Any, full: bool) -> TableTier:
+    """``store``'s tier of table ``name`` after checking that the save at ``path`` (its
+    manifest entry ``meta``) fits it: a table of the store, the same dim, and for a full save
+    the same optimizers and row width. Raises CheckpointError naming what differs."""
+    if name not in store.tables:
+        raise CheckpointError(
+            f"{str(path)!r}: table {name!r} is not in this store ({list(store.tables)})"
+        )
+    tier = store.tier(name)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{str(path)!r}: table {name!r}: {meta!r} is not a mapping")
+    if meta.get("dim") != tier.dim:
+        raise CheckpointError(
+            f"{str(path)!r}: table {name!r} has dim {meta.get('dim')!r} in the checkpoint, "
+            f"{tier.dim} in this store"
+        )
+    if full:
+        _check_same_layout(path, name, meta, tier.options.model_dump(mode="json"), tier.width)
+    return tier
 
 
 def _check_same_layout(

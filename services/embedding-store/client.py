@@ -11,9 +11,8 @@ step reuses the route of the pull that sent the same keys. The reply rows are sp
 and the push's repeats summed by C++ ops over every core (``take_rows``, ``sum_rows``:
 repeats in float64, in key order, as the store's update).
 
-``pull_many``/``push_many`` (and ``pull_rows``/``push_rows``, one block of every table's keys)
-send ONE request per shard holding each table's part (``counts`` per table): a batch of 15
-tables costs one round trip per shard instead of 15.
+``pull_many``/``push_many`` (and ``pull_rows``/``push_rows``) send ONE request per shard
+holding every table's part (``counts`` per table): one round trip per shard per batch.
 
 Transport (:mod:`~streamrec.embedding_store.shard_link`): one ZeroMQ socket per shard and
 thread, every request in flight at once, failures raised after every shard has answered, and
@@ -23,11 +22,9 @@ data op with :class:`~streamrec.embedding_store.errors.ShardRestarted`; a full
 :meth:`EmbeddingStoreClient.accept_restarts` does.
 
 Namespaces (:mod:`~streamrec.embedding_store.namespaces`): a client made with ``namespace``
-creates its tables in that namespace on every shard (``create_tables``, idempotent) and sends
-the name with every op, so its rows are its own; :meth:`EmbeddingStoreClient.drop_namespace`
-frees them. A shard that does not hold the namespace (restarted empty, or dropped) answers
-:class:`~streamrec.embedding_store.errors.UnknownNamespace` (a ``ShardRestarted``) at once;
-``load`` and ``accept_restarts`` make the namespace's tables again first.
+creates its tables there on every shard and sends the name with every op; a shard without it
+answers ``UnknownNamespace`` (a ``ShardRestarted``); ``load`` and ``accept_restarts`` make
+the tables again first.
 """
 
 from __future__ import annotations
@@ -500,20 +497,23 @@ class EmbeddingStoreClient:
         metas = self._link.broadcast("save", meta)
         return {"path": str(path), "mode": mode, "num_shards": self.num_shards, "shards": metas}
 
-    def load(self, path: str, converter: str | None = None) -> None:
-        """Every shard loads ``path/shard-K-of-N/``; the shard count must match the save.
+    def load(self, path: str, converter: str | None = None) -> dict[str, Any]:
+        """Every shard loads ``path/shard-K-of-N/``; from a save of another shard count M, the
+        keys that route to it from every part (resharding, streaming; files, not Redis).
 
         Two phases: every shard first checks its directory (manifest, files, checksums, shard
         count) and only when all are good do they load, so a bad checkpoint changes no shard.
-
         A full save (``checkpoint``/``batch``: every row of its tables) loaded into every
         shard is the recovery from a shard restart: the client then expects the shards'
         current incarnations (:class:`~streamrec.embedding_store.errors.ShardRestarted`).
+        Returns {"path", "num_shards", "resharded": "M -> N", or None for a save of N}.
         """
         meta = {"path": str(path), **self._converter_meta(converter)}
         self._create_tables()  # a shard restarted empty holds the namespace again
-        modes = {m.get("mode") for m in self._link.broadcast("load", {**meta, "verify_only": True})}
-        self._link.broadcast("load", meta, adopt=modes <= FULL_MODES)
+        checked = self._link.broadcast("load", {**meta, "verify_only": True})
+        self._link.broadcast("load", meta, adopt={m.get("mode") for m in checked} <= FULL_MODES)
+        resharded = checked[0].get("resharded")  # the same on every shard: "M -> N"
+        return {"path": str(path), "num_shards": self.num_shards, "resharded": resharded}
 
     def accept_restarts(self, incarnations: list[int | None] | None = None) -> list[str]:
         """Goes on with the shards as they are: a restarted (empty) shard is served again.

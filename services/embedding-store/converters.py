@@ -88,7 +88,8 @@ class FileConverter(Converter):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
-    def _paths(self, table: str, tag: str) -> tuple[Path, Path]:
+    def paths(self, table: str, tag: str) -> tuple[Path, Path]:
+        """The (keys, values) .npy files of ``table``'s rows saved as ``tag``."""
         if not _TAG.match(tag):
             raise InvalidInput(f"tag must match {_TAG.pattern}, got {tag!r}")
         return self.root / f"{table}.{tag}.keys.npy", self.root / f"{table}.{tag}.values.npy"
@@ -97,13 +98,13 @@ class FileConverter(Converter):
         self, table: str, keys: np.ndarray, values: np.ndarray, mode: str, tag: str
     ) -> None:
         check_rows(table, keys, values)
-        kp, vp = self._paths(table, tag)
+        kp, vp = self.paths(table, tag)
         self.root.mkdir(parents=True, exist_ok=True)
         save_npy(kp, keys)
         save_npy(vp, values)
 
     def read_rows(self, table: str, tag: str) -> tuple[np.ndarray, np.ndarray]:
-        kp, vp = self._paths(table, tag)
+        kp, vp = self.paths(table, tag)
         keys, values = load_npy(kp), load_npy(vp)
         try:
             check_rows(table, keys, values)

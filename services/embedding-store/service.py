@@ -49,13 +49,14 @@ per shard and batch): table t owns ``counts[t]`` keys of the concatenated ``keys
 A ``push_many`` is validated whole (every table's part, NaN/Inf included) before any table is
 written.
 
-``save``/``load`` use ``path/shard-K-of-N/`` (each shard its own manifest); ``load`` refuses a
-checkpoint saved by another number of shards (a one-shard store also loads the save of one
-in-process store, ``path/MANIFEST.json``). ``path`` must be absolute and lie under one of
-the shard's ``--model-root`` directories (``..`` and symlinks resolved first, see
-:mod:`streamrec.roots`); a shard without one saves and loads nothing. ``converter: "redis"``
-sends base/delta rows to the serving Redis given by ``--redis-url`` (each shard its own
-partition, see :mod:`~streamrec.embedding_store.redis_converter`) instead of files.
+``save``/``load`` use ``path/shard-K-of-N/`` (each shard its own manifest); a save of M other
+shards (or one store's ``path/MANIFEST.json``: M = 1) is resharded: each takes the keys that
+route to it from every part (:mod:`~streamrec.embedding_store.reshard`, reply ``resharded``
+"M -> N"). ``path`` must be absolute and lie under one of the shard's ``--model-root``
+directories (``..`` and symlinks resolved first, see :mod:`streamrec.roots`); a shard without
+one saves and loads nothing. ``converter: "redis"`` sends base/delta rows to the serving Redis
+given by ``--redis-url`` (each shard its own partition, see
+:mod:`~streamrec.embedding_store.redis_converter`) instead of files.
 
 Every request is validated (table, dtypes, shapes, shard ownership) before it touches the
 store, so a bad one gets an error naming the field and value, and nothing already stored
@@ -76,7 +77,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest
+from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest, saved_parts
 from streamrec.embedding_store.config import parse_shard_dir_name, shard_dir_name
 from streamrec.embedding_store.disk import NoSpaceBackoff, with_disk_errors
 from streamrec.embedding_store.errors import (
@@ -93,6 +94,7 @@ from streamrec.embedding_store.namespaces import (
     check_namespace,
     parse_tables,
 )
+from streamrec.embedding_store.reshard import verify_save
 from streamrec.errors import BadRequest, NotFound, quote
 from streamrec.keyhash import shard_of
 from streamrec.roots import confine, resolve_roots
@@ -504,12 +506,12 @@ class StoreService:
     ) -> tuple[Meta, Arrays]:
         root = self._root(meta)
         target = self._shard_dir(root)
+        verify_only = meta.get("verify_only", False)
+        if not isinstance(verify_only, bool):
+            raise BadRequest(f"field 'verify_only' must be a bool, got {quote(verify_only)}")
         if not target.is_dir() and (root / MANIFEST).is_file():  # one in-process store's save
             if self.num_shards != 1:
-                raise ShardCountMismatch(
-                    f"checkpoint {str(root)!r} is one store's save ({MANIFEST} on top, no "
-                    f"shard-K-of-N/); this store runs {self.num_shards} shards"
-                )
+                return self._load_resharded(store, root, meta, verify_only)
             target = root  # the whole of a one-shard store
         if not target.is_dir():
             named = (
@@ -520,17 +522,11 @@ class StoreService:
             found = sorted(name for name, kn in named.items() if kn is not None)
             counts = sorted({kn[1] for kn in named.values() if kn is not None})
             if counts and self.num_shards not in counts:
-                raise ShardCountMismatch(
-                    f"checkpoint {str(root)!r} was saved by {counts[0]} shard(s) "
-                    f"({', '.join(found)}); this store runs {self.num_shards} shards"
-                )
+                return self._load_resharded(store, root, meta, verify_only)
             raise NotFound(
                 f"checkpoint {str(root)!r} has no {self.dir_name}/ for this shard "
                 f"(found: {found or 'nothing'})"
             )
-        verify_only = meta.get("verify_only", False)
-        if not isinstance(verify_only, bool):
-            raise BadRequest(f"field 'verify_only' must be a bool, got {quote(verify_only)}")
         converter = self._converter(meta)
         if verify_only:
             manifest = read_manifest(target)  # every listed file and its sha256
@@ -556,6 +552,33 @@ class StoreService:
         if self.metrics is not None:
             self.metrics.load_seconds.observe(time.perf_counter() - started)
         return {"dir": str(target)}, {}
+
+    def _load_resharded(
+        self, store: EmbeddingStore, root: Path, meta: Meta, verify_only: bool
+    ) -> tuple[Meta, Arrays]:
+        """``load`` of a save made by another number of shards: this shard takes the keys
+        that route to it from every part (:mod:`~streamrec.embedding_store.reshard`); the
+        reply's ``resharded`` says "M -> N"."""
+        if meta.get("converter") not in (None, "files"):
+            raise ShardCountMismatch(
+                f"checkpoint {str(root)!r} is not a save of {self.num_shards} shards: loaded "
+                f"into another shard count it is read from its files, not from "
+                f"{quote(meta.get('converter'))}"
+            )
+        for part in saved_parts(root):  # a symlinked part may not lead out either
+            confine("path", str(part), self.model_roots)
+        if verify_only:
+            saved, mode = verify_save(root)
+            return {
+                "dir": str(root),
+                "mode": mode,
+                "resharded": f"{saved} -> {self.num_shards}",
+            }, {}
+        started = time.perf_counter()
+        loaded = store.load(str(root), shard=(self.shard_id, self.num_shards))
+        if self.metrics is not None:
+            self.metrics.load_seconds.observe(time.perf_counter() - started)
+        return {"dir": str(root), "resharded": loaded["resharded"]}, {}
 
     def op_stats(
         self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays

@@ -25,13 +25,15 @@ Namespaces: every request but ``ping`` carries the client's namespace.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
+from streamrec.auth import load_token
 from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
 from streamrec.embedding_store.incarnation import Incarnations, restarted_message
 from streamrec.errors import BadRequest, RemoteError
-from streamrec.wire import Arrays, Meta, RpcClient
+from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta, RpcClient
 
 #: (shard, op, meta, arrays) of one request
 Request = tuple[int, str, Meta, Arrays]
@@ -177,3 +179,24 @@ class ShardLink:
             for c in list(self._all_clients):
                 c.close()
             self._all_clients.clear()
+
+
+def shard_count(
+    endpoint: str, timeout_s: float = 10.0, auth_token_file: str | os.PathLike[str] | None = None
+) -> int:
+    """The number of shards the shard at ``endpoint`` says the store has (its ``ping``): how
+    a trainer finds that a job's store now runs another shard count.
+
+    Raises:
+        RemoteError / ServiceUnavailable: the shard refused or did not answer.
+    """
+    link = ShardLink(
+        [endpoint], timeout_s, DEFAULT_MAX_MESSAGE_BYTES, load_token(auth_token_file), ""
+    )
+    try:
+        count = link.broadcast("ping")[0].get("num_shards")
+    finally:
+        link.close()
+    if not isinstance(count, int) or count < 1:
+        raise RemoteError("bad_reply", f"{endpoint}: ping says num_shards {count!r}")
+    return count

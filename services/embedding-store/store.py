@@ -573,16 +573,17 @@ class EmbeddingStore(RowsFromTables):
         with self._admin:
             return save_store(self, path, mode, converter, extra)
 
-    def load(self, path: str, converter: Any | None = None) -> dict[str, Any]:
-        """Loads a directory written by :meth:`save`; checks the manifest's checksums first,
-        so a bad checkpoint raises CheckpointError and changes nothing. checkpoint/batch
-        replace the rows of the tables they hold (other tables keep theirs) and set the day;
-        base/delta set the weights of their keys (``converter`` as given to save). Returns
-        the manifest."""
+    def load(
+        self, path: str, converter: Any | None = None, shard: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
+        """Loads a save of :meth:`save` or of N shards, checksums first (a bad one changes
+        nothing: CheckpointError). checkpoint/batch replace their tables' rows and the day;
+        base/delta set their keys' weights (``converter`` as at save). ``shard`` (K, N): only
+        shard K of N's keys, from a save of any shard count (streaming, :mod:`.reshard`)."""
         from streamrec.embedding_store.checkpoint import load_store
 
         with self._admin:
-            return load_store(self, path, converter)
+            return load_store(self, path, converter, shard)
 
     def close(self) -> None:
         """Releases the tiers' memory and files; later calls raise StoreClosed."""

@@ -168,6 +168,15 @@ class Agent:
             data = {**data, "runner": {**(runner if isinstance(runner, dict) else {})}}
             data["runner"].update(self.runner_overrides)
         config = TrainerConfig.parse(data, source=f"job {self.job_id}")
+        shards = self.guard.shards_now(config.store.endpoints, _shard_count)
+        if shards is not None:
+            log.warning(
+                "the job lists %d store shard(s), the store now runs %d: the job goes on with "
+                "them (its checkpoint resharded %d -> %d)",
+                *(len(config.store.endpoints), len(shards)) * 2,
+            )
+            store = config.store.model_copy(update={"endpoints": shards})
+            config = config.model_copy(update={"store": store})
         self.guard.check(config)  # Redis is not trusted more than a REST body
         return config
 
@@ -223,6 +232,7 @@ class Agent:
                     host=socket.gethostname(),
                     group=self.group,
                     resumed_from=layout_key(resumed),
+                    resharded=self.job_trainer.resharded if resumed else None,
                 )
             )
 
@@ -535,6 +545,17 @@ class Agent:
         if self._own_group:
             ddp.shutdown()
         self.channel.close()
+
+
+def _shard_count(endpoint: str) -> int | None:
+    """The shard count the store shard at ``endpoint`` says (None: it did not answer)."""
+    from streamrec.embedding_store import shard_count
+
+    try:
+        return shard_count(endpoint)
+    except StreamRecError as exc:
+        log.warning("store shard %s did not say its shard count: %s", endpoint, exc)
+        return None
 
 
 def layout_key(found: tuple[str, int] | None) -> str | None:

@@ -282,6 +282,9 @@ def restore_dense(
         raise CheckpointError(f"{source}: dense state does not fit this model: {exc}") from exc
 
 
-def load_sparse(store: SparseStore, directory: Path) -> None:
-    """The store's part of a checkpoint back into ``store`` (every shard)."""
-    store.load(str(directory / SPARSE_NAME))
+def load_sparse(store: SparseStore, directory: Path) -> str | None:
+    """The store's part of a checkpoint back into ``store`` (every shard); "M -> N" when it
+    was saved by M shards and loaded into N (resharded), else None."""
+    loaded = store.load(str(directory / SPARSE_NAME))
+    resharded = loaded.get("resharded") if isinstance(loaded, dict) else None
+    return str(resharded) if resharded else None

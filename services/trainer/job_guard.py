@@ -22,7 +22,7 @@ PLAIN handshake). Defence in depth: nothing in Redis is trusted more than a REST
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +120,22 @@ class JobGuard:
                     f"field '{what}[{i}]': {quote(endpoint)} is not a store shard this trainer "
                     f"trusts ({trusted}); nothing is sent to it"
                 )
+
+    def shards_now(
+        self, endpoints: Sequence[str], count: Callable[[str], int | None]
+    ) -> list[str] | None:
+        """The store shards a job goes on with after the store's shard count changed (its
+        StatefulSet scaled, ``streamrec up --store-shards N`` after a stop): this trainer's
+        trusted store endpoints, when the job lists the first M of them in shard order and
+        shard 0 (``count``: its ``ping``) says the store has N = all of them, N != M. The job's
+        checkpoint then loads resharded M -> N. None otherwise: the job's endpoints stand."""
+        allowed = list(self.store_endpoints)
+        common = min(len(endpoints), len(allowed))
+        if not self.enforce or not common or len(endpoints) == len(allowed):
+            return None
+        if list(endpoints[:common]) != allowed[:common]:
+            return None
+        return allowed if count(allowed[0]) == len(allowed) else None
 
     def check(self, config: TrainerConfig) -> None:
         """Raises :class:`~streamrec.errors.PathRefused` or :class:`EndpointRefused` naming

@@ -58,6 +58,8 @@ class ModelSaves:
     step: int
     last_pass: tuple[str, int] | None
     last_online: dict[str, Any] | None
+    #: "M -> N" when the last checkpoint loaded was saved by M store shards, loaded into N
+    resharded: str | None = None
     progress_at: float
     phase: str
 
@@ -211,9 +213,10 @@ class ModelSaves:
         except Exception as exc:
             failure = exc
         self._agree_checkpoint(failure, directory)
+        self.resharded = None
         if self.rank == 0:
             try:
-                ckpt.load_sparse(self.store, directory)
+                self.resharded = ckpt.load_sparse(self.store, directory)
             except Exception as exc:
                 failure = exc
         self._agree_checkpoint(failure, directory)
@@ -223,7 +226,11 @@ class ModelSaves:
         self.progress_at = time.monotonic()
         self.last_pass = (day, pass_id)
         log.info(
-            "warm start from %s (step %d, manifest %s)", directory, self.step, manifest.get("mode")
+            "warm start from %s (step %d, manifest %s%s)",
+            directory,
+            self.step,
+            manifest.get("mode"),
+            f", store shards resharded {self.resharded}" if self.resharded else "",
         )
         return self.last_pass
 

@@ -36,7 +36,14 @@ from streamrec.layout import PassSpec
 
 #: One report of every kind, every field set away from its default.
 EVERY_REPORT = [
-    Started(ranks=4, threads=8, host="node-1", group="g-7", resumed_from="20190720/2"),
+    Started(
+        ranks=4,
+        threads=8,
+        host="node-1",
+        group="g-7",
+        resumed_from="20190720/2",
+        resharded="2 -> 3",
+    ),
     Claimed("20190720", 3, ranks=4, attempt=2),
     PassDone(
         "20190720",

@@ -22,7 +22,6 @@ from streamrec.embedding_store import (
     LocalShards,
 )
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
-from streamrec.errors import RemoteError
 from test_service import reference_store, write_tables
 
 DIMS = {"user": 9, "item": 4}
@@ -139,13 +138,14 @@ def test_a_damaged_or_mixed_sharded_save_changes_nothing(tables_file, tmp_path):
         local.load(str(good))
         before = {t: local.pull(t, k, create=False) for t, k in keys.items()}
 
-        # an in-process save is one store's: two shards refuse it by name, and keep serving
+        # an in-process save is one store's: two shards split it (resharded 1 -> 2)
         local.save(str(tmp_path / "in_process"), "checkpoint")
-        with pytest.raises(RemoteError) as info:
-            c.load(str(tmp_path / "in_process"))
-        assert info.value.code == "shard_mismatch"
-        assert "is one store's save" in str(info.value) and "runs 2 shards" in str(info.value)
-        c.pull("user", keys["user"][:5], create=False)
+        assert c.load(str(tmp_path / "in_process"))["resharded"] == "1 -> 2"
+        for t, k in keys.items():
+            assert c.size(t) == local.size(t)
+            torch.testing.assert_close(
+                c.pull(t, k, create=False), local.pull(t, k, create=False), rtol=0, atol=0
+            )
         c.close()
 
     victim = bad / "shard-1-of-2" / "user.rows.npy"
