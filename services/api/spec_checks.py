@@ -33,17 +33,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
-from streamrec.api.errors import (
-    EndpointRefused,
-    ModelPathTaken,
-    PathRefused,
-    Problem,
-    SpecInvalid,
-)
+from streamrec.api.errors import ModelPathTaken, Problem, SpecInvalid
 from streamrec.api.models import JOB_OWNED, JobCreate
 from streamrec.control import feature_schema
 from streamrec.control.trainer_config import MAX_PORT, TrainerConfig
-from streamrec.errors import quote
+from streamrec.errors import EndpointRefused, PathRefused, quote
 from streamrec.store_schema import TableOptions
 
 #: Longest path component (bytes, UTF-8): Linux's NAME_MAX; a longer one fails every open.
@@ -157,7 +151,9 @@ def resolve_under(field_name: str, value: str, roots: Sequence[Path]) -> Path:
     for root in roots:
         if path == root or path.is_relative_to(root):
             return path
-    raise PathRefused(field_name, value, [str(r) for r in roots])
+    where = [str(r) for r in roots]
+    message = f"{quote(value)} is outside the allowed roots {where}"
+    raise SpecInvalid([(field_name, message, value, PathRefused.code)])
 
 
 def _allowed(field_name: str, value: str, allowed: Sequence[str], what: str, flag: str) -> Problem:
