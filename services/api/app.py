@@ -25,10 +25,9 @@ from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError, InvalidTransition, SpecInvalid
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.public import ErrorPublic
-from streamrec.api.repo import Repo
+from streamrec.api.repo import Repo, connect
 from streamrec.api.routes import events, health, jobs, passes, triggers
 from streamrec.api.scheduler import Scheduler
-from streamrec.control import redis_io
 from streamrec.errors import QUOTE_LIMIT, quote
 
 log = logging.getLogger(__name__)
@@ -59,20 +58,6 @@ INSECURE_WHY = {
         "may rewrite jobs and their trainer configs"
     ),
 }
-
-
-def make_redis(settings: Settings) -> redis.Redis:
-    """A client that gives up after ``redis_timeout_s`` instead of hanging."""
-    return redis.Redis.from_url(
-        settings.redis_url,
-        password=settings.redis_password(),
-        decode_responses=True,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        health_check_interval=30,
-        # rides out a Redis restart; requests meanwhile wait, then get 503
-        retry=redis_io.reconnecting(outage_s=settings.redis_outage_s),
-    )
 
 
 class BodyLimit:
@@ -206,7 +191,7 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
         finally:
             if scheduler is not None:
                 scheduler.stop()
-            app.state.redis.close()
+            app.state.repo.close()
 
     app = FastAPI(
         title="StreamRec control plane",
@@ -215,10 +200,8 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
         description="Jobs, pass scheduling, checkpoint/export triggers and events of "
         "StreamRec streaming DLRM training. State lives in Redis.",
     )
-    r = make_redis(settings)
     app.state.settings = settings
-    app.state.redis = r
-    app.state.repo = Repo(r, settings.policy())
+    app.state.repo = Repo(connect(settings), settings.policy())
     app.state.metrics = metrics
 
     for router in (jobs.router, passes.router, triggers.router, events.router):

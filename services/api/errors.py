@@ -100,31 +100,6 @@ class SpecInvalid(ApiError, BadRequest):
         return [(f, m, v, c) for (f, m, v), c in zip(self.errors, self.codes, strict=True)]
 
 
-class PathRefused(SpecInvalid):
-    """A path in a job spec lies outside the configured data/model roots (HTTP 422)."""
-
-    code = "path_refused"
-
-    def __init__(self, field: str, value: str, roots: list[str]) -> None:
-        super().__init__([(field, f"{quote(value)} is outside the allowed roots {roots}", value)])
-        self.field = field
-        self.value = value
-
-
-class EndpointRefused(SpecInvalid):
-    """A store endpoint in a job spec that the deployment did not configure (HTTP 422)."""
-
-    code = "endpoint_refused"
-
-    def __init__(self, field: str, value: str, allowed: list[str]) -> None:
-        where = f"one of {allowed}" if allowed else "none (no --store-endpoint is configured)"
-        super().__init__(
-            [(field, f"{quote(value)} is not an allowed store endpoint: {where}", value)]
-        )
-        self.field = field
-        self.value = value
-
-
 class StateUnavailable(ApiError, ServiceUnavailable):
     """Redis cannot be reached (HTTP 503)."""
 

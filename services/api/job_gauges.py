@@ -15,25 +15,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
 from streamrec.api.data_gauges import DataGauges
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
-from streamrec.api.pool import WAITING
-from streamrec.api.state import append_event
-from streamrec.control import keys, redis_io
+from streamrec.api.pool_records import WAITING
+from streamrec.api.repo import Repo
+from streamrec.control.records import JobField
 
 
 class RunningJobGauges:
     """The gauges of running jobs, from Redis.
 
     Args:
-        r: the API's Redis client.
+        repo: the API's repository.
         metrics: where the gauges live.
     """
 
-    def __init__(self, r: redis.Redis, metrics: ApiMetrics) -> None:
-        self.r = r
+    def __init__(self, repo: Repo, metrics: ApiMetrics) -> None:
+        self.repo = repo
         self.metrics = metrics
         #: Per running job: (heartbeat ts, progress ts) of the last heartbeat seen.
         self._beats: dict[str, tuple[float, float]] = {}
@@ -46,11 +45,11 @@ class RunningJobGauges:
         for job_id in running:
             # the Redis reads first, then the sets together: a scrape in between would see
             # only some of a job's gauges
-            fields = redis_io.hgetall(self.r, keys.job(job_id))
-            beat_ts, progress_ts = self._last_beat(job_id)
-            depth = self.queue_depth(job_id)
-            waiting = fields.get("trainers") == WAITING
-            if waiting and not self.r.exists(keys.heartbeat(job_id)):
+            fields = self.repo.job_fields_or_none(job_id) or {}
+            beat_ts, progress_ts = self._last_beat(job_id, fields)
+            depth = self.repo.work.depth(job_id)
+            waiting = fields.get(JobField.TRAINERS) == WAITING
+            if waiting and not self.repo.has_heartbeat(job_id):
                 # no group serves the job: that is jobs_waiting_for_trainers' alert, not a
                 # dead or stalled group's; the ages start again when a group takes it
                 self._beats[job_id] = (now, now)
@@ -72,27 +71,24 @@ class RunningJobGauges:
         """Keeps the job's ``waiting_for`` (the split its next pass waits for) in its hash,
         and writes a ``data_wait`` event the first time each split is waited for."""
         awaited = self.data.waiting_for(job_id, fields) or ""
-        if awaited == (fields.get("waiting_for") or ""):
+        if awaited == (fields.get(JobField.WAITING_FOR) or ""):
             return
-        with self.r.pipeline() as pipe:
-            pipe.hset(keys.job(job_id), "waiting_for", awaited)
-            if awaited:
-                spec = stored_spec(fields["spec"]).data
-                where = Path(spec.train_data_dir) / awaited
-                what = f"{where}/{spec.data_donefile}" if spec.data_donefile else str(where)
-                append_event(
-                    pipe,
-                    job_id,
-                    "data_wait",
-                    f"waiting for split {awaited}: {what} is not there yet",
-                    {"split": awaited, "path": what},
-                )
-            pipe.execute()
+        event = None
+        if awaited:
+            spec = stored_spec(fields[JobField.SPEC]).data
+            where = Path(spec.train_data_dir) / awaited
+            what = f"{where}/{spec.data_donefile}" if spec.data_donefile else str(where)
+            event = (
+                f"waiting for split {awaited}: {what} is not there yet",
+                {"split": awaited, "path": what},
+            )
+        self.repo.set_waiting_for(job_id, awaited, event)
 
-    def _last_beat(self, job_id: str) -> tuple[float, float]:
+    def _last_beat(self, job_id: str, fields: dict[str, str]) -> tuple[float, float]:
         """(heartbeat ts, progress ts), wall clock: the live heartbeat's, else the last one
-        seen, else when the job became running (no group has beaten since)."""
-        raw = redis_io.get(self.r, keys.heartbeat(job_id))
+        seen, else when the job became running (``fields``' ``updated_at``: no group has
+        beaten since)."""
+        raw = self.repo.heartbeat(job_id)
         beat: Any = None
         if raw is not None:
             with contextlib.suppress(ValueError):
@@ -104,19 +100,6 @@ class RunningJobGauges:
             self._beats[job_id] = found
             return found
         if job_id not in self._beats:
-            since = float(redis_io.hget(self.r, keys.job(job_id), "updated_at") or time.time())
+            since = float(fields.get(JobField.UPDATED_AT) or time.time())
             self._beats[job_id] = (since, since)
         return self._beats[job_id]
-
-    def queue_depth(self, job_id: str) -> int:
-        """Entries of the job's work stream not yet delivered to the trainers' group."""
-        stream = keys.work(job_id)
-        try:
-            groups = self.r.xinfo_groups(stream)
-        except redis.ResponseError:  # no work stream yet: nothing handed out
-            return 0
-        for group in groups:
-            if group["name"] == keys.TRAINER_GROUP:
-                last = group["last-delivered-id"]
-                return len(self.r.xrange(stream, min=f"({last}", max="+") or [])
-        return int(self.r.xlen(stream))

@@ -20,25 +20,28 @@ Each tick (leader only):
 from __future__ import annotations
 
 import time
-import uuid
 
-import redis
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
-from streamrec.api.state import append_event
-from streamrec.control import keys, pool, redis_io
+from streamrec.api.pool_records import ASSIGNED, PINNED, WAITING, PoolRecords
+from streamrec.api.repo import Repo
+from streamrec.control import pool
 
-#: The job hash's ``trainers`` field: how the job stands with the pool.
-WAITING = "waiting_for_trainers"
-ASSIGNED = "assigned"
-PINNED = "pinned"
+__all__ = ["ASSIGNED", "PINNED", "WAITING", "PoolScheduler"]
 
 
 class PoolScheduler:
-    """Matches running jobs with the pool's groups (see the module docstring)."""
+    """Matches running jobs with the pool's groups (see the module docstring).
 
-    def __init__(self, r: redis.Redis, metrics: ApiMetrics, gone_after_s: float = 30.0) -> None:
-        self.r = r
+    Args:
+        repo: the API's repository (jobs, heartbeats; the pool's records as ``repo.pool``).
+        metrics: where the pool's gauges live.
+        gone_after_s: how long a group's registration may be missing before it loses its job.
+    """
+
+    def __init__(self, repo: Repo, metrics: ApiMetrics, gone_after_s: float = 30.0) -> None:
+        self.repo = repo
+        self.records: PoolRecords = repo.pool
         self.metrics = metrics
         #: a group whose registration is missing this long loses its job (a restart of its
         #: processes, torchrun's, takes seconds: the job waits for it meanwhile)
@@ -46,11 +49,11 @@ class PoolScheduler:
         self._missing_since: dict[str, float] = {}
 
     def tick(self, running: list[str]) -> None:
-        groups = {g.name: g for g in pool.live_groups(self.r)}
+        groups = {g.name: g for g in self.records.live_groups()}
         held = self.release(groups)
         # a registration naming an ended job holds nothing: the group is free (a group that
         # kept it would otherwise count busy for ever, and jobs would wait for trainers)
-        ended = pool.ended_jobs(self.r, (g.job_id for g in groups.values() if g.job_id))
+        ended = self.records.ended_jobs(g.job_id for g in groups.values() if g.job_id)
         stale = {name for name, g in groups.items() if g.job_id in ended}
         working = {name for name, g in groups.items() if g.job_id and name not in stale}
         busy = set(held) | working
@@ -62,7 +65,7 @@ class PoolScheduler:
         for job_id in running:
             if job_id in served:
                 continue
-            if self.r.exists(keys.heartbeat(job_id)):  # a group pinned to it (--job-id)
+            if self.repo.has_heartbeat(job_id):  # a group pinned to it (--job-id)
                 self.mark(job_id, PINNED)
                 continue
             name = self.pick(job_id, groups, busy)
@@ -70,15 +73,15 @@ class PoolScheduler:
                 waiting += self.mark_waiting(job_id)
             else:
                 busy.add(name)
-                self.assign(job_id, name)
+                self.records.assign(job_id, name)
         self.metrics.jobs_waiting_for_trainers.set(waiting)
 
     def release(self, groups: dict[str, pool.GroupInfo]) -> dict[str, pool.Assignment]:
         """Clears the assignments of ended jobs and gone groups; returns the ones kept."""
         kept = {}
         now = time.monotonic()
-        given = pool.assignments(self.r)
-        over = pool.ended_jobs(self.r, (a.job_id for a in given.values()))
+        given = self.records.assignments()
+        over = self.records.ended_jobs(a.job_id for a in given.values())
         for name, a in given.items():
             ended = a.job_id in over
             if name in groups:
@@ -90,28 +93,12 @@ class PoolScheduler:
                 kept[name] = a
                 continue
             self._missing_since.pop(name, None)
-            self._unassign(name, a, "the job ended" if ended else "the group is gone")
+            self.records.unassign(name, a, "the job ended" if ended else "the group is gone")
         return kept
-
-    def _unassign(self, name: str, a: pool.Assignment, why: str) -> None:
-        def body(pipe: redis.client.Pipeline) -> None:
-            if redis_io.hget(pipe, keys.POOL_ASSIGNMENTS, name) != a.encode():
-                pipe.multi()
-                return
-            exists = pipe.exists(keys.job(a.job_id))
-            pipe.multi()
-            pipe.hdel(keys.POOL_ASSIGNMENTS, name)
-            if exists:
-                redis_io.hset(pipe, keys.job(a.job_id), {"group": "", "trainers": ""})
-                append_event(
-                    pipe, a.job_id, "pool", f"trainer group {name} released: {why}", {"group": name}
-                )
-
-        self.r.transaction(body, keys.POOL_ASSIGNMENTS)
 
     def pick(self, job_id: str, groups: dict[str, pool.GroupInfo], busy: set[str]) -> str | None:
         """The first idle group (by name) whose ranks fit the job; None when none does."""
-        raw = redis_io.hget(self.r, keys.job(job_id), "spec")
+        raw = self.repo.job_spec_json(job_id)
         if raw is None:
             return None
         want = stored_spec(raw).resources.trainer_ranks
@@ -120,39 +107,23 @@ class PoolScheduler:
                 return name
         return None
 
-    def assign(self, job_id: str, name: str) -> None:
-        a = pool.Assignment(job_id, uuid.uuid4().hex[:12])
-        with self.r.pipeline() as pipe:
-            pipe.hset(keys.POOL_ASSIGNMENTS, name, a.encode())
-            # last_group: kept when the job ends (and "group" is cleared), to say who ran it
-            fields = {"group": name, "last_group": name, "trainers": ASSIGNED}
-            redis_io.hset(pipe, keys.job(job_id), fields)
-            append_event(pipe, job_id, "pool", f"assigned to trainer group {name}", {"group": name})
-            pipe.execute()
-
     def mark(self, job_id: str, standing: str) -> None:
         """Sets the job's ``trainers`` field when it differs (no write otherwise)."""
-        if redis_io.hget(self.r, keys.job(job_id), "trainers") != standing:
-            redis_io.hset(self.r, keys.job(job_id), {"trainers": standing})
+        if self.records.standing(job_id) != standing:
+            self.records.set_standing(job_id, standing)
 
     def mark_waiting(self, job_id: str) -> int:
         """Marks the job waiting for trainers (an event the first time); returns 1."""
-        before = redis_io.hget(self.r, keys.job(job_id), "trainers")
-        if before != WAITING:
+        if self.records.standing(job_id) != WAITING:
             groups = [
                 {"name": g.name, "ranks": g.ranks, "job_id": g.job_id}
-                for g in pool.live_groups(self.r)
+                for g in self.records.live_groups()
             ]
-            with self.r.pipeline() as pipe:
-                redis_io.hset(pipe, keys.job(job_id), {"trainers": WAITING, "group": ""})
-                append_event(
-                    pipe,
-                    job_id,
-                    "pool",
-                    "waiting for trainers: no free trainer group in the pool fits "
-                    "resources.trainer_ranks (start one with streamrec-trainer-agent "
-                    "without --job-id)",
-                    {"groups": groups},
-                )
-                pipe.execute()
+            self.records.set_waiting(
+                job_id,
+                "waiting for trainers: no free trainer group in the pool fits "
+                "resources.trainer_ranks (start one with streamrec-trainer-agent "
+                "without --job-id)",
+                {"groups": groups},
+            )
         return 1

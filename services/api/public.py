@@ -5,11 +5,13 @@ The request bodies (``JobCreate``, ``TriggerCreate``) are in :mod:`streamrec.api
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from streamrec.api.models import ExportMode, JobCreate, TriggerKind
 from streamrec.api.state import JobState, PassState, TriggerState
+from streamrec.control.records import PassField
 
 
 class JobPublic(BaseModel):
@@ -140,3 +142,68 @@ class ErrorPublic(BaseModel):
 class HealthPublic(BaseModel):
     status: Literal["ok", "unavailable"]
     redis: bool | None = None
+
+
+# ---- from the stored records ----------------------------------------------------------
+def _float(v: str | None) -> float | None:
+    return None if v in (None, "") else float(v)
+
+
+def _int(v: str | None) -> int | None:
+    return None if v in (None, "") else int(float(v))
+
+
+def pass_public(f: dict[str, str]) -> PassPublic:
+    """A pass record as REST shows it."""
+    return PassPublic(
+        day=f[PassField.DAY],
+        pass_id=int(f[PassField.PASS_ID]),
+        splits=json.loads(f[PassField.SPLITS]),
+        state=f[PassField.STATE],
+        attempts=int(f.get(PassField.ATTEMPTS, "0")),
+        failures=int(f.get(PassField.FAILURES) or 0),
+        resume_from=f.get(PassField.RESUME_FROM) or None,
+        skipped_splits=json.loads(f.get(PassField.SKIPPED_SPLITS) or "[]"),
+        predict_auc=_float(f.get(PassField.PREDICT_AUC)),
+        train_auc=_float(f.get(PassField.TRAIN_AUC)),
+        logloss=_float(f.get(PassField.LOGLOSS)),
+        best_auc=_float(f.get(PassField.BEST_AUC)),
+        samples=_int(f.get(PassField.SAMPLES)),
+        malformed_lines=_int(f.get(PassField.MALFORMED_LINES)),
+        seconds=_float(f.get(PassField.SECONDS)),
+        ranks=_int(f.get(PassField.RANKS)),
+        queued_at=_float(f.get(PassField.QUEUED_AT)),
+        started_at=_float(f.get(PassField.STARTED_AT)),
+        finished_at=_float(f.get(PassField.FINISHED_AT)),
+        error=f.get(PassField.ERROR) or None,
+    )
+
+
+def trigger_public(f: dict[str, str]) -> TriggerPublic:
+    """A trigger's hash as REST shows it."""
+    result: Any = json.loads(f["result"]) if f.get("result") else None
+    return TriggerPublic(
+        id=f["id"],
+        kind=f["kind"],
+        mode=f.get("mode") or None,
+        state=f["state"],
+        created_at=float(f["created_at"]),
+        finished_at=_float(f.get("finished_at")),
+        result=result if isinstance(result, dict) or result is None else {"value": result},
+        error=f.get("error") or None,
+    )
+
+
+def event_public(event_id: str, f: dict[str, str]) -> EventPublic:
+    """An entry of a job's event stream as REST shows it (bad data JSON: no data)."""
+    try:
+        data = json.loads(f.get("data") or "{}")
+    except ValueError:
+        data = {}
+    return EventPublic(
+        id=event_id,
+        type=f.get("type", ""),
+        message=f.get("message", ""),
+        ts=float(f.get("ts") or 0),
+        data=data if isinstance(data, dict) else {},
+    )

@@ -1,20 +1,24 @@
-"""Reads and writes of jobs, passes, triggers and events in Redis (all API state lives there).
+"""The API's repository: the only API modules that call Redis are this one, the ones it
+holds (:mod:`~streamrec.api.pass_records` the passes, :mod:`~streamrec.api.work_queue` the
+work and report streams and the scheduler's lease, :mod:`~streamrec.api.pool_records` the
+trainer pool) and :mod:`~streamrec.api.state` (the state machine's transaction).
 
-Every write that touches more than one key is one MULTI/EXEC, so a crash of the API between
-two calls never leaves a half-written job. Key names come from :mod:`streamrec.control.keys`.
+Here: jobs, triggers, events and heartbeats. Every write that touches more than one key is
+one MULTI/EXEC, so a crash of the API between two calls never leaves a half-written job. Key
+names come from :mod:`streamrec.control.keys`, hash fields from
+:mod:`streamrec.control.records`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import redis
-from pydantic import ValidationError
+from streamrec.api.config import Settings
 from streamrec.api.errors import (
     InvalidTransition,
     JobNotFound,
@@ -22,10 +26,11 @@ from streamrec.api.errors import (
     SpecInvalid,
     TriggerNotFound,
 )
-from streamrec.api.lineage import job_plan, rewind_for_start
-from streamrec.api.models import JOB_OWNED, JobCreate, TriggerCreate, stored_spec
+from streamrec.api.lineage import job_plan
+from streamrec.api.models import JobCreate, TriggerCreate, stored_spec
+from streamrec.api.pass_records import PassRecords
+from streamrec.api.pool_records import PoolRecords
 from streamrec.api.public import (
-    EventPublic,
     EventsPublic,
     JobPublic,
     JobsPublic,
@@ -34,8 +39,17 @@ from streamrec.api.public import (
     TriggerPublic,
     TriggersPublic,
     WorkerPublic,
+    event_public,
+    pass_public,
+    trigger_public,
 )
-from streamrec.api.spec_checks import SpecPolicy, check_spec, model_path_clash, resolve_under
+from streamrec.api.spec_checks import (
+    SpecPolicy,
+    check_spec,
+    model_path_clash,
+    resolve_under,
+    trainer_config,
+)
 from streamrec.api.state import (
     ACTIVE_STATES,
     JobAction,
@@ -46,63 +60,27 @@ from streamrec.api.state import (
     next_state,
     watched,
 )
+from streamrec.api.work_queue import SchedulerLease, WorkQueue
 from streamrec.control import keys, redis_io
 from streamrec.control.channel import CommandType
-from streamrec.control.feature_schema import model_problems
 from streamrec.control.pool import NamespaceDrop
-from streamrec.control.trainer_config import END_LANDED, OnlineMode, TrainerConfig
+from streamrec.control.records import JobField
+from streamrec.control.trainer_config import END_LANDED, OnlineMode
 from streamrec.layout import count_passes
 
 
-def trainer_config(
-    spec: JobCreate, job_id: str | None = None, policy: SpecPolicy | None = None
-) -> dict[str, Any]:
-    """The trainer config the job implies, validated, so a bad one is a 422 now rather than a
-    failed job later; each error names the job field that set the value. On store shards, the
-    job's tables live in the namespace ``job_id``: a new job starts from fresh rows, two jobs
-    with different tables share the shards, deleting the job frees its rows. A job that names
-    no serving Redis gets the ``policy``'s default one (``SpecPolicy.with_default_online``)."""
-    cfg = spec.trainer_config()
-    if policy is not None:
-        cfg = policy.with_default_online(cfg)
-    if job_id is not None and spec.store.endpoints:
-        cfg["store"]["namespace"] = job_id
-    try:
-        parsed = TrainerConfig.model_validate(cfg, context={"schema_checks": False})
-    except ValidationError as exc:
-        errors = []
-        for err in exc.errors():
-            loc = [str(p) for p in err["loc"]]
-            errors.append((job_field(loc), err["msg"], err.get("input")))
-        raise SpecInvalid(errors) from None
-    # the schema and the model's shapes against the data: a job whose bottom MLP does not
-    # take its dense features is refused now, not failed at its first pass
-    problems = model_problems(parsed)
-    if problems:
-        raise SpecInvalid(
-            [
-                (job_field(re.split(r"[.\[\]]+", path.strip("]"))), msg, v)
-                for path, msg, v in problems
-            ]
-        )
-    return cfg
-
-
-def job_field(loc: list[str]) -> str:
-    """The job field (dotted from the body) that set the trainer config field at ``loc``:
-    ``["runner", "schema", "sparse", "2", "dim"]`` -> ``data.schema.sparse.2.dim``."""
-    owner = JOB_OWNED.get((loc[0], loc[1])) if len(loc) > 1 else None
-    if owner is None:
-        return ".".join(["model", *loc])
-    return ".".join([owner, *loc[2:]]) if owner == "data.schema" else owner
-
-
-def _float(v: str | None) -> float | None:
-    return None if v in (None, "") else float(v)
-
-
-def _int(v: str | None) -> int | None:
-    return None if v in (None, "") else int(float(v))
+def connect(settings: Settings) -> redis.Redis:
+    """A client that gives up after ``redis_timeout_s`` instead of hanging."""
+    return redis.Redis.from_url(
+        settings.redis_url,
+        password=settings.redis_password(),
+        decode_responses=True,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        health_check_interval=30,
+        # rides out a Redis restart; requests meanwhile wait, then get 503
+        retry=redis_io.reconnecting(outage_s=settings.redis_outage_s),
+    )
 
 
 class Repo:
@@ -117,6 +95,21 @@ class Repo:
     def __init__(self, r: redis.Redis, policy: SpecPolicy | None = None) -> None:
         self.r = r
         self.policy = policy or SpecPolicy()
+        self.passes = PassRecords(r)
+        self.work = WorkQueue(r)
+        self.pool = PoolRecords(r)
+
+    def close(self) -> None:
+        """Closes the client's connections (the API is stopping)."""
+        self.r.close()
+
+    def ping(self) -> None:
+        """Raises redis.ConnectionError or TimeoutError when Redis does not answer."""
+        self.r.ping()
+
+    def lease(self, owner: str) -> SchedulerLease:
+        """The scheduler's lease, held by ``owner``."""
+        return SchedulerLease(self.r, owner)
 
     # ---- jobs -------------------------------------------------------------------------
     def create_job(self, spec: JobCreate) -> JobPublic:
@@ -270,7 +263,7 @@ class Repo:
                 extra["trainer_config"] = json.dumps(cfg)
             # a stopped or failed job goes on from its last checkpoint: what was trained
             # after it is rolled back and trained again (lineage.py)
-            rewind_for_start(self.r, job_id, job_plan(stored_spec(f["spec"])))
+            self.passes.rewind_for_start(job_id, job_plan(stored_spec(f["spec"])))
         change_state(self.r, job_id, action, reason="operator", extra=extra, command=command)
         return self.get_job(job_id)
 
@@ -312,6 +305,70 @@ class Repo:
                 pipe.rpush(keys.POOL_DROPS, NamespaceDrop(job_id, tuple(endpoints)).encode())
 
         watched(self.r, delete, key, keys.passes(job_id), keys.triggers(job_id))
+
+    # ---- what the scheduler reads and writes of a job ----------------------------------
+    def job_fields_or_none(self, job_id: str) -> dict[str, str] | None:
+        """The job's hash; None when there is no such job."""
+        return redis_io.hgetall(self.r, keys.job(job_id)) or None
+
+    def job_spec_json(self, job_id: str) -> str | None:
+        """The job's stored spec (JSON); None when there is no such job."""
+        return redis_io.hget(self.r, keys.job(job_id), JobField.SPEC)
+
+    def job_state(self, job_id: str) -> str | None:
+        """The job's state; None when there is no such job."""
+        return redis_io.hget(self.r, keys.job(job_id), JobField.STATE)
+
+    def jobs_in(self, state: str) -> list[str]:
+        """The ids of the jobs in ``state``, sorted."""
+        return sorted(redis_io.smembers(self.r, keys.jobs_in_state(state)))
+
+    def count_in(self, state: str) -> int:
+        """How many jobs are in ``state``."""
+        return int(self.r.scard(keys.jobs_in_state(state)))
+
+    def heartbeat(self, job_id: str) -> str | None:
+        """The job's trainer group's last heartbeat (JSON text); None once it expired."""
+        return redis_io.get(self.r, keys.heartbeat(job_id))
+
+    def has_heartbeat(self, job_id: str) -> bool:
+        """Whether a trainer group's heartbeat for the job is alive."""
+        return bool(self.r.exists(keys.heartbeat(job_id)))
+
+    def set_last_checkpoint(self, job_id: str, pass_key: str) -> None:
+        """The checkpoint after pass ``pass_key`` is the one the job goes on from."""
+        redis_io.hset(self.r, keys.job(job_id), {JobField.LAST_CHECKPOINT: pass_key})
+
+    def set_error(self, job_id: str, message: str) -> None:
+        redis_io.hset(self.r, keys.job(job_id), {JobField.ERROR: message})
+
+    def set_waiting_for(
+        self, job_id: str, split: str, event: tuple[str, dict[str, Any]] | None
+    ) -> None:
+        """Keeps the split the job's next pass waits for ("": none) with its ``data_wait``
+        event (message, data), when one is given."""
+        with self.r.pipeline() as pipe:
+            redis_io.hset(pipe, keys.job(job_id), {JobField.WAITING_FOR: split})
+            if event is not None:
+                append_event(pipe, job_id, "data_wait", *event)
+            pipe.execute()
+
+    def append_event(
+        self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None
+    ) -> None:
+        append_event(self.r, job_id, kind, message, data)
+
+    def change_state(self, job_id: str, action: JobAction, reason: str = "") -> JobState:
+        """Applies a scheduler's ``action`` (:func:`~streamrec.api.state.change_state`)."""
+        return change_state(self.r, job_id, action, reason=reason)
+
+    def trigger_kind(self, job_id: str, trigger_id: str) -> str | None:
+        """The trigger's kind; None when the job has no such trigger."""
+        return redis_io.hget(self.r, keys.trigger(job_id, trigger_id), "kind")
+
+    def finish_trigger(self, job_id: str, trigger_id: str, fields: dict[str, str]) -> None:
+        """Writes a trigger's outcome (state, finished_at, result or error)."""
+        redis_io.hset(self.r, keys.trigger(job_id, trigger_id), fields)
 
     # ---- passes -----------------------------------------------------------------------
     def list_passes(self, job_id: str, offset: int, limit: int) -> PassesPublic:
@@ -470,56 +527,3 @@ def stuck_for(beat: dict[str, Any], limit_s: float) -> float | None:
         return None
     quiet = time.time() - ts
     return quiet if quiet > limit_s else None
-
-
-def pass_public(f: dict[str, str]) -> PassPublic:
-    return PassPublic(
-        day=f["day"],
-        pass_id=int(f["pass_id"]),
-        splits=json.loads(f["splits"]),
-        state=f["state"],
-        attempts=int(f.get("attempts", "0")),
-        failures=int(f.get("failures") or 0),
-        resume_from=f.get("resume_from") or None,
-        skipped_splits=json.loads(f.get("skipped_splits") or "[]"),
-        predict_auc=_float(f.get("predict_auc")),
-        train_auc=_float(f.get("train_auc")),
-        logloss=_float(f.get("logloss")),
-        best_auc=_float(f.get("best_auc")),
-        samples=_int(f.get("samples")),
-        malformed_lines=_int(f.get("malformed_lines")),
-        seconds=_float(f.get("seconds")),
-        ranks=_int(f.get("ranks")),
-        queued_at=_float(f.get("queued_at")),
-        started_at=_float(f.get("started_at")),
-        finished_at=_float(f.get("finished_at")),
-        error=f.get("error") or None,
-    )
-
-
-def trigger_public(f: dict[str, str]) -> TriggerPublic:
-    result: Any = json.loads(f["result"]) if f.get("result") else None
-    return TriggerPublic(
-        id=f["id"],
-        kind=f["kind"],
-        mode=f.get("mode") or None,
-        state=f["state"],
-        created_at=float(f["created_at"]),
-        finished_at=_float(f.get("finished_at")),
-        result=result if isinstance(result, dict) or result is None else {"value": result},
-        error=f.get("error") or None,
-    )
-
-
-def event_public(event_id: str, f: dict[str, str]) -> EventPublic:
-    try:
-        data = json.loads(f.get("data") or "{}")
-    except ValueError:
-        data = {}
-    return EventPublic(
-        id=event_id,
-        type=f.get("type", ""),
-        message=f.get("message", ""),
-        ts=float(f.get("ts") or 0),
-        data=data if isinstance(data, dict) else {},
-    )

@@ -16,21 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from streamrec.api.errors import ApiError
-from streamrec.api.lineage import job_plan, rewind_to_group
+from streamrec.api.lineage import job_plan
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.repo import Repo
-from streamrec.api.state import (
-    JobAction,
-    JobState,
-    PassState,
-    TriggerState,
-    append_event,
-    change_state,
-)
-from streamrec.control import keys, redis_io
+from streamrec.api.state import JobAction, JobState, PassState, TriggerState
+from streamrec.control import keys
 from streamrec.control.channel import CommandType
 from streamrec.control.codec import encode
+from streamrec.control.records import PASS_METRICS, JobField
 from streamrec.control.reports import (
     Checkpoint,
     Claimed,
@@ -47,17 +41,6 @@ from streamrec.control.reports import (
     TriggerDone,
     TriggerFailed,
     decode_report,
-)
-
-#: Metric fields a trainer reports for a pass (OnlineTrainer.run_pass record).
-PASS_METRICS = (
-    "predict_auc",
-    "train_auc",
-    "logloss",
-    "best_auc",
-    "samples",
-    "malformed_lines",
-    "seconds",
 )
 
 
@@ -80,7 +63,8 @@ class ReportApplier:
         ack_work: Callable[[str], None],
     ) -> None:
         self.repo = repo
-        self.r = repo.r
+        self.passes = repo.passes
+        self.work = repo.work
         self.metrics = metrics
         self._requeue = requeue
         self._ack_work = ack_work
@@ -94,15 +78,13 @@ class ReportApplier:
         n = 0
         for start in ("0", ">"):
             for _ in range(max_batches):
-                msgs = redis_io.read_group(
-                    self.r, keys.API_GROUP, keys.API_CONSUMER, keys.reports(job_id), start, 100
-                )
+                msgs = self.work.reports(job_id, start, 100)
                 if not msgs:
                     break
                 for msg_id, fields in msgs:
                     if fields:
                         self._apply_one(job_id, msg_id, fields)
-                    self.r.xack(keys.reports(job_id), keys.API_GROUP, msg_id)
+                    self.work.ack_report(job_id, msg_id)
                     n += 1
                 if start == "0":
                     break  # pending ones are re-read only once per tick
@@ -114,8 +96,7 @@ class ReportApplier:
             report = decode_report(fields)
             self._handlers[report.KIND](job_id, report)
         except (ValueError, KeyError, TypeError) as exc:
-            append_event(
-                self.r,
+            self.repo.append_event(
                 job_id,
                 "bad_report",
                 f"report {msg_id} ({kind!r}) ignored: {exc}",
@@ -124,8 +105,7 @@ class ReportApplier:
             if kind == ReportKind.PASS_FAILED.value:
                 self._retry_unreadable_failure(job_id, fields)
         except ApiError as exc:  # e.g. a transition no longer allowed: record it, go on
-            append_event(
-                self.r,
+            self.repo.append_event(
                 job_id,
                 "bad_report",
                 f"report {msg_id} ({kind!r}) not applied: {exc}",
@@ -150,7 +130,7 @@ class ReportApplier:
         self._on_pass_failed(job_id, report)
 
     def _event(self, job_id: str, kind: str, message: str, data: dict[str, Any]) -> None:
-        append_event(self.r, job_id, kind, message, data)
+        self.repo.append_event(job_id, kind, message, data)
 
     def _on_started(self, job_id: str, report: Started) -> None:
         """A group is up for the job, its model at ``resumed_from``: the passes done after
@@ -163,11 +143,10 @@ class ReportApplier:
         resumed = report.resumed_from
         if resumed:
             keys.parse_pass_key(resumed)  # a malformed key is a bad report
-        spec = self.repo.job_fields(job_id).get("spec")
+        spec = self.repo.job_fields(job_id).get(JobField.SPEC)
         if not spec:
             return
-        rolled = rewind_to_group(
-            self.r,
+        rolled = self.passes.rewind_to_group(
             job_id,
             job_plan(stored_spec(spec)),
             resumed,
@@ -176,86 +155,61 @@ class ReportApplier:
         if rolled:
             self.metrics.passes_requeued.labels(job_id).inc(len(rolled))
 
-    def _stale(
-        self, job_id: str, rec: str, report: Claimed | PassDone | PassFailed | Released
-    ) -> bool:
+    def _stale(self, job_id: str, report: Claimed | PassDone | PassFailed | Released) -> bool:
         """A report about an earlier attempt of a pass that was handed out again."""
         if report.attempt is None:
             return False
-        current_raw, retired_raw = redis_io.hmget(self.r, rec, ["attempts", "retired"])
-        current, retired = int(current_raw or 0), int(retired_raw or 0)
+        current, retired = self.passes.attempts(job_id, report.day, report.pass_id)
         if report.attempt == current and report.attempt > retired:
             return False
         self._event(
             job_id,
             "stale_report",
             f"report for attempt {report.attempt} of "
-            f"{rec.rsplit(':', 1)[-1]} ignored (attempt {current} is current)",
+            f"{keys.pass_key(report.day, report.pass_id)} ignored (attempt {current} is current)",
             encode(report),
         )
         return True
 
     def _on_claimed(self, job_id: str, report: Claimed) -> None:
         pk = keys.pass_key(report.day, report.pass_id)
-        rec = keys.pass_record(job_id, report.day, report.pass_id)
         if (
-            self._stale(job_id, rec, report)
-            or redis_io.hget(self.r, rec, "state") != PassState.QUEUED.value
+            self._stale(job_id, report)
+            or self.passes.state(job_id, report.day, report.pass_id) != PassState.QUEUED.value
         ):
             return
-        redis_io.hset(
-            self.r,
-            rec,
-            {
-                "state": PassState.RUNNING.value,
-                "started_at": f"{time.time():.3f}",
-                "ranks": str(report.ranks),
-            },
-        )
+        self.passes.mark_running(job_id, report.day, report.pass_id, report.ranks)
         self._event(job_id, "pass", f"pass {pk} started on {report.ranks} rank(s)", {"pass": pk})
 
     def _on_pass_done(self, job_id: str, report: PassDone) -> None:
         pk = keys.pass_key(report.day, report.pass_id)
-        rec = keys.pass_record(job_id, report.day, report.pass_id)
-        current = redis_io.hget(self.r, rec, "state")
-        if current is None or current == PassState.DONE.value or self._stale(job_id, rec, report):
+        current = self.passes.state(job_id, report.day, report.pass_id)
+        if current is None or current == PassState.DONE.value or self._stale(job_id, report):
             return
         record = report.record
-        values = {}
-        for name in PASS_METRICS:
-            v = record.get(name)
+        figures: dict[str, str] = {}
+        for figure in PASS_METRICS:
+            v = record.get(figure)
             if isinstance(v, int | float) and not isinstance(v, bool):
-                values[name] = repr(float(v)) if isinstance(v, float) else str(v)
+                figures[figure] = repr(float(v)) if isinstance(v, float) else str(v)
         f = self.repo.job_fields(job_id)
-        with self.r.pipeline() as pipe:
-            redis_io.hset(
-                pipe,
-                rec,
-                {
-                    **values,
-                    "state": PassState.DONE.value,
-                    "error": "",
-                    "finished_at": f"{time.time():.3f}",
-                    "ranks": str(report.ranks),
-                },
-            )
-            pipe.hincrby(keys.job(job_id), "passes_done", 1)
-            pipe.hset(keys.job(job_id), "restarts", "0")  # progress: the restart budget refills
-            if f.get("in_flight") == pk:
-                pipe.hset(keys.job(job_id), "in_flight", "")
-            shown = ", ".join(
-                f"{k}={record[k]:.4f}"
-                for k in ("predict_auc", "train_auc", "logloss")
-                if isinstance(record.get(k), int | float)
-            )
-            append_event(
-                pipe,
-                job_id,
-                "pass",
+        shown = ", ".join(
+            f"{k}={record[k]:.4f}"
+            for k in ("predict_auc", "train_auc", "logloss")
+            if isinstance(record.get(k), int | float)
+        )
+        self.passes.mark_done(
+            job_id,
+            report.day,
+            report.pass_id,
+            figures,
+            report.ranks,
+            in_flight=f.get(JobField.IN_FLIGHT) == pk,
+            event=(
                 f"pass {pk} done" + (f": {shown}" if shown else ""),
                 {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
-            )
-            pipe.execute()
+            ),
+        )
         self._ack_work(job_id)
         self.metrics.passes_done.labels(job_id).inc()
         for kind in ("predict", "train", "best"):
@@ -287,9 +241,8 @@ class ReportApplier:
 
     def _on_pass_failed(self, job_id: str, report: PassFailed) -> None:
         pk = keys.pass_key(report.day, report.pass_id)
-        rec = keys.pass_record(job_id, report.day, report.pass_id)
         f = self.repo.job_fields(job_id)
-        if f.get("in_flight") != pk or self._stale(job_id, rec, report):
+        if f.get(JobField.IN_FLIGHT) != pk or self._stale(job_id, report):
             return
         error = f"trainer error: {report.error[:500]}"
         if report.phase == Phase.SAVE:
@@ -318,7 +271,7 @@ class ReportApplier:
 
     def _on_checkpoint(self, job_id: str, report: Checkpoint) -> None:
         pk = keys.pass_key(report.day, report.pass_id)
-        self.r.hset(keys.job(job_id), "last_checkpoint", pk)
+        self.repo.set_last_checkpoint(job_id, pk)
         self.metrics.checkpoints.labels(job_id).inc()
         self.metrics.last_checkpoint.labels(job_id).set(time.time())
         self.metrics.last_checkpoint.labels(job_id).set(time.time())
@@ -331,8 +284,7 @@ class ReportApplier:
 
     def _finish_trigger(self, job_id: str, report: TriggerDone | TriggerFailed) -> None:
         tid = report.trigger_id
-        key = keys.trigger(job_id, tid)
-        kind = redis_io.hget(self.r, key, "kind")
+        kind = self.repo.trigger_kind(job_id, tid)
         if kind is None:
             raise ValueError(f"unknown trigger {tid!r}")
         done = isinstance(report, TriggerDone)
@@ -342,7 +294,7 @@ class ReportApplier:
             fields["result"] = json.dumps(report.result)
         else:
             fields["error"] = report.error[:2000]
-        redis_io.hset(self.r, key, fields)
+        self.repo.finish_trigger(job_id, tid, fields)
         self.metrics.triggers.labels(kind, state.value).inc()
         # a trigger refused for want of a model (before the first pass, after a failed one)
         # is no failed save: it must not page as one
@@ -363,16 +315,15 @@ class ReportApplier:
         self._finish_trigger(job_id, report)
 
     def _on_stopped(self, job_id: str, report: Stopped) -> None:
-        if redis_io.hget(self.r, keys.job(job_id), "state") == JobState.STOPPING.value:
-            change_state(self.r, job_id, JobAction.TRAINERS_STOPPED, reason="trainers stopped")
+        if self.repo.job_state(job_id) == JobState.STOPPING.value:
+            self.repo.change_state(job_id, JobAction.TRAINERS_STOPPED, reason="trainers stopped")
 
     def _on_released(self, job_id: str, report: Released) -> None:
         """A group told to end (SIGTERM) gave its pass back: handed out again, no failure of
         the pass, a restart of the group."""
         pk = keys.pass_key(report.day, report.pass_id)
-        rec = keys.pass_record(job_id, report.day, report.pass_id)
         f = self.repo.job_fields(job_id)
-        if f.get("in_flight") != pk or self._stale(job_id, rec, report):
+        if f.get(JobField.IN_FLIGHT) != pk or self._stale(job_id, report):
             return
         # SIGTERM: an evicted or deleted pod, or torchrun stopping the ranks that survived
         # one that died; an infrastructure restart either way (budget, backoff), found at once
@@ -386,5 +337,5 @@ class ReportApplier:
     def _on_fatal(self, job_id: str, report: Fatal) -> None:
         """A trainer cannot run this job at all (e.g. its config is invalid): fail it."""
         msg = report.message[:2000]
-        self.r.hset(keys.job(job_id), "error", msg)
-        change_state(self.r, job_id, JobAction.FAIL, reason=msg)
+        self.repo.set_error(job_id, msg)
+        self.repo.change_state(job_id, JobAction.FAIL, reason=msg)

@@ -33,40 +33,27 @@ import logging
 import threading
 import time
 import uuid
+from typing import Any
 
 import redis
 from streamrec.api.config import Settings
 from streamrec.api.errors import ApiError
 from streamrec.api.job_gauges import RunningJobGauges
-from streamrec.api.lineage import done_after, job_plan, queue_rollback, resume_cursor
+from streamrec.api.lineage import job_plan, resume_cursor
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
+from streamrec.api.pass_records import PassCounts, Requeue, Restart
 from streamrec.api.pool import PoolScheduler
 from streamrec.api.repo import Repo, stuck_for
 from streamrec.api.reports import ReportApplier
-from streamrec.api.state import (
-    ACTIVE_STATES,
-    JobAction,
-    JobState,
-    PassState,
-    append_event,
-    change_state,
-)
-from streamrec.control import keys, redis_io
+from streamrec.api.state import ACTIVE_STATES, JobAction, JobState, PassState
+from streamrec.control import keys
+from streamrec.control.records import JobField
 from streamrec.control.work import WorkItem
 from streamrec.layout import PassSpec, pass_ready
 
 log = logging.getLogger(__name__)
 
-_LEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
 MAX_ATTEMPTS = 2
 
 
@@ -81,7 +68,7 @@ class Scheduler:
 
     def __init__(self, repo: Repo, settings: Settings, metrics: ApiMetrics) -> None:
         self.repo = repo
-        self.r = repo.r
+        self.passes = repo.passes
         self.settings = settings
         self.metrics = metrics
         self.owner = f"{settings.api_id}-{uuid.uuid4().hex[:8]}"
@@ -90,11 +77,10 @@ class Scheduler:
         self._redis_reachable = False  # whether the last tick reached Redis (none yet: no)
         self._plans: dict[str, tuple[str, list[PassSpec]]] = {}
         self._last_probe: dict[str, float] = {}
-        self._lease = self.r.register_script(_LEASE)
-        self._release = self.r.register_script(_RELEASE)
-        self.gauges = RunningJobGauges(self.r, metrics)
-        self.pool = PoolScheduler(self.r, metrics, gone_after_s=3 * settings.heartbeat_ttl_s)
-        self.reports = ReportApplier(repo, metrics, self.requeue, self._ack_work)
+        self.lease = repo.lease(self.owner)
+        self.gauges = RunningJobGauges(repo, metrics)
+        self.pool = PoolScheduler(repo, metrics, gone_after_s=3 * settings.heartbeat_ttl_s)
+        self.reports = ReportApplier(repo, metrics, self.requeue, repo.work.settle)
 
     # ---- thread -----------------------------------------------------------------------
     def start(self) -> None:
@@ -112,7 +98,7 @@ class Scheduler:
             self._thread.join(timeout=10 if self._redis_reachable else 0.5)
         if self._redis_reachable:
             with contextlib.suppress(redis.RedisError):
-                self._release(keys=[keys.SCHEDULER_LOCK], args=[self.owner])
+                self.lease.release()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -135,20 +121,20 @@ class Scheduler:
     def tick(self) -> bool:
         """One scheduling round; returns False when another API holds the lease."""
         lease_ms = int(self.settings.lock_ttl_s * 1000)
-        leader = bool(self._lease(keys=[keys.SCHEDULER_LOCK], args=[self.owner, lease_ms]))
+        leader = self.lease.hold(lease_ms)
         self.metrics.scheduler_leader.set(1 if leader else 0)
         if not leader:
             return False
         for state in sorted(ACTIVE_STATES):
-            for job_id in sorted(redis_io.smembers(self.r, keys.jobs_in_state(state))):
+            for job_id in self.repo.jobs_in(state):
                 self.metrics.start_job(job_id)
                 try:
                     self.step(job_id)
                 except ApiError as exc:  # deleted or changed under us: next tick sees it
                     log.info("scheduler: job %s: %s", job_id, exc)
         for state in JobState:
-            self.metrics.jobs.labels(state.value).set(self.r.scard(keys.jobs_in_state(state.value)))
-        running = sorted(redis_io.smembers(self.r, keys.jobs_in_state(JobState.RUNNING.value)))
+            self.metrics.jobs.labels(state.value).set(self.repo.count_in(state.value))
+        running = self.repo.jobs_in(JobState.RUNNING.value)
         self.pool.tick(running)
         self.gauges.observe(running)
         return True
@@ -157,13 +143,13 @@ class Scheduler:
         """Reports, dead-group check, then hand-out, for one job."""
         self.reports.apply(job_id)
         f = self.repo.job_fields(job_id)
-        if f["state"] in ACTIVE_STATES:
+        if f[JobField.STATE] in ACTIVE_STATES:
             self.check_dead(job_id, f)
             f = self.repo.job_fields(job_id)
-        state = JobState(f["state"])
-        if state == JobState.STOPPING and not self.r.exists(keys.heartbeat(job_id)):
-            change_state(
-                self.r, job_id, JobAction.TRAINERS_STOPPED, reason="no trainer group alive"
+        state = JobState(f[JobField.STATE])
+        if state == JobState.STOPPING and not self.repo.has_heartbeat(job_id):
+            self.repo.change_state(
+                job_id, JobAction.TRAINERS_STOPPED, reason="no trainer group alive"
             )
         elif state == JobState.RUNNING:
             self.hand_out(job_id, f)
@@ -179,23 +165,20 @@ class Scheduler:
     # ---- hand-out ---------------------------------------------------------------------
     def hand_out(self, job_id: str, f: dict[str, str]) -> None:
         """Puts the next pass on the work stream when it is ready and none is in flight."""
-        if f.get("in_flight"):
+        if f.get(JobField.IN_FLIGHT):
             return
-        plan = self.plan(job_id, f["spec"])
-        cursor = int(f["cursor"])
+        plan = self.plan(job_id, f[JobField.SPEC])
+        cursor = int(f[JobField.CURSOR])
         if cursor >= len(plan):
-            if int(f["passes_done"]) >= int(f["passes_total"]):
+            if int(f[JobField.PASSES_DONE]) >= int(f[JobField.PASSES_TOTAL]):
                 end = f"{plan[-1].day}/{plan[-1].splits[-1]}" if plan else "-"
-                change_state(
-                    self.r,
-                    job_id,
-                    JobAction.SUCCEED,
-                    reason=f"every pass done, through split {end}",
+                self.repo.change_state(
+                    job_id, JobAction.SUCCEED, reason=f"every pass done, through split {end}"
                 )
             return
-        if time.time() < float(f.get("not_before") or 0):
+        if time.time() < float(f.get(JobField.NOT_BEFORE) or 0):
             return  # backing off after an infrastructure restart
-        spec = stored_spec(f["spec"])
+        spec = stored_spec(f[JobField.SPEC])
         now = time.monotonic()
         if now - self._last_probe.get(job_id, 0.0) < spec.data.data_sleep_second:
             return
@@ -204,47 +187,15 @@ class Scheduler:
             self._last_probe[job_id] = now
             return
         self._last_probe.pop(job_id, None)
-        pk = keys.pass_key(p.day, p.pass_id)
-        rec = keys.pass_record(job_id, p.day, p.pass_id)
-        before = redis_io.hmget(self.r, rec, ["attempts", "state", "failures", "skipped_splits"])
+        before = self.passes.counts(job_id, p.day, p.pass_id)
         # a pass that failed the job starts its count afresh when the operator restarts it
-        restarted = before[1] == PassState.FAILED.value
-        attempts = 1 if restarted else int(before[0] or 0) + 1
-        failures = 0 if restarted else int(before[2] or 0)
-        skipped = before[3] or "[]"
-        resume_from = f.get("last_checkpoint", "") if attempts > 1 else ""
+        restarted = before.state == PassState.FAILED.value
+        attempts = 1 if restarted else before.attempts + 1
+        failures = 0 if restarted else before.failures
+        resume_from = f.get(JobField.LAST_CHECKPOINT, "") if attempts > 1 else ""
         after = keys.pass_key(plan[cursor - 1].day, plan[cursor - 1].pass_id) if cursor else ""
-        now_s = time.time()
-        ts = f"{now_s:.3f}"
-        item = WorkItem("", p, attempts, resume_from, after, tuple(json.loads(skipped)))
-        with self.r.pipeline() as pipe:
-            pipe.delete(rec)
-            redis_io.hset(
-                pipe,
-                rec,
-                {
-                    "day": p.day,
-                    "pass_id": str(p.pass_id),
-                    "splits": json.dumps(list(p.splits)),
-                    "state": PassState.QUEUED.value,
-                    "attempts": str(attempts),
-                    "failures": str(failures),
-                    "skipped_splits": skipped,
-                    "resume_from": resume_from,
-                    "queued_at": ts,
-                },
-            )
-            pipe.zadd(keys.passes(job_id), {pk: cursor})
-            redis_io.xadd(pipe, keys.work(job_id), item.to_fields(now_s))
-            redis_io.hset(pipe, keys.job(job_id), {"in_flight": pk, "cursor": str(cursor + 1)})
-            append_event(
-                pipe,
-                job_id,
-                "pass",
-                f"pass {pk} handed out (attempt {attempts})",
-                {"pass": pk, "attempt": attempts, "resume_from": resume_from or None},
-            )
-            pipe.execute()
+        item = WorkItem("", p, attempts, resume_from, after, tuple(before.skipped))
+        self.passes.hand_out(job_id, cursor, item, failures)
         self.metrics.passes_handed_out.labels(job_id).inc()
 
     # ---- dead groups ------------------------------------------------------------------
@@ -255,15 +206,12 @@ class Scheduler:
         restarted group heartbeats under a new consumer name while the dead one's pass is
         still pending).
         """
-        if not f.get("in_flight"):
+        if not f.get(JobField.IN_FLIGHT):
             return
-        rows = self.r.xpending_range(
-            keys.work(job_id), keys.TRAINER_GROUP, min="-", max="+", count=16
-        )
-        if not rows:
+        holders = self.repo.work.holders(job_id)
+        if not holders:
             return  # handed out but not taken yet: nobody died holding it
-        holders = {row["consumer"] for row in rows}
-        raw = redis_io.get(self.r, keys.heartbeat(job_id))
+        raw = self.repo.heartbeat(job_id)
         if raw is not None:
             try:
                 beat = json.loads(raw)
@@ -307,136 +255,80 @@ class Scheduler:
         budget is spent); ``skip`` adds splits to the pass's ``skipped_splits``. The cursor
         is rewound either way, so an operator's ``start`` retries from the checkpoint.
         """
-        pk = f["in_flight"]
-        rec = keys.pass_record(job_id, *keys.parse_pass_key(pk))
-        self._ack_work(job_id)
-        plan = self.plan(job_id, f["spec"])
+        pk = f[JobField.IN_FLIGHT]
+        self.repo.work.settle(job_id)
+        plan = self.plan(job_id, f[JobField.SPEC])
         index = {keys.pass_key(p.day, p.pass_id): i for i, p in enumerate(plan)}
-        ckpt = f.get("last_checkpoint") or ""
+        ckpt = f.get(JobField.LAST_CHECKPOINT) or ""
         cursor = resume_cursor(plan, ckpt, limit=index[pk])
-        failed_why = None
+        budget = self._restart_budget(f)
 
-        def body(pipe: redis.client.Pipeline) -> None:
-            nonlocal failed_why
-            attempts_raw, failures_raw, skipped_raw = redis_io.hmget(
-                pipe, rec, ["attempts", "failures", "skipped_splits"]
-            )
-            restarts = int(redis_io.hget(pipe, keys.job(job_id), "restarts") or 0)
-            rolled = [n for n in done_after(self.r, job_id, plan, cursor) if n != pk]
-            attempts = int(attempts_raw or 1)
-            failures = int(failures_raw or 0) + (1 if failure else 0)
-            skipped = json.loads(skipped_raw or "[]")
-            skipped += [x for x in skip or [] if x not in skipped]
-            budget = self._restart_budget(f)
-            failed_why = (
-                reason
-                if fatal or failures >= MAX_ATTEMPTS
-                else f"{reason}; restart budget spent ({restarts + 1} restarts in a row, "
-                f"resources.restart_budget {budget})"
-                if infra and restarts + 1 > budget
-                else None
-            )
-            pipe.multi()
-            self._queue_pass_outcome(pipe, rec, attempts, failures, skipped, reason, failed_why)
-            redis_io.hset(pipe, keys.job(job_id), {"in_flight": "", "cursor": str(cursor)})
-            queue_rollback(pipe, job_id, rolled, ckpt, reason)
-            if infra:
-                self._queue_restart(pipe, job_id, f, restarts + 1, reason)
+        def decide(read: PassCounts) -> Requeue:
+            failures = read.failures + (1 if failure else 0)
+            skipped = read.skipped + [x for x in skip or [] if x not in read.skipped]
+            restart = self._restart(f, read.restarts + 1) if infra else None
+            failed_why = None
+            if fatal or failures >= MAX_ATTEMPTS:
+                failed_why = reason
+            elif restart is not None and restart.n > budget:
+                failed_why = (
+                    f"{reason}; restart budget spent ({restart.n} restarts in a row, "
+                    f"resources.restart_budget {budget})"
+                )
+            events: list[tuple[str, str, dict[str, Any]]] = []
+            if restart is not None:
+                events.append(
+                    (
+                        "restart",
+                        f"trainer group restart {restart.n} in a row ({reason}); next pass in "
+                        f"{restart.backoff_s:.1f} s",
+                        {"restarts": restart.n, "backoff_s": restart.backoff_s},
+                    )
+                )
             if failed_why is not None:
-                pipe.hset(keys.job(job_id), "error", f"pass {pk}: {failed_why}")
-                self._event(
-                    pipe,
-                    job_id,
-                    "failure",
-                    f"pass {pk} failed after {attempts} attempt(s): {failed_why}",
-                    pass_=pk,
-                    attempts=attempts,
-                    resume_from=ckpt or None,
+                events.append(
+                    (
+                        "failure",
+                        f"pass {pk} failed after {read.attempts} attempt(s): {failed_why}",
+                        {"pass": pk, "attempts": read.attempts, "resume_from": ckpt or None},
+                    )
                 )
-                return
+                return Requeue(failures, skipped, failed_why, restart, events)
             if skip:
-                self._event(
-                    pipe,
-                    job_id,
-                    "skip",
-                    f"pass {pk}: bad split(s) {', '.join(skip)} skipped (data.on_bad_split: skip)",
-                    pass_=pk,
-                    skipped_splits=skipped,
+                events.append(
+                    (
+                        "skip",
+                        f"pass {pk}: bad split(s) {', '.join(skip)} skipped "
+                        f"(data.on_bad_split: skip)",
+                        {"pass": pk, "skipped_splits": skipped},
+                    )
                 )
-            self._event(
-                pipe,
-                job_id,
-                "requeue",
-                f"pass {pk}: {reason}; handing out again from "
-                f"{ckpt or 'the start'} ({index[pk] - cursor + 1} pass(es))",
-                pass_=pk,
-                resume_from=ckpt or None,
-                rewound=rolled,
+            events.append(
+                (
+                    "requeue",
+                    f"pass {pk}: {reason}; handing out again from "
+                    f"{ckpt or 'the start'} ({index[pk] - cursor + 1} pass(es))",
+                    {"pass": pk, "resume_from": ckpt or None, "rewound": read.rolled},
+                )
             )
+            return Requeue(failures, skipped, None, restart, events)
 
-        self.r.transaction(body, rec, keys.job(job_id))
+        out = self.passes.requeue(job_id, pk, plan, cursor, ckpt, reason, decide)
         self._last_probe.pop(job_id, None)
-        if failed_why is not None:
-            change_state(self.r, job_id, JobAction.FAIL, reason=f"pass {pk}: {failed_why}")
+        if out.restart is not None:
+            self.metrics.group_restarts.labels(job_id).inc()
+        if out.failed_why is not None:
+            self.repo.change_state(job_id, JobAction.FAIL, reason=f"pass {pk}: {out.failed_why}")
         else:
             self.metrics.passes_requeued.labels(job_id).inc()
 
-    @staticmethod
-    def _queue_pass_outcome(
-        pipe: redis.client.Pipeline,
-        rec: str,
-        attempts: int,
-        failures: int,
-        skipped: list[str],
-        reason: str,
-        failed_why: str | None,
-    ) -> None:
-        """The pass record after a requeue: queued again, or failed (it failed the job)."""
-        fields = {"error": reason, "retired": str(attempts), "failures": str(failures)}
-        if failed_why is not None:
-            fields.update(state=PassState.FAILED.value, finished_at=f"{time.time():.3f}")
-        else:
-            fields.update(state=PassState.QUEUED.value, skipped_splits=json.dumps(skipped))
-        redis_io.hset(pipe, rec, fields)
-
     def _restart_budget(self, f: dict[str, str]) -> int:
-        own = stored_spec(f["spec"]).resources.restart_budget
+        own = stored_spec(f[JobField.SPEC]).resources.restart_budget
         return self.settings.restart_budget if own is None else own
 
-    def _queue_restart(
-        self, pipe: redis.client.Pipeline, job_id: str, f: dict[str, str], n: int, reason: str
-    ) -> None:
-        """Counts an infrastructure restart (``n`` in a row) and sets the backoff before the
-        next hand-out: ``restart_backoff_s * 2**(n-1)``, capped."""
-        own = stored_spec(f["spec"]).resources.restart_backoff_s
+    def _restart(self, f: dict[str, str], n: int) -> Restart:
+        """An infrastructure restart, ``n`` in a row, and the backoff before the next
+        hand-out: ``restart_backoff_s * 2**(n-1)``, capped."""
+        own = stored_spec(f[JobField.SPEC]).resources.restart_backoff_s
         base = self.settings.restart_backoff_s if own is None else own
-        wait = min(base * 2 ** (n - 1), self.settings.restart_backoff_max_s)
-        redis_io.hset(
-            pipe, keys.job(job_id), {"restarts": str(n), "not_before": f"{time.time() + wait:.3f}"}
-        )
-        pipe.hincrby(keys.job(job_id), "restarts_total", 1)
-        self.metrics.group_restarts.labels(job_id).inc()
-        self._event(
-            pipe,
-            job_id,
-            "restart",
-            f"trainer group restart {n} in a row ({reason}); next pass in {wait:.1f} s",
-            restarts=n,
-            backoff_s=wait,
-        )
-
-    @staticmethod
-    def _event(
-        pipe: redis.client.Pipeline, job_id: str, kind: str, message: str, **data: object
-    ) -> None:
-        data = {k.rstrip("_"): v for k, v in data.items()}
-        append_event(pipe, job_id, kind, message, data)
-
-    def _ack_work(self, job_id: str) -> None:
-        """Acknowledges every pending entry of the work group (at most one pass in flight)."""
-        rows = self.r.xpending_range(
-            keys.work(job_id), keys.TRAINER_GROUP, min="-", max="+", count=1000
-        )
-        ids = [row["message_id"] for row in rows]
-        if ids:
-            self.r.xack(keys.work(job_id), keys.TRAINER_GROUP, *ids)
+        return Restart(n, min(base * 2 ** (n - 1), self.settings.restart_backoff_max_s))

@@ -1,7 +1,7 @@
 """What a job may name, checked whole when it is created (every problem a 422 naming its field).
 
 The trainer config a job implies is validated by the trainer's own models
-(:class:`~streamrec.control.trainer_config.TrainerConfig`, in ``repo.trainer_config``); this
+(:class:`~streamrec.control.trainer_config.TrainerConfig`, in :func:`trainer_config`); this
 module adds what only the deployment knows, so a job cannot point the trainers anywhere the
 API was not told to allow::
 
@@ -25,6 +25,7 @@ data-plane token or the model's rows; a bind on every interface would publish a 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,16 +33,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
-from streamrec.api.errors import (
-    EndpointRefused,
-    ModelPathTaken,
-    PathRefused,
-    Problem,
-    SpecInvalid,
-)
-from streamrec.api.models import JobCreate
-from streamrec.control.trainer_config import MAX_PORT
-from streamrec.errors import quote
+from streamrec.api.errors import ModelPathTaken, Problem, SpecInvalid
+from streamrec.api.models import JOB_OWNED, JobCreate
+from streamrec.control import feature_schema
+from streamrec.control.trainer_config import MAX_PORT, TrainerConfig
+from streamrec.errors import EndpointRefused, PathRefused, quote
 from streamrec.store_schema import TableOptions
 
 #: Longest path component (bytes, UTF-8): Linux's NAME_MAX; a longer one fails every open.
@@ -155,7 +151,9 @@ def resolve_under(field_name: str, value: str, roots: Sequence[Path]) -> Path:
     for root in roots:
         if path == root or path.is_relative_to(root):
             return path
-    raise PathRefused(field_name, value, [str(r) for r in roots])
+    where = [str(r) for r in roots]
+    message = f"{quote(value)} is outside the allowed roots {where}"
+    raise SpecInvalid([(field_name, message, value, PathRefused.code)])
 
 
 def _allowed(field_name: str, value: str, allowed: Sequence[str], what: str, flag: str) -> Problem:
@@ -337,3 +335,46 @@ def model_path_clash(path: str, others: Mapping[str, str]) -> ModelPathTaken | N
             continue
         return ModelPathTaken(path, relation, other_id, other)
     return None
+
+
+def trainer_config(
+    spec: JobCreate, job_id: str | None = None, policy: SpecPolicy | None = None
+) -> dict[str, Any]:
+    """The trainer config the job implies, validated, so a bad one is a 422 now rather than a
+    failed job later; each error names the job field that set the value. On store shards, the
+    job's tables live in the namespace ``job_id``: a new job starts from fresh rows, two jobs
+    with different tables share the shards, deleting the job frees its rows. A job that names
+    no serving Redis gets the ``policy``'s default one (``SpecPolicy.with_default_online``)."""
+    cfg = spec.trainer_config()
+    if policy is not None:
+        cfg = policy.with_default_online(cfg)
+    if job_id is not None and spec.store.endpoints:
+        cfg["store"]["namespace"] = job_id
+    try:
+        parsed = TrainerConfig.model_validate(cfg, context={"schema_checks": False})
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            errors.append((job_field(loc), err["msg"], err.get("input")))
+        raise SpecInvalid(errors) from None
+    # the schema and the model's shapes against the data: a job whose bottom MLP does not
+    # take its dense features is refused now, not failed at its first pass
+    problems = feature_schema.model_problems(parsed)
+    if problems:
+        raise SpecInvalid(
+            [
+                (job_field(re.split(r"[.\[\]]+", path.strip("]"))), msg, v)
+                for path, msg, v in problems
+            ]
+        )
+    return cfg
+
+
+def job_field(loc: list[str]) -> str:
+    """The job field (dotted from the body) that set the trainer config field at ``loc``:
+    ``["runner", "schema", "sparse", "2", "dim"]`` -> ``data.schema.sparse.2.dim``."""
+    owner = JOB_OWNED.get((loc[0], loc[1])) if len(loc) > 1 else None
+    if owner is None:
+        return ".".join(["model", *loc])
+    return ".".join([owner, *loc[2:]]) if owner == "data.schema" else owner

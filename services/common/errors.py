@@ -58,6 +58,20 @@ class PathRefused(BadRequest):
     code = "path_refused"
 
 
+class EndpointRefused(BadRequest):
+    """An endpoint (a store shard, a sampler, a serving Redis) that a job names and the
+    deployment did not allow: nothing is sent to it."""
+
+    code = "endpoint_refused"
+
+
+class CheckpointError(StreamRecError):
+    """A checkpoint, a store save or an exported model is missing, incomplete or
+    inconsistent (a missing file, a bad checksum, a manifest of another format)."""
+
+    code = "bad_checkpoint"
+
+
 class Unauthorized(StreamRecError):
     """A request without the peer token, or with a wrong one; the op did not run."""
 

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from streamrec.control import keys, redis_io
 from streamrec.control.codec import json_safe
+from streamrec.control.records import JobField
 from streamrec.control.reports import Report, ReportKind, encode_report, report_from_data
 from streamrec.control.states import TERMINAL_STATES
 from streamrec.control.work import WorkItem
@@ -115,7 +116,7 @@ class TrainerChannel:
         return json.loads(raw)
 
     def state(self) -> str:
-        return self.job()["state"]
+        return self.job()[JobField.STATE]
 
     # ---- liveness ----------------------------------------------------------------------
     def heartbeat(self, **info: Any) -> None:
@@ -213,7 +214,7 @@ class TrainerChannel:
             )
         if not entries:
             return []
-        started_at = float(redis_io.hget(self.r, keys.job(self.job_id), "started_at") or 0)
+        started_at = float(redis_io.hget(self.r, keys.job(self.job_id), JobField.STARTED_AT) or 0)
         out = []
         for msg_id, f in entries:
             if not f or float(f.get("ts") or 0) < started_at:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
@@ -102,7 +102,11 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-def _encodable(fields: Mapping[str, str]) -> dict[FieldT, EncodableT]:
+#: a hash field's name: a ``str`` or a ``StrEnum`` of field names (``streamrec.control.records``)
+Name = TypeVar("Name", bound=str)
+
+
+def _encodable(fields: Mapping[Name, str]) -> dict[FieldT, EncodableT]:
     return dict(fields.items())
 
 
@@ -120,7 +124,7 @@ def hmget(r: redis.Redis, key: str, fields: Sequence[str]) -> list[str | None]:
     return cast("list[str | None]", r.hmget(key, list(fields)))
 
 
-def hset(r: redis.Redis, key: str, fields: Mapping[str, str]) -> None:
+def hset(r: redis.Redis, key: str, fields: Mapping[Name, str]) -> None:
     r.hset(key, mapping=_encodable(fields))
 
 

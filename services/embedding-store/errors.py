@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from streamrec.errors import BadRequest, NotFound, StreamRecError
+from streamrec.errors import CheckpointError as CheckpointError  # the shared one, re-exported
 
 
 class EmbeddingStoreError(StreamRecError):
@@ -39,12 +40,6 @@ class CapacityExceeded(EmbeddingStoreError):
     """A table would grow beyond its ``capacity``; nothing of that call was written."""
 
     code = "capacity_exceeded"
-
-
-class CheckpointError(EmbeddingStoreError):
-    """A checkpoint is missing, incomplete or corrupt (bad checksum, missing file)."""
-
-    code = "bad_checkpoint"
 
 
 class NoSpace(EmbeddingStoreError, OSError):

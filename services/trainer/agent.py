@@ -63,19 +63,7 @@ from streamrec.control.trainer_config import OnlineMode, TrainerConfig
 from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import faults
-from streamrec.trainer.agent_steps import (
-    CHECKPOINT,
-    COMMAND_OPS,
-    EXIT,
-    EXPORT,
-    FRESH,
-    IDLE,
-    LOST,
-    PASS,
-    STOP,
-    Step,
-    broadcast_step,
-)
+from streamrec.trainer.agent_steps import COMMAND_OPS, Op, SpecialLoad, Step, broadcast_step
 from streamrec.trainer.errors import LineageLost, PassFailed, error_class
 from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog
@@ -329,7 +317,7 @@ class Agent:
     def next_step(self) -> Step:
         if self.still_assigned is not None and not self.still_assigned():
             log.warning("job %s was given to another group: this group stops it", self.job_id)
-            return Step(EXIT)
+            return Step(Op.EXIT)
         for cmd in self.channel.take_commands():
             try:
                 op = COMMAND_OPS[CommandType(cmd.type)]
@@ -343,18 +331,18 @@ class Agent:
         try:
             state = self.channel.state()
         except NotFound:
-            return Step(EXIT)
+            return Step(Op.EXIT)
         if state in TERMINAL_STATES:
-            return Step(EXIT)
+            return Step(Op.EXIT)
         item = self.channel.take_pass(block_ms=self.poll_ms)
         if item is None:
-            return Step(IDLE)
+            return Step(Op.IDLE)
         self.holding = item
         return Step(
-            PASS, item.spec, item.attempt, load=self.load_for(item), skip=item.skip, item=item
+            Op.PASS, item.spec, item.attempt, load=self.load_for(item), skip=item.skip, item=item
         )
 
-    def load_for(self, item: WorkItem) -> tuple[str, int] | None:
+    def load_for(self, item: WorkItem) -> tuple[str, int] | SpecialLoad | None:
         """The checkpoint to load before ``item``: none when this group's model is the
         state after ``item.after``; else the one the API names (``resume_from``, or the
         job's last checkpoint), but only when it *is* the state after ``item.after``.
@@ -377,7 +365,7 @@ class Agent:
                 item.spec.pass_id,
                 here,
             )
-            return FRESH
+            return SpecialLoad.FRESH
         if named != item.after:
             log.warning(
                 "pass %s/%s: the model is at %s, not after %s, and no checkpoint holds %s: "
@@ -389,7 +377,7 @@ class Agent:
                 item.after,
                 named or "its start",
             )
-            return LOST
+            return SpecialLoad.LOST
         return parse_key(named)
 
     # ---- every rank: do it --------------------------------------------------------------
@@ -399,17 +387,17 @@ class Agent:
             self.start()
             while True:
                 step = broadcast_step(self.next_step() if self.rank == 0 else None, self.rank)
-                if step.op in (EXIT, STOP):
-                    if step.op == STOP and self.rank == 0:
+                if step.op in (Op.EXIT, Op.STOP):
+                    if step.op == Op.STOP and self.rank == 0:
                         self.channel.send(reports.Stopped())
                         if step.command is not None:
                             self.channel.ack_command(step.command)
                     return 0
-                if step.op == IDLE:
+                if step.op == Op.IDLE:
                     continue
                 self.busy_since = time.monotonic()
                 try:
-                    if step.op == PASS:
+                    if step.op == Op.PASS:
                         self.do_pass(step)
                     else:
                         self.do_command(step)
@@ -428,15 +416,15 @@ class Agent:
                 reports.Claimed(spec.day, spec.pass_id, ranks=self.world, attempt=step.attempt)
             )
         try:
-            if step.load == LOST:
+            if step.load == SpecialLoad.LOST:
                 raise LineageLost(
                     f"the model lacks the passes before {spec.day}/{spec.pass_id} that the job "
                     "counts done, and no checkpoint holds them"
                 )
-            if step.load == FRESH:
+            if step.load == SpecialLoad.FRESH:
                 self.start_fresh()
                 t = self.job_trainer
-            elif step.load is not None:
+            elif isinstance(step.load, tuple):
                 t.load_checkpoint(*step.load)  # exactly the one the API names
                 self.mark_rolled_back(step.load)
             record = t.run_pass(spec, step.skip)
@@ -489,14 +477,14 @@ class Agent:
                     "trained again from its checkpoint; nothing to save or shrink"
                 )
             day, pass_id = t.last_pass
-            if step.op == CHECKPOINT:
+            if step.op == Op.CHECKPOINT:
                 path = t.save_checkpoint(day, pass_id)
                 result: dict[str, Any] = {"path": str(path), "day": day, "pass_id": pass_id}
-            elif step.op == EXPORT and step.mode == OnlineMode.ONLINE:
+            elif step.op == Op.EXPORT and step.mode == OnlineMode.ONLINE:
                 from streamrec.trainer.online import export_online
 
                 result = export_online(t)  # a base, published to the serving Redis
-            elif step.op == EXPORT:
+            elif step.op == Op.EXPORT:
                 assert step.mode is not None  # an export step carries its mode
                 path = t.save_model(step.mode, day, pass_id)  # pass_id: a delta's
                 result = {"path": str(path), "mode": step.mode, "day": day}
@@ -515,7 +503,7 @@ class Agent:
                 self.channel.ack_command(cmd)
             return
         if self.rank == 0:
-            if step.op == CHECKPOINT:
+            if step.op == Op.CHECKPOINT:
                 self.channel.send(reports.Checkpoint(day, pass_id, path=result["path"]))
             if cmd is not None:
                 if cmd.trigger_id:

@@ -7,6 +7,7 @@ tensors (a header and the split names as HHMM integers), never pickled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 import torch.distributed as dist
@@ -16,14 +17,41 @@ from streamrec.control.trainer_config import OnlineMode
 from streamrec.save_modes import SAVE_MODES
 from streamrec.trainer import distributed as ddp
 
-# Step opcodes broadcast from rank 0 (header[0]).
-IDLE, PASS, CHECKPOINT, EXPORT, SHRINK, STOP, EXIT = range(7)
+
+class Op(IntEnum):
+    """A step's opcode, broadcast from rank 0 (header[0])."""
+
+    #: nothing to do: wait for work
+    IDLE = 0
+    #: train the pass (``Step.spec``)
+    PASS = 1
+    CHECKPOINT = 2
+    #: export the model (``Step.mode``)
+    EXPORT = 3
+    SHRINK = 4
+    #: the job is stopping: leave it
+    STOP = 5
+    #: the group ends
+    EXIT = 6
+
+
+class SpecialLoad(IntEnum):
+    """A ``Step.load`` that names no checkpoint; the value is its header[6] (load day)."""
+
+    #: the job starts afresh (no checkpoint to go back to)
+    FRESH = -1
+    #: the model cannot go on to the pass: it lacks passes the job counts done and no
+    #: checkpoint holds them (the group that trained them is gone, a shard with them
+    #: restarted): the pass fails ``store_lost`` and the API takes the job back to its start
+    LOST = -2
+
+
 #: The step a command asks for.
 COMMAND_OPS = {
-    CommandType.CHECKPOINT: CHECKPOINT,
-    CommandType.EXPORT: EXPORT,
-    CommandType.SHRINK: SHRINK,
-    CommandType.STOP: STOP,
+    CommandType.CHECKPOINT: Op.CHECKPOINT,
+    CommandType.EXPORT: Op.EXPORT,
+    CommandType.SHRINK: Op.SHRINK,
+    CommandType.STOP: Op.STOP,
 }
 #: Export mode <-> header[5]: 0 none, then 1 + its index in SAVE_MODES, then online.
 MODES: dict[str | None, int] = {
@@ -33,30 +61,19 @@ MODES: dict[str | None, int] = {
 MODE_NAMES = {v: k for k, v in MODES.items()}
 #: op, day, pass_id, attempt, n_splits, mode, load day, load pass (0: none), skip bit mask
 HEADER = 9
-#: ``Step.load`` of a step that starts the job afresh (no checkpoint to go back to).
-FRESH = ("fresh", 0)
-#: header[6] (load day) of FRESH.
-FRESH_DAY = -1
-#: ``Step.load`` of a pass the model cannot go on to: it lacks passes the job counts done
-#: and no checkpoint holds them (the group that trained them is gone, a shard with them
-#: restarted): the pass fails ``store_lost`` and the API takes the job back to its start.
-LOST = ("lost", 0)
-#: header[6] (load day) of LOST.
-LOST_DAY = -2
-#: The special loads by their header value.
-_SPECIAL_LOADS = {FRESH_DAY: FRESH, LOST_DAY: LOST}
 
 
 @dataclass
 class Step:
     """One unit of work, the same on every rank once broadcast."""
 
-    op: int
+    op: Op
     spec: layout.PassSpec | None = None
     attempt: int = 1
     mode: str | None = None
-    #: The checkpoint (day, pass_id) to load before the pass; None: go on in memory.
-    load: tuple[str, int] | None = None
+    #: The checkpoint (day, pass_id) to load before the pass, or a special load; None: go
+    #: on in memory.
+    load: tuple[str, int] | SpecialLoad | None = None
     #: Splits of ``spec`` left out (the job's on_bad_split: skip).
     skip: tuple[str, ...] = ()
     item: WorkItem | None = None  # rank 0 only: what to ack
@@ -77,7 +94,7 @@ def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
             len(splits),
             MODES[step.mode],
             _load_day(step.load),
-            step.load[1] if step.load else 0,
+            step.load[1] if isinstance(step.load, tuple) else 0,
             skip,
         ],
         dtype=torch.int64,
@@ -85,10 +102,11 @@ def encode(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
     return header, torch.tensor(splits, dtype=torch.int64)
 
 
-def _load_day(load: tuple[str, int] | None) -> int:
-    """header[6]: the checkpoint's day, a special load's code, 0 for none."""
-    codes = {v: k for k, v in _SPECIAL_LOADS.items()}
-    return codes[load] if load in codes else int(load[0]) if load else 0
+def _load_day(load: tuple[str, int] | SpecialLoad | None) -> int:
+    """header[6]: the checkpoint's day, a special load's value, 0 for none."""
+    if isinstance(load, SpecialLoad):
+        return int(load)
+    return int(load[0]) if load else 0
 
 
 def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
@@ -97,11 +115,15 @@ def decode(header: torch.Tensor, splits: torch.Tensor) -> Step:
     )
     spec = None
     skipped: tuple[str, ...] = ()
-    if op == PASS:
+    if op == Op.PASS:
         spec = layout.PassSpec(f"{day:08d}", pass_id, tuple(f"{s:04d}" for s in splits.tolist()))
         skipped = tuple(s for i, s in enumerate(spec.splits) if skip >> i & 1)
-    load = _SPECIAL_LOADS.get(load_day) or ((f"{load_day:08d}", load_pass) if load_day else None)
-    return Step(op, spec, attempt, MODE_NAMES[mode], load, skipped)
+    load: tuple[str, int] | SpecialLoad | None = None
+    if load_day < 0:
+        load = SpecialLoad(load_day)
+    elif load_day:
+        load = (f"{load_day:08d}", load_pass)
+    return Step(Op(op), spec, attempt, MODE_NAMES[mode], load, skipped)
 
 
 def broadcast_step(step: Step | None, rank: int) -> Step:

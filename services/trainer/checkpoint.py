@@ -119,8 +119,10 @@ def write_manifest(directory: Path, info: dict[str, Any]) -> Path:
     return directory / MANIFEST_NAME
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """Reads and verifies a manifest; raises CheckpointError naming the first mismatch."""
+def read_model_manifest(directory: Path) -> dict[str, Any]:
+    """Reads and verifies a model directory's manifest (the trainer's, not the store's
+    :func:`streamrec.embedding_store.checkpoint.read_manifest`); raises CheckpointError naming
+    the first mismatch."""
     path = directory / MANIFEST_NAME
     try:
         body = json.loads(path.read_text())
@@ -258,7 +260,7 @@ def _make_parents(directory: Path) -> list[Path]:
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(manifest, dense state) of a complete checkpoint, checksums verified."""
-    manifest = read_manifest(directory)
+    manifest = read_model_manifest(directory)
     return manifest, load_dense(directory / DENSE_NAME)
 
 

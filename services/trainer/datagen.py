@@ -52,7 +52,7 @@ _DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 @dataclass
-class Column:
+class TextColumn:
     """A column of non-negative or negative int64 values to write as text.
 
     Attributes:
@@ -70,7 +70,7 @@ class Column:
     empty: np.ndarray | None = None
 
 
-def format_lines(columns: Sequence[Column]) -> bytes:
+def format_lines(columns: Sequence[TextColumn]) -> bytes:
     """Writes rows of integer columns as text, vectorised over rows (one pass per digit)."""
     n = len(columns[0].values)
     texts = []
@@ -213,16 +213,16 @@ def to_generated_text(s: dict[str, np.ndarray]) -> bytes:
     """Samples from :meth:`PlantedStream.draw` -> lines in the ``generated`` format."""
     micro = np.round(s["ptrue"] * 1e6).astype(np.int64)
     cols = [
-        Column(s["label"]),
-        Column(micro // 1_000_000, sep=b"."),
-        Column(micro % 1_000_000, pad=6),
+        TextColumn(s["label"]),
+        TextColumn(micro // 1_000_000, sep=b"."),
+        TextColumn(micro % 1_000_000, pad=6),
     ]
-    cols += [Column(s["ints"][:, j]) for j in range(s["ints"].shape[1])]
+    cols += [TextColumn(s["ints"][:, j]) for j in range(s["ints"].shape[1])]
     nslots = s["keys"].shape[1]
     empty = s.get("empty")
     for j in range(nslots):
         cols.append(
-            Column(
+            TextColumn(
                 s["keys"][:, j],
                 empty=None if empty is None else empty[:, j],
                 sep=b"\n" if j == nslots - 1 else b"\t",
@@ -235,10 +235,10 @@ def to_criteo_text(
     label: np.ndarray, ints: np.ndarray, keys: np.ndarray, empty: np.ndarray | None = None
 ) -> bytes:
     """label (n,), ints (n, 13), keys (n, 26) in [0, 2**32) -> Criteo TSV lines (hex)."""
-    cols = [Column(label)] + [Column(ints[:, j]) for j in range(ints.shape[1])]
+    cols = [TextColumn(label)] + [TextColumn(ints[:, j]) for j in range(ints.shape[1])]
     for j in range(keys.shape[1]):
         cols.append(
-            Column(
+            TextColumn(
                 keys[:, j],
                 base=16,
                 pad=8,

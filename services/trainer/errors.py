@@ -5,6 +5,7 @@ from __future__ import annotations
 from streamrec.control.reports import ErrorClass, Phase
 from streamrec.embedding_store import ShardRestarted
 from streamrec.errors import BadRequest, RpcTimeout, ServiceUnavailable, StreamRecError
+from streamrec.errors import CheckpointError as CheckpointError  # the shared one, re-exported
 
 
 class TrainerError(StreamRecError):
@@ -39,12 +40,6 @@ class ModelDirTaken(BadRequest):
     trainer refuses to write into it (:mod:`.model_owner`); the agent reports it ``fatal``."""
 
     code = "model_path_taken"
-
-
-class CheckpointError(TrainerError):
-    """A checkpoint or exported model is missing, incomplete or inconsistent."""
-
-    code = "bad_checkpoint"
 
 
 class OnlinePublishError(TrainerError):

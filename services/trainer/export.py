@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import ModelConfig
-from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_manifest, write_manifest
+from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_model_manifest, write_manifest
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.errors import CheckpointError
 from streamrec.trainer.evaluation import AucAccumulator
@@ -113,7 +113,7 @@ class Predictor:
         from streamrec.embedding_store import EmbeddingStore, TableOptions
 
         self.dir = Path(model_dir)
-        read_manifest(self.dir)
+        read_model_manifest(self.dir)
         try:
             spec = json.loads((self.dir / MODEL_JSON).read_text())
             self.arch = ModelConfig.parse(spec["hyper_parameters"], source=str(self.dir))
@@ -139,7 +139,7 @@ class Predictor:
         self.store = EmbeddingStore(tables)
         self.store.load(str(self.dir / SPARSE_NAME))
         for d in deltas or []:
-            read_manifest(Path(d))
+            read_model_manifest(Path(d))
             self.store.load(str(Path(d) / SPARSE_NAME))
         # the trainer's own sparse side: its pooling per feature, one-key and ragged batches
         pooling = None if self.schema is None else [f.pooling for f in self.schema.sparse]

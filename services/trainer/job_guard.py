@@ -27,14 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.errors import BadRequest, quote
+from streamrec.errors import EndpointRefused, quote
 from streamrec.roots import confine, resolve_roots
-
-
-class EndpointRefused(BadRequest):
-    """A job's endpoint this trainer was not told to trust; the job fails, nothing is sent."""
-
-    code = "endpoint_refused"
 
 
 def numbered_endpoints(template: str, shards: int) -> list[str]:

@@ -49,7 +49,7 @@ def owner_of(model_root: Path) -> tuple[str, Path] | None:
         try:
             body = json.loads(manifest.read_text())
         except (OSError, ValueError):
-            continue  # unreadable: read_manifest says so if it is ever loaded
+            continue  # unreadable: read_model_manifest says so if it is ever loaded
         job_id = body.get("job_id") if isinstance(body, dict) else None
         if isinstance(job_id, str) and job_id:
             return job_id, manifest

@@ -170,15 +170,15 @@ def test_route_template_adds_the_prefix():
 
 def test_agent_step_roundtrip():
     from streamrec.layout import PassSpec
-    from streamrec.trainer.agent_steps import EXPORT, PASS, Step, decode, encode
+    from streamrec.trainer.agent_steps import Op, Step, decode, encode
 
-    step = Step(PASS, PassSpec("20190720", 7, ("0005", "0010", "2355")), attempt=2)
+    step = Step(Op.PASS, PassSpec("20190720", 7, ("0005", "0010", "2355")), attempt=2)
     header, splits = encode(step)
     assert header.dtype == splits.dtype and str(header.dtype) == "torch.int64"
     back = decode(header, splits)
-    assert (back.op, back.spec, back.attempt, back.mode) == (PASS, step.spec, 2, None)
-    back = decode(*encode(Step(EXPORT, mode="delta")))
-    assert (back.op, back.spec, back.mode) == (EXPORT, None, "delta")
+    assert (back.op, back.spec, back.attempt, back.mode) == (Op.PASS, step.spec, 2, None)
+    back = decode(*encode(Step(Op.EXPORT, mode="delta")))
+    assert (back.op, back.spec, back.mode) == (Op.EXPORT, None, "delta")
 
 
 def test_a_report_kind_the_scheduler_does_not_know_is_refused_before_sending():

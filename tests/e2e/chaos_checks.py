@@ -30,7 +30,7 @@ from typing import Any
 
 from streamrec.control.keys import pass_key
 from streamrec.layout import MANIFEST_NAME, iter_passes
-from streamrec.trainer.checkpoint import read_manifest
+from streamrec.trainer.checkpoint import read_model_manifest
 from streamrec.trainer.errors import CheckpointError
 from streamrec.trainer.pass_log import PASSES_FILE
 
@@ -80,7 +80,8 @@ class Checkpoint:
 
 def read_checkpoints(model_path: Path) -> dict[str, Checkpoint]:
     """Every full-checkpoint directory under ``model_path`` (base, batch and delta models
-    aside), its manifest read and verified (:func:`streamrec.trainer.checkpoint.read_manifest`)."""
+    aside), its manifest read and verified
+    (:func:`streamrec.trainer.checkpoint.read_model_manifest`)."""
     found: dict[str, Checkpoint] = {}
     if not model_path.is_dir():
         return found
@@ -95,7 +96,7 @@ def read_checkpoints(model_path: Path) -> dict[str, Checkpoint]:
                 found[key] = Checkpoint(key, None, "no manifest (incomplete)")
                 continue
             try:
-                found[key] = Checkpoint(key, read_manifest(pass_dir))
+                found[key] = Checkpoint(key, read_model_manifest(pass_dir))
             except CheckpointError as exc:
                 found[key] = Checkpoint(key, None, str(exc))
     return found

@@ -11,7 +11,7 @@ import time
 import pytest
 from streamrec.layout import PassSpec
 from streamrec.trainer import distributed as ddp
-from streamrec.trainer.agent_steps import FRESH, LOST, PASS, Step, decode, encode
+from streamrec.trainer.agent_steps import Op, SpecialLoad, Step, decode, encode
 from streamrec.trainer.errors import LineageLost, error_class
 from streamrec.trainer.liveness import STUCK_EXIT
 
@@ -80,13 +80,13 @@ def test_sigterm_ends_a_rank_cleanly_or_after_its_grace(hangs):
 
 def test_a_step_crosses_as_tensors_with_its_load_and_skips():
     spec = PassSpec("20190720", 3, ("0000", "0600", "1200"))
-    step = Step(PASS, spec, attempt=2, load=("20190720", 1), skip=("0600",))
+    step = Step(Op.PASS, spec, attempt=2, load=("20190720", 1), skip=("0600",))
     back = decode(*encode(step))
     assert (back.spec, back.attempt, back.load, back.skip) == (spec, 2, ("20190720", 1), ("0600",))
-    plain = decode(*encode(Step(PASS, spec)))
+    plain = decode(*encode(Step(Op.PASS, spec)))
     assert (plain.load, plain.skip) == (None, ())
-    for special in (FRESH, LOST):
-        assert decode(*encode(Step(PASS, spec, load=special))).load == special
+    for special in (SpecialLoad.FRESH, SpecialLoad.LOST):
+        assert decode(*encode(Step(Op.PASS, spec, load=special))).load == special
 
 
 def test_a_model_without_the_passes_the_job_counts_done_sends_the_job_back_to_its_start():

@@ -20,7 +20,7 @@ def healthz() -> HealthPublic:
 def readyz(repo: RepoDep, metrics: MetricsDep) -> HealthPublic:
     """200 when Redis answers a PING within the Redis timeout, else 503 (never hangs)."""
     try:
-        repo.r.ping()
+        repo.ping()
     except (redis.ConnectionError, redis.TimeoutError):
         metrics.redis_errors.inc()
         return JSONResponse(
