@@ -53,15 +53,32 @@ class Fp32Sigmoid(nn.Module):
         return torch.sigmoid(x.float())
 
 
-def make_mlp(sizes: list[int], sigmoid_layer: int, rng: np.random.RandomState) -> nn.Sequential:
+class Fp32Linear(nn.Linear):
+    """A linear layer that stays fp32 under bf16 autocast: the bottom MLP's first, which reads
+    the raw dense features (bf16's 8-bit mantissa would merge log1p(1990) and log1p(1995))."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(x.device.type):
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
+def make_mlp(
+    sizes: list[int],
+    sigmoid_layer: int,
+    rng: np.random.RandomState,
+    fp32_first: bool = False,
+) -> nn.Sequential:
     """Linear layers with the reference's initialisation; ReLU after each but ``sigmoid_layer``.
 
     Weights ~ N(0, sqrt(2 / (fan_in + fan_out))), biases ~ N(0, sqrt(1 / fan_out)).
+    ``fp32_first``: the first layer an :class:`Fp32Linear` (the same parameters and state).
     """
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         n, m = int(sizes[i]), int(sizes[i + 1])
-        layer = nn.Linear(n, m, bias=True)
+        layer = (Fp32Linear if fp32_first and i == 0 else nn.Linear)(n, m, bias=True)
         w = rng.normal(0.0, np.sqrt(2.0 / (m + n)), size=(m, n)).astype(np.float32)
         b = rng.normal(0.0, np.sqrt(1.0 / m), size=m).astype(np.float32)
         with torch.no_grad():
@@ -177,7 +194,7 @@ class DLRMDense(nn.Module):
         self.ln_bot = list(mlp_bot)
         self.ln_top = [num_int, *mlp_top]
         rng = np.random.RandomState(seed)
-        self.bot_l = make_mlp(self.ln_bot, -1, rng)
+        self.bot_l = make_mlp(self.ln_bot, -1, rng, fp32_first=True)
         self.top_l = make_mlp(self.ln_top, len(self.ln_top) - 2, rng)
         offset = 1 if interaction_itself else 0
         n = num_sparse + 1
@@ -203,6 +220,11 @@ class DLRMDense(nn.Module):
 
     def interact(self, x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """x: (B, d), ly: S x (B, d) or (B, S, d) -> R: (B, num_int) float32."""
+        if torch.is_autocast_enabled(x.device.type):
+            # in fp32 under bf16 autocast: its products are the embeddings' gradients
+            with torch.autocast(x.device.type, enabled=False):
+                floats = ly.float() if isinstance(ly, torch.Tensor) else [e.float() for e in ly]
+                return self.interact(x.float(), floats)
         batch, d = x.shape
         if isinstance(ly, torch.Tensor):
             t = torch.cat([x.unsqueeze(1), ly], dim=1)
