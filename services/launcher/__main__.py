@@ -27,10 +27,13 @@ A child that exits is reported and restarted at the same address (``--max-restar
 Redis from its append-only file, a store shard followed by the trainer groups (whose warm
 start reloads the last checkpoint into every shard; see ``streamrec.launcher.stack``).
 ``--keep-running`` leaves the services up after the summary until ``streamrec down`` (or
-Ctrl-C).
+Ctrl-C). ``--resume`` goes on with the run in ``--run-dir`` instead of a fresh one: its data,
+models and Redis kept, its job from the last checkpoint on ``--store-shards`` shards
+(resharded when their count changed; ``streamrec.launcher.resume``).
 
     streamrec up --days 2 --split-interval 120 --samples-per-split 10000   # the defaults
     streamrec down
+    streamrec up --resume --store-shards 3   # the same run's job, from its last checkpoint
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from urllib.parse import urlsplit
 
 from streamrec.errors import StreamRecError, quote
 from streamrec.launcher.errors import StackError
+from streamrec.launcher.resume import ResumedStack
 from streamrec.launcher.stack import Stack
 from streamrec.launcher.state import stack_down
 from streamrec.layout import parse_day
@@ -114,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--online-redis-password-file",
         default=None,
         help="file holding the --online-redis-url Redis's password (default: none)",
+    )
+    up.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the run in --run-dir (its data, models, Redis; its job from the last "
+        "checkpoint, on --store-shards shards: resharded when their count changed); the "
+        "job's sizes are the run's",
     )
     up.add_argument(
         "--keep-running",
@@ -188,10 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         return stack_down(Path(args.run_dir).resolve())
     try:
         check_args(args)
+        if args.resume:  # the job's flags are the run's: their defaults tell what was given
+            defaults = vars(build_parser().parse_args(["up"]))
+            stack: Stack = ResumedStack(args, defaults)
+        else:
+            stack = Stack(args)
     except StackError as exc:
         print(f"streamrec up: {exc}", file=sys.stderr)
         return 2
-    stack = Stack(args)
     signal.signal(signal.SIGTERM, stack.request_stop)
     signal.signal(signal.SIGINT, stack.request_stop)
     try:

@@ -49,6 +49,15 @@ def redis_command(port: int, directory: Path, config_file: Path | None = None) -
     ]
 
 
+def store_endpoints(run: Path, base_port: int, shards: int) -> list[str]:
+    """The shards' addresses: shard k on ``base_port`` + k, or (0) on ``ipc://RUN/store-k.sock``.
+    Shard k's depends on k only, so a job and the trainers agree on the first ones whatever
+    the count (``streamrec up --resume --store-shards N``: ``streamrec.launcher.resume``)."""
+    if base_port:
+        return [f"tcp://127.0.0.1:{base_port + k}" for k in range(shards)]
+    return [f"ipc://{run / f'store-{k}.sock'}" for k in range(shards)]
+
+
 #: Rows per table of the ssd tier (its file is sparse: the bound costs no disk).
 SSD_CAPACITY = 1 << 20
 

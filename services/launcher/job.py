@@ -1,12 +1,15 @@
-"""The demo job ``streamrec up`` submits, and the tables its store shards serve."""
+"""The demo job ``streamrec up`` submits, the tables its store shards serve, and the record of
+the run (``RUN/run.json``) that ``streamrec up --resume`` goes on from."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
+from streamrec.launcher.serving import ServingRedis
 from streamrec.layout import format_day, parse_day
 
 #: Table options of the demo (written to the shards' tables file and given to the trainers,
@@ -83,3 +86,54 @@ def job_spec(args: argparse.Namespace, run: Path, store_endpoints: list[str]) ->
         },
         "resources": {"trainer_ranks": args.trainers, "device": "cpu"},
     }
+
+
+#: The record of the run, kept after ``streamrec down``: the demo job's id, the store shards
+#: it ran on, and the flags that shaped the job and its data (:data:`JOB_FLAGS`).
+RUN_FILE = "run.json"
+
+#: The ``streamrec up`` flags a job and its data are made of: ``--resume`` takes the run's.
+JOB_FLAGS = (
+    "start_day",
+    "days",
+    "split_interval",
+    "split_per_pass",
+    "samples_per_split",
+    "slots",
+    "embedding_dim",
+    "batch_size",
+    "seed",
+    "trainers",
+    "store_tier",
+)
+
+
+def write_run(
+    run: Path,
+    args: argparse.Namespace,
+    job_id: str,
+    store_endpoints: list[str],
+    serving: ServingRedis,
+) -> None:
+    """Writes ``RUN/run.json`` (atomically): the job, its shards, its :data:`JOB_FLAGS` and
+    the serving Redis it publishes to (the API wrote its URL into the job)."""
+    record = {
+        "job_id": job_id,
+        "store_endpoints": list(store_endpoints),
+        "flags": {f: getattr(args, f) for f in JOB_FLAGS},
+        "online_redis_url": serving.url,
+        "serving_port": serving.port,  # None: not the stack's own
+    }
+    tmp = run / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(run / RUN_FILE)
+
+
+def read_run(run: Path) -> dict[str, Any] | None:
+    """``RUN/run.json``, None when there is none (or it cannot be read)."""
+    try:
+        record = json.loads((run / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(record, dict) and {"job_id", "store_endpoints", "flags"} <= set(record)
+    return record if ok else None

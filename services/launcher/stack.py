@@ -49,7 +49,7 @@ from streamrec.errors import RemoteError, ServiceUnavailable
 from streamrec.launcher import commands, prometheus
 from streamrec.launcher.children import Child
 from streamrec.launcher.errors import StackError
-from streamrec.launcher.job import job_spec, tables_config
+from streamrec.launcher.job import RUN_FILE, job_spec, tables_config, write_run
 from streamrec.launcher.plot import write_auc_png
 from streamrec.launcher.report import new_pass_rows, summary_lines
 from streamrec.launcher.serving import SERVING, ServingRedis
@@ -103,10 +103,9 @@ class Stack:
         self.api_port = args.api_port or free_port()
         self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.api_url = f"http://127.0.0.1:{self.api_port}"
-        self.store_endpoints = [
-            f"tcp://127.0.0.1:{(args.store_port + k) if args.store_port else free_port()}"
-            for k in range(args.store_shards)
-        ]
+        self.store_endpoints = commands.store_endpoints(
+            self.run, args.store_port, args.store_shards
+        )
         self.sampler_endpoint = f"ipc://{self.run / 'sampler.sock'}"
         # every service serves /metrics: the API on its own port, the others on these
         self.store_metrics_ports = [free_port() for _ in range(args.store_shards)]
@@ -125,6 +124,8 @@ class Stack:
         self.api: ApiClient | None = None
         self.job_id: str | None = None
         self._stopping = False
+
+    WIPED: tuple[str, ...] = ("data", "models", "redis", "logs", "store", "prometheus", SERVING)
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -177,8 +178,8 @@ class Stack:
 
     # ---- bring-up ----------------------------------------------------------------------
     def prepare(self) -> None:
-        """Refuses a run directory whose stack still runs; otherwise empties it and writes the
-        API token and the shards' tables file."""
+        """Refuses a run directory whose stack still runs; otherwise empties its ``WIPED``
+        parts, writes new tokens and Redis's password, and the shards' tables file."""
         existing = read_state(self.run)
         if existing and pid_alive(existing.get("supervisor_pid")):
             raise StackError(
@@ -186,11 +187,12 @@ class Stack:
                 f"{existing['supervisor_pid']}): `streamrec down --run-dir "
                 f"{self.run}` first"
             )
-        for sub in ("data", "models", "redis", "logs", "store", "prometheus", SERVING):
+        for sub in self.WIPED:
             shutil.rmtree(self.run / sub, ignore_errors=True)
         for sub in ("data", "models", "redis", "logs", "store"):
-            (self.run / sub).mkdir(parents=True)
+            (self.run / sub).mkdir(parents=True, exist_ok=True)
         (self.run / "sampler.sock").unlink(missing_ok=True)
+        (self.run / RUN_FILE).unlink(missing_ok=True)  # an earlier run's: its job is gone
         self.token = secrets.token_urlsafe(24)
         token_file = self.run / "api-token"
         token_file.write_text(self.token + "\n")
@@ -388,6 +390,7 @@ class Stack:
         self.job_id = job["id"]
         self.api.action(job["id"], "start")
         self.record()
+        write_run(self.run, self.args, job["id"], self.store_endpoints, self.serving)
         self.say(
             f"  job              {job['id']} ({job['passes_total']} passes) started: "
             f"POST {self.api_url}/v1/jobs/{job['id']}/start"
