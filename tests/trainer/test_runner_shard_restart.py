@@ -1,5 +1,6 @@
 """A store shard restarted empty under a trainer (as Kubernetes restarts a crashed pod): the
-pass fails as transient, and loading the last checkpoint is the recovery."""
+pass fails classified store_lost (the class the control plane acts on: back to the last
+checkpoint), and loading that checkpoint is the recovery."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def tables_file(config, path: Path) -> Path:
     return path
 
 
-def test_a_pass_against_a_restarted_shard_fails_transient_and_the_checkpoint_recovers(
+def test_a_pass_against_a_restarted_shard_fails_store_lost_and_the_checkpoint_recovers(
     tmp_path: Path, stream: Path
 ):
     config = small_config(stream, tmp_path / "model", end_day="20190720", checkpoint_per_pass=1)
@@ -47,7 +48,7 @@ def test_a_pass_against_a_restarted_shard_fails_transient_and_the_checkpoint_rec
             assert shards.endpoints == [endpoint]
             with pytest.raises(PassFailed) as info:
                 t.run_pass(second)
-            assert info.value.kind == "transient" and "ShardRestarted" in str(info.value)
+            assert info.value.kind == "store_lost" and "ShardRestarted" in str(info.value)
             assert not t.clean and t.store.stats()["total"]["rows"] == 0
 
             t.load_checkpoint(first.day, first.pass_id)  # what the retry does
@@ -96,6 +97,6 @@ def test_two_ranks_fail_the_pass_and_both_train_on_after_the_checkpoint(
         finally:
             stop_process(group)
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert all(o["failed"]["kind"] == "transient" for o in outs), outs
+    assert all(o["failed"]["kind"] == "store_lost" for o in outs), outs
     assert all("ShardRestarted" in o["failed"]["message"] for o in outs), outs
     assert all(o["samples"] > 0 for o in outs), outs
