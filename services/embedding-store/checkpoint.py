@@ -51,7 +51,7 @@ from streamrec.embedding_store.converters import Converter, FileConverter, load_
 from streamrec.embedding_store.disk import disk_error
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
 from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
-from streamrec.save_modes import FULL_MODES, SAVE_MODES, SaveMode
+from streamrec.save_modes import FULL_MODES, SaveMode, parse_save_mode
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store import EmbeddingStore
@@ -87,13 +87,12 @@ def _check_path(path: str | os.PathLike[str]) -> Path:
 def save_store(
     store: EmbeddingStore,
     path: str | os.PathLike[str],
-    mode: str,
+    mode: SaveMode,
     converter: Converter | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Writes ``store`` to ``path`` in ``mode``; returns the manifest (see the module doc)."""
-    if mode not in SAVE_MODES:
-        raise InvalidInput(f"mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+    mode = parse_save_mode(mode, "mode", InvalidInput)
     if converter is not None and not isinstance(converter, Converter):
         raise InvalidInput(f"converter must be a Converter, got {type(converter).__name__}")
     path = _check_path(path)
@@ -115,7 +114,7 @@ def save_store(
 def _save(
     store: EmbeddingStore,
     path: Path,
-    mode: str,
+    mode: SaveMode,
     converter: Converter | None,
     extra: dict[str, Any] | None,
 ) -> dict[str, Any]:
@@ -224,8 +223,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{mpath}: not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
         raise CheckpointError(f"{mpath}: version {manifest.get('version')!r}, expected {VERSION}")
-    if manifest.get("mode") not in SAVE_MODES:
-        raise CheckpointError(f"{mpath}: mode {manifest.get('mode')!r} not one of {SAVE_MODES}")
+    manifest["mode"] = parse_save_mode(manifest.get("mode"), f"mode in {mpath}", CheckpointError)
     files = manifest.get("files")
     tables = manifest.get("tables")
     if not isinstance(files, dict) or not isinstance(tables, dict):

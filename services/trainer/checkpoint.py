@@ -187,7 +187,7 @@ def dense_state(
 
 
 def write_model(
-    directory: Path, state: dict[str, Any], store: SparseStore, mode: str, info: dict[str, Any]
+    directory: Path, state: dict[str, Any], store: SparseStore, mode: SaveMode, info: dict[str, Any]
 ) -> Path:
     """Dense state, the store's save in ``mode`` and the manifest (last) into a staging
     sibling of ``directory``, renamed onto it once complete (an existing ``directory`` is

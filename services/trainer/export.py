@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import ModelConfig
+from streamrec.save_modes import SaveMode
 from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_model_manifest, write_manifest
 from streamrec.trainer.data import ParseStats, iter_batches
 from streamrec.trainer.errors import CheckpointError
@@ -95,7 +96,7 @@ def export_serving(trainer: Any, out_dir: Path) -> Path:
                 indent=1,
             )
         )
-        trainer.store.save(str(out_dir / SPARSE_NAME), mode="base")
+        trainer.store.save(str(out_dir / SPARSE_NAME), mode=SaveMode.BASE)
         write_manifest(out_dir, {"mode": "serving", "last_pass": trainer.last_pass})
     ddp.barrier()
     return out_dir
