@@ -53,9 +53,10 @@ from streamrec.trainer.data import (
     parse_chunk,
     parse_columns,
 )
-from streamrec.trainer.datagen import PlantedStream, StreamParams, to_generated_text
+from streamrec.trainer.datagen import PlantedStream, StreamParams
 from streamrec.trainer.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
 from streamrec.trainer.slot_text import slot_text
+from streamrec.trainer.text_lines import to_generated_text
 from trainer import DAY, make_data, to_criteo_text
 
 BATCH = 2048
