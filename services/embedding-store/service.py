@@ -77,7 +77,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest, saved_parts
 from streamrec.embedding_store.config import parse_shard_dir_name, shard_dir_name
 from streamrec.embedding_store.disk import NoSpaceBackoff, with_disk_errors
 from streamrec.embedding_store.errors import (
@@ -95,6 +94,7 @@ from streamrec.embedding_store.namespaces import (
     parse_tables,
 )
 from streamrec.embedding_store.reshard import verify_save
+from streamrec.embedding_store.save_manifests import MANIFEST, read_manifest, saved_parts
 from streamrec.errors import BadRequest, NotFound, quote
 from streamrec.keyhash import shard_of
 from streamrec.roots import confine, resolve_roots

@@ -121,8 +121,8 @@ def write_manifest(directory: Path, info: dict[str, Any]) -> Path:
 
 def read_model_manifest(directory: Path) -> dict[str, Any]:
     """Reads and verifies a model directory's manifest (the trainer's, not the store's
-    :func:`streamrec.embedding_store.checkpoint.read_manifest`); raises CheckpointError naming
-    the first mismatch."""
+    :func:`streamrec.embedding_store.save_manifests.read_manifest`); raises CheckpointError
+    naming the first mismatch."""
     path = directory / MANIFEST_NAME
     try:
         body = json.loads(path.read_text())

@@ -163,9 +163,6 @@ def test_function_level_and_type_checking_imports():
 
 #: Circles still to break (each hidden by an import inside a function); the list only shrinks.
 KNOWN = {
-    # load_store(shard=...) streams through reshard, which checks saves with checkpoint's
-    # manifest readers: they belong in a module below both
-    ("streamrec.embedding_store.checkpoint", "streamrec.embedding_store.reshard"),
     # iter_batches reads schema formats through feature_data, which parses with data's
     # Batch and parse_columns: they belong in a module below both
     ("streamrec.trainer.data", "streamrec.trainer.feature_data"),
