@@ -43,7 +43,8 @@ import torch
 from reference_dlrm import LR, SETUPS
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.datagen import StreamParams, generate
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.model import DLRM

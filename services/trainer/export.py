@@ -29,8 +29,9 @@ import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import ModelConfig
 from streamrec.save_modes import SaveMode
+from streamrec.trainer.batches import ParseStats
 from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_model_manifest, write_manifest
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.errors import CheckpointError
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.lineage import lineage, trained_on
@@ -153,7 +154,7 @@ class Predictor:
         )
 
     def predict_batch(self, batch: Any) -> torch.Tensor:
-        """A :class:`~streamrec.trainer.data.Batch` -> click probabilities (B,) float32."""
+        """A :class:`~streamrec.trainer.batches.Batch` -> click probabilities (B,) float32."""
         with torch.no_grad():
             pulled = self.emb.pull(self.emb.prepare(batch), create=False)
             return self.dense(batch.dense, self.emb.forward(pulled)).view(-1)
