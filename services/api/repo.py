@@ -307,10 +307,10 @@ class Repo:
 
     def set_last_checkpoint(self, job_id: str, pass_key: str) -> None:
         """The checkpoint after pass ``pass_key`` is the one the job goes on from."""
-        redis_io.hset(self.r, keys.job(job_id), {JobField.LAST_CHECKPOINT: pass_key})
+        redis_io.hset(self.r, keys.job(job_id), JobRecord.patch(last_checkpoint=pass_key))
 
     def set_error(self, job_id: str, message: str) -> None:
-        redis_io.hset(self.r, keys.job(job_id), {JobField.ERROR: message})
+        redis_io.hset(self.r, keys.job(job_id), JobRecord.patch(error=message))
 
     def set_waiting_for(
         self, job_id: str, split: str, event: tuple[str, dict[str, Any]] | None
@@ -318,7 +318,7 @@ class Repo:
         """Keeps the split the job's next pass waits for ("": none) with its ``data_wait``
         event (message, data), when one is given."""
         with self.r.pipeline() as pipe:
-            redis_io.hset(pipe, keys.job(job_id), {JobField.WAITING_FOR: split})
+            redis_io.hset(pipe, keys.job(job_id), JobRecord.patch(waiting_for=split))
             if event is not None:
                 append_event(pipe, job_id, "data_wait", *event)
             pipe.execute()
