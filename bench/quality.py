@@ -39,7 +39,8 @@ import yaml
 from streamrec import layout
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.model import DLRMDense
 from streamrec.trainer.runner import OnlineTrainer

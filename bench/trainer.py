@@ -43,12 +43,14 @@ import torch
 from reference_dlrm import LR, SETUPS
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.data import ParseStats, iter_batches
-from streamrec.trainer.datagen import StreamParams, generate, to_criteo_text
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.data import iter_batches
+from streamrec.trainer.datagen import StreamParams, generate
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.model import DLRM
 from streamrec.trainer.runner import OnlineTrainer
 from streamrec.trainer.store import DEFAULT_TABLE_PARAMETERS, build_table_options
+from streamrec.trainer.text_lines import to_criteo_text
 
 DAY = "20190720"
 

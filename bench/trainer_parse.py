@@ -46,16 +46,12 @@ import torch
 # bench/ is the script's directory, first on sys.path
 from reference_dlrm import SETUPS
 from streamrec.control.feature_schema import FeatureSchema
-from streamrec.trainer.data import (
-    NUM_DENSE,
-    Batch,
-    _make_batch,
-    parse_chunk,
-    parse_columns,
-)
-from streamrec.trainer.datagen import PlantedStream, StreamParams, to_generated_text
+from streamrec.trainer.batches import Batch, parse_columns
+from streamrec.trainer.data import NUM_DENSE, _make_batch, parse_chunk
+from streamrec.trainer.datagen import PlantedStream, StreamParams
 from streamrec.trainer.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
 from streamrec.trainer.slot_text import slot_text
+from streamrec.trainer.text_lines import to_generated_text
 from trainer import DAY, make_data, to_criteo_text
 
 BATCH = 2048

@@ -10,9 +10,8 @@ longer counts them) and empties the work stream.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,7 @@ from streamrec.api.lineage import resume_cursor
 from streamrec.api.state import append_event, watched
 from streamrec.api.work_queue import queue_work, queue_work_reset
 from streamrec.control import keys, redis_io
-from streamrec.control.records import JobField, PassField
+from streamrec.control.records import JobField, JobRecord, PassField, PassRecord
 from streamrec.control.states import JobState, PassState
 from streamrec.control.work import WorkItem
 from streamrec.layout import PassSpec
@@ -74,22 +73,27 @@ class PassRecords:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
 
+    def record(self, job_id: str, day: str, pass_id: int) -> PassRecord:
+        """The pass's record (every field empty for a pass never handed out)."""
+        return PassRecord.from_fields(
+            redis_io.hgetall(self.r, keys.pass_record(job_id, day, pass_id))
+        )
+
     def counts(self, job_id: str, day: str, pass_id: int) -> PassCounts:
         """The record's counts (zeros for a pass never handed out)."""
-        rec = keys.pass_record(job_id, day, pass_id)
-        wanted = [PassField.ATTEMPTS, PassField.STATE, PassField.FAILURES, PassField.SKIPPED_SPLITS]
-        attempts, state, failures, skipped = redis_io.hmget(self.r, rec, wanted)
-        return PassCounts(int(attempts or 0), int(failures or 0), _list(skipped), state)
+        rec = self.record(job_id, day, pass_id)
+        state = None if rec.state is None else rec.state.value
+        return PassCounts(rec.attempts, rec.failures, list(rec.skipped_splits), state)
 
     def attempts(self, job_id: str, day: str, pass_id: int) -> tuple[int, int]:
         """(the attempt handed out last, the last attempt retired), 0 for none."""
-        rec = keys.pass_record(job_id, day, pass_id)
-        current, retired = redis_io.hmget(self.r, rec, [PassField.ATTEMPTS, PassField.RETIRED])
-        return int(current or 0), int(retired or 0)
+        rec = self.record(job_id, day, pass_id)
+        return rec.attempts, rec.retired
 
     def state(self, job_id: str, day: str, pass_id: int) -> str | None:
         """The pass's state (None: no record)."""
-        return redis_io.hget(self.r, keys.pass_record(job_id, day, pass_id), PassField.STATE)
+        state = self.record(job_id, day, pass_id).state
+        return None if state is None else state.value
 
     def hand_out(self, job_id: str, cursor: int, item: WorkItem, failures: int) -> None:
         """Writes the pass at plan index ``cursor`` queued (a fresh record), puts ``item`` on
@@ -98,23 +102,23 @@ class PassRecords:
         pk = keys.pass_key(p.day, p.pass_id)
         rec = keys.pass_record(job_id, p.day, p.pass_id)
         now = time.time()
-        record = {
-            PassField.DAY: p.day,
-            PassField.PASS_ID: str(p.pass_id),
-            PassField.SPLITS: json.dumps(list(p.splits)),
-            PassField.STATE: PassState.QUEUED.value,
-            PassField.ATTEMPTS: str(item.attempt),
-            PassField.FAILURES: str(failures),
-            PassField.SKIPPED_SPLITS: json.dumps(list(item.skip)),
-            PassField.RESUME_FROM: item.resume_from or "",
-            PassField.QUEUED_AT: f"{now:.3f}",
-        }
+        record = PassRecord.patch(
+            day=p.day,
+            pass_id=p.pass_id,
+            splits=tuple(p.splits),
+            state=PassState.QUEUED,
+            attempts=item.attempt,
+            failures=failures,
+            skipped_splits=item.skip,
+            resume_from=item.resume_from,
+            queued_at=now,
+        )
         with self.r.pipeline() as pipe:
             pipe.delete(rec)
             redis_io.hset(pipe, rec, record)
             pipe.zadd(keys.passes(job_id), {pk: cursor})
             queue_work(pipe, job_id, item.to_fields(now))
-            job = {JobField.IN_FLIGHT: pk, JobField.CURSOR: str(cursor + 1)}
+            job = JobRecord.patch(in_flight=pk, cursor=cursor + 1)
             redis_io.hset(pipe, keys.job(job_id), job)
             append_event(
                 pipe,
@@ -126,11 +130,7 @@ class PassRecords:
             pipe.execute()
 
     def mark_running(self, job_id: str, day: str, pass_id: int, ranks: int) -> None:
-        fields = {
-            PassField.STATE: PassState.RUNNING.value,
-            PassField.STARTED_AT: f"{time.time():.3f}",
-            PassField.RANKS: str(ranks),
-        }
+        fields = PassRecord.patch(state=PassState.RUNNING, started_at=time.time(), ranks=ranks)
         redis_io.hset(self.r, keys.pass_record(job_id, day, pass_id), fields)
 
     def mark_done(
@@ -138,27 +138,27 @@ class PassRecords:
         job_id: str,
         day: str,
         pass_id: int,
-        figures: dict[str, str],
+        figures: Mapping[PassField, int | float],
         ranks: int,
         in_flight: bool,
         event: tuple[str, dict[str, Any]],
     ) -> None:
-        """The pass done with its ``figures``, counted in ``passes_done``, out of flight
-        (``in_flight``: it is the job's), the restart count refilled (progress), and its
-        ``event`` (message, data)."""
-        fields = {
-            **figures,
-            PassField.STATE: PassState.DONE.value,
-            PassField.ERROR: "",
-            PassField.FINISHED_AT: f"{time.time():.3f}",
-            PassField.RANKS: str(ranks),
-        }
+        """The pass done with its ``figures`` (of :data:`~streamrec.control.records.PASS_METRICS`),
+        counted in ``passes_done``, out of flight (``in_flight``: it is the job's), the restart
+        count refilled (progress), and its ``event`` (message, data). ContractError (nothing
+        written) for a figure of the wrong type."""
+        fields = PassRecord.patch(
+            **{name.value: v for name, v in figures.items()},
+            state=PassState.DONE,
+            error=None,
+            finished_at=time.time(),
+            ranks=ranks,
+        )
+        job = JobRecord.patch(restarts=0, **({"in_flight": None} if in_flight else {}))
         with self.r.pipeline() as pipe:
             redis_io.hset(pipe, keys.pass_record(job_id, day, pass_id), fields)
             pipe.hincrby(keys.job(job_id), JobField.PASSES_DONE, 1)
-            pipe.hset(keys.job(job_id), JobField.RESTARTS, "0")
-            if in_flight:
-                pipe.hset(keys.job(job_id), JobField.IN_FLIGHT, "")
+            redis_io.hset(pipe, keys.job(job_id), job)
             append_event(pipe, job_id, "pass", *event)
             pipe.execute()
 
@@ -180,41 +180,35 @@ class PassRecords:
         job = keys.job(job_id)
 
         def body(pipe: redis.client.Pipeline) -> Requeue:
-            wanted = [PassField.ATTEMPTS, PassField.FAILURES, PassField.SKIPPED_SPLITS]
-            attempts, failures, skipped = redis_io.hmget(pipe, rec, wanted)
+            record = PassRecord.from_fields(redis_io.hgetall(pipe, rec))
             read = PassCounts(
-                attempts=int(attempts or 1),
-                failures=int(failures or 0),
-                skipped=_list(skipped),
-                restarts=int(redis_io.hget(pipe, job, JobField.RESTARTS) or 0),
+                attempts=record.attempts or 1,
+                failures=record.failures,
+                skipped=list(record.skipped_splits),
+                restarts=JobRecord.from_fields(redis_io.hgetall(pipe, job)).restarts,
                 rolled=[n for n in self.done_after(job_id, plan, cursor) if n != pk],
             )
             out = decide(read)
             now = time.time()
-            fields = {
-                PassField.ERROR: reason,
-                PassField.RETIRED: str(read.attempts),
-                PassField.FAILURES: str(out.failures),
-            }
             if out.failed_why is not None:
-                fields[PassField.STATE] = PassState.FAILED.value
-                fields[PassField.FINISHED_AT] = f"{now:.3f}"
+                ended: dict[str, Any] = {"state": PassState.FAILED, "finished_at": now}
             else:
-                fields[PassField.STATE] = PassState.QUEUED.value
-                fields[PassField.SKIPPED_SPLITS] = json.dumps(out.skipped)
+                ended = {"state": PassState.QUEUED, "skipped_splits": tuple(out.skipped)}
+            fields = PassRecord.patch(
+                error=reason, retired=read.attempts, failures=out.failures, **ended
+            )
             pipe.multi()
             redis_io.hset(pipe, rec, fields)
-            redis_io.hset(pipe, job, {JobField.IN_FLIGHT: "", JobField.CURSOR: str(cursor)})
+            redis_io.hset(pipe, job, JobRecord.patch(in_flight=None, cursor=cursor))
             queue_rollback(pipe, job_id, read.rolled, checkpoint, reason)
             if out.restart is not None:
-                restart = {
-                    JobField.RESTARTS: str(out.restart.n),
-                    JobField.NOT_BEFORE: f"{now + out.restart.backoff_s:.3f}",
-                }
+                backoff = now + out.restart.backoff_s
+                restart = JobRecord.patch(restarts=out.restart.n, not_before=backoff)
                 redis_io.hset(pipe, job, restart)
                 pipe.hincrby(job, JobField.RESTARTS_TOTAL, 1)
             if out.failed_why is not None:
-                pipe.hset(job, JobField.ERROR, f"pass {pk}: {out.failed_why}")
+                failed = JobRecord.patch(error=f"pass {pk}: {out.failed_why}")
+                redis_io.hset(pipe, job, failed)
             for kind, message, data in out.events:
                 append_event(pipe, job_id, kind, message, data)
             return out
@@ -241,15 +235,15 @@ class PassRecords:
         key = keys.job(job_id)
 
         def body(pipe: redis.client.Pipeline) -> list[str]:
-            f = redis_io.hgetall(pipe, key)
-            if f.get(JobField.STATE) not in (JobState.STOPPED, JobState.FAILED):
+            f = JobRecord.from_fields(redis_io.hgetall(pipe, key))
+            if f.state not in (JobState.STOPPED, JobState.FAILED):
                 pipe.multi()
                 return []
-            ckpt = f.get(JobField.LAST_CHECKPOINT) or ""
+            ckpt = f.last_checkpoint or ""
             cursor = resume_cursor(plan, ckpt)
             rolled = self.done_after(job_id, plan, cursor)
             pipe.multi()
-            fields = {JobField.CURSOR: str(cursor), JobField.IN_FLIGHT: "", JobField.RESTARTS: "0"}
+            fields = JobRecord.patch(cursor=cursor, in_flight=None, restarts=0)
             redis_io.hset(pipe, key, fields)
             queue_work_reset(pipe, job_id)
             queue_rollback(pipe, job_id, rolled, ckpt, "the job starts again from its checkpoint")
@@ -269,8 +263,8 @@ class PassRecords:
         key = keys.job(job_id)
 
         def body(pipe: redis.client.Pipeline) -> list[str]:
-            f = redis_io.hgetall(pipe, key)
-            if f.get(JobField.STATE) not in (JobState.RUNNING, JobState.STOPPING):
+            f = JobRecord.from_fields(redis_io.hgetall(pipe, key))
+            if f.state not in (JobState.RUNNING, JobState.STOPPING):
                 pipe.multi()
                 return []
             cursor = resume_cursor(plan, resumed or "")
@@ -278,7 +272,7 @@ class PassRecords:
             pipe.multi()
             if not rolled:
                 return []
-            redis_io.hset(pipe, key, {JobField.CURSOR: str(cursor), JobField.IN_FLIGHT: ""})
+            redis_io.hset(pipe, key, JobRecord.patch(cursor=cursor, in_flight=None))
             queue_work_reset(pipe, job_id)
             queue_rollback(pipe, job_id, rolled, resumed or "", why)
             return rolled
@@ -293,13 +287,9 @@ def queue_rollback(
     the ``passes_done`` correction and the event."""
     if not rolled:
         return
-    now = f"{time.time():.3f}"
+    fields = PassRecord.patch(state=PassState.ROLLED_BACK, rolled_back_at=time.time())
     for name in rolled:
-        redis_io.hset(
-            pipe,
-            keys.pass_record(job_id, *keys.parse_pass_key(name)),
-            {PassField.STATE: PassState.ROLLED_BACK.value, PassField.ROLLED_BACK_AT: now},
-        )
+        redis_io.hset(pipe, keys.pass_record(job_id, *keys.parse_pass_key(name)), fields)
     pipe.hincrby(keys.job(job_id), JobField.PASSES_DONE, -len(rolled))
     append_event(
         pipe,
@@ -309,8 +299,3 @@ def queue_rollback(
         f"they are trained again",
         {"rolled_back": rolled, "resume_from": checkpoint or None},
     )
-
-
-def _list(raw: str | None) -> list[str]:
-    """A JSON list field (``[]`` when missing)."""
-    return list(json.loads(raw or "[]"))

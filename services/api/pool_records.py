@@ -13,7 +13,7 @@ from typing import Any
 import redis
 from streamrec.api.state import append_event
 from streamrec.control import keys, pool, redis_io
-from streamrec.control.records import JobField
+from streamrec.control.records import JobField, JobRecord
 
 #: The job hash's ``trainers`` field: how the job stands with the pool.
 WAITING = "waiting_for_trainers"
@@ -49,7 +49,7 @@ class PoolRecords:
         with self.r.pipeline() as pipe:
             pipe.hset(keys.POOL_ASSIGNMENTS, name, a.encode())
             # last_group: kept when the job ends (and "group" is cleared), to say who ran it
-            fields = {JobField.GROUP: name, JobField.LAST_GROUP: name, JobField.TRAINERS: ASSIGNED}
+            fields = JobRecord.patch(group=name, last_group=name, trainers=ASSIGNED)
             redis_io.hset(pipe, keys.job(job_id), fields)
             append_event(pipe, job_id, "pool", f"assigned to trainer group {name}", {"group": name})
             pipe.execute()
@@ -66,7 +66,7 @@ class PoolRecords:
             pipe.multi()
             pipe.hdel(keys.POOL_ASSIGNMENTS, name)
             if exists:
-                redis_io.hset(pipe, keys.job(a.job_id), {JobField.GROUP: "", JobField.TRAINERS: ""})
+                redis_io.hset(pipe, keys.job(a.job_id), JobRecord.patch(group=None, trainers=None))
                 append_event(
                     pipe, a.job_id, "pool", f"trainer group {name} released: {why}", {"group": name}
                 )
@@ -78,12 +78,12 @@ class PoolRecords:
         return redis_io.hget(self.r, keys.job(job_id), JobField.TRAINERS)
 
     def set_standing(self, job_id: str, standing: str) -> None:
-        redis_io.hset(self.r, keys.job(job_id), {JobField.TRAINERS: standing})
+        redis_io.hset(self.r, keys.job(job_id), JobRecord.patch(trainers=standing))
 
     def set_waiting(self, job_id: str, message: str, data: dict[str, Any]) -> None:
         """Marks the job waiting for trainers (no group), with its event."""
         with self.r.pipeline() as pipe:
-            fields = {JobField.TRAINERS: WAITING, JobField.GROUP: ""}
+            fields = JobRecord.patch(trainers=WAITING, group=None)
             redis_io.hset(pipe, keys.job(job_id), fields)
             append_event(pipe, job_id, "pool", message, data)
             pipe.execute()

@@ -9,9 +9,9 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-from streamrec.api.models import ExportMode, JobCreate, TriggerKind
+from streamrec.api.models import ExportMode, JobCreate, TriggerKind, stored_spec
 from streamrec.api.state import JobState, PassState, TriggerState
-from streamrec.control.records import PassField
+from streamrec.control.records import JobRecord, PassRecord
 
 
 class JobPublic(BaseModel):
@@ -149,33 +149,54 @@ def _float(v: str | None) -> float | None:
     return None if v in (None, "") else float(v)
 
 
-def _int(v: str | None) -> int | None:
-    return None if v in (None, "") else int(float(v))
+def job_public(rec: JobRecord) -> JobPublic:
+    """A job's record as REST shows it (``waiting_for`` only while it runs with no pass in
+    flight)."""
+    waits = rec.state == JobState.RUNNING and not rec.in_flight
+    return JobPublic(
+        id=rec.id,
+        name=rec.name,
+        state=rec.state,
+        spec=stored_spec(rec.spec),
+        created_at=rec.created_at,
+        updated_at=rec.updated_at,
+        passes_total=rec.passes_total,
+        passes_done=rec.passes_done,
+        in_flight=rec.in_flight,
+        waiting_for=rec.waiting_for if waits else None,
+        last_checkpoint=rec.last_checkpoint,
+        error=rec.error,
+        trainers=rec.trainers,
+        group=rec.group,
+        last_group=rec.last_group,
+        restarts=rec.restarts,
+        restarts_total=rec.restarts_total,
+    )
 
 
-def pass_public(f: dict[str, str]) -> PassPublic:
+def pass_public(rec: PassRecord) -> PassPublic:
     """A pass record as REST shows it."""
     return PassPublic(
-        day=f[PassField.DAY],
-        pass_id=int(f[PassField.PASS_ID]),
-        splits=json.loads(f[PassField.SPLITS]),
-        state=f[PassField.STATE],
-        attempts=int(f.get(PassField.ATTEMPTS, "0")),
-        failures=int(f.get(PassField.FAILURES) or 0),
-        resume_from=f.get(PassField.RESUME_FROM) or None,
-        skipped_splits=json.loads(f.get(PassField.SKIPPED_SPLITS) or "[]"),
-        predict_auc=_float(f.get(PassField.PREDICT_AUC)),
-        train_auc=_float(f.get(PassField.TRAIN_AUC)),
-        logloss=_float(f.get(PassField.LOGLOSS)),
-        best_auc=_float(f.get(PassField.BEST_AUC)),
-        samples=_int(f.get(PassField.SAMPLES)),
-        malformed_lines=_int(f.get(PassField.MALFORMED_LINES)),
-        seconds=_float(f.get(PassField.SECONDS)),
-        ranks=_int(f.get(PassField.RANKS)),
-        queued_at=_float(f.get(PassField.QUEUED_AT)),
-        started_at=_float(f.get(PassField.STARTED_AT)),
-        finished_at=_float(f.get(PassField.FINISHED_AT)),
-        error=f.get(PassField.ERROR) or None,
+        day=rec.day,
+        pass_id=rec.pass_id,
+        splits=list(rec.splits),
+        state=rec.state,
+        attempts=rec.attempts,
+        failures=rec.failures,
+        resume_from=rec.resume_from,
+        skipped_splits=list(rec.skipped_splits),
+        predict_auc=rec.predict_auc,
+        train_auc=rec.train_auc,
+        logloss=rec.logloss,
+        best_auc=rec.best_auc,
+        samples=rec.samples,
+        malformed_lines=rec.malformed_lines,
+        seconds=rec.seconds,
+        ranks=rec.ranks,
+        queued_at=rec.queued_at,
+        started_at=rec.started_at,
+        finished_at=rec.finished_at,
+        error=rec.error,
     )
 
 

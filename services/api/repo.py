@@ -40,6 +40,7 @@ from streamrec.api.public import (
     TriggersPublic,
     WorkerPublic,
     event_public,
+    job_public,
     pass_public,
     trigger_public,
 )
@@ -62,9 +63,9 @@ from streamrec.api.state import (
 )
 from streamrec.api.work_queue import SchedulerLease, WorkQueue
 from streamrec.control import keys, redis_io
-from streamrec.control.channel import CommandType
+from streamrec.control.commands import Command, CommandType
 from streamrec.control.pool import NamespaceDrop
-from streamrec.control.records import JobField
+from streamrec.control.records import JobField, JobRecord, PassRecord
 from streamrec.control.trainer_config import END_LANDED, OnlineMode
 from streamrec.layout import count_passes
 
@@ -150,25 +151,18 @@ class Repo:
         trainer = trainer_config(spec, job_id, self.policy)
         d = spec.data  # the pass count is computed (days x passes a day), never counted
         now = time.time()
-        fields = {
-            "id": job_id,
-            "name": spec.name,
-            "spec": spec.model_dump_json(),
-            "trainer_config": json.dumps(trainer),
-            "state": JobState.CREATED.value,
-            "created_at": f"{now:.3f}",
-            "updated_at": f"{now:.3f}",
-            "passes_total": str(
-                count_passes(
-                    d.start_day, d.end_day, d.split_interval, d.split_per_pass, d.end_split
-                )
+        record = JobRecord(
+            id=job_id,
+            name=spec.name,
+            spec=spec.model_dump_json(),
+            trainer_config=json.dumps(trainer),
+            state=JobState.CREATED,
+            created_at=now,
+            updated_at=now,
+            passes_total=count_passes(
+                d.start_day, d.end_day, d.split_interval, d.split_per_pass, d.end_split
             ),
-            "passes_done": "0",
-            "cursor": "0",
-            "in_flight": "",
-            "last_checkpoint": "",
-            "error": "",
-        }
+        )
         model_path = spec.checkpoint.model_save_path
 
         def create(pipe: redis.client.Pipeline) -> None:
@@ -180,7 +174,7 @@ class Repo:
                 raise clash
             pipe.multi()
             redis_io.hset(pipe, keys.MODEL_PATHS, {**unindexed, job_id: model_path})
-            redis_io.hset(pipe, keys.job(job_id), fields)
+            redis_io.hset(pipe, keys.job(job_id), record.to_fields())
             pipe.zadd(keys.JOBS, {job_id: now})
             pipe.sadd(keys.jobs_in_state(JobState.CREATED.value), job_id)
             pipe.xgroup_create(keys.work(job_id), keys.TRAINER_GROUP, id="0", mkstream=True)
@@ -192,42 +186,21 @@ class Repo:
         return self.get_job(job_id)
 
     def job_fields(self, job_id: str) -> dict[str, str]:
+        """The job's hash; JobNotFound when there is no such job."""
         fields = redis_io.hgetall(self.r, keys.job(job_id))
         if not fields:
             raise JobNotFound(f"job {job_id!r} not found")
         return fields
 
+    def job_record(self, job_id: str) -> JobRecord:
+        """The job's record; JobNotFound when there is no such job."""
+        return JobRecord.from_fields(self.job_fields(job_id))
+
     def job_spec(self, job_id: str) -> JobCreate:
-        return stored_spec(self.job_fields(job_id)["spec"])
+        return stored_spec(self.job_record(job_id).spec)
 
     def get_job(self, job_id: str) -> JobPublic:
-        return self._job_public(self.job_fields(job_id))
-
-    @staticmethod
-    def _job_public(f: dict[str, str]) -> JobPublic:
-        return JobPublic(
-            id=f["id"],
-            name=f["name"],
-            state=JobState(f["state"]),
-            spec=stored_spec(f["spec"]),
-            created_at=float(f["created_at"]),
-            updated_at=float(f["updated_at"]),
-            passes_total=int(f["passes_total"]),
-            passes_done=int(f["passes_done"]),
-            in_flight=f.get("in_flight") or None,
-            waiting_for=(
-                f.get("waiting_for") or None
-                if f["state"] == JobState.RUNNING.value and not f.get("in_flight")
-                else None
-            ),
-            last_checkpoint=f.get("last_checkpoint") or None,
-            error=f.get("error") or None,
-            trainers=f.get("trainers") or None,
-            group=f.get("group") or None,
-            last_group=f.get("last_group") or None,
-            restarts=int(f.get("restarts") or 0),
-            restarts_total=int(f.get("restarts_total") or 0),
-        )
+        return job_public(self.job_record(job_id))
 
     def list_jobs(self, state: JobState | None, offset: int, limit: int) -> JobsPublic:
         if state is None:
@@ -243,27 +216,24 @@ class Repo:
             for job_id in ids:
                 pipe.hgetall(keys.job(job_id))
             rows = pipe.execute()
-        jobs = [self._job_public(f) for f in rows if f]
+        jobs = [job_public(JobRecord.from_fields(f)) for f in rows if f]
         return JobsPublic(data=jobs, count=total)
 
     def act(self, job_id: str, action: JobAction) -> JobPublic:
         """Applies an operator action (start, stop, pause, resume) to a job."""
-        command = (
-            {"type": CommandType.STOP.value, "ts": f"{time.time():.3f}"}
-            if action == JobAction.STOP
-            else None
-        )
+        command = Command(CommandType.STOP, ts=time.time()) if action == JobAction.STOP else None
         extra = None
         if action == JobAction.START:
-            extra = {"error": "", "started_at": f"{time.time():.3f}"}
-            f = self.job_fields(job_id)
-            self._check_model_path(job_id, stored_spec(f["spec"]).checkpoint.model_save_path)
-            if not f.get("trainer_config"):  # a job stored before the API kept it
-                cfg = trainer_config(stored_spec(f["spec"]), job_id, self.policy)
-                extra["trainer_config"] = json.dumps(cfg)
+            rec = self.job_record(job_id)
+            spec = stored_spec(rec.spec)
+            self._check_model_path(job_id, spec.checkpoint.model_save_path)
+            start: dict[str, Any] = {"error": None, "started_at": time.time()}
+            if not rec.trainer_config:  # a job stored before the API kept it
+                start["trainer_config"] = json.dumps(trainer_config(spec, job_id, self.policy))
+            extra = JobRecord.patch(**start)
             # a stopped or failed job goes on from its last checkpoint: what was trained
             # after it is rolled back and trained again (lineage.py)
-            self.passes.rewind_for_start(job_id, job_plan(stored_spec(f["spec"])))
+            self.passes.rewind_for_start(job_id, job_plan(spec))
         change_state(self.r, job_id, action, reason="operator", extra=extra, command=command)
         return self.get_job(job_id)
 
@@ -281,14 +251,14 @@ class Repo:
         key = keys.job(job_id)
 
         def delete(pipe: redis.client.Pipeline) -> None:
-            state = redis_io.hget(pipe, key, "state")
+            state = redis_io.hget(pipe, key, JobField.STATE)
             if state is None:
                 raise JobNotFound(f"job {job_id!r} not found")
             try:
                 next_state(JobState(state), JobAction.DELETE)
             except KeyError:
                 raise InvalidTransition(job_id, state, "delete") from None
-            spec_raw = redis_io.hget(pipe, key, "spec")
+            spec_raw = redis_io.hget(pipe, key, JobField.SPEC)
             endpoints = stored_spec(spec_raw).store.endpoints if spec_raw else []
             pass_keys = redis_io.zrange(pipe, keys.passes(job_id), 0, -1)
             trigger_ids = redis_io.zrange(pipe, keys.triggers(job_id), 0, -1)
@@ -337,10 +307,10 @@ class Repo:
 
     def set_last_checkpoint(self, job_id: str, pass_key: str) -> None:
         """The checkpoint after pass ``pass_key`` is the one the job goes on from."""
-        redis_io.hset(self.r, keys.job(job_id), {JobField.LAST_CHECKPOINT: pass_key})
+        redis_io.hset(self.r, keys.job(job_id), JobRecord.patch(last_checkpoint=pass_key))
 
     def set_error(self, job_id: str, message: str) -> None:
-        redis_io.hset(self.r, keys.job(job_id), {JobField.ERROR: message})
+        redis_io.hset(self.r, keys.job(job_id), JobRecord.patch(error=message))
 
     def set_waiting_for(
         self, job_id: str, split: str, event: tuple[str, dict[str, Any]] | None
@@ -348,7 +318,7 @@ class Repo:
         """Keeps the split the job's next pass waits for ("": none) with its ``data_wait``
         event (message, data), when one is given."""
         with self.r.pipeline() as pipe:
-            redis_io.hset(pipe, keys.job(job_id), {JobField.WAITING_FOR: split})
+            redis_io.hset(pipe, keys.job(job_id), JobRecord.patch(waiting_for=split))
             if event is not None:
                 append_event(pipe, job_id, "data_wait", *event)
             pipe.execute()
@@ -379,14 +349,15 @@ class Repo:
             for name in names:
                 pipe.hgetall(keys.pass_record(job_id, *keys.parse_pass_key(name)))
             rows = pipe.execute()
-        return PassesPublic(data=[pass_public(f) for f in rows if f], count=total)
+        passes = [pass_public(PassRecord.from_fields(f)) for f in rows if f]
+        return PassesPublic(data=passes, count=total)
 
     def get_pass(self, job_id: str, day: str, pass_id: int) -> PassPublic:
         self.job_fields(job_id)
         f = redis_io.hgetall(self.r, keys.pass_record(job_id, day, pass_id))
         if not f:
             raise PassNotFound(f"job {job_id!r} has no pass {day}/{pass_id}")
-        return pass_public(f)
+        return pass_public(PassRecord.from_fields(f))
 
     # ---- triggers ---------------------------------------------------------------------
     def create_trigger(self, job_id: str, body: TriggerCreate) -> TriggerPublic:
@@ -400,9 +371,10 @@ class Repo:
         key = keys.job(job_id)
         trigger_id = uuid.uuid4().hex[:12]
         now = f"{time.time():.3f}"
+        mode = body.mode.value if body.mode else None
 
         def create(pipe: redis.client.Pipeline) -> None:
-            state = redis_io.hget(pipe, key, "state")
+            state = redis_io.hget(pipe, key, JobField.STATE)
             if state is None:
                 raise JobNotFound(f"job {job_id!r} not found")
             if JobState(state) not in ACTIVE_STATES:
@@ -420,16 +392,8 @@ class Repo:
                 },
             )
             pipe.zadd(keys.triggers(job_id), {trigger_id: float(now)})
-            redis_io.xadd(
-                pipe,
-                keys.commands(job_id),
-                {
-                    "type": body.kind.value,
-                    "mode": body.mode.value if body.mode else "",
-                    "trigger_id": trigger_id,
-                    "ts": now,
-                },
-            )
+            command = Command(body.kind.value, mode, trigger_id, float(now))
+            redis_io.xadd(pipe, keys.commands(job_id), command.to_fields())
             what = body.kind.value + (f" {body.mode.value}" if body.mode else "")
             append_event(
                 pipe,
@@ -445,7 +409,7 @@ class Repo:
     def _check_serving_redis(self, job_id: str) -> None:
         """SpecInvalid (422) naming ``mode`` when the job's trainer config has no
         ``online.redis_url``: accepted, the trigger would fail on the trainers."""
-        raw = self.job_fields(job_id).get("trainer_config")
+        raw = self.job_record(job_id).trainer_config
         online = (json.loads(raw).get("online") or {}) if raw else {}
         if raw and not online.get("redis_url"):
             reason = (
@@ -485,8 +449,8 @@ class Repo:
     def worker(self, job_id: str, stuck_s: float | None = None) -> WorkerPublic:
         """The trainer group's last heartbeat; ``stuck`` when it says the group has worked
         without progress for more than ``stuck_s`` (None: not judged)."""
-        f = self.job_fields(job_id)
-        pool = {"trainers": f.get("trainers") or None, "group": f.get("group") or None}
+        rec = self.job_record(job_id)
+        pool = {"trainers": rec.trainers, "group": rec.group}
         raw = redis_io.get(self.r, keys.heartbeat(job_id))
         if raw is None:
             return WorkerPublic(alive=False, **pool)
@@ -513,7 +477,7 @@ def live_model_paths(r: redis.Redis) -> tuple[dict[str, str], dict[str, str]]:
     unindexed: dict[str, str] = {}
     if len(paths) != int(r.zcard(keys.JOBS)):
         for job_id in redis_io.zrange(r, keys.JOBS, 0, -1):
-            raw = None if job_id in paths else redis_io.hget(r, keys.job(job_id), "spec")
+            raw = None if job_id in paths else redis_io.hget(r, keys.job(job_id), JobField.SPEC)
             if raw:
                 unindexed[job_id] = stored_spec(raw).checkpoint.model_save_path
     return {**paths, **unindexed}, unindexed

@@ -187,11 +187,12 @@ class ReportApplier:
         if current is None or current == PassState.DONE.value or self._stale(job_id, report):
             return
         record = report.record
-        figures: dict[str, str] = {}
-        for figure in PASS_METRICS:
-            v = record.get(figure)
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                figures[figure] = repr(float(v)) if isinstance(v, float) else str(v)
+        figures = {
+            figure: record[figure]
+            for figure in PASS_METRICS
+            if isinstance(record.get(figure), int | float)
+            and not isinstance(record.get(figure), bool)
+        }
         f = self.repo.job_fields(job_id)
         shown = ", ".join(
             f"{k}={record[k]:.4f}"

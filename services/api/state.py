@@ -26,6 +26,8 @@ from typing import Any, TypeVar, cast
 import redis
 from streamrec.api.errors import InvalidTransition, JobNotFound
 from streamrec.control import keys, redis_io
+from streamrec.control.commands import Command
+from streamrec.control.records import JobField, JobRecord
 from streamrec.control.states import (  # noqa: F401 (re-exported for the api)
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -111,13 +113,13 @@ def change_state(
     action: JobAction,
     reason: str = "",
     extra: dict[str, str] | None = None,
-    command: dict[str, str] | None = None,
+    command: Command | None = None,
 ) -> JobState:
     """Applies ``action`` to a job atomically; returns the new state.
 
-    The job hash, both state indexes, the event stream and (when given) a command for the
-    trainers change in one transaction; a concurrent change makes the WATCH fail and the check
-    runs again on the fresh state.
+    The job hash (with ``extra``: the fields of a ``JobRecord.patch``), both state indexes,
+    the event stream and (when given) a command for the trainers change in one transaction;
+    a concurrent change makes the WATCH fail and the check runs again on the fresh state.
 
     Raises:
         JobNotFound: no such job.
@@ -126,7 +128,7 @@ def change_state(
     key = keys.job(job_id)
 
     def apply(pipe: redis.client.Pipeline) -> JobState:
-        raw = redis_io.hget(pipe, key, "state")
+        raw = redis_io.hget(pipe, key, JobField.STATE)
         if raw is None:
             raise JobNotFound(f"job {job_id!r} not found")
         current = JobState(raw)
@@ -135,9 +137,9 @@ def change_state(
         except KeyError:
             raise InvalidTransition(job_id, current.value, action) from None
         assert new is not None, "delete goes through delete_job"
-        now = f"{time.time():.3f}"
         pipe.multi()
-        redis_io.hset(pipe, key, {"state": new.value, "updated_at": now, **(extra or {})})
+        fields = JobRecord.patch(state=new, updated_at=time.time())
+        redis_io.hset(pipe, key, {**fields, **(extra or {})})
         pipe.srem(keys.jobs_in_state(current.value), job_id)
         pipe.sadd(keys.jobs_in_state(new.value), job_id)
         msg = f"{current.value} -> {new.value} ({action})" + (f": {reason}" if reason else "")
@@ -145,7 +147,7 @@ def change_state(
             pipe, job_id, "state", msg, {"from": current.value, "to": new.value, "action": action}
         )
         if command is not None:
-            redis_io.xadd(pipe, keys.commands(job_id), command)
+            redis_io.xadd(pipe, keys.commands(job_id), command.to_fields())
         return new
 
     return watched(r, apply, key)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from streamrec.errors import quote
+
 
 class SaveMode(StrEnum):
     CHECKPOINT = "checkpoint"
@@ -18,7 +20,29 @@ class SaveMode(StrEnum):
     BATCH = "batch"
 
 
-#: Every mode, in the order above (for messages and Literal-like checks).
+#: Every mode's value, in the order above (for messages and Literal-like checks).
 SAVE_MODES: tuple[str, ...] = tuple(m.value for m in SaveMode)
 #: Modes that keep optimizer state and statistics (a model that can be trained on).
-FULL_MODES: frozenset[str] = frozenset({SaveMode.CHECKPOINT, SaveMode.BATCH})
+FULL_MODES: frozenset[SaveMode] = frozenset({SaveMode.CHECKPOINT, SaveMode.BATCH})
+#: Modes that write weights only, for serving (what a serving converter takes), in order.
+SERVING_MODES: tuple[str, ...] = tuple(m.value for m in SaveMode if m not in FULL_MODES)
+
+
+def parse_save_mode(
+    value: object, field: str = "mode", error: type[Exception] = ValueError
+) -> SaveMode:
+    """The :class:`SaveMode` that ``value`` (from the wire, a file, a caller) names.
+
+    Raises ``error`` naming ``field`` and the value when it names none (a non-string too),
+    so each service refuses with its own error class (``BadRequest``, ``CheckpointError``).
+
+    Example:
+        >>> parse_save_mode("base") is SaveMode.BASE
+        True
+    """
+    if isinstance(value, str):
+        try:
+            return SaveMode(value)
+        except ValueError:
+            pass
+    raise error(f"field {field!r}: save mode must be one of {list(SAVE_MODES)}, got {quote(value)}")

@@ -4,7 +4,7 @@ commands. Only rank 0 of a trainer group talks to it.
 
 Reports are typed (:mod:`~streamrec.control.reports`: one dataclass per kind, a failed
 pass's :class:`~streamrec.control.reports.ErrorClass`); work items are
-:class:`~streamrec.control.work.WorkItem`.
+:class:`~streamrec.control.work.WorkItem`, commands :class:`~streamrec.control.commands.Command`.
 
 The trainer imports nothing else of the api: what it needs of a job (its trainer config, the
 states in which it ends, the report kinds, the command types) comes from this module.
@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import redis
 from streamrec.control import keys, redis_io
 from streamrec.control.codec import json_safe
+from streamrec.control.commands import Command, CommandType
 from streamrec.control.records import JobField
 from streamrec.control.reports import Report, ReportKind, encode_report, report_from_data
 from streamrec.control.states import TERMINAL_STATES
@@ -35,27 +34,6 @@ __all__ = [
     "TrainerChannel",
     "WorkItem",
 ]
-
-
-class CommandType(StrEnum):
-    """What the control plane asks of a trainer group on a job's command stream."""
-
-    CHECKPOINT = "checkpoint"
-    EXPORT = "export"
-    SHRINK = "shrink"
-    STOP = "stop"
-
-
-@dataclass(frozen=True)
-class Command:
-    """A command for the trainer group: a :class:`CommandType` value (an unknown one is
-    kept as sent, for the agent to log), the save mode of an export, its trigger, and its
-    stream entry (what :meth:`TrainerChannel.ack_command` needs once it is carried out)."""
-
-    type: str
-    mode: str | None
-    trigger_id: str | None
-    msg_id: str | None = None
 
 
 class TrainerChannel:
@@ -217,14 +195,11 @@ class TrainerChannel:
         started_at = float(redis_io.hget(self.r, keys.job(self.job_id), JobField.STARTED_AT) or 0)
         out = []
         for msg_id, f in entries:
-            if not f or float(f.get("ts") or 0) < started_at:
+            command = Command.from_fields(msg_id, f)
+            if not f or command.ts < started_at:
                 self.r.xack(keys.commands(self.job_id), keys.TRAINER_GROUP, msg_id)
                 continue
-            out.append(
-                Command(
-                    f.get("type", ""), f.get("mode") or None, f.get("trigger_id") or None, msg_id
-                )
-            )
+            out.append(command)
         return out
 
     def ack_command(self, command: Command) -> None:

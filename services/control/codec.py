@@ -26,7 +26,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -171,6 +171,18 @@ def text_int(fields: Mapping[str, str], name: str, where: str, default: int | No
         raise _bad(where, name, "an integer", value) from None
 
 
+def text_float(
+    fields: Mapping[str, str], name: str, where: str, default: float | None = None
+) -> float:
+    """A finite number written as text; ``default`` when absent or "" (none: required)."""
+    value = fields.get(name)
+    if not value:
+        if default is None:
+            raise ContractError(f"{where}: field {name!r} is missing")
+        return default
+    return float(_from_text(where, name, float, value))
+
+
 def text_list(
     fields: Mapping[str, str], name: str, where: str, required: bool = True
 ) -> tuple[str, ...]:
@@ -187,3 +199,108 @@ def text_list(
     if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
         raise _bad(where, name, "a JSON list of strings", value)
     return tuple(items)
+
+
+# ---- a dataclass as the string values of a Redis hash -------------------------------------
+#: Field metadata of a float written as a time: unix seconds with 3 decimals
+#: (``"1764270000.123"``); any other float is written as its ``repr``, an int as decimal.
+TIME: Mapping[str, str] = types.MappingProxyType({"text": "time"})
+
+
+def _optional(hint: Any) -> tuple[Any, bool]:
+    """(the annotation without its ``| None``, whether it had one)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        (inner,) = [o for o in options if o is not type(None)]
+        return inner, type(None) in options
+    return hint, False
+
+
+def _to_text(where: str, f: dataclasses.Field[Any], hint: Any, value: Any) -> str:
+    base, optional = _optional(hint)
+    if value is None:
+        if not optional:
+            raise _bad(where, f.name, "set", value)
+        return ""
+    if isinstance(base, type) and issubclass(base, Enum):
+        return str(_check(where, f.name, base, value).value)
+    if base is str:
+        return str(_check(where, f.name, str, value))
+    if base is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # a count a JSON report carried as 12.0
+        return str(_check(where, f.name, int, value))
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _bad(where, f.name, "a number", value)
+        if not math.isfinite(value):
+            raise _bad(where, f.name, "a finite number", value)
+        if f.metadata.get("text") == "time":
+            return f"{value:.3f}"
+        return str(value) if isinstance(value, int) else repr(float(value))
+    return json.dumps(list(_check(where, f.name, base, value)))
+
+
+def to_text(record: Any, names: Iterable[str] | None = None) -> dict[str, str]:
+    """The hash fields of a dataclass that :func:`from_text` reads back (``names``: only
+    those): None as "", an enum as its value, an int in decimal, a :data:`TIME` with 3
+    decimals, another float as its ``repr``, a tuple of strings as a JSON list.
+
+    Raises:
+        ContractError: a value of the wrong type, or not finite, naming field and value.
+    """
+    where = type(record).__name__
+    hints = _hints(type(record))
+    wanted = None if names is None else set(names)
+    return {
+        f.name: _to_text(where, f, hints[f.name], getattr(record, f.name))
+        for f in dataclasses.fields(record)
+        if wanted is None or f.name in wanted
+    }
+
+
+def _from_text(where: str, name: str, hint: Any, raw: str) -> Any:
+    base, _ = _optional(hint)
+    if isinstance(base, type) and issubclass(base, Enum):
+        return _check(where, name, base, raw)
+    if base is int:
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+        try:
+            number = float(raw)
+        except ValueError:
+            raise _bad(where, name, "an integer", raw) from None
+        if not number.is_integer():  # 12.0 (a count written as a float) reads as 12
+            raise _bad(where, name, "an integer", raw)
+        return int(number)
+    if base is float:
+        try:
+            number = float(raw)
+        except ValueError:
+            raise _bad(where, name, "a number", raw) from None
+        if not math.isfinite(number):
+            raise _bad(where, name, "a finite number", raw)
+        return number
+    if typing.get_origin(base) is tuple:
+        return text_list({name: raw}, name, where)
+    return raw
+
+
+def from_text(cls: type[T], fields: Mapping[str, str], where: str) -> T:
+    """The dataclass ``cls`` (every field with a default) from a hash's string values, the
+    inverse of :func:`to_text`: a field absent or "" takes its default (what an older
+    record lacks reads as its empty value); fields ``cls`` does not know are ignored.
+
+    Raises:
+        ContractError: a value that does not parse as its field's type (an enum field: a
+            value the enum does not know), naming ``where``, the field and the value.
+    """
+    hints = _hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # T: any dataclass
+        raw = fields.get(f.name)
+        if raw:
+            values[f.name] = _from_text(where, f.name, hints[f.name], raw)
+    return cls(**values)

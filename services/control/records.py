@@ -1,13 +1,28 @@
-"""The field names of a job's hash (``keys.job``) and of a pass record (``keys.pass_record``),
-in one place: the API's repository writes them, the API and the trainers' channel read them.
+"""A job's hash (``keys.job``) and a pass record (``keys.pass_record``): their field names
+in one place (:class:`JobField`, :class:`PassField`) and one codec each (:class:`JobRecord`,
+:class:`PassRecord`, modelled on rq's ``Job.to_dict``/``Job.restore``). The API's repository
+writes them, the API and the trainers' channel read them.
 
-Every value is a string; times are unix seconds (``"1764270000.123"``), counts decimal, lists
-JSON. A field missing from an older record reads as its empty value.
+Every value is a string; times are unix seconds (``"1764270000.123"``), counts decimal,
+other figures their ``repr``, lists JSON, "" for none. A field missing from an older record
+reads as its empty value. Reading a record is one ``from_fields`` of its HGETALL; an update
+writes the fields of :meth:`PassRecord.patch` (the typed values it is given)::
+
+    PassRecord.from_fields(redis.hgetall(key)).attempts
+    redis.hset(key, mapping=PassRecord.patch(state=PassState.RUNNING, ranks=4))
+    # {"state": "running", "ranks": "4"}
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
+
+from streamrec.control import codec
+from streamrec.control.states import JobState, PassState
 
 
 class JobField(StrEnum):
@@ -82,3 +97,112 @@ PASS_METRICS = (
     PassField.MALFORMED_LINES,
     PassField.SECONDS,
 )
+
+
+def _time() -> Any:
+    """A time field (unix seconds, written with 3 decimals), None when not set."""
+    return field(default=None, metadata=codec.TIME)
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """A pass record, every :class:`PassField` typed (an absent one: its empty value)."""
+
+    day: str = ""
+    pass_id: int = 0
+    splits: tuple[str, ...] = ()
+    state: PassState | None = None
+    #: the attempt handed out last (0: never handed out), the last attempt retired
+    attempts: int = 0
+    retired: int = 0
+    #: attempts that failed (a pass re-handed by a rewind is no failure)
+    failures: int = 0
+    skipped_splits: tuple[str, ...] = ()
+    #: the checkpoint the last attempt was told to load
+    resume_from: str | None = None
+    queued_at: float | None = _time()
+    started_at: float | None = _time()
+    finished_at: float | None = _time()
+    rolled_back_at: float | None = _time()
+    ranks: int | None = None
+    error: str | None = None
+    predict_auc: float | None = None
+    train_auc: float | None = None
+    logloss: float | None = None
+    best_auc: float | None = None
+    samples: int | None = None
+    malformed_lines: int | None = None
+    seconds: float | None = None
+
+    def to_fields(self) -> dict[str, str]:
+        """The whole record as hash fields (None as "")."""
+        return codec.to_text(self)
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> PassRecord:
+        """The record of a pass's hash; ContractError names a field that does not parse."""
+        return codec.from_text(cls, fields, "pass record")
+
+    @classmethod
+    def patch(cls, **values: Any) -> dict[str, str]:
+        """The hash fields that set ``values`` (typed, by field name) and leave the others:
+        an update's HSET. TypeError for a name that is no field, ContractError for a value
+        of the wrong type."""
+        return codec.to_text(cls(**values), values)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job's hash, every :class:`JobField` typed (an absent one: its empty value).
+
+    ``spec`` and ``trainer_config`` stay the JSON text they were written as: the spec is the
+    API's ``JobCreate`` (a model this package cannot import: it lies above it) and the
+    trainer config is read by the trainers as a plain dict; kept as text, neither is ever
+    re-serialised, so a record read and written back is the bytes it was.
+    """
+
+    id: str = ""
+    name: str = ""
+    #: the job as created (JobCreate JSON), paths resolved
+    spec: str = ""
+    #: the trainer config the job implies (JSON); "": a job stored before the API kept it
+    trainer_config: str = ""
+    state: JobState | None = None
+    created_at: float | None = _time()
+    updated_at: float | None = _time()
+    #: when the job last started: commands issued before it are dropped
+    started_at: float | None = _time()
+    passes_total: int = 0
+    passes_done: int = 0
+    cursor: int = 0
+    in_flight: str | None = None
+    last_checkpoint: str | None = None
+    error: str | None = None
+    waiting_for: str | None = None
+    trainers: str | None = None
+    group: str | None = None
+    last_group: str | None = None
+    restarts: int = 0
+    restarts_total: int = 0
+    not_before: float | None = _time()
+
+    def to_fields(self) -> dict[str, str]:
+        """The whole record as hash fields (None as "")."""
+        return codec.to_text(self)
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> JobRecord:
+        """The record of a job's hash; ContractError names a field that does not parse."""
+        return codec.from_text(cls, fields, "job record")
+
+    @classmethod
+    def patch(cls, **values: Any) -> dict[str, str]:
+        """The hash fields that set ``values`` (typed, by field name) and leave the others:
+        an update's HSET. TypeError for a name that is no field, ContractError for a value
+        of the wrong type."""
+        return codec.to_text(cls(**values), values)
+
+
+# the records and their field names are one list each: a field added to one is added to both
+assert [f.name for f in dataclasses.fields(PassRecord)] == [f.value for f in PassField]
+assert [f.name for f in dataclasses.fields(JobRecord)] == [f.value for f in JobField]

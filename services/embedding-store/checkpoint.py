@@ -18,7 +18,8 @@ directory with a MANIFEST.json is always complete; a save that fails also remove
 parent directories it created. Disk errors come back as codes (``no_space`` with the path
 and the bytes free, ``exists``, ``bad_request``; :mod:`~streamrec.embedding_store.disk`);
 a shard backs off saves to a filesystem it found full. Loading verifies every file's size and
-sha256 and every table before changing anything in the store.
+sha256 and every table before changing anything in the store (the manifest readers and
+checks: :mod:`~streamrec.embedding_store.save_manifests`).
 
 A shard service's save is one such directory per shard, ``<path>/shard-K-of-N/`` (the
 client's ``save``). The in-process store loads either shape (:func:`saved_parts`): all N
@@ -33,7 +34,6 @@ changed flags (restored if the save fails).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -46,28 +46,26 @@ import numpy as np
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.dirs import make_parents, remove_created
-from streamrec.embedding_store.config import parse_shard_dir_name, shard_dir_name
 from streamrec.embedding_store.converters import Converter, FileConverter, load_npy, save_npy
 from streamrec.embedding_store.disk import disk_error
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
+from streamrec.embedding_store.reshard import load_resharded
+from streamrec.embedding_store.save_manifests import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    check_one_save,
+    check_path,
+    check_table,
+    file_sha256,
+    read_manifest,
+    saved_parts,
+)
 from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
-from streamrec.save_modes import FULL_MODES, SAVE_MODES, SaveMode
+from streamrec.save_modes import FULL_MODES, SaveMode, parse_save_mode
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store import EmbeddingStore
-    from streamrec.embedding_store.tier import TableTier
-
-MANIFEST = "MANIFEST.json"
-FORMAT = "streamrec-embedding-store"
-VERSION = 1
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -78,25 +76,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _check_path(path: str | os.PathLike[str]) -> Path:
-    if not isinstance(path, (str, os.PathLike)) or str(path).strip() in ("", "."):
-        raise InvalidInput(f"path must name a directory, got {path!r}")
-    return Path(path)
-
-
 def save_store(
     store: EmbeddingStore,
     path: str | os.PathLike[str],
-    mode: str,
+    mode: SaveMode,
     converter: Converter | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Writes ``store`` to ``path`` in ``mode``; returns the manifest (see the module doc)."""
-    if mode not in SAVE_MODES:
-        raise InvalidInput(f"mode must be one of {', '.join(SAVE_MODES)}, got {mode!r}")
+    mode = parse_save_mode(mode, "mode", InvalidInput)
     if converter is not None and not isinstance(converter, Converter):
         raise InvalidInput(f"converter must be a Converter, got {type(converter).__name__}")
-    path = _check_path(path)
+    path = check_path(path)
     created: list[Path] = []
     try:
         created = make_parents(path)
@@ -115,7 +106,7 @@ def save_store(
 def _save(
     store: EmbeddingStore,
     path: Path,
-    mode: str,
+    mode: SaveMode,
     converter: Converter | None,
     extra: dict[str, Any] | None,
 ) -> dict[str, Any]:
@@ -149,7 +140,7 @@ def _save(
                 "options": tier.options.model_dump(mode="json"),
             }
         files = {
-            p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size}
+            p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size}
             for p in sorted(staging.iterdir())
             if p.is_file()
         }
@@ -201,100 +192,6 @@ def _replace(staging: Path, path: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a saved directory after checking every file it lists.
-
-    Raises:
-        CheckpointError: no directory, no or unreadable manifest, a missing file, a size or
-            checksum that differs.
-    """
-    path = _check_path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"no checkpoint directory at {str(path)!r}")
-    mpath = path / MANIFEST
-    try:
-        manifest = json.loads(mpath.read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointError(
-            f"{str(path)!r} has no {MANIFEST} (an incomplete or foreign directory)"
-        ) from exc
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{mpath}: unreadable manifest: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{mpath}: not a {FORMAT} manifest")
-    if manifest.get("version") != VERSION:
-        raise CheckpointError(f"{mpath}: version {manifest.get('version')!r}, expected {VERSION}")
-    if manifest.get("mode") not in SAVE_MODES:
-        raise CheckpointError(f"{mpath}: mode {manifest.get('mode')!r} not one of {SAVE_MODES}")
-    files = manifest.get("files")
-    tables = manifest.get("tables")
-    if not isinstance(files, dict) or not isinstance(tables, dict):
-        raise CheckpointError(f"{mpath}: files and tables must be mappings")
-    for name, meta in files.items():
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            raise CheckpointError(f"{mpath}: file name {name!r} is not a plain file name")
-        fp = path / name
-        if not fp.is_file():
-            raise CheckpointError(f"{str(path)!r}: missing file {name!r} listed in {MANIFEST}")
-        if not isinstance(meta, dict) or fp.stat().st_size != meta.get("bytes"):
-            raise CheckpointError(
-                f"{str(path)!r}: file {name!r} has {fp.stat().st_size} bytes, manifest says "
-                f"{meta.get('bytes') if isinstance(meta, dict) else meta!r}"
-            )
-        if _sha256(fp) != meta.get("sha256"):
-            raise CheckpointError(f"{str(path)!r}: file {name!r} fails its sha256 checksum")
-    return manifest
-
-
-def saved_parts(path: str | os.PathLike[str]) -> list[Path]:
-    """The directories a save at ``path`` is made of: ``[path]`` for one store's save (its
-    MANIFEST.json on top), else its ``shard-K-of-N/`` directories in shard order (the shard
-    service's save: each shard its own directory and manifest).
-
-    Raises:
-        CheckpointError: shard directories of several shard counts, one missing, or one
-            numbered past its count.
-    """
-    path = _check_path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"no checkpoint directory at {str(path)!r}")
-    if (path / MANIFEST).exists():
-        return [path]
-    found = {
-        p.name: kn
-        for p in path.iterdir()
-        if p.is_dir() and (kn := parse_shard_dir_name(p.name)) is not None
-    }
-    if not found:
-        return [path]  # read_manifest names the missing manifest
-    counts = sorted({n for _k, n in found.values()})
-    if len(counts) > 1:
-        raise CheckpointError(
-            f"{str(path)!r} mixes saves of {' and '.join(map(str, counts))} shards "
-            f"({', '.join(sorted(found))}): one save per directory"
-        )
-    expected = [shard_dir_name(k, counts[0]) for k in range(counts[0])]
-    if set(found) != set(expected):
-        raise CheckpointError(
-            f"{str(path)!r} is not a whole save of {counts[0]} shard(s): it holds "
-            f"{', '.join(sorted(found))}, a save of {counts[0]} holds {', '.join(expected)}"
-        )
-    return [path / name for name in expected]
-
-
-def check_one_save(parts: list[Path], manifests: list[dict[str, Any]]) -> None:
-    """Raises CheckpointError unless the verified ``parts`` of a save (their ``manifests``)
-    are one save: one mode, one set of tables."""
-    manifest = manifests[0]
-    for part, other in zip(parts[1:], manifests[1:], strict=True):
-        if other["mode"] != manifest["mode"] or set(other["tables"]) != set(manifest["tables"]):
-            raise CheckpointError(
-                f"{str(part)!r} holds a {other['mode']} save of tables {sorted(other['tables'])}, "
-                f"{str(parts[0])!r} a {manifest['mode']} save of {sorted(manifest['tables'])}: "
-                f"not one save"
-            )
-
-
 def load_store(
     store: EmbeddingStore,
     path: str | os.PathLike[str],
@@ -315,8 +212,6 @@ def load_store(
         The manifest (of a sharded save: shard 0's, with ``shards``: the number of parts).
     """
     if shard is not None:
-        from streamrec.embedding_store.reshard import load_resharded
-
         return load_resharded(store, path, shard[0], shard[1], converter)
     parts = saved_parts(path)
     manifests = [read_manifest(part) for part in parts]
@@ -388,43 +283,3 @@ def _read_part(
             raise CheckpointError(f"{str(path)!r}: table {name!r} holds NaN or Inf")
         out[name] = (keys, values)
     return out
-
-
-def check_table(store: EmbeddingStore, path: Path, name: str, meta: Any, full: bool) -> TableTier:
-    """``store``'s tier of table ``name`` after checking that the save at ``path`` (its
-    manifest entry ``meta``) fits it: a table of the store, the same dim, and for a full save
-    the same optimizers and row width. Raises CheckpointError naming what differs."""
-    if name not in store.tables:
-        raise CheckpointError(
-            f"{str(path)!r}: table {name!r} is not in this store ({list(store.tables)})"
-        )
-    tier = store.tier(name)
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{str(path)!r}: table {name!r}: {meta!r} is not a mapping")
-    if meta.get("dim") != tier.dim:
-        raise CheckpointError(
-            f"{str(path)!r}: table {name!r} has dim {meta.get('dim')!r} in the checkpoint, "
-            f"{tier.dim} in this store"
-        )
-    if full:
-        _check_same_layout(path, name, meta, tier.options.model_dump(mode="json"), tier.width)
-    return tier
-
-
-def _check_same_layout(
-    path: Path, name: str, meta: dict[str, Any], now: dict[str, Any], width: int
-) -> None:
-    options = meta.get("options")
-    saved = options if isinstance(options, dict) else {}
-    for part in ("embed_sgd_param", "embedx_sgd_param"):
-        a = (saved.get(part) or {}).get("name")
-        b = now[part]["name"]
-        if a != b:
-            raise CheckpointError(
-                f"{str(path)!r}: table {name!r} was saved with {part}.name={a!r}, this store "
-                f"uses {b!r} (the optimizer state would not fit)"
-            )
-    if meta.get("width") != width:
-        raise CheckpointError(
-            f"{str(path)!r}: table {name!r} rows have width {meta.get('width')!r}, expected {width}"
-        )

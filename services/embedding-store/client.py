@@ -66,7 +66,7 @@ from streamrec.embedding_store.validation import (
 )
 from streamrec.errors import BadRequest
 from streamrec.malloc import keep_freed_memory
-from streamrec.save_modes import FULL_MODES, SAVE_MODES
+from streamrec.save_modes import FULL_MODES, SaveMode, parse_save_mode
 from streamrec.store_schema import TableOptions
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta
 
@@ -476,7 +476,7 @@ class EmbeddingStoreClient:
         self._link.broadcast("advance_day")
 
     def save(
-        self, path: str, mode: str = "checkpoint", converter: str | None = None
+        self, path: str, mode: SaveMode = SaveMode.CHECKPOINT, converter: str | None = None
     ) -> dict[str, Any]:
         """Every shard saves into ``path/shard-K-of-N/`` with its own manifest.
 
@@ -491,9 +491,8 @@ class EmbeddingStoreClient:
         Returns:
             {"path", "mode", "num_shards", "shards": [{"dir", "manifest"} per shard]}.
         """
-        if mode not in SAVE_MODES:
-            raise BadRequest(f"mode must be one of {list(SAVE_MODES)}, got {mode!r}")
-        meta = {"path": str(path), "mode": mode, **self._converter_meta(converter)}
+        mode = parse_save_mode(mode, "mode", BadRequest)
+        meta = {"path": str(path), "mode": mode.value, **self._converter_meta(converter)}
         metas = self._link.broadcast("save", meta)
         return {"path": str(path), "mode": mode, "num_shards": self.num_shards, "shards": metas}
 

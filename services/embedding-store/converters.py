@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
+from streamrec.save_modes import SaveMode
 
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -29,7 +30,7 @@ class Converter(ABC):
 
     @abstractmethod
     def write_rows(
-        self, table: str, keys: np.ndarray, values: np.ndarray, mode: str, tag: str
+        self, table: str, keys: np.ndarray, values: np.ndarray, mode: SaveMode, tag: str
     ) -> None:
         """Stores rows.
 
@@ -37,7 +38,7 @@ class Converter(ABC):
             table: table name.
             keys: (n,) int64.
             values: (n, dim) float32 weights.
-            mode: "base" or "delta" (a base replaces what the table had under earlier tags;
+            mode: base or delta (a base replaces what the table had under earlier tags;
                 a delta adds to it).
             tag: names this save (e.g. "base", "delta_3").
         """
@@ -95,7 +96,7 @@ class FileConverter(Converter):
         return self.root / f"{table}.{tag}.keys.npy", self.root / f"{table}.{tag}.values.npy"
 
     def write_rows(
-        self, table: str, keys: np.ndarray, values: np.ndarray, mode: str, tag: str
+        self, table: str, keys: np.ndarray, values: np.ndarray, mode: SaveMode, tag: str
     ) -> None:
         check_rows(table, keys, values)
         kp, vp = self.paths(table, tag)

@@ -40,12 +40,10 @@ from streamrec.embedding_store.converters import Converter
 from streamrec.embedding_store.errors import InvalidInput
 from streamrec.errors import BadRequest, NotFound
 from streamrec.keyhash import shard_of
-from streamrec.save_modes import FULL_MODES, SAVE_MODES
+from streamrec.save_modes import SERVING_MODES, SaveMode, parse_save_mode
 
 #: A staging hash left behind by a crash during a base write expires after this long.
 STAGING_TTL_S = 24 * 3600
-#: the modes that write serving weights (no optimizer state): base and delta
-SERVING_MODES = tuple(m for m in SAVE_MODES if m not in FULL_MODES)
 
 
 def _encode_fields(keys: np.ndarray) -> list[str]:
@@ -128,7 +126,7 @@ class RedisConverter(Converter):
     # -- converter ---------------------------------------------------------------------
 
     def write_rows(
-        self, table: str, keys: np.ndarray, values: np.ndarray, mode: str, tag: str
+        self, table: str, keys: np.ndarray, values: np.ndarray, mode: SaveMode, tag: str
     ) -> None:
         """Publishes rows for serving.
 
@@ -136,13 +134,14 @@ class RedisConverter(Converter):
             table: table name.
             keys: (n,) int64 (unique).
             values: (n, dim) float32.
-            mode: "base" (replace the partition atomically) or "delta" (update on top).
+            mode: base (replace the partition atomically) or delta (update on top).
             tag: names the model, e.g. "20190720/base" or "20190720/delta_3".
         """
+        mode = parse_save_mode(mode, "mode", InvalidInput)
         if mode not in SERVING_MODES:
             raise InvalidInput(
                 f"mode: RedisConverter serves {list(SERVING_MODES)} models, got "
-                f"{mode!r} (save checkpoints and batch models to files)"
+                f"{mode.value!r} (save checkpoints and batch models to files)"
             )
         if not isinstance(table, str) or not table:
             raise InvalidInput(f"table must be a non-empty string, got {table!r}")
@@ -161,7 +160,7 @@ class RedisConverter(Converter):
         dim = int(values.shape[1])
         meta_key = self.key(table, "meta")
         old_dim = self.redis.hget(meta_key, "dim")
-        if mode == "delta" and old_dim is not None and int(old_dim) != dim:
+        if mode == SaveMode.DELTA and old_dim is not None and int(old_dim) != dim:
             raise InvalidInput(
                 f"values of table {table!r}: dim {dim} differs from the served "
                 f"dim {int(old_dim)}; write a new base first"
@@ -170,7 +169,7 @@ class RedisConverter(Converter):
         rows = _encode_rows(values) if keys.size else []
         live = self.key(table, "rows")
         meta = {"dim": dim, "tag": tag, "mode": mode}
-        if mode == "base":
+        if mode == SaveMode.BASE:
             meta["base_tag"] = tag
             staging = f"{self.key(table, 'staging')}:{uuid.uuid4().hex}"
             try:

@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from streamrec.embedding_store.checkpoint import (
+from streamrec.embedding_store.converters import Converter, FileConverter
+from streamrec.embedding_store.errors import CheckpointError, InvalidInput
+from streamrec.embedding_store.save_manifests import (
     check_one_save,
     check_table,
     read_manifest,
     saved_parts,
 )
-from streamrec.embedding_store.converters import Converter, FileConverter
-from streamrec.embedding_store.errors import CheckpointError, InvalidInput
 from streamrec.keyhash import shard_of
 from streamrec.save_modes import FULL_MODES
 

@@ -77,7 +77,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from streamrec.embedding_store.checkpoint import MANIFEST, read_manifest, saved_parts
 from streamrec.embedding_store.config import parse_shard_dir_name, shard_dir_name
 from streamrec.embedding_store.disk import NoSpaceBackoff, with_disk_errors
 from streamrec.embedding_store.errors import (
@@ -95,10 +94,11 @@ from streamrec.embedding_store.namespaces import (
     parse_tables,
 )
 from streamrec.embedding_store.reshard import verify_save
+from streamrec.embedding_store.save_manifests import MANIFEST, read_manifest, saved_parts
 from streamrec.errors import BadRequest, NotFound, quote
 from streamrec.keyhash import shard_of
 from streamrec.roots import confine, resolve_roots
-from streamrec.save_modes import SAVE_MODES
+from streamrec.save_modes import SaveMode, parse_save_mode
 from streamrec.store_schema import TableOptions
 from streamrec.wire import Arrays, Handler, Meta
 
@@ -489,16 +489,14 @@ class StoreService:
     def op_save(
         self, ns: str, store: EmbeddingStore, meta: Meta, arrays: Arrays
     ) -> tuple[Meta, Arrays]:
-        mode = meta.get("mode", "checkpoint")
-        if mode not in SAVE_MODES:
-            raise BadRequest(f"field 'mode' must be one of {list(SAVE_MODES)}, got {quote(mode)}")
+        mode = parse_save_mode(meta.get("mode", SaveMode.CHECKPOINT), "mode", BadRequest)
         target = self._shard_dir(self._root(meta))
         converter = self._converter(meta)
         started = time.perf_counter()
         extra = {"shard_id": self.shard_id, "num_shards": self.num_shards, "namespace": ns}
         manifest = store.save(str(target), mode, converter=converter, extra=extra)
         if self.metrics is not None:
-            self.metrics.save_seconds.labels(mode).observe(time.perf_counter() - started)
+            self.metrics.save_seconds.labels(mode.value).observe(time.perf_counter() - started)
         return {"dir": str(target), "manifest": _jsonable(manifest or {})}, {}
 
     def op_load(

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from streamrec.embedding_store.errors import InvalidInput, UnknownTable
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
+from streamrec.save_modes import SaveMode
 from streamrec.store_schema import TableOptions
 
 
@@ -74,7 +75,7 @@ class SparseStore(Protocol):
         ...
 
     def save(
-        self, path: str, mode: str = "checkpoint", converter: str | None = None
+        self, path: str, mode: SaveMode = SaveMode.CHECKPOINT, converter: str | None = None
     ) -> dict[str, Any]:
         """Saves every row ``mode`` selects under ``path``; returns what was written."""
         ...

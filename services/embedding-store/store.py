@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import lookup as lookups
+from streamrec.embedding_store.checkpoint import load_store, save_store
 from streamrec.embedding_store.dedup import unique_keys
 from streamrec.embedding_store.device_cache import CachedTable
 from streamrec.embedding_store.device_tier import DeviceTable
@@ -52,6 +53,7 @@ from streamrec.embedding_store.ssd_tier import SsdTable
 from streamrec.embedding_store.tier import TableTier
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned, push_faults
 from streamrec.malloc import keep_freed_memory
+from streamrec.save_modes import SaveMode
 from streamrec.store_schema import StoreOptions, TableOptions
 
 #: called after each table of pull_many/push_many with (table, keys, seconds)
@@ -549,7 +551,7 @@ class EmbeddingStore(RowsFromTables):
     def save(
         self,
         path: str,
-        mode: str = "checkpoint",
+        mode: SaveMode = SaveMode.CHECKPOINT,
         converter: Any | None = None,
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
@@ -558,18 +560,16 @@ class EmbeddingStore(RowsFromTables):
         Args:
             path: the directory (created; an existing one is replaced only once the new one
                 is complete).
-            mode: "checkpoint" (every row with optimizer state), "batch" (the same, meant after
-                the daily shrink), "base" (score >= base_threshold, weights) or "delta"
-                (changed since the last base/delta, score >= delta_threshold, unseen days <=
-                delta_keep_days, weights).
+            mode: checkpoint (every row with optimizer state), batch (the same, meant after
+                the daily shrink), base (score >= base_threshold, weights) or delta (changed
+                since the last base/delta, score >= delta_threshold, unseen days <=
+                delta_keep_days, weights); a string naming one is taken too.
             converter: where base/delta rows go (default: files in ``path``).
             extra: JSON-able facts for the manifest (e.g. the shard id and count).
 
         Returns:
             The manifest written (JSON-able).
         """
-        from streamrec.embedding_store.checkpoint import save_store
-
         with self._admin:
             return save_store(self, path, mode, converter, extra)
 
@@ -580,8 +580,6 @@ class EmbeddingStore(RowsFromTables):
         nothing: CheckpointError). checkpoint/batch replace their tables' rows and the day;
         base/delta set their keys' weights (``converter`` as at save). ``shard`` (K, N): only
         shard K of N's keys, from a save of any shard count (streaming, :mod:`.reshard`)."""
-        from streamrec.embedding_store.checkpoint import load_store
-
         with self._admin:
             return load_store(self, path, converter, shard)
 

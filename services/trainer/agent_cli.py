@@ -2,7 +2,7 @@
 
 Without ``--job-id`` the group joins the control plane's pool
 (:class:`~streamrec.trainer.pool_member.PoolMember`) and runs the jobs it is given; with it,
-the group is pinned to that job (:class:`~streamrec.trainer.agent.Agent`). The job guard's
+the group is pinned to that job (:class:`~streamrec.trainer.agent_loop.Agent`). The job guard's
 flags (``--model-root``, ``--data-root``, ``--sampler-endpoint``, ``--store-endpoint`` or
 ``--store-endpoint-template`` with ``--store-shards``, ``--online-redis-url``) say what a job
 read from Redis may make the group do (:mod:`.job_guard`).
@@ -17,7 +17,7 @@ from typing import Any
 
 from streamrec.control import redis_io
 from streamrec.errors import StreamRecError
-from streamrec.trainer.agent import Agent
+from streamrec.trainer.agent_loop import Agent
 from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.liveness import handle_sigterm
 from streamrec.trainer.pool_member import PoolMember, default_group_name

@@ -121,8 +121,8 @@ def write_manifest(directory: Path, info: dict[str, Any]) -> Path:
 
 def read_model_manifest(directory: Path) -> dict[str, Any]:
     """Reads and verifies a model directory's manifest (the trainer's, not the store's
-    :func:`streamrec.embedding_store.checkpoint.read_manifest`); raises CheckpointError naming
-    the first mismatch."""
+    :func:`streamrec.embedding_store.save_manifests.read_manifest`); raises CheckpointError
+    naming the first mismatch."""
     path = directory / MANIFEST_NAME
     try:
         body = json.loads(path.read_text())
@@ -187,7 +187,7 @@ def dense_state(
 
 
 def write_model(
-    directory: Path, state: dict[str, Any], store: SparseStore, mode: str, info: dict[str, Any]
+    directory: Path, state: dict[str, Any], store: SparseStore, mode: SaveMode, info: dict[str, Any]
 ) -> Path:
     """Dense state, the store's save in ``mode`` and the manifest (last) into a staging
     sibling of ``directory``, renamed onto it once complete (an existing ``directory`` is

@@ -21,7 +21,6 @@ its newlines located (numpy, 8 bytes each), and its slices written, one block at
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import zlib
 from collections.abc import Iterator, Sequence
@@ -29,10 +28,10 @@ from pathlib import Path
 from types import TracebackType
 
 import numpy as np
-from streamrec.layout import format_day, parse_day, split_names
+from streamrec.layout import parse_day, split_names
 from streamrec.trainer.data import open_data_file
-from streamrec.trainer.datagen import mark_split_done, open_part
 from streamrec.trainer.errors import DataError
+from streamrec.trainer.split_files import mark_split_done, open_part, split_at
 
 #: Bytes read from an input file at a time (the memory bound's unit).
 DEFAULT_BLOCK_BYTES = 1 << 20
@@ -140,13 +139,6 @@ class LineReader:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def split_at(start_day: str, split_interval: int, index: int) -> tuple[str, str]:
-    """(day YYYYMMDD, split HHMM) of the ``index``-th split (0-based) from start_day's 0000."""
-    names = split_names(split_interval)
-    day = parse_day(start_day) + dt.timedelta(days=index // len(names))
-    return format_day(day), names[index % len(names)]
 
 
 def lay_out_criteo(

@@ -1,6 +1,8 @@
-"""Reading pass data: TSV parsing (Criteo and the generator's format) and batching.
+"""Reading pass data: TSV parsing (Criteo and the generator's format), files read in chunks
+and batching (:func:`iter_batches`, every format: ``parquet`` and ``slot`` through
+feature_data.py) into :class:`~streamrec.trainer.batches.Batch`.
 
-Both formats are tab-separated text, one sample a line::
+The two TSV formats are tab-separated text, one sample a line::
 
     criteo     label  I1..I13 (decimal ints, may be empty or negative)  C1..C26 (hex, may be empty)
     generated  label  p_true (decimal, the planted click probability)  I1..I13  C1..C{S} (decimal)
@@ -25,15 +27,15 @@ import gzip
 import io
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from streamrec.ragged import RaggedTensor
+from streamrec.trainer.batches import Batch, ParseStats, parse_columns
 from streamrec.trainer.errors import DataError
+from streamrec.trainer.feature_data import SCHEMA_FORMATS, parse_slot_chunk, read_parquet
 
 # isort: off
 # after torch: the compiled parser links against libtorch's libraries, which torch loads
@@ -46,186 +48,7 @@ if TYPE_CHECKING:
 
 NUM_DENSE = 13
 CRITEO_SLOTS = 26
-_NL, _TAB, _CR, _MINUS, _DOT = 10, 9, 13, 45, 46
-
-_HEX = np.full(256, 255, dtype=np.uint8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX[_c] = 10 + _i
-_DEC = np.full(256, 255, dtype=np.uint8)
-_DEC[48:58] = np.arange(10, dtype=np.uint8)
-
-
-@dataclass
-class Batch:
-    """A batch of samples.
-
-    Attributes:
-        dense: (B, D) float32, log-transformed integer features.
-        labels: (B,) float32 in {0, 1}.
-        keys: (B, S) int64, the key of each sparse slot (meaningless where not present).
-        present: (B, S) bool, False for an empty categorical field; None: all present.
-        ptrue: (B,) float32 planted click probability (generated data), else None.
-        bags: None (one key a slot: ``keys``), or S RaggedTensors of ``B`` rows of int64
-            keys each, any number a row (a schema's list features); ``keys`` is then (B, 0).
-    """
-
-    dense: torch.Tensor
-    labels: torch.Tensor
-    keys: torch.Tensor
-    present: torch.Tensor | None = None
-    ptrue: torch.Tensor | None = None
-    bags: list[RaggedTensor] | None = None
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    @property
-    def num_features(self) -> int:
-        """S, the sparse features (slots)."""
-        return int(self.keys.shape[1]) if self.bags is None else len(self.bags)
-
-    def features(self) -> list[RaggedTensor]:
-        """One RaggedTensor per slot (S x (values, offsets)), ``B`` rows each."""
-        if self.bags is not None:
-            return self.bags
-        b, s = self.keys.shape
-        if self.present is None:
-            offsets = torch.arange(b + 1, dtype=torch.int64)
-            cols = self.keys.t().contiguous()
-            return [RaggedTensor(cols[j], offsets) for j in range(s)]
-        out = []
-        for j in range(s):
-            mask = self.present[:, j]
-            offsets = torch.zeros(b + 1, dtype=torch.int64)
-            torch.cumsum(mask.to(torch.int64), 0, out=offsets[1:])
-            out.append(RaggedTensor(self.keys[:, j][mask], offsets))
-        return out
-
-    @staticmethod
-    def concat(batches: list[Batch]) -> Batch:
-        """The rows of ``batches`` in order (all one-key, or all ragged)."""
-        if len(batches) == 1:
-            return batches[0]
-        present = bags = ptrue = None
-        if batches[0].bags is not None:
-            parts = [b.bags for b in batches]
-            assert all(p is not None for p in parts), "ragged and one-key batches are not mixed"
-            bags = [RaggedTensor.concat(list(f)) for f in zip(*parts, strict=True)]  # type: ignore[arg-type]
-        elif any(b.present is not None for b in batches):
-            present = torch.cat(
-                [
-                    b.present
-                    if b.present is not None
-                    else torch.ones_like(b.keys, dtype=torch.bool)
-                    for b in batches
-                ]
-            )
-        if all(b.ptrue is not None for b in batches):
-            ptrue = torch.cat([b.ptrue for b in batches])  # type: ignore[misc]
-        return Batch(
-            torch.cat([b.dense for b in batches]),
-            torch.cat([b.labels for b in batches]),
-            torch.cat([b.keys for b in batches]),
-            present,
-            ptrue,
-            bags,
-        )
-
-    def slice(self, start: int, stop: int) -> Batch:
-        return Batch(
-            self.dense[start:stop],
-            self.labels[start:stop],
-            self.keys[start:stop],
-            None if self.present is None else self.present[start:stop],
-            None if self.ptrue is None else self.ptrue[start:stop],
-            None if self.bags is None else [f.slice_rows(start, stop) for f in self.bags],
-        )
-
-
-@dataclass
-class ParseStats:
-    """Line counts of what was read; ``first_bad`` names the first malformed line."""
-
-    lines: int = 0
-    malformed: int = 0
-    first_bad: tuple[str, int, str] | None = None  # (file, 1-based line, reason)
-    files: list[str] = field(default_factory=list)
-
-    def add(self, other: ParseStats) -> None:
-        self.lines += other.lines
-        self.malformed += other.malformed
-        if self.first_bad is None:
-            self.first_bad = other.first_bad
-        self.files.extend(other.files)
-
-    def check(self, max_malformed_ratio: float, what: str = "pass") -> None:
-        """Raises DataError when the malformed share exceeds ``max_malformed_ratio``."""
-        if self.lines and self.malformed / self.lines > max_malformed_ratio:
-            assert self.first_bad is not None
-            path, line, reason = self.first_bad
-            raise DataError(
-                f"{what}: {self.malformed} of {self.lines} lines malformed "
-                f"({self.malformed / self.lines:.2%} > max_malformed_ratio "
-                f"{max_malformed_ratio:.2%}); first: {path} line {line}: {reason}"
-            )
-
-
-def parse_columns(
-    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Parses a block of fields, all lines at once.
-
-    Args:
-        buf: (nbytes,) uint8 text.
-        starts, ends: (n, k) int64 byte range [start, end) of each field.
-        kind: 'int' (optional '-', decimal), 'hex', or 'fixed' (decimal with one optional '.').
-
-    Returns:
-        values: (n, k) int64 for int/hex, float64 for fixed; ok: (n, k) bool;
-        empty: (n, k) bool (empty fields are ok and read as 0).
-    """
-    lens = ends - starts
-    empty = lens == 0
-    ok = lens <= (16 if kind == "hex" else 19)
-    if kind == "int":
-        neg = ~empty & (buf[np.minimum(starts, len(buf) - 1)] == _MINUS)
-        starts = starts + neg
-        lens = lens - neg
-        ok &= ~(neg & (lens == 0))
-    width = int(lens.max(initial=0)) if lens.size else 0
-    width = min(width, 19)
-    table = _HEX if kind == "hex" else _DEC
-    base = np.uint64(16 if kind == "hex" else 10)
-    acc = np.zeros(starts.shape, dtype=np.uint64)
-    frac = np.zeros(starts.shape, dtype=np.int64)
-    seen_dot = np.zeros(starts.shape, dtype=bool)
-    last = len(buf) - 1
-    with np.errstate(over="ignore"):
-        for j in range(width):
-            active = j < lens
-            ch = buf[np.minimum(starts + j, last)]
-            if kind == "fixed":
-                dot = active & (ch == _DOT)
-                ok &= ~(dot & seen_dot)
-                seen_dot |= dot
-                active &= ~dot
-            d = table[ch]
-            ok &= ~(active & (d == 255))
-            step = active & (d != 255)
-            acc = np.where(step, acc * base + d.astype(np.uint64), acc)
-            if kind == "fixed":
-                frac += step & seen_dot
-    if kind == "fixed":
-        ok &= ~(seen_dot & (lens == 1))  # "." alone is no number
-        return acc.astype(np.float64) / np.power(10.0, frac), ok, empty
-    if kind == "int":
-        ok &= acc <= np.uint64(2**63 - 1)  # 19 digits may pass int64: malformed, not wrapped
-    values = acc.view(np.int64)
-    if kind == "int":
-        values = np.where(neg, -values, values)
-    return values, ok, empty
+_NL, _TAB, _CR = 10, 9, 13
 
 
 def split_lines(
@@ -488,6 +311,30 @@ def read_file(
         raise DataError(f"cannot read data file {path}: {type(exc).__name__}: {exc}") from exc
 
 
+def read_chunks(
+    path: Path,
+    data_format: str,
+    num_slots: int,
+    chunk_bytes: int,
+    schema: FeatureSchema | None,
+) -> Iterator[tuple[Batch, ParseStats]]:
+    """(batch, stats) per chunk of a data file in any format: the TSV formats parsed here,
+    ``parquet`` and ``slot`` by ``schema`` (feature_data.py)."""
+    if data_format not in SCHEMA_FORMATS:
+        return read_file(path, data_format, num_slots, chunk_bytes)
+    if schema is None:
+        raise DataError(f"data_format {data_format!r} needs a schema (runner.schema)")
+    if data_format == "parquet":
+        return read_parquet(path, schema)
+    return read_file(
+        path,
+        data_format,
+        num_slots,
+        chunk_bytes,
+        parse=lambda text, source, line: parse_slot_chunk(text, schema, source, line),
+    )
+
+
 def iter_batches(
     files: list[Path],
     data_format: str,
@@ -506,8 +353,6 @@ def iter_batches(
     """
     pending: list[Batch] = []
     npending = 0
-    from streamrec.trainer.feature_data import read_chunks  # it imports this module
-
     for path in files:
         for chunk, chunk_stats in read_chunks(path, data_format, num_slots, chunk_bytes, schema):
             stats.add(chunk_stats)

@@ -35,80 +35,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 from streamrec.keyhash import mix64
 from streamrec.layout import format_day, parse_day, split_names
-
-_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-
-
-@dataclass
-class TextColumn:
-    """A column of non-negative or negative int64 values to write as text.
-
-    Attributes:
-        values: (n,) int64.
-        base: 10 or 16 (hex, lowercase; values must be >= 0).
-        pad: minimum digits, zero-padded (for the fraction of a fixed-point number).
-        sep: the byte written after the field (tab, '.', or newline for the last one).
-        empty: (n,) bool, write nothing for these rows; None: none empty.
-    """
-
-    values: np.ndarray
-    base: int = 10
-    pad: int = 1
-    sep: bytes = b"\t"
-    empty: np.ndarray | None = None
-
-
-def format_lines(columns: Sequence[TextColumn]) -> bytes:
-    """Writes rows of integer columns as text, vectorised over rows (one pass per digit)."""
-    n = len(columns[0].values)
-    texts = []
-    widths = np.zeros(n, dtype=np.int64)
-    for col in columns:
-        v = np.asarray(col.values, dtype=np.int64)
-        neg = v < 0
-        mag = np.where(neg, -v, v).astype(np.uint64)
-        ndig = np.ones(n, dtype=np.int64)
-        probe = mag.copy()
-        base = np.uint64(col.base)
-        probe //= base
-        while probe.any():
-            ndig += probe > 0
-            probe //= base
-        ndig = np.maximum(ndig, col.pad)
-        length = ndig + neg
-        if col.empty is not None:
-            length = np.where(col.empty, 0, length)
-        texts.append((mag, neg, ndig, length))
-        widths += length + 1  # + separator
-    line_start = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(widths, out=line_start[1:])
-    out = np.empty(int(line_start[-1]), dtype=np.uint8)
-    pos = line_start[:-1].copy()
-    for col, (mag, neg, ndig, length) in zip(columns, texts, strict=True):
-        keep = length > 0
-        out[pos[keep & neg]] = ord("-")
-        digit_end = pos + length  # one past the last digit
-        base = np.uint64(col.base)
-        rest = mag.copy()
-        for j in range(int(ndig.max(initial=1))):
-            m = keep & (j < ndig)
-            out[(digit_end - 1 - j)[m]] = _DIGITS[(rest % base).astype(np.int64)][m]
-            rest //= base
-        out[digit_end] = ord(col.sep)
-        pos = digit_end + 1
-    return out.tobytes()
+from streamrec.trainer.layout_flags import add_job_out_flag, check_layout_flags, say_job
+from streamrec.trainer.split_files import write_split
+from streamrec.trainer.text_lines import to_generated_text
 
 
 @dataclass
@@ -209,81 +146,6 @@ class PlantedStream:
         return {"label": label, "ptrue": ptrue, "ints": ints, "keys": keys, "empty": empty}
 
 
-def to_generated_text(s: dict[str, np.ndarray]) -> bytes:
-    """Samples from :meth:`PlantedStream.draw` -> lines in the ``generated`` format."""
-    micro = np.round(s["ptrue"] * 1e6).astype(np.int64)
-    cols = [
-        TextColumn(s["label"]),
-        TextColumn(micro // 1_000_000, sep=b"."),
-        TextColumn(micro % 1_000_000, pad=6),
-    ]
-    cols += [TextColumn(s["ints"][:, j]) for j in range(s["ints"].shape[1])]
-    nslots = s["keys"].shape[1]
-    empty = s.get("empty")
-    for j in range(nslots):
-        cols.append(
-            TextColumn(
-                s["keys"][:, j],
-                empty=None if empty is None else empty[:, j],
-                sep=b"\n" if j == nslots - 1 else b"\t",
-            )
-        )
-    return format_lines(cols)
-
-
-def to_criteo_text(
-    label: np.ndarray, ints: np.ndarray, keys: np.ndarray, empty: np.ndarray | None = None
-) -> bytes:
-    """label (n,), ints (n, 13), keys (n, 26) in [0, 2**32) -> Criteo TSV lines (hex)."""
-    cols = [TextColumn(label)] + [TextColumn(ints[:, j]) for j in range(ints.shape[1])]
-    for j in range(keys.shape[1]):
-        cols.append(
-            TextColumn(
-                keys[:, j],
-                base=16,
-                pad=8,
-                empty=None if empty is None else empty[:, j],
-                sep=b"\n" if j == keys.shape[1] - 1 else b"\t",
-            )
-        )
-    return format_lines(cols)
-
-
-def part_name(index: int) -> str:
-    """The name of a split's data file number ``index`` (0-based): ``part-00003``."""
-    return f"part-{index:05d}"
-
-
-@contextmanager
-def open_part(split_dir: Path, index: int) -> Iterator[BinaryIO]:
-    """Opens a split's data file for writing under a temporary ``.``-prefixed name (readers
-    skip it) and renames it into place once the block ends: a reader never sees half a file.
-    A block that raises leaves no file behind."""
-    tmp = split_dir / f".{part_name(index)}.tmp"
-    try:
-        with tmp.open("wb") as f:
-            yield f
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, split_dir / part_name(index))
-
-
-def mark_split_done(split_dir: Path, donefile: str | None) -> None:
-    """Writes the split's donefile (when one is configured): call it after the split's files."""
-    if donefile:
-        (split_dir / donefile).touch()
-
-
-def write_split(split_dir: Path, text_parts: list[bytes], donefile: str | None) -> None:
-    """Writes a split's files (each via a temporary name), then its donefile."""
-    split_dir.mkdir(parents=True, exist_ok=True)
-    for i, text in enumerate(text_parts):
-        with open_part(split_dir, i) as f:
-            f.write(text)
-    mark_split_done(split_dir, donefile)
-
-
 def generate(
     out: str | Path,
     start_day: str,
@@ -339,8 +201,7 @@ def generate(
 def main_from_criteo(argv: list[str]) -> int:
     """``streamrec-datagen --from-criteo FILE [FILE ...]``: real Criteo files into the layout
     (:mod:`streamrec.trainer.criteo_layout`); the planted stream's own flags are refused."""
-    # imported here: it imports this module, and torch (its gzip opener is data.py's)
-    from streamrec.trainer import criteo_layout
+    from streamrec.trainer import criteo_layout  # lazy: torch (its gzip opener is data.py's)
 
     ap = argparse.ArgumentParser(
         prog="streamrec-datagen",
@@ -402,68 +263,6 @@ def main_from_criteo(argv: list[str]) -> int:
     return 0
 
 
-def add_job_out_flag(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument(
-        "--job-out",
-        default=None,
-        metavar="FILE",
-        help="write a trainer job YAML that trains exactly what was laid out (the same "
-        "lines are printed on stderr)",
-    )
-
-
-def check_layout_flags(
-    ap: argparse.ArgumentParser, args: argparse.Namespace, more: tuple[str, ...]
-) -> None:
-    """The flags every layout writer shares, each refused by name."""
-    try:
-        parse_day(args.start_day)
-    except ValueError:
-        ap.error(f"--start-day {args.start_day!r}: must be a date YYYYMMDD")
-    try:
-        split_names(args.split_interval)
-    except ValueError:
-        ap.error(
-            f"--split-interval {args.split_interval}: must be minutes dividing 1440 (a day), "
-            "e.g. 5, 60, 360"
-        )
-    for flag in ("samples_per_split", "files_per_split", *more):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-
-
-def job_lines(
-    out: str | Path,
-    counts: dict[str, int | str],
-    split_interval: int,
-    data_format: str,
-    slots: int,
-    donefile: str | None,
-) -> str:
-    """The trainer config (YAML) that trains exactly the splits laid out under ``out``."""
-    done = "null" if donefile is None else donefile
-    return (
-        "runner:\n"
-        f"  train_data_dir: {Path(out).resolve()}\n"
-        f"  data_format: {data_format}\n"
-        f"  split_interval: {split_interval}\n"
-        f'  start_day: "{counts["start_day"]}"\n'
-        f'  end_day: "{counts["end_day"]}"\n'
-        f'  end_split: "{counts["last_split"]}"    # the last split laid out\n'
-        f"  data_donefile: {done}\n"
-        "hyper_parameters:\n"
-        f"  sparse_inputs_slots: {slots}\n"
-    )
-
-
-def say_job(args: argparse.Namespace, counts: dict[str, int | str], fmt: str, slots: int) -> None:
-    text = job_lines(args.out, counts, args.split_interval, fmt, slots, args.donefile or None)
-    print(f"# trainer config lines for what was laid out:\n{text}", file=sys.stderr, end="")
-    if args.job_out:
-        Path(args.job_out).write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False)
@@ -474,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     if known.from_criteo is not None:
         return main_from_criteo(argv)
     if known.from_events is not None:
-        from streamrec.trainer.event_layout import main_from_events
+        from streamrec.trainer.event_layout import main_from_events  # lazy: pyarrow
 
         return main_from_events(argv)
     if known.random:
-        from streamrec.trainer.randgen import main_random
+        from streamrec.trainer.randgen import main_random  # lazy: torch
 
         return main_random(argv)
     ap = argparse.ArgumentParser(prog="streamrec-datagen", description=__doc__.split("\n")[0])

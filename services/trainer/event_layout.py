@@ -42,6 +42,7 @@ value is an integer, else ``list<string>``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -55,7 +56,6 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from streamrec.layout import split_names, split_ready
-from streamrec.trainer.datagen import mark_split_done, open_part, part_name
 from streamrec.trainer.errors import DataError
 from streamrec.trainer.event_times import (
     TIME_UNITS,
@@ -64,7 +64,9 @@ from streamrec.trainer.event_times import (
     split_label,
     wall_seconds,
 )
+from streamrec.trainer.layout_flags import add_job_out_flag
 from streamrec.trainer.slot_text import slot_text
+from streamrec.trainer.split_files import mark_split_done, open_part, part_name
 
 FORMATS = ("parquet", "slot")
 #: The state file a run writes at the root of ``out`` (what an appending run must match).
@@ -478,10 +480,6 @@ def lay_out_events(
 def main_from_events(argv: list[str]) -> int:
     """``streamrec-datagen --from-events LOG [LOG ...]``: event logs into the layout by time;
     bad flags and bad input exit 2 naming the flag, the column or the value."""
-    import argparse
-
-    from streamrec.trainer.datagen import add_job_out_flag
-
     ap = argparse.ArgumentParser(
         prog="streamrec-datagen",
         description="Lays timestamped event logs (Parquet, CSV or JSON lines; any order, any "

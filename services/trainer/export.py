@@ -28,8 +28,10 @@ import numpy as np
 import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import ModelConfig
+from streamrec.save_modes import SaveMode
+from streamrec.trainer.batches import ParseStats
 from streamrec.trainer.checkpoint import SPARSE_NAME, fresh_dir, read_model_manifest, write_manifest
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.errors import CheckpointError
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.lineage import lineage, trained_on
@@ -95,7 +97,7 @@ def export_serving(trainer: Any, out_dir: Path) -> Path:
                 indent=1,
             )
         )
-        trainer.store.save(str(out_dir / SPARSE_NAME), mode="base")
+        trainer.store.save(str(out_dir / SPARSE_NAME), mode=SaveMode.BASE)
         write_manifest(out_dir, {"mode": "serving", "last_pass": trainer.last_pass})
     ddp.barrier()
     return out_dir
@@ -152,7 +154,7 @@ class Predictor:
         )
 
     def predict_batch(self, batch: Any) -> torch.Tensor:
-        """A :class:`~streamrec.trainer.data.Batch` -> click probabilities (B,) float32."""
+        """A :class:`~streamrec.trainer.batches.Batch` -> click probabilities (B,) float32."""
         with torch.no_grad():
             pulled = self.emb.pull(self.emb.prepare(batch), create=False)
             return self.dense(batch.dense, self.emb.forward(pulled)).view(-1)

@@ -1,6 +1,6 @@
 """Reading a schema job's data: PaddleRec slot text and Parquet, into ragged batches.
 
-Both give a :class:`~streamrec.trainer.data.Batch` with ``bags`` (one RaggedTensor of int64
+Both give a :class:`~streamrec.trainer.batches.Batch` with ``bags`` (one RaggedTensor of int64
 keys per sparse feature of ``data.schema``, any number a row) and ``dense`` (B, D) float32
 in the schema's order (``log1p`` where the schema asks it).
 
@@ -45,7 +45,7 @@ from streamrec.control.feature_schema import FeatureSchema
 from streamrec.keyhash import hash_ranges, string_key, string_keys
 from streamrec.ragged import RaggedTensor
 from streamrec.trainer import _C
-from streamrec.trainer.data import Batch, ParseStats, parse_columns
+from streamrec.trainer.batches import Batch, ParseStats, parse_columns
 from streamrec.trainer.errors import DataError
 
 _NL, _CR, _TAB, _SPACE, _COLON, _MINUS = 10, 13, 9, 32, 58, 45
@@ -291,28 +291,3 @@ def _record_batch(
 
 #: The formats read by a schema (``criteo``/``generated`` are positional, data.py).
 SCHEMA_FORMATS = ("parquet", "slot")
-
-
-def read_chunks(
-    path: Path,
-    data_format: str,
-    num_slots: int,
-    chunk_bytes: int,
-    schema: FeatureSchema | None,
-) -> Iterator[tuple[Batch, ParseStats]]:
-    """(batch, stats) per chunk of a data file in any format (what iter_batches reads)."""
-    from streamrec.trainer.data import read_file
-
-    if data_format not in SCHEMA_FORMATS:
-        return read_file(path, data_format, num_slots, chunk_bytes)
-    if schema is None:
-        raise DataError(f"data_format {data_format!r} needs a schema (runner.schema)")
-    if data_format == "parquet":
-        return read_parquet(path, schema)
-    return read_file(
-        path,
-        data_format,
-        num_slots,
-        chunk_bytes,
-        parse=lambda text, source, line: parse_slot_chunk(text, schema, source, line),
-    )

@@ -139,7 +139,7 @@ class ModelSaves:
     def _write(self, mode: str, day: str, pass_id: int | None) -> Path:
         """A save of ``mode`` (dense + store, manifest last); rank 0 writes, ranks in step."""
         started = time.monotonic()
-        mode = SaveMode(mode).value  # plain str on the wire and in labels
+        mode = SaveMode(mode)  # a str naming one is taken too
         directory = ckpt.model_dir(self.model_root, mode, day, pass_id)
         ddp.barrier()
         self.progress_at = time.monotonic()  # a save is one long step: its start is progress
@@ -160,7 +160,7 @@ class ModelSaves:
                 failure = exc
         agree(failure, f"{mode} save to {directory}")
         self.progress_at = time.monotonic()
-        m.SAVE_SECONDS.labels(self.label, mode).observe(time.monotonic() - started)
+        m.SAVE_SECONDS.labels(self.label, mode.value).observe(time.monotonic() - started)
         return directory
 
     def save_checkpoint(self, day: str, pass_id: int) -> Path:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from streamrec.ragged import RaggedTensor
 from streamrec.trainer import metrics as m
-from streamrec.trainer.data import Batch
+from streamrec.trainer.batches import Batch
 from streamrec.trainer.errors import ConfigError, DataError
 
 if TYPE_CHECKING:

@@ -93,7 +93,7 @@ def _publish_dir(
         try:
             for table in tables:
                 keys, values = files.read_rows(table, mode)
-                conv.write_rows(table, keys, values, mode, tag)
+                conv.write_rows(table, keys, values, SaveMode(mode), tag)
                 rows += int(keys.size)
         finally:
             conv.redis.close()

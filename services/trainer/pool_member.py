@@ -39,6 +39,7 @@ from streamrec.control.pool import Assignment, PoolChannel, check_group_name
 from streamrec.errors import BadRequest, StreamRecError
 from streamrec.metrics import serve_metrics
 from streamrec.trainer import distributed as ddp
+from streamrec.trainer.agent_loop import Agent
 
 log = logging.getLogger("streamrec.trainer.pool")
 
@@ -69,7 +70,7 @@ class PoolMember:
     Args:
         redis_url: the control plane's Redis.
         group_name: the group's name in the pool (stable across restarts).
-        agent_args: what each job's :class:`~streamrec.trainer.agent.Agent` is made with
+        agent_args: what each job's :class:`~streamrec.trainer.agent_loop.Agent` is made with
             (heartbeat, poll and stuck settings).
         poll_ms: how often an idle group looks for an assignment.
         ttl_s: the registration expires this long after rank 0's last renewal.
@@ -177,7 +178,7 @@ class PoolMember:
 
     def free_deleted_jobs(self) -> None:
         """Rank 0 of an idle group: drops the store rows of jobs deleted over REST."""
-        from streamrec.embedding_store import EmbeddingStoreClient
+        from streamrec.embedding_store import EmbeddingStoreClient  # lazy: C++ extension
 
         assert self.channel is not None
         while (drop := self.channel.take_drop()) is not None:
@@ -192,8 +193,6 @@ class PoolMember:
 
     def run(self) -> int:
         """Waits for jobs and runs them, until the process is stopped."""
-        from streamrec.trainer.agent import Agent
-
         self.start()
         try:
             while not self._stop.is_set():

@@ -26,6 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from streamrec.trainer.layout_flags import add_job_out_flag, check_layout_flags, say_job
+from streamrec.trainer.split_files import split_at, write_split
+from streamrec.trainer.text_lines import to_generated_text
 
 
 @dataclass
@@ -121,8 +124,6 @@ def random_lines(
     independent of the features, so 0.5 AUC is the best any model can reach), 13 dense
     features (the reference's U[0, 1) as integers ``floor(2**16 * u)``: the format holds
     integers, the trainer reads log(1 + x)), one index per table (decimal, in [0, size))."""
-    from streamrec.trainer.datagen import to_generated_text
-
     dense = rng.random((n, 13))
     keys = np.empty((n, len(ln_emb)), dtype=np.int64)
     for j, size in enumerate(ln_emb):
@@ -160,9 +161,6 @@ def lay_out_random(
         counts: splits, lines, start_day, end_day, last_split, last_split_lines (those of
         ``criteo_layout.lay_out_criteo``).
     """
-    from streamrec.trainer.criteo_layout import split_at
-    from streamrec.trainer.datagen import write_split
-
     if data_size < 1 or samples_per_split < 1 or files_per_split < 1 or not ln_emb:
         raise ValueError(
             f"data_size, samples_per_split, files_per_split must be >= 1 and ln_emb not "
@@ -201,8 +199,6 @@ def lay_out_random(
 def main_random(argv: list[str]) -> int:
     """``streamrec-datagen --random``: the reference DLRM's random data (its flag names)
     laid into the streaming layout (:func:`streamrec.trainer.randgen.lay_out_random`)."""
-    from streamrec.trainer.datagen import add_job_out_flag, check_layout_flags, say_job
-
     ap = argparse.ArgumentParser(
         prog="streamrec-datagen --random",
         description="The reference DLRM's random data (dlrm_s_pytorch.py --data-generation "

@@ -54,7 +54,8 @@ from streamrec.metrics import serve_metrics
 from streamrec.sampler import Prefetcher
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
-from streamrec.trainer.data import Batch, ParseStats, iter_batches
+from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.errors import (
     ConfigError,
     GroupError,

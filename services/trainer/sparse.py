@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from streamrec.ragged import RaggedTensor
-from streamrec.trainer.data import Batch
+from streamrec.trainer.batches import Batch
 from streamrec.trainer.errors import ModelShapeError
 
 if TYPE_CHECKING:

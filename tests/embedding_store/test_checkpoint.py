@@ -14,8 +14,8 @@ import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, FileConverter, TableOptions
 from streamrec.embedding_store import checkpoint as ckpt
-from streamrec.embedding_store.checkpoint import read_manifest
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
+from streamrec.embedding_store.save_manifests import read_manifest
 
 TABLES = [
     TableOptions(

@@ -211,7 +211,7 @@ def test_shard_process_serves_the_device_tier_and_the_gpu_cache(
 def test_trainer_sparse_tables_pull_cuda_tensors_from_an_in_process_gpu_store(
     cache: bool,
 ) -> None:
-    from streamrec.trainer.data import Batch
+    from streamrec.trainer.batches import Batch
     from streamrec.trainer.sparse import SparseTables
 
     names = ["a", "b"]

@@ -31,6 +31,7 @@ with atheris.instrument_imports(
         "streamrec.sampler.columns",
         "streamrec.embedding_store.service",
         "streamrec.embedding_store.checkpoint",
+        "streamrec.embedding_store.save_manifests",
         "streamrec.embedding_store.disk",
     ]
 ):

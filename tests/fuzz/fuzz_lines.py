@@ -24,8 +24,8 @@ import tempfile
 import atheris
 import torch
 
-with atheris.instrument_imports(include=["streamrec.trainer.data"]):
-    from streamrec.trainer import data
+with atheris.instrument_imports(include=["streamrec.trainer.data", "streamrec.trainer.batches"]):
+    from streamrec.trainer import batches, data
 from streamrec.trainer.errors import DataError
 
 TOKENS = [
@@ -81,7 +81,7 @@ def _lines(fdp: atheris.FuzzedDataProvider, ncols: int) -> bytes:
     return b"".join(out)
 
 
-def _check(batch: data.Batch, stats: data.ParseStats, num_slots: int, gen: bool) -> None:
+def _check(batch: batches.Batch, stats: batches.ParseStats, num_slots: int, gen: bool) -> None:
     assert 0 <= stats.malformed <= stats.lines, (stats.malformed, stats.lines)
     assert len(batch) == stats.lines - stats.malformed, (len(batch), stats)
     assert (stats.first_bad is None) == (stats.malformed == 0), stats
@@ -122,7 +122,7 @@ def test_one_input(raw: bytes) -> None:
     compress = how == 3
     with open(_FILE, "wb") as f:
         f.write(gzip.compress(text) if compress else text)
-    total = data.ParseStats()
+    total = batches.ParseStats()
     try:
         for batch, chunk_stats in data.read_file(_FILE, fmt, num_slots, 64, max_line_bytes=256):
             _check(batch, chunk_stats, num_slots, gen)

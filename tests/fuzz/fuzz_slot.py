@@ -23,9 +23,12 @@ import atheris
 import torch
 from streamrec.control.feature_schema import FeatureSchema
 
-with atheris.instrument_imports(include=["streamrec.trainer.feature_data"]):
+with atheris.instrument_imports(
+    include=["streamrec.trainer.feature_data", "streamrec.trainer.batches"]
+):
     from streamrec.trainer import feature_data
-from streamrec.trainer.data import GZIP_MAGIC, ParseStats, read_file
+from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.data import GZIP_MAGIC, read_file
 from streamrec.trainer.errors import DataError
 
 NAMES = ["y", "d0", "d1", "d2", "s0", "s1", "s2", "other", "Y", "s", ""]
@@ -80,7 +83,7 @@ def test_one_input(raw: bytes) -> None:
         f.write(text)
     total = ParseStats()
 
-    def parse(chunk: bytes, source: str, line: int) -> tuple[feature_data.Batch, ParseStats]:
+    def parse(chunk: bytes, source: str, line: int) -> tuple[Batch, ParseStats]:
         return feature_data.parse_slot_chunk(chunk, schema, source, line)
 
     try:

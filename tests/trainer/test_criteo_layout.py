@@ -18,10 +18,12 @@ from in_process import run_main
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.process import bin_path
-from streamrec.trainer.criteo_layout import LineReader, split_at
-from streamrec.trainer.data import CRITEO_SLOTS, NUM_DENSE, ParseStats, read_file
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.criteo_layout import LineReader
+from streamrec.trainer.data import CRITEO_SLOTS, NUM_DENSE, read_file
 from streamrec.trainer.datagen import main as datagen_main
 from streamrec.trainer.runner import OnlineTrainer
+from streamrec.trainer.split_files import split_at
 
 DONE = "to.hadoop.done"
 FIELDS = 1 + NUM_DENSE + CRITEO_SLOTS

@@ -18,7 +18,8 @@ from streamrec.control.trainer_config import TrainerConfig
 from streamrec.keyhash import string_key, string_keys
 from streamrec.ragged import RaggedTensor
 from streamrec.trainer.__main__ import main
-from streamrec.trainer.data import Batch, ParseStats, iter_batches
+from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.errors import DataError
 from streamrec.trainer.export import Predictor, export_serving
 from streamrec.trainer.feature_data import parse_slot_chunk, read_parquet

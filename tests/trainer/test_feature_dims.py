@@ -11,7 +11,8 @@ import pytest
 import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.trainer.data import Batch, ParseStats, iter_batches
+from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.errors import ModelShapeError
 from streamrec.trainer.export import Predictor
 from streamrec.trainer.model import DLRMDense

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from streamrec.trainer import _C
-from streamrec.trainer.data import NUM_DENSE, Batch, ParseStats, _parse_chunk_numpy, parse_chunk
+from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.data import NUM_DENSE, _parse_chunk_numpy, parse_chunk
 
 S_GEN = 3  # slots of the generated lines here (Criteo lines have 26)
 

@@ -17,7 +17,8 @@ import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.errors import ConfigError, DataError
 from streamrec.trainer.negsampling import ItemSide
 from streamrec.trainer.runner import OnlineTrainer

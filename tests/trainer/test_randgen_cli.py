@@ -12,7 +12,8 @@ import torch
 import yaml
 from in_process import run_main
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.datagen import main as datagen_main
 
 

@@ -8,8 +8,8 @@ import pytest
 from streamrec import layout
 from streamrec.control.trainer_config import RunnerConfig, TrainerConfig
 from streamrec.errors import BadRequest
-from streamrec.trainer.datagen import mark_split_done
 from streamrec.trainer.run_plan import plan_run
+from streamrec.trainer.split_files import mark_split_done
 
 
 def runner(**kw) -> RunnerConfig:

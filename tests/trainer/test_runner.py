@@ -15,7 +15,8 @@ import torch
 from prometheus_client import REGISTRY
 from servers import wait_for
 from streamrec import layout
-from streamrec.trainer.data import ParseStats, iter_batches
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.datagen import StreamParams, generate
 from streamrec.trainer.errors import CheckpointError, ConfigError, DataError, TrainerError
 from streamrec.trainer.evaluation import AucAccumulator

@@ -14,7 +14,8 @@ import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.keyhash import string_key
 from streamrec.trainer import _C
-from streamrec.trainer.data import Batch, ParseStats, iter_batches
+from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
 
 SCHEMA = FeatureSchema(

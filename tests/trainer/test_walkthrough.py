@@ -17,7 +17,8 @@ import yaml
 from doc_blocks import blocks_for
 from servers import RedisServer, free_port
 from streamrec.embedding_store import FileConverter, RedisConverter
-from streamrec.trainer.datagen import PlantedStream, StreamParams, to_criteo_text
+from streamrec.trainer.datagen import PlantedStream, StreamParams
+from streamrec.trainer.text_lines import to_criteo_text
 
 
 def walkthrough_commands() -> list[str]:
