@@ -22,6 +22,7 @@ This module alone calls ``sys.exit``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import sys
@@ -192,6 +193,7 @@ def cmd_predict(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    faulthandler.enable()  # a C++ abort (std::terminate) prints every thread's Python stack
     commands = {"predict": cmd_predict, "export": cmd_export, "train": cmd_train}
     cmd = commands.get(argv[0]) if argv else None
     try:

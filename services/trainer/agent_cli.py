@@ -11,6 +11,7 @@ read from Redis may make the group do (:mod:`.job_guard`).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 from typing import Any
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
     # released (Agent.close), not failed; the group leaves the pool
     handle_sigterm()
+    faulthandler.enable()  # a C++ abort (std::terminate) prints every thread's Python stack
     try:
         guard = job_guard(args)
     except ValueError as exc:

@@ -8,6 +8,7 @@ written their outcome; that teardown is not what this worker measures (docs/desi
 "A failure in one rank").
 """
 
+import faulthandler
 import json
 import os
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.errors import PassFailed
 from streamrec.trainer.runner import OnlineTrainer
+
+faulthandler.enable()  # a C++ abort (std::terminate) prints every thread's Python stack
 
 config, out = TrainerConfig.from_yaml(sys.argv[1]), Path(sys.argv[2])
 with OnlineTrainer(config) as t:

@@ -1,6 +1,7 @@
 """One trainer rank under torchrun (used by test_distributed.py): runs the job of the YAML
 file, then writes its dense parameters to OUT/rank<r>.pt and a summary to OUT/rank<r>.json."""
 
+import faulthandler
 import json
 import sys
 from pathlib import Path
@@ -8,6 +9,8 @@ from pathlib import Path
 import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.runner import OnlineTrainer
+
+faulthandler.enable()  # a C++ abort (std::terminate) prints every thread's Python stack
 
 config, out = TrainerConfig.from_yaml(sys.argv[1]), Path(sys.argv[2])
 with OnlineTrainer(config) as t:
