@@ -84,6 +84,29 @@ def table_params(options: TableOptions, seed: int = 0) -> _C.TableParams:
     return p
 
 
+def admission_mask(
+    options: TableOptions,
+    rng: torch.Generator,
+    n: int,
+    shows: torch.Tensor | None,
+    clicks: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Admission mask (n,) bool of ``n`` absent keys, or None when all are admitted (no
+    admission rule). shows, clicks: (n,) float32 of a push, None for a pull (which creates
+    nothing under an admission score)."""
+    o = options
+    if o.admission_score is not None:
+        if shows is None or clicks is None:
+            return torch.zeros(n, dtype=torch.bool)  # pulls never create
+        score = o.nonclk_coeff * (shows - clicks) + o.click_coeff * clicks
+        p = (score / o.admission_score).clamp(0.0, 1.0)
+    elif o.admission_probability < 1.0:
+        p = torch.full((n,), o.admission_probability)
+    else:
+        return None
+    return torch.rand(n, generator=rng) < p
+
+
 class TableTier(ABC):
     """One table's rows on one storage tier.
 
