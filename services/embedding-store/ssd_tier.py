@@ -26,7 +26,9 @@ from streamrec.embedding_store.ssd_file import KEY_WORDS, LOAD, MAX_SLOTS, Compa
 from streamrec.embedding_store.tier import TableTier, admission_mask
 from streamrec.store_schema import TableOptions
 
-REF_FREE, REF_USED, REF_PINNED = _C.REF_FREE, _C.REF_USED, _C.REF_PINNED
+REF_FREE, REF_IDLE, REF_USED, REF_PINNED = _C.REF_FREE, _C.REF_IDLE, _C.REF_USED, _C.REF_PINNED
+#: mark_rows: leave the CLOCK byte as it is
+_REF_KEEP = -1
 
 
 class SsdTable(TableTier):
@@ -87,10 +89,27 @@ class SsdTable(TableTier):
         self._rng = torch.Generator().manual_seed(seed ^ (int(self.params.seed) >> 1))
         self._total = 0  # distinct keys in cache or file
         self._closed = False
+        self._filled: list[torch.Tensor] = []  # rows brought in by the call in progress
+        self._generation = 0  # bumped whenever cached rows leave (eviction, clearing)
         self._clear_cache()
 
     # -- the cache ------------------------------------------------------------------------
+    def _remember(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keeps the rows of a pull for the push after it (the trainer pushes the keys it
+        pulled): valid until rows are evicted."""
+        self._recent = (self._generation, keys.clone(), rows)
+
+    def _recent_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(rows (n,) int64, -1 where absent; the number absent) of ``keys`` (n,) int64: the
+        last pull's when these are its keys and no row moved since, else a find."""
+        gen, pulled, rows = self._recent
+        if gen == self._generation and keys.shape == pulled.shape and torch.equal(keys, pulled):
+            return rows, int((rows < 0).sum())
+        return self._index.find_count(keys)
+
     def _clear_cache(self) -> None:
+        self._generation += 1
+        self._recent = (-1, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64))
         c = self.cache_rows
         self._index = CompactIndex(c)  # key -> cache row
         self._ref = torch.full((c,), REF_FREE, dtype=torch.uint8)
@@ -115,6 +134,7 @@ class SsdTable(TableTier):
         unpinned rows, so that evictions come in blocks)."""
         want = min(need + self.cache_rows // 32, self.cache_rows - self._n_free)
         victims, self._hand = _C.clock_victims(self._ref, self._hand, want)
+        self._generation += 1
         if victims.numel() < need:
             self._ref[victims] = REF_USED  # left as they were: still cached
             raise CapacityExceeded(
@@ -184,6 +204,7 @@ class SsdTable(TableTier):
         got = out >= 0
         self._index.assign(keys[got], out[got])
         self._ref[rows] = REF_PINNED
+        self._filled.append(rows)
         return out
 
     def _rows_of(
@@ -214,7 +235,13 @@ class SsdTable(TableTier):
         _C.mark_rows(self._ref, self._dirty, rows, ref, dirty)
 
     def _unpin(self, rows: torch.Tensor) -> None:
+        """Ends a call: its rows that were cached before count as used; those it brought in
+        stay idle (evicted at the hand's next pass unless used again: a key seen once does
+        not push a hot one out)."""
         self._mark(rows, REF_USED)
+        for filled in self._filled:
+            self._mark(filled, REF_IDLE)
+        self._filled.clear()
 
     def _slices(self, n: int) -> Iterator[slice]:
         """Slices of at most half the cache, so that one always fits."""
@@ -235,6 +262,7 @@ class SsdTable(TableTier):
         self.counters["cache_misses"] += n_miss
         if n_miss == 0:
             self._mark(rows, REF_USED)
+            self._remember(keys, rows)
             return _C.gather(self._data, rows, self.params)
         if keys.numel() <= self.cache_rows // 2:
             self._mark(rows, REF_PINNED)
@@ -243,6 +271,8 @@ class SsdTable(TableTier):
             rows[miss] = self._fill(absent, create)[inverse]
             out = _C.gather(self._data, rows, self.params)
             self._unpin(rows)
+            if create:
+                self._remember(keys, rows)
             return out
         # a large pull: the keys absent everywhere are created on file, the others come in
         # through the cache in slices
@@ -281,23 +311,25 @@ class SsdTable(TableTier):
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> bool:
-        rows, n_miss = self._index.find_count(keys)
+        rows, n_miss = self._recent_rows(keys)
         if n_miss:
             if _C.unique(keys)[0].numel() != keys.numel():
                 return False  # the caller sums repeated keys (admission needs their sums)
             if keys.numel() > self.cache_rows // 2:
                 for sl in self._slices(keys.numel()):
+                    r = self._rows_of(keys[sl], True, True, shows[sl], clicks[sl])
                     self._push_rows(
-                        self._rows_of(keys[sl], True, True, shows[sl], clicks[sl]),
-                        grads[sl].contiguous(),
-                        shows[sl].contiguous(),
-                        clicks[sl].contiguous(),
+                        r, grads[sl].contiguous(), shows[sl].contiguous(), clicks[sl].contiguous()
                     )
+                    self._unpin(r)
                 return True
             self._mark(rows, REF_PINNED)
             miss = rows < 0
             rows[miss] = self._fill(keys[miss], True, True, shows[miss], clicks[miss])
-        self._push_rows(rows, grads, shows, clicks)
+            self._push_rows(rows, grads, shows, clicks)
+            self._unpin(rows)
+            return True
+        self._push_rows(rows, grads, shows, clicks)  # a push of pulled keys: no new use
         return True
 
     def _push_rows(
@@ -306,7 +338,7 @@ class SsdTable(TableTier):
         self.counters["rows_expanded"] += _C.update(
             self._data, self._keys, rows, grads, shows, clicks, self.params
         )
-        self._mark(rows, REF_USED, dirty=True)
+        self._mark(rows, _REF_KEEP, dirty=True)
 
     # -- row-level access, for a cache in front of this table (device_cache) ------------
     def full_rows(self, keys: torch.Tensor, create: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,7 +361,8 @@ class SsdTable(TableTier):
             rows = self._rows_of(keys[sl], False)
             assert bool((rows >= 0).all()), "set_full_rows: every key must be present"
             self._data[rows] = full[sl].to(torch.float32)
-            self._mark(rows, REF_USED, dirty=True)
+            self._mark(rows, _REF_KEEP, dirty=True)
+            self._unpin(rows)
 
     def size(self) -> int:
         return self._total
@@ -428,7 +461,8 @@ class SsdTable(TableTier):
             expanded = (v[:, 1:] != 0).any(dim=1).to(torch.int64) * _C.FLAG_EXPANDED
             flags = self._data[rows, _C.FLAGS].to(torch.int64) | expanded
             self._data[rows, _C.FLAGS] = flags.to(torch.float32)
-            self._mark(rows, REF_USED, dirty=True)
+            self._mark(rows, _REF_KEEP, dirty=True)
+            self._unpin(rows)
 
     def reset(self) -> None:
         self._clear_cache()

@@ -474,12 +474,13 @@ void mark_rows_py(const at::Tensor& ref, const at::Tensor& dirty, const at::Tens
                   int64_t value, bool set_dirty) {
   TORCH_CHECK(ref.device().is_cpu() && dirty.device().is_cpu() && ref.scalar_type() == at::kByte &&
                   dirty.scalar_type() == at::kBool && ref.dim() == 1 && ref.is_contiguous() &&
-                  dirty.is_contiguous() && dirty.numel() == ref.numel() && value >= 0 &&
+                  dirty.is_contiguous() && dirty.numel() == ref.numel() && value >= -1 &&
                   value < 256,
-              "mark_rows: ref (R,) uint8 and dirty (R,) bool contiguous CPU tensors, value a byte");
+              "mark_rows: ref (R,) uint8 and dirty (R,) bool contiguous CPU tensors, value a "
+              "byte or -1 (unchanged)");
   const at::Tensor rows = input_ids(rows_in, "mark_rows", "rows");
   mark_rows(ref.data_ptr<uint8_t>(), dirty.data_ptr<bool>(), ref.numel(), span<const int64_t>(rows),
-            static_cast<uint8_t>(value), set_dirty);
+            static_cast<int>(value), set_dirty);
 }
 void init_rows_at_py(const at::Tensor& data, const at::Tensor& row_keys_in,
                      const at::Tensor& rows_in, const TableParams& p) {

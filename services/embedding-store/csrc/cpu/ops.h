@@ -240,8 +240,9 @@ constexpr uint8_t kRefIdle = 0, kRefUsed = 1, kRefFree = 2, kRefPinned = 3;
 // Up to `count` victims into out: the hand sweeps ref (n_rows,) from *hand, clearing used
 // rows to idle and taking idle ones (set free); at most two laps. Returns the number found.
 int64_t clock_victims(uint8_t* ref, int64_t n_rows, int64_t* hand, int64_t count, int64_t* out);
-// ref[r] = value (and dirty[r] = true when set_dirty) for every r = rows[i] >= 0 (< n_rows).
-void mark_rows(uint8_t* ref, bool* dirty, int64_t n_rows, Span<const int64_t> rows, uint8_t value,
+// ref[r] = value (left as it is when value < 0) and dirty[r] = true when set_dirty, for every
+// r = rows[i] >= 0 (< n_rows).
+void mark_rows(uint8_t* ref, bool* dirty, int64_t n_rows, Span<const int64_t> rows, int value,
                bool set_dirty);
 // Initialises the rows rows[i] >= 0 as init_rows does (keys from row_keys). data: (R, width).
 void init_rows_at(Matrix<float> data, Span<const int64_t> row_keys, Span<const int64_t> rows,

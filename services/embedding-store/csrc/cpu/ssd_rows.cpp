@@ -120,13 +120,13 @@ int64_t clock_victims(uint8_t* ref, int64_t n_rows, int64_t* hand, int64_t count
   return found;
 }
 
-void mark_rows(uint8_t* ref, bool* dirty, int64_t n_rows, Span<const int64_t> rows, uint8_t value,
+void mark_rows(uint8_t* ref, bool* dirty, int64_t n_rows, Span<const int64_t> rows, int value,
                bool set_dirty) {
   check_rows_below(rows, n_rows, "mark_rows");
   for (int64_t i = 0; i < rows.n; ++i) {
     const int64_t r = rows.data[i];
     if (r < 0) continue;
-    ref[r] = value;
+    if (value >= 0) ref[r] = static_cast<uint8_t>(value);
     if (set_dirty) dirty[r] = true;
   }
 }
