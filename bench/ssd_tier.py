@@ -2,8 +2,10 @@
 
 The stream: each step looks up 106,496 keys, 90% drawn uniform from a hot set
 of 10% of the rows, 10% uniform over all rows; a step is a pull then an AdaGrad push (dim
-16). Each tier runs in a fresh process (its peak memory its own): the table is created first
-(creation rows/s), then the timed steps (median seconds per step). Printed per tier: pull +
+16). Each tier runs in a process of its own (its peak memory its own): each creates its table in
+turn (creation rows/s) and warms it, then the parent alternates their steps (so that both
+see the same load on a shared machine) and reports each tier's median and the median of the
+per-step ratios. Printed per tier: pull +
 push keys/s, creation rows/s, and for the ssd tier its ratio to the host tier, cache hit rate,
 evictions and disk bytes read/written per step; peak RssAnon and RssFile of each process
 (/proc/self/status, sampled every 50 ms: file-backed pages are the page cache's, not the
@@ -23,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -100,9 +102,12 @@ def skewed_step(rows: int, rng: np.random.Generator) -> torch.Tensor:
     return keys_of(ranks)
 
 
-def run_tier(tier: str, rows: int, cache_mb: float, steps: int, path: str) -> dict:
-    """One tier in this (fresh) process: create the table, then the timed steps."""
-    torch.set_num_threads(torch.get_num_threads())
+def serve_tier(
+    conn: Connection, tier: str, rows: int, cache_mb: float, steps: int, path: str
+) -> None:
+    """One tier in this (fresh) process: creates the table (creation rows/s), warms it, then
+    runs one step of the stream per "step" message (its seconds back) until "done" (its
+    figures back). The parent alternates the tiers' steps, so both see the same load."""
     mem = PeakMemory()
     kw = {}
     if tier == "ssd":
@@ -125,12 +130,15 @@ def run_tier(tier: str, rows: int, cache_mb: float, steps: int, path: str) -> di
         store.pull("t", b)
         store.push("t", b, grads)
     s0 = store.stats()["tables"]["t"]
+    conn.send("ready")
     times = []
-    for b in batches[:steps]:
+    while (msg := conn.recv()) != "done":
+        b = batches[int(msg)]
         t = time.perf_counter()
         store.pull("t", b)
         store.push("t", b, grads)
         times.append(time.perf_counter() - t)
+        conn.send(times[-1])
     s1 = store.stats()["tables"]["t"]
     store.close()
     out = {
@@ -138,6 +146,7 @@ def run_tier(tier: str, rows: int, cache_mb: float, steps: int, path: str) -> di
         "rows": rows,
         "create_rows_s": create,
         "keys_s": LOOKUPS / float(np.median(times)),
+        "keys_s_mean": LOOKUPS * len(times) / float(np.sum(times)),
         **mem.stop(),
     }
     if tier == "ssd":
@@ -145,8 +154,8 @@ def run_tier(tier: str, rows: int, cache_mb: float, steps: int, path: str) -> di
         misses = s1["cache_misses"] - s0["cache_misses"]
         out["hit_rate"] = hits / max(hits + misses, 1)
         for k in ("cache_evictions", "cache_disk_read_bytes", "cache_disk_written_bytes"):
-            out[k + "_per_step"] = (s1.get(k, 0) - s0.get(k, 0)) / steps
-    return out
+            out[k + "_per_step"] = (s1.get(k, 0) - s0.get(k, 0)) / len(times)
+    conn.send(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,12 +175,33 @@ def main(argv: list[str] | None = None) -> int:
     cache_mb = args.rows * ROW_BYTES * args.cache_share / 2**20
     spawn = multiprocessing.get_context("spawn")
     results = {}
+    tiers = args.tiers.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-ssd-", dir=args.dir) as tmp:
-        for tier in args.tiers.split(","):
-            with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-                r = pool.submit(run_tier, tier, args.rows, cache_mb, args.steps, tmp).result()
-            results[tier] = r
-            print(json.dumps(r), flush=True)
+        conns, procs = [], []
+        for tier in tiers:  # one after the other: each creates its table alone
+            here, there = spawn.Pipe()
+            proc = spawn.Process(
+                target=serve_tier, args=(there, tier, args.rows, cache_mb, args.steps, tmp)
+            )
+            proc.start()
+            if here.recv() != "ready":
+                raise RuntimeError(f"tier {tier} did not start")
+            conns.append(here)
+            procs.append(proc)
+        ratios = []
+        for i in range(args.steps):  # alternating: both tiers under the same load
+            took = []
+            for c in conns:
+                c.send(i)
+                took.append(c.recv())
+            ratios.append(took[0] / took[-1])
+        for tier, c, proc in zip(tiers, conns, procs, strict=True):
+            c.send("done")
+            results[tier] = c.recv()
+            proc.join()
+            print(json.dumps(results[tier]), flush=True)
+        if len(tiers) == 2:  # the second tier's speed over the first's, step by step
+            results[tiers[1]]["ratio_median"] = float(np.median(ratios))
     print(
         f"{args.rows:,} rows dim {DIM} adagrad, {LOOKUPS:,} lookups/step, ssd cache "
         f"{cache_mb:,.0f} MiB ({args.cache_share:g} of the rows)"
@@ -189,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['cache_disk_read_bytes_per_step'] / 2**20:.1f} MiB, written/step "
                 f"{r['cache_disk_written_bytes_per_step'] / 2**20:.1f} MiB"
             )
-            if "host" in results:
-                line += f", {r['keys_s'] / results['host']['keys_s']:.2f}x host"
+            if "ratio_median" in r:
+                line += f", {r['ratio_median']:.2f}x host (median of the steps' ratios)"
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -107,7 +107,7 @@ class RowFile:
         capacity: int,
         width: int,
         counters: dict[str, int],
-        resident_bytes: int = 256 << 20,
+        resident_bytes: int = 1 << 30,
     ) -> None:
         if not 1 <= capacity <= MAX_SLOTS:
             raise InvalidInput(f"capacity must be in [1, {MAX_SLOTS}] rows, got {capacity}")
