@@ -3,12 +3,13 @@
 A record is ``[key (two float32 words holding its int64 bits), row (width float32)]``, so the
 file says which key each record holds (export and shrink read keys from it; RAM holds only
 the index). A freed record (shrink) has flags -1 and goes to a free list. Records are read
-and written through a shared mapping of the file, in slot order (one sorted pass per call);
-a MAP_SHARED page is the page cache's own (counted in RssFile, not RssAnon), and the pages
-this process maps are dropped with MADV_DONTNEED (contents kept in the page cache or on
-disk) once ``resident_bytes`` of them were touched, so the file's resident share stays
-bounded. Measured here: a random 88-byte row costs 0.1-0.3 us through the mapping, 1 us by
-``pread`` and 39 us by ``pwrite``.
+by ``pread`` (a read fault of a mapping maps the pages around it too: ~75 KiB a random row,
+measured) and written through a shared mapping of the file (a random 88-byte row: 0.3 us
+there, 39 us by ``pwrite``), in slot order (one sorted pass per call). A MAP_SHARED page is
+the page cache's own (counted in RssFile, not RssAnon), and the pages this process maps are
+dropped with MADV_DONTNEED (contents kept in the page cache or on disk) once it maps more
+than ``resident_bytes`` of file (measured in /proc/self/statm), so the file's resident share
+stays bounded.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ MAX_SLOTS = 2**31 - 1
 #: words of a record before its row (the key's int64 bits)
 KEY_WORDS = 2
 _PAGE = 4096
+
+
+def file_backed_bytes() -> int:
+    """Resident file-backed (and shared) memory of this process, bytes (/proc/self/statm)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[2]) * _PAGE
 
 
 class CompactIndex:
@@ -100,6 +107,7 @@ class RowFile:
     """
 
     CHUNK = 1 << 18
+    _WRITE_PIECE = 1 << 14
 
     def __init__(
         self,
@@ -132,7 +140,7 @@ class RowFile:
         self.index = CompactIndex(1024)
         self.next_slot = 0
         self._free: list[torch.Tensor] = []
-        self._touched = 0  # pages mapped since the last drop (an upper bound)
+        self._base_file_bytes = file_backed_bytes()
 
     # -- slots --------------------------------------------------------------------------
     def _alloc(self, n: int) -> torch.Tensor:
@@ -175,31 +183,30 @@ class RowFile:
         self._free.append(slots.clone())
 
     # -- records ------------------------------------------------------------------------
-    def _touch(self, sorted_slots: torch.Tensor) -> None:
-        if sorted_slots.numel() == 0:
-            return
-        pages = torch.unique_consecutive(sorted_slots * self.record_bytes // _PAGE).numel()
-        self._count_pages(pages + 1)  # + 1: a record may span two pages
-
-    def _count_pages(self, pages: int) -> None:
-        self._touched += pages
-        if self._touched * _PAGE > self.resident_bytes:
+    def _touch(self) -> None:
+        """Drops the mapped file pages once this process maps more than ``resident_bytes``
+        of file beyond what it mapped at start. Measured (/proc/self/statm), not counted: a
+        fault maps a whole folio of the page cache, often far more than the row touched."""
+        if file_backed_bytes() - self._base_file_bytes > self.resident_bytes:
             self.drop_resident()
 
     def drop_resident(self) -> None:
         """Unmaps this process's file pages (their contents stay in the page cache or go to
         disk): RssFile drops, nothing is lost."""
         self._mapping.madvise(mmap.MADV_DONTNEED)
-        self._touched = 0
+        # what the process maps besides the file now (its code pages grow as it runs)
+        self._base_file_bytes = file_backed_bytes()
 
     def read(self, slots: torch.Tensor, data: torch.Tensor, rows: torch.Tensor) -> None:
         """data[rows[i]] = the row of record slots[i], in slot order. slots, rows: (m,)
         int64; data: (R, width) float32."""
         order = torch.argsort(slots)
         s = slots[order]
-        _C.records_to_rows(self.records, s, data, rows[order])
+        # pread, not the mapping: a read fault maps the pages around it too (64 KiB and more
+        # a row, measured), which would make the mapping's resident pages grow by far more
+        # than the rows read
+        _C.pread_records(self._fd, self.capacity, s, data, rows[order])
         self.counters["cache_disk_read_bytes"] += s.numel() * self.record_bytes
-        self._touch(s)
 
     def write(
         self,
@@ -216,20 +223,24 @@ class RowFile:
         else:
             order = torch.argsort(slots)
             s, rows = slots[order], rows[order]
-        _C.rows_to_records(data, row_keys, rows, self.records, s)
+        for a in range(0, s.numel(), self._WRITE_PIECE):  # the bound checked between pieces
+            b = a + self._WRITE_PIECE
+            _C.rows_to_records(data, row_keys, rows[a:b], self.records, s[a:b])
+            self._touch()
         self.counters["cache_disk_written_bytes"] += s.numel() * self.record_bytes
-        self._touch(s)
 
     def full_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies of the rows (m, width) of records ``slots`` (m,) int64."""
-        return self.records[slots, KEY_WORDS:]
+        out = torch.empty((slots.numel(), self.width), dtype=torch.float32)
+        self.read(slots, out, torch.arange(slots.numel()))
+        return out
 
     def chunks(self) -> Iterator[tuple[int, torch.Tensor]]:
         """(start, records (b, KEY_WORDS + width) view) per chunk of the used slots."""
         for a in range(0, self.next_slot, self.CHUNK):
             b = min(a + self.CHUNK, self.next_slot)
             yield a, self.records[a:b]
-            self._count_pages((b - a) * self.record_bytes // _PAGE + 1)
+            self._touch()
 
     @staticmethod
     def keys_of(chunk: torch.Tensor) -> torch.Tensor:

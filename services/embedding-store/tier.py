@@ -1,8 +1,8 @@
 """The storage-tier interface of one table (OneEmbedding's store options).
 
 Implementations: :class:`~streamrec.embedding_store.host_tier.HostTable` (rows in RAM) and
-:class:`~streamrec.embedding_store.ssd_tier.SsdTable` (rows in a file, a host table as its
-cache). A device tier (GPU memory) would implement :class:`TableTier` over the same C++ ops
+:class:`~streamrec.embedding_store.ssd_tier.SsdTable` (rows in a file, a bounded RAM cache
+in front). A device tier (GPU memory) would implement :class:`TableTier` over the same C++ ops
 once a CUDA extension exists; today ``tier="device"`` raises ``TierUnavailable``.
 
 Tiers are not thread-safe; :class:`~streamrec.embedding_store.store.EmbeddingStore` locks

@@ -8,7 +8,7 @@ import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, TableOptions
 from streamrec.embedding_store.metrics import _families
-from streamrec.embedding_store.ssd_file import LOAD, CompactIndex, RowFile
+from streamrec.embedding_store.ssd_file import LOAD, CompactIndex, RowFile, file_backed_bytes
 
 T = TableOptions(
     name="t",
@@ -49,13 +49,18 @@ def test_compact_index_grows_erases_and_agrees_with_a_dict() -> None:
 
 def test_row_file_round_trips_records_across_dropped_pages(tmp_path) -> None:
     counters = {"cache_disk_read_bytes": 0, "cache_disk_written_bytes": 0}
-    f = RowFile(tmp_path / "rows.f32", 50_000, 6, counters, resident_bytes=64 << 10)
+    f = RowFile(tmp_path / "rows.f32", 50_000, 6, counters, resident_bytes=256 << 10)
     keys = torch.arange(40_000, dtype=torch.int64) * 7_919 - 3
     rows = torch.randn(40_000, 6)
     slots = f.slots_for(keys)
     assert sorted(slots.tolist()) == list(range(40_000))
     perm = torch.randperm(40_000)
-    f.write(rows, keys, perm, slots[perm])  # random order: written in slot order
+    for i, part in enumerate(perm.split(4_000)):  # random order: each call in slot order
+        f.write(rows, keys, part, slots[part])
+        if i == 0:
+            f.drop_resident()  # the first call also paged in the code it runs
+        # the file pages this process maps stay within the bound (dropped past it)
+        assert file_backed_bytes() - f._base_file_bytes <= 256 << 10
     back = torch.zeros(40_000, 6)
     f.read(slots.flip(0), back, torch.arange(40_000).flip(0))
     assert torch.equal(back, rows)  # bit-identical after many drops of the mapped pages

@@ -507,6 +507,18 @@ void records_to_rows_py(const at::Tensor& file, const at::Tensor& slots_in, cons
   records_to_rows(matrix<const float>(file), span<const int64_t>(slots), matrix<float>(data),
                   span<const int64_t>(rows));
 }
+void pread_records_py(int64_t fd, int64_t file_rows, const at::Tensor& slots_in,
+                      const at::Tensor& data, const at::Tensor& rows_in) {
+  constexpr const char* kOp = "pread_records";
+  check_cpu(data, kOp, "data");
+  TORCH_CHECK(data.scalar_type() == at::kFloat && data.dim() == 2 && data.is_contiguous(), kOp,
+              ": data must be a contiguous (R, w) float32 tensor");
+  check_aligned(data, kOp, "data");
+  const at::Tensor slots = input_ids(slots_in, kOp, "slots");
+  const at::Tensor rows = input_ids(rows_in, kOp, "rows");
+  pread_records(static_cast<int>(fd), file_rows, span<const int64_t>(slots), matrix<float>(data),
+                span<const int64_t>(rows));
+}
 void rows_to_records_py(const at::Tensor& data, const at::Tensor& row_keys_in,
                         const at::Tensor& rows_in, const at::Tensor& file,
                         const at::Tensor& slots_in) {
@@ -629,6 +641,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("row_keys"), py::arg("rows"), py::arg("params"), nogil);
   m.def("records_to_rows", &records_to_rows_py, "file records' rows into data rows",
         py::arg("file"), py::arg("slots"), py::arg("data"), py::arg("rows"), nogil);
+  m.def("pread_records", &pread_records_py, "file records' rows into data rows, by pread",
+        py::arg("fd"), py::arg("file_rows"), py::arg("slots"), py::arg("data"), py::arg("rows"),
+        nogil);
   m.def("rows_to_records", &rows_to_records_py, "data rows with their keys into file records",
         py::arg("data"), py::arg("row_keys"), py::arg("rows"), py::arg("file"), py::arg("slots"),
         nogil);

@@ -251,6 +251,11 @@ void init_rows_at(Matrix<float> data, Span<const int64_t> row_keys, Span<const i
 // two words, row]; data: (R, w).
 void records_to_rows(Matrix<const float> file, Span<const int64_t> slots, Matrix<float> data,
                      Span<const int64_t> rows);
+// As records_to_rows, by pread from file descriptor fd (nothing mapped): slots ascending,
+// each run of consecutive slots one read; file_rows: the records the file holds. Raises on
+// a failed or short read.
+void pread_records(int fd, int64_t file_rows, Span<const int64_t> slots, Matrix<float> data,
+                   Span<const int64_t> rows);
 // file record slots[i] = [row_keys[rows[i]], data[rows[i]]].
 void rows_to_records(Matrix<const float> data, Span<const int64_t> row_keys,
                      Span<const int64_t> rows, Matrix<float> file, Span<const int64_t> slots);

@@ -7,7 +7,10 @@
 // 15 a key at the 0.8 load the tier keeps it under. A key's probe starts at fastrange(mix64(
 // key), cap) and walks forward (linear probing); erase shifts the run after it back (no
 // tombstones, so probes stay short after any number of erases).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -155,6 +158,39 @@ void records_to_rows(Matrix<const float> file, Span<const int64_t> slots, Matrix
     for (int64_t i = b; i < e; ++i)
       std::memcpy(data.data + rows.data[i] * w, file.data + slots.data[i] * (w + 2) + 2,
                   sizeof(float) * w);
+  });
+}
+
+void pread_records(int fd, int64_t file_rows, Span<const int64_t> slots, Matrix<float> data,
+                   Span<const int64_t> rows) {
+  constexpr const char* kOp = "pread_records";
+  STREAMREC_CHECK(slots.n == rows.n, kOp, ": slots and rows differ in length");
+  check_rows_below(slots, file_rows, kOp);
+  check_rows_below(rows, data.rows, kOp);
+  const int64_t w = data.cols, rec = w + 2;
+  const int64_t rec_bytes = static_cast<int64_t>(sizeof(float)) * rec;
+  constexpr int64_t kRun = 256;  // records per pread at most
+  parallel_for(0, rows.n, 1024, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> buf;  // kept_scratch
+    buf.resize(kRun * rec);
+    for (int64_t i = b; i < e;) {
+      int64_t j = i + 1;  // [i, j): consecutive slots, one read
+      while (j < e && j - i < kRun && slots.data[j] == slots.data[j - 1] + 1) ++j;
+      const size_t want = static_cast<size_t>((j - i) * rec_bytes);
+      size_t got = 0;
+      while (got < want) {
+        const ssize_t r = ::pread(fd, reinterpret_cast<char*>(buf.data()) + got, want - got,
+                                  static_cast<off_t>(slots.data[i] * rec_bytes + got));
+        if (r < 0 && errno == EINTR) continue;
+        STREAMREC_CHECK(r > 0, kOp, ": reading records ", slots.data[i], " .. ", slots.data[j - 1],
+                        " failed: ", r < 0 ? std::strerror(errno) : "end of file");
+        got += static_cast<size_t>(r);
+      }
+      for (int64_t q = i; q < j; ++q)
+        std::memcpy(data.data + rows.data[q] * w, buf.data() + (q - i) * rec + 2,
+                    sizeof(float) * w);
+      i = j;
+    }
   });
 }
 
