@@ -13,6 +13,9 @@
 #include <cerrno>
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <numeric>
 #include <vector>
 
@@ -167,31 +170,51 @@ void pread_records(int fd, int64_t file_rows, Span<const int64_t> slots, Matrix<
   STREAMREC_CHECK(slots.n == rows.n, kOp, ": slots and rows differ in length");
   check_rows_below(slots, file_rows, kOp);
   check_rows_below(rows, data.rows, kOp);
-  const int64_t w = data.cols, rec = w + 2;
+  const int64_t n = rows.n, w = data.cols, rec = w + 2;
   const int64_t rec_bytes = static_cast<int64_t>(sizeof(float)) * rec;
-  constexpr int64_t kRun = 256;  // records per pread at most
-  parallel_for(0, rows.n, 1024, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> buf;  // kept_scratch
-    buf.resize(kRun * rec);
-    for (int64_t i = b; i < e;) {
-      int64_t j = i + 1;  // [i, j): consecutive slots, one read
-      while (j < e && j - i < kRun && slots.data[j] == slots.data[j - 1] + 1) ++j;
-      const size_t want = static_cast<size_t>((j - i) * rec_bytes);
-      size_t got = 0;
-      while (got < want) {
-        const ssize_t r = ::pread(fd, reinterpret_cast<char*>(buf.data()) + got, want - got,
-                                  static_cast<off_t>(slots.data[i] * rec_bytes + got));
-        if (r < 0 && errno == EINTR) continue;
-        STREAMREC_CHECK(r > 0, kOp, ": reading records ", slots.data[i], " .. ", slots.data[j - 1],
-                        " failed: ", r < 0 ? std::strerror(errno) : "end of file");
-        got += static_cast<size_t>(r);
+  constexpr int64_t kRun = 256;    // records per pread at most
+  constexpr int64_t kBlock = 256;  // records a thread takes at a time
+  // I/O threads, not the compute threads: a file larger than the page cache makes each
+  // read wait on the disk, and an SSD answers many reads at once (queue depth)
+  const int64_t n_threads = std::clamp<int64_t>(n / kBlock, 1, 16);
+  std::atomic<int64_t> next{0};
+  std::mutex failed_mutex;
+  std::string failed;
+  auto work = [&]() {
+    std::vector<float> buf(kRun * rec);
+    for (;;) {
+      const int64_t b = next.fetch_add(kBlock);
+      if (b >= n) return;
+      const int64_t e = std::min(b + kBlock, n);
+      for (int64_t i = b; i < e;) {
+        int64_t j = i + 1;  // [i, j): consecutive slots, one read
+        while (j < e && j - i < kRun && slots.data[j] == slots.data[j - 1] + 1) ++j;
+        const size_t want = static_cast<size_t>((j - i) * rec_bytes);
+        size_t got = 0;
+        while (got < want) {
+          const ssize_t r = ::pread(fd, reinterpret_cast<char*>(buf.data()) + got, want - got,
+                                    static_cast<off_t>(slots.data[i] * rec_bytes + got));
+          if (r < 0 && errno == EINTR) continue;
+          if (r <= 0) {
+            std::lock_guard<std::mutex> lock(failed_mutex);
+            failed = r < 0 ? std::strerror(errno) : "end of file";
+            next.store(n);  // the others stop too
+            return;
+          }
+          got += static_cast<size_t>(r);
+        }
+        for (int64_t q = i; q < j; ++q)
+          std::memcpy(data.data + rows.data[q] * w, buf.data() + (q - i) * rec + 2,
+                      sizeof(float) * w);
+        i = j;
       }
-      for (int64_t q = i; q < j; ++q)
-        std::memcpy(data.data + rows.data[q] * w, buf.data() + (q - i) * rec + 2,
-                    sizeof(float) * w);
-      i = j;
     }
-  });
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < n_threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  STREAMREC_CHECK(failed.empty(), kOp, ": reading records failed: ", failed);
 }
 
 void rows_to_records(Matrix<const float> data, Span<const int64_t> row_keys,
