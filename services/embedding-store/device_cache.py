@@ -240,12 +240,13 @@ class CachedTable(TableTier):
         for a in range(0, keys.numel(), step):
             part = keys[a : a + step]
             if isinstance(self.backing, SsdTable):
-                self.backing.pull(part, create)  # brings them into its RAM cache
-                table: HostTable = self.backing.cache
-            else:
-                if create:
-                    self.backing.pull(part, True)
-                table = self.backing
+                got, found = self.backing.full_rows(part, create)
+                present[a : a + part.numel()] = found
+                full[a : a + part.numel()] = got
+                continue
+            if create:
+                self.backing.pull(part, True)
+            table = self.backing
             rows = table.find(part)
             found = rows >= 0
             present[a : a + part.numel()] = found
@@ -262,8 +263,7 @@ class CachedTable(TableTier):
         for a in range(0, keys.numel(), step):
             part, full = keys[a : a + step], rows[a : a + step]
             if isinstance(self.backing, SsdTable):
-                self.backing.pull(part, False)  # into its RAM cache, which the file follows
-                self.backing.cache.import_rows(part, full)
+                self.backing.set_full_rows(part, full)
             else:
                 self.backing.import_rows(part, full)
         self.map.dirty[slots] = False

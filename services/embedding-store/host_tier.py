@@ -20,7 +20,13 @@ import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 from streamrec.embedding_store.prefault import Prefaulter
-from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+from streamrec.embedding_store.tier import (
+    MAX_LOAD,
+    MIN_ROWS,
+    TableTier,
+    admission_mask,
+    index_slots,
+)
 from streamrec.store_schema import TableOptions
 
 #: pulls whose rows a host table keeps for the pushes after them (HostTable._remember)
@@ -116,17 +122,7 @@ class HostTable(TableTier):
     ) -> torch.Tensor | None:
         """Admission mask (n,) bool of absent keys, or None when all are admitted.
         shows, clicks: (n,) float32 of a push, None for a pull."""
-        o = self.options
-        if o.admission_score is not None:
-            if shows is None or clicks is None:
-                return torch.zeros(n, dtype=torch.bool)  # pulls never create
-            score = o.nonclk_coeff * (shows - clicks) + o.click_coeff * clicks
-            p = (score / o.admission_score).clamp(0.0, 1.0)
-        elif o.admission_probability < 1.0:
-            p = torch.full((n,), o.admission_probability)
-        else:
-            return None
-        return torch.rand(n, generator=self._rng) < p
+        return admission_mask(self.options, self._rng, n, shows, clicks)
 
     def _create(
         self,

@@ -42,6 +42,12 @@ _TABLE_COUNTERS = {
     "rows_refused": ("rows_refused_total", "New keys refused by probabilistic admission"),
     "cache_hits": ("cache_hits_total", "Lookups served from the RAM cache (ssd tier)"),
     "cache_misses": ("cache_misses_total", "Lookups that went to the files (ssd tier)"),
+    "cache_evictions": ("cache_evictions_total", "Rows evicted from the RAM cache (ssd tier)"),
+    "cache_disk_read_bytes": ("cache_disk_read_bytes_total", "Row bytes read from the file (ssd)"),
+    "cache_disk_written_bytes": (
+        "cache_disk_written_bytes_total",
+        "Row bytes written to the file (ssd tier: write-back, flushes, loads)",
+    ),
 }
 
 

@@ -1,37 +1,44 @@
-"""The ssd tier: a table's rows in a file, a host table as write-back RAM cache (OneEmbedding's).
+"""The ssd tier: a table's rows in a file, a bounded RAM cache in front (OneEmbedding's).
 
-The file ``<persistent_path>/<table>/rows.f32`` holds up to ``capacity`` rows; a RAM hash
-index maps key -> file slot. The cache is a
-:class:`~streamrec.embedding_store.host_tier.HostTable`, used only through its public
-methods.
+RAM holds the file's compact key -> slot index (:mod:`~streamrec.embedding_store.ssd_file`,
+15 bytes a key) and the cache: ``cache_rows`` fixed rows ``(cache_rows, width)`` with their
+keys, a compact key -> cache row index, one CLOCK byte and one write-back bit a row. A pull
+whose keys are all cached is one find and one gather (C++), as on the host tier; the keys it
+misses are deduplicated and brought in at once: one sorted pass over their file records,
+new keys created in the cache (never written until evicted). Room is made by the CLOCK hand
+(a row used since it last passed gets a second chance; rows of the call in progress are
+pinned), a block of victims at a time; dirty victims are written back in slot order, and
+rows never written before get consecutive slots (sequential writes).
 """
 
 from __future__ import annotations
 
-import mmap
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
-from streamrec.embedding_store.host_tier import HostTable
-from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+from streamrec.embedding_store.ssd_file import KEY_WORDS, LOAD, MAX_SLOTS, CompactIndex, RowFile
+from streamrec.embedding_store.tier import TableTier, admission_mask
 from streamrec.store_schema import TableOptions
+
+REF_FREE, REF_IDLE, REF_USED, REF_PINNED = _C.REF_FREE, _C.REF_IDLE, _C.REF_USED, _C.REF_PINNED
+#: mark_rows: leave the CLOCK byte as it is
+_REF_KEEP = -1
 
 
 class SsdTable(TableTier):
-    """Rows in a file under ``persistent_path``, a :class:`HostTable` as write-back RAM cache.
+    """Rows in a file under ``persistent_path``, a bounded write-back RAM cache in front.
 
-    The file ``<persistent_path>/<table>/rows.f32`` holds ``capacity`` rows of ``width``
-    float32 (a sparse file, allocated as rows arrive); a RAM index maps key -> file slot. The
-    cache holds at most ``cache_budget_mb`` MiB of rows (row, key and index bytes); when a
-    batch needs room, the least recently used rows not in the batch are written back and
-    dropped. Every lookup counts a cache hit or miss. The file is a working area, not a
-    checkpoint (it is removed on close): use ``save``/``load`` to keep a table.
+    The file ``<persistent_path>/<table>/rows.f32`` holds up to ``capacity`` records; the
+    cache holds at most ``cache_budget_mb`` MiB of rows (row, key, index, CLOCK and dirty
+    bytes). Pulls count cache hits and misses per lookup; evictions and the bytes read from
+    and written to the file are counted too. The file is a working area, not a checkpoint (it
+    is removed on close): use ``save``/``load`` to keep a table.
 
     Args:
         options: the table.
@@ -40,8 +47,6 @@ class SsdTable(TableTier):
         cache_budget_mb: RAM for the cache, MiB.
         persistent_path: directory for the file.
     """
-
-    _CHUNK = 1 << 18
 
     def __init__(
         self,
@@ -54,125 +59,103 @@ class SsdTable(TableTier):
         super().__init__(options, seed)
         if capacity is None or cache_budget_mb is None or persistent_path is None:
             raise InvalidInput("tier 'ssd' needs capacity, cache_budget_mb and persistent_path")
+        if not 1 <= int(capacity) <= MAX_SLOTS:
+            raise InvalidInput(f"capacity must be in [1, {MAX_SLOTS}] rows, got {capacity}")
         self.capacity = int(capacity)
-        row_bytes = self.width * 4 + 8 + 32  # row, key, index slots at half load
-        self.cache_rows = max(int(cache_budget_mb * 2**20 // row_bytes), 16)
-        self.cache = HostTable(options, seed, capacity=self.cache_rows, track_use=True)
-        self.cache.counters = self.counters  # one set of counters for the table
+        row_bytes = self.width * 4 + 8 + 12 / LOAD + 2  # row, key, index, CLOCK, dirty
+        self.cache_rows = int(min(max(cache_budget_mb * 2**20 // row_bytes, 16), MAX_SLOTS))
+        for k in ("cache_evictions", "cache_disk_read_bytes", "cache_disk_written_bytes"):
+            self.counters[k] = 0
         self.dir = Path(persistent_path) / options.name
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            import fcntl
-
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self._lock_fd)
             raise InvalidInput(
                 f"persistent_path {str(self.dir)!r} is in use by another store"
             ) from exc
-        self.path = self.dir / "rows.f32"
-        # the file's mapping is ours, so close() can release it before unlinking the file
-        with open(self.path, "w+b") as f:
-            f.truncate(self.capacity * self.width * 4)
-            self._mapping = mmap.mmap(f.fileno(), self.capacity * self.width * 4)
-        #: (capacity, width) float32 rows on file, a view of the mapping
-        self._file = np.ndarray((self.capacity, self.width), np.float32, buffer=self._mapping)
-        self._slot_key = np.zeros(self.capacity, dtype=np.int64)
-        self._occupied = np.zeros(self.capacity, dtype=bool)
-        self._free: list[np.ndarray] = []
-        self._next_slot = 0
+        try:
+            self.file = RowFile(self.dir / "rows.f32", self.capacity, self.width, self.counters)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self.path = self.file.path
+        c = self.cache_rows
+        self._data = torch.zeros((c, self.width), dtype=torch.float32)
+        self._keys = torch.zeros(c, dtype=torch.int64)
+        self._dirty = torch.zeros(c, dtype=torch.bool)  # written since read: write back
+        self._rng = torch.Generator().manual_seed(seed ^ (int(self.params.seed) >> 1))
         self._total = 0  # distinct keys in cache or file
-        self._tick = 0
-        self._new_index(MIN_ROWS)
+        self._closed = False
+        self._filled: list[torch.Tensor] = []  # rows brought in by the call in progress
+        self._generation = 0  # bumped whenever cached rows leave (eviction, clearing)
+        self._clear_cache()
 
-    # -- file side ------------------------------------------------------------------------
-    def _new_index(self, rows: int) -> None:
-        self._fslots = _C.index_build(index_slots(rows), torch.empty(0, dtype=torch.int64))
+    # -- the cache ------------------------------------------------------------------------
+    def _remember(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keeps the rows of a pull for the push after it (the trainer pushes the keys it
+        pulled): valid until rows are evicted."""
+        self._recent = (self._generation, keys.clone(), rows)
 
-    def _file_rows(self) -> int:
-        return int(self._occupied[: self._next_slot].sum())
+    def _recent_rows(self, keys: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(rows (n,) int64, -1 where absent; the number absent) of ``keys`` (n,) int64: the
+        last pull's when these are its keys and no row moved since, else a find."""
+        gen, pulled, rows = self._recent
+        if gen == self._generation and keys.shape == pulled.shape and torch.equal(keys, pulled):
+            return rows, int((rows < 0).sum())
+        return self._index.find_count(keys)
 
-    def _file_find(self, keys: torch.Tensor) -> torch.Tensor:
-        return _C.find(self._fslots, keys)
+    def _clear_cache(self) -> None:
+        self._generation += 1
+        self._recent = (-1, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64))
+        c = self.cache_rows
+        self._index = CompactIndex(c)  # key -> cache row
+        self._ref = torch.full((c,), REF_FREE, dtype=torch.uint8)
+        self._dirty.zero_()
+        self._free_rows = torch.arange(c - 1, -1, -1)  # a stack of free rows
+        self._n_free = c
+        self._hand = 0
 
-    def _alloc(self, n: int) -> np.ndarray:
-        out = []
-        while n and self._free:
-            take = self._free.pop()
-            if take.size > n:
-                self._free.append(take[n:])
-                take = take[:n]
-            out.append(take)
-            n -= take.size
-        if n:
-            if self._next_slot + n > self.capacity:
-                raise CapacityExceeded(
-                    f"table {self.options.name!r}: the ssd file is full ({self.capacity} rows)"
-                )
-            out.append(np.arange(self._next_slot, self._next_slot + n, dtype=np.int64))
-            self._next_slot += n
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    def _used_rows(self) -> torch.Tensor:
+        return (self._ref != REF_FREE).nonzero().squeeze(1)
 
-    def _write_back(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        """Writes full rows of keys to their file slots, allocating slots for new keys."""
-        if keys.numel() == 0:
-            return
-        slots = self._file_find(keys).numpy().copy()
-        new = slots < 0
-        if new.any():
-            fresh = self._alloc(int(new.sum()))
-            slots[new] = fresh
-            need = self._file_rows() + fresh.size
-            if need > MAX_LOAD * self._fslots.shape[0]:
-                self._rebuild_file_index(need)
-            _C.insert_or_assign(
-                self._fslots, keys[torch.from_numpy(new)].contiguous(), torch.from_numpy(fresh)
-            )
-            self._slot_key[fresh] = keys.numpy()[new]
-            self._occupied[fresh] = True
-        order = np.argsort(slots)  # sequential writes
-        self._file[slots[order]] = rows.numpy()[order]
+    def _write_back(self, rows: torch.Tensor) -> None:
+        """Writes the dirty ones of cache ``rows`` (m,) int64 to their file records."""
+        dirty = rows[self._dirty[rows]]
+        if dirty.numel():
+            slots = self.file.slots_for(self._keys[dirty])
+            self.file.write(self._data, self._keys, dirty, slots)
+            self._dirty[dirty] = False
 
-    def _rebuild_file_index(self, rows: int) -> None:
-        self._new_index(rows)
-        occ = np.flatnonzero(self._occupied[: self._next_slot])
-        _C.insert_or_assign(
-            self._fslots, torch.from_numpy(self._slot_key[occ]), torch.from_numpy(occ)
-        )
-
-    def _flush(self, clear: bool) -> None:
-        """Writes every cached row back; drops them from the cache when ``clear``."""
-        keys, rows = self.cache.contents()
-        self._write_back(keys.clone(), rows)
-        if clear:
-            self.cache.reset()
-
-    def _chunks(self) -> Iterator[tuple[int, torch.Tensor, np.ndarray]]:
-        """(start, rows (b, width) view of the file, occupied (b,) bool) per chunk."""
-        for a in range(0, self._next_slot, self._CHUNK):
-            b = min(a + self._CHUNK, self._next_slot)
-            yield a, torch.from_numpy(self._file[a:b]), self._occupied[a:b]
-
-    # -- cache side -----------------------------------------------------------------------
-    def _make_room(self, incoming: int, keep: torch.Tensor) -> None:
-        """Evicts least recently used rows (not ``keep``, rows of the current batch) so that
-        ``incoming`` more rows fit in the cache."""
-        if incoming > self.cache_rows:
+    def _evict(self, need: int) -> None:
+        """Frees at least ``need`` more cache rows (a block more when there are that many
+        unpinned rows, so that evictions come in blocks)."""
+        want = min(need + self.cache_rows // 32, self.cache_rows - self._n_free)
+        victims, self._hand = _C.clock_victims(self._ref, self._hand, want)
+        self._generation += 1
+        if victims.numel() < need:
+            self._ref[victims] = REF_USED  # left as they were: still cached
             raise CapacityExceeded(
-                f"table {self.options.name!r}: a batch of {incoming} keys needs more than the "
-                f"cache's {self.cache_rows} rows; raise cache_budget_mb"
+                f"table {self.options.name!r}: a call needs more rows at once than the "
+                f"cache's {self.cache_rows}; raise cache_budget_mb"
             )
-        size = self.cache.size()
-        if size + incoming <= self.cache_rows:
-            return
-        # evict down to leave a quarter of the cache free, so evictions come in batches
-        target = max(self.cache_rows - max(incoming, self.cache_rows // 4), 0)
-        victims = self.cache.least_used(size - target, keep)
-        self._write_back(*self.cache.take(victims))
-        self.cache.drop_rows(victims)
+        self._write_back(victims)
+        self._index.erase(self._keys[victims])
+        m = victims.numel()
+        self._free_rows[self._n_free : self._n_free + m] = victims
+        self._n_free += m
+        self.counters["cache_evictions"] += m
 
-    def _bring(
+    def _take_rows(self, n: int) -> torch.Tensor:
+        if n > self._n_free:
+            self._evict(n - self._n_free)
+        rows = self._free_rows[self._n_free - n : self._n_free].clone()
+        self._n_free -= n
+        return rows
+
+    def _fill(
         self,
         keys: torch.Tensor,
         create: bool,
@@ -180,107 +163,240 @@ class SsdTable(TableTier):
         shows: torch.Tensor | None = None,
         clicks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Cache rows of keys ((n,) int64 unique), loading them from the file and creating
-        absent ones when ``create`` (shows, clicks (n,) of a push for admission by score);
-        -1 for keys left absent."""
-        self._tick += 1
-        rows = self.cache.find(keys)
-        miss = rows < 0
-        n_miss = int(miss.sum())
-        self.counters["cache_hits"] += keys.numel() - n_miss
-        self.counters["cache_misses"] += n_miss
-        if n_miss:
-            mk = keys[miss]
-            slots = self._file_find(mk)
-            on_file = slots >= 0
-            absent = mk[~on_file]
-            if create and absent.numel() and self._total + absent.numel() > self.capacity:
-                raise CapacityExceeded(
-                    f"table {self.options.name!r}: {absent.numel()} new rows would exceed "
-                    f"capacity {self.capacity} (holds {self._total})"
-                )
-            incoming = int(on_file.sum()) + (absent.numel() if create else 0)
-            self._make_room(incoming, rows[~miss])
-            if bool(on_file.any()):
-                fk = mk[on_file]
-                fs = slots[on_file].numpy()
-                self.cache.import_rows(fk, torch.from_numpy(self._file[fs]))
-            if create and absent.numel():
-                before = self.cache.size()
-                if admit:
-                    where = miss.clone()
-                    where[miss] = ~on_file
-                    self.cache.create(
-                        absent,
-                        None if shows is None else shows[where],
-                        None if clicks is None else clicks[where],
-                    )
-                else:
-                    self.cache.find_or_insert(absent)
-                self._total += self.cache.size() - before
-            rows = self.cache.find(keys)
-        self.cache.mark_used(rows[rows >= 0], self._tick)
+        """Cache rows (m,) int64 (pinned) of ``keys`` (m,) int64, unique and not cached:
+        read from the file, or created when ``create`` (subject to admission when ``admit``;
+        shows, clicks (m,) of a push for admission by score); -1 for keys left absent."""
+        out = torch.full((keys.numel(),), -1, dtype=torch.int64)
+        slots = self.file.index.find(keys)
+        on_file = slots >= 0
+        new = ~on_file if create else torch.zeros_like(on_file)
+        if create and admit:
+            mask = admission_mask(
+                self.options,
+                self._rng,
+                int(new.sum()),
+                None if shows is None else shows[new],
+                None if clicks is None else clicks[new],
+            )
+            if mask is not None:
+                self.counters["rows_refused"] += int((~mask).sum())
+                new[new.clone()] = mask
+        n_file, n_new = int(on_file.sum()), int(new.sum())
+        if n_new and self._total + n_new > self.capacity:
+            raise CapacityExceeded(
+                f"table {self.options.name!r}: {n_new} new rows would exceed capacity "
+                f"{self.capacity} (holds {self._total})"
+            )
+        rows = self._take_rows(n_file + n_new)
+        if n_file:
+            r = rows[:n_file]
+            self._keys[r] = keys[on_file]
+            self.file.read(slots[on_file], self._data, r)
+            out[on_file] = r
+        if n_new:
+            r = rows[n_file:]
+            self._keys[r] = keys[new]
+            _C.init_rows_at(self._data, self._keys, r, self.params)
+            self._dirty[r] = True
+            out[new] = r
+            self._total += n_new
+            self.counters["rows_created"] += n_new
+        got = out >= 0
+        self._index.assign(keys[got], out[got])
+        self._ref[rows] = REF_PINNED
+        self._filled.append(rows)
+        return out
+
+    def _rows_of(
+        self,
+        keys: torch.Tensor,
+        create: bool,
+        admit: bool = True,
+        shows: torch.Tensor | None = None,
+        clicks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Cache rows (m,) int64 of ``keys`` (m,) int64 unique, pinned, brought in as
+        :meth:`_fill` does (shows, clicks (m,) or None); -1 for keys left absent."""
+        rows, misses = self._index.find_count(keys)
+        self._mark(rows, REF_PINNED)
+        if misses:
+            miss = rows < 0
+            rows[miss] = self._fill(
+                keys[miss],
+                create,
+                admit,
+                None if shows is None else shows[miss],
+                None if clicks is None else clicks[miss],
+            )
         return rows
 
-    # -- the tier interface ---------------------------------------------------------------
-    def _batches(self, n: int) -> Iterator[slice]:
-        """Slices of at most half the cache, so that one batch always fits."""
+    def _mark(self, rows: torch.Tensor, ref: int, dirty: bool = False) -> None:
+        """CLOCK byte ``ref`` (and the write-back bit when ``dirty``) of rows (n,) >= 0."""
+        _C.mark_rows(self._ref, self._dirty, rows, ref, dirty)
+
+    def _unpin(self, rows: torch.Tensor) -> None:
+        """Ends a call: its rows that were cached before count as used; those it brought in
+        stay idle (evicted at the hand's next pass unless used again: a key seen once does
+        not push a hot one out)."""
+        self._mark(rows, REF_USED)
+        for filled in self._filled:
+            self._mark(filled, REF_IDLE)
+        self._filled.clear()
+
+    def _slices(self, n: int) -> Iterator[slice]:
+        """Slices of at most half the cache, so that one always fits."""
         step = max(self.cache_rows // 2, 1)
         for a in range(0, n, step):
             yield slice(a, min(a + step, n))
 
+    def _flush(self, clear: bool) -> None:
+        """Writes every dirty cached row back; empties the cache when ``clear``."""
+        self._write_back(self._used_rows())
+        if clear:
+            self._clear_cache()
+
+    # -- the tier interface ---------------------------------------------------------------
     def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
+        rows, n_miss = self._index.find_count(keys)
+        self.counters["cache_hits"] += keys.numel() - n_miss
+        self.counters["cache_misses"] += n_miss
+        if n_miss == 0:
+            self._mark(rows, REF_USED)
+            self._remember(keys, rows)
+            return _C.gather(self._data, rows, self.params)
+        if keys.numel() <= self.cache_rows // 2:
+            self._mark(rows, REF_PINNED)
+            miss = rows < 0
+            absent, inverse = _C.unique(keys[miss])
+            rows[miss] = self._fill(absent, create)[inverse]
+            out = _C.gather(self._data, rows, self.params)
+            self._unpin(rows)
+            if create:
+                self._remember(keys, rows)
+            return out
+        # a large pull: the keys absent everywhere are created on file, the others come in
+        # through the cache in slices
         uniq, inverse = _C.unique(keys)
         out = torch.empty(uniq.numel(), self.dim)
-        for sl in self._batches(uniq.numel()):
-            rows = self._bring(uniq[sl], create)
-            out[sl] = self.cache.gather(rows)
+        rest = torch.arange(uniq.numel())
+        if create and admission_mask(self.options, self._rng, 0, None, None) is None:
+            absent = (self._index.find(uniq) < 0) & (self.file.index.find(uniq) < 0)
+            if bool(absent.any()):
+                out[absent] = self._create_on_file(uniq[absent])
+                rest = (~absent).nonzero().squeeze(1)
+        for sl in self._slices(rest.numel()):
+            at = rest[sl]
+            r = self._rows_of(uniq[at], create)
+            out[at] = _C.gather(self._data, r, self.params)
+            self._unpin(r)
         return out.index_select(0, inverse)
+
+    def _create_on_file(self, keys: torch.Tensor) -> torch.Tensor:
+        """Creates rows of ``keys`` (m,) int64, unique and absent, straight into the file's
+        free or append slots (one sequential pass, the cache untouched); their weights (m,
+        dim)."""
+        n = keys.numel()
+        if self._total + n > self.capacity:
+            raise CapacityExceeded(
+                f"table {self.options.name!r}: {n} new rows would exceed capacity "
+                f"{self.capacity} (holds {self._total})"
+            )
+        rows = torch.empty((n, self.width), dtype=torch.float32)
+        _C.init_rows(rows, keys, 0, n, self.params)
+        self.file.write(rows, keys, torch.arange(n), self.file.append(keys))
+        self._total += n
+        self.counters["rows_created"] += n
+        return rows[:, _C.EMBED_W : _C.EMBED_W + self.dim]
 
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> bool:
-        if _C.unique(keys)[0].numel() != keys.numel():
-            return False
-        for sl in self._batches(keys.numel()):
-            rows = self._bring(keys[sl], True, True, shows[sl], clicks[sl])
-            self.cache.update_rows(
-                rows, grads[sl].contiguous(), shows[sl].contiguous(), clicks[sl].contiguous()
-            )
+        rows, n_miss = self._recent_rows(keys)
+        if n_miss:
+            if _C.unique(keys)[0].numel() != keys.numel():
+                return False  # the caller sums repeated keys (admission needs their sums)
+            if keys.numel() > self.cache_rows // 2:
+                for sl in self._slices(keys.numel()):
+                    r = self._rows_of(keys[sl], True, True, shows[sl], clicks[sl])
+                    self._push_rows(
+                        r, grads[sl].contiguous(), shows[sl].contiguous(), clicks[sl].contiguous()
+                    )
+                    self._unpin(r)
+                return True
+            self._mark(rows, REF_PINNED)
+            miss = rows < 0
+            rows[miss] = self._fill(keys[miss], True, True, shows[miss], clicks[miss])
+            self._push_rows(rows, grads, shows, clicks)
+            self._unpin(rows)
+            return True
+        self._push_rows(rows, grads, shows, clicks)  # a push of pulled keys: no new use
         return True
+
+    def _push_rows(
+        self, rows: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
+    ) -> None:
+        self.counters["rows_expanded"] += _C.update(
+            self._data, self._keys, rows, grads, shows, clicks, self.params
+        )
+        self._mark(rows, _REF_KEEP, dirty=True)
+
+    # -- row-level access, for a cache in front of this table (device_cache) ------------
+    def full_rows(self, keys: torch.Tensor, create: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full rows (m, width) and present (m,) bool of ``keys`` (m,) int64 unique, created
+        first when ``create`` (admission applies); absent rows read as zeros."""
+        full = torch.zeros(keys.numel(), self.width)
+        for sl in self._slices(keys.numel()):
+            rows = self._rows_of(keys[sl], create)
+            found = rows >= 0
+            full[sl][found] = self._data[rows[found]]
+            self._unpin(rows)
+        return full, self._present(keys)
+
+    def _present(self, keys: torch.Tensor) -> torch.Tensor:
+        return (self._index.find(keys) >= 0) | (self.file.index.find(keys) >= 0)
+
+    def set_full_rows(self, keys: torch.Tensor, full: torch.Tensor) -> None:
+        """Sets the full rows (m, width) of ``keys`` (m,) int64 unique, all present."""
+        for sl in self._slices(keys.numel()):
+            rows = self._rows_of(keys[sl], False)
+            assert bool((rows >= 0).all()), "set_full_rows: every key must be present"
+            self._data[rows] = full[sl].to(torch.float32)
+            self._mark(rows, _REF_KEEP, dirty=True)
+            self._unpin(rows)
 
     def size(self) -> int:
         return self._total
 
     def inspect(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
         full = torch.zeros(keys.numel(), self.width)
-        rows = self.cache.find(keys)
+        rows = self._index.find(keys)
         hit = rows >= 0
-        full[hit] = self.cache.take(rows[hit])[1]
-        slots = self._file_find(keys)
+        full[hit] = self._data[rows[hit]]
+        slots = self.file.index.find(keys)
         on_file = (~hit) & (slots >= 0)
         if bool(on_file.any()):
-            full[on_file] = torch.from_numpy(self._file[slots[on_file].numpy()])
-        present = torch.where(hit | on_file, 0, -1)
-        return self._stats_of(present, full)
+            full[on_file] = self.file.full_rows(slots[on_file])
+        return self._stats_of(torch.where(hit | on_file, 0, -1), full)
 
     def advance_day(self) -> None:
-        self.cache.advance_day()
-        for _a, rows, _occ in self._chunks():
-            rows[:, _C.UNSEEN] += 1  # free slots too: they are rewritten before reuse
+        # cached rows and their file records alike (a clean cached row stays equal to its
+        # record; free records too: they are rewritten before reuse)
+        self._data[:, _C.UNSEEN] += 1
+        for _a, chunk in self.file.chunks():
+            chunk[:, KEY_WORDS + _C.UNSEEN] += 1
 
     def shrink(self) -> int:
         self._flush(clear=True)
         deleted = 0
-        for a, rows, occ in self._chunks():
-            keep = _C.shrink(rows, rows.shape[0], self.params).numpy()
-            gone = np.flatnonzero(occ & ~keep) + a
-            if gone.size:
-                self._occupied[gone] = False
-                self._free.append(gone)
-                deleted += gone.size
-        if deleted:
-            self._rebuild_file_index(max(self._file_rows(), MIN_ROWS))
+        for a, chunk in self.file.chunks():
+            rows = chunk[:, KEY_WORDS:].contiguous()
+            keep = _C.shrink(rows, rows.shape[0], self.params)
+            chunk[:, KEY_WORDS:] = rows
+            gone = (self.file.live(chunk) & ~keep).nonzero().squeeze(1)
+            if gone.numel():
+                self.file.index.erase(self.file.keys_of(chunk)[gone])
+                self.file.free(gone + a)
+                deleted += gone.numel()
         self._total -= deleted
         self.counters["rows_deleted"] += deleted
         return deleted
@@ -288,26 +404,31 @@ class SsdTable(TableTier):
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._flush(clear=False)
         keys, rows = [], []
-        for a, chunk, occ in self._chunks():
-            sel = _C.select_rows(chunk, chunk.shape[0], select, self.params).numpy() & occ
-            idx = np.flatnonzero(sel)
-            keys.append(torch.from_numpy(self._slot_key[idx + a]))
-            rows.append(chunk[torch.from_numpy(idx)].clone())
+        for _a, chunk in self.file.chunks():
+            full = chunk[:, KEY_WORDS:].contiguous()
+            sel = _C.select_rows(full, full.shape[0], select, self.params) & self.file.live(chunk)
+            idx = sel.nonzero().squeeze(1)
+            keys.append(self.file.keys_of(chunk)[idx])
+            rows.append(full[idx])
         if not keys:
             return torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.width)
         return torch.cat(keys), torch.cat(rows)
 
     def clear_dirty(self) -> None:
-        self.cache.clear_dirty()
-        for _a, chunk, _occ in self._chunks():
-            _C.clear_dirty(chunk, chunk.shape[0])
+        self._flush(clear=False)  # then cache and file both clear (cached rows stay clean)
+        _C.clear_dirty(self._data, self.cache_rows)
+        for _a, chunk in self.file.chunks():
+            rows = chunk[:, KEY_WORDS:].contiguous()
+            _C.clear_dirty(rows, rows.shape[0])
+            chunk[:, KEY_WORDS:] = rows
 
     def mark_dirty(self, keys: torch.Tensor) -> None:
         self._flush(clear=True)
-        slots = self._file_find(keys).numpy()
+        slots = self.file.index.find(keys)
         slots = slots[slots >= 0]
-        flags = self._file[slots, _C.FLAGS].astype(np.int64) | _C.FLAG_DIRTY
-        self._file[slots, _C.FLAGS] = flags.astype(np.float32)
+        col = KEY_WORDS + _C.FLAGS
+        flags = self.file.records[slots, col].to(torch.int64) | _C.FLAG_DIRTY
+        self.file.records[slots, col] = flags.to(torch.float32)
 
     def import_rows(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
         if rows.dim() != 2 or rows.shape != (keys.numel(), self.width):
@@ -316,44 +437,53 @@ class SsdTable(TableTier):
                 f"got {tuple(rows.shape)}"
             )
         self._flush(clear=True)
-        new = int((self._file_find(keys) < 0).sum())
+        new = int((self.file.index.find(keys) < 0).sum())
         if self._total + new > self.capacity:
             raise CapacityExceeded(
                 f"table {self.options.name!r}: loading {new} new rows would exceed capacity "
                 f"{self.capacity}"
             )
-        self._write_back(keys, rows.to(torch.float32).contiguous())
+        slots = self.file.slots_for(keys)
+        src = rows.to(torch.float32).contiguous()
+        self.file.write(src, keys.contiguous(), torch.arange(keys.numel()), slots)
         self._total += new
 
     def import_weights(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        for sl in self._batches(keys.numel()):
-            self._bring(keys[sl], create=True, admit=False)
-            self.cache.import_weights(keys[sl], values[sl])
+        if values.dim() != 2 or values.shape != (keys.numel(), self.dim):
+            raise InvalidInput(
+                f"table {self.options.name!r}: values must be ({keys.numel()}, {self.dim}), "
+                f"got {tuple(values.shape)}"
+            )
+        for sl in self._slices(keys.numel()):
+            rows = self._rows_of(keys[sl], True, admit=False)
+            v = values[sl].to(torch.float32)
+            self._data[rows, _C.EMBED_W : _C.EMBED_W + self.dim] = v
+            expanded = (v[:, 1:] != 0).any(dim=1).to(torch.int64) * _C.FLAG_EXPANDED
+            flags = self._data[rows, _C.FLAGS].to(torch.int64) | expanded
+            self._data[rows, _C.FLAGS] = flags.to(torch.float32)
+            self._mark(rows, _REF_KEEP, dirty=True)
+            self._unpin(rows)
 
     def reset(self) -> None:
-        self.cache.reset()
-        self._occupied[:] = False
-        self._free = []
-        self._next_slot = 0
+        self._clear_cache()
+        self.file.reset()
         self._total = 0
-        self._new_index(MIN_ROWS)
 
     def bytes_used(self) -> dict[str, int]:
-        host = self.cache.bytes_used()["host"] + self._fslots.numel() * 8
-        host += self._slot_key.nbytes + self._occupied.nbytes
-        return {"host": int(host), "ssd": int(self._next_slot * self.width * 4)}
+        host = self._data.numel() * 4 + self._keys.numel() * 8 + self._index.nbytes()
+        host += self._ref.numel() + self._dirty.numel() + self._free_rows.numel() * 8
+        host += self.file.index.nbytes()
+        return {"host": int(host), "ssd": int(self.file.next_slot * self.file.record_bytes)}
 
     def stats(self) -> dict[str, Any]:
         s = super().stats()
-        s["rows_by_tier"] = {"host": self.cache.size(), "ssd": self._file_rows()}
+        s["rows_by_tier"] = {"host": self.cache_rows - self._n_free, "ssd": self.file.rows()}
         s["cache_rows_max"] = self.cache_rows
         return s
 
     def close(self) -> None:
-        self.cache.close()
-        if not self._mapping.closed:
-            # no view may outlive the mapping: an access after close finds no rows
-            self._file = np.empty((0, self.width), np.float32)
-            self._mapping.close()
-            self.path.unlink(missing_ok=True)
-            os.close(self._lock_fd)
+        if self._closed:
+            return
+        self._closed = True
+        self.file.close()
+        os.close(self._lock_fd)

@@ -1,8 +1,8 @@
 """The storage-tier interface of one table (OneEmbedding's store options).
 
 Implementations: :class:`~streamrec.embedding_store.host_tier.HostTable` (rows in RAM) and
-:class:`~streamrec.embedding_store.ssd_tier.SsdTable` (rows in a file, a host table as its
-cache). A device tier (GPU memory) would implement :class:`TableTier` over the same C++ ops
+:class:`~streamrec.embedding_store.ssd_tier.SsdTable` (rows in a file, a bounded RAM cache
+in front). A device tier (GPU memory) would implement :class:`TableTier` over the same C++ ops
 once a CUDA extension exists; today ``tier="device"`` raises ``TierUnavailable``.
 
 Tiers are not thread-safe; :class:`~streamrec.embedding_store.store.EmbeddingStore` locks
@@ -82,6 +82,29 @@ def table_params(options: TableOptions, seed: int = 0) -> _C.TableParams:
     p.seed = (int.from_bytes(digest, "little") ^ (seed * 0x9E3779B97F4A7C15)) % 2**64
     p.finalize()
     return p
+
+
+def admission_mask(
+    options: TableOptions,
+    rng: torch.Generator,
+    n: int,
+    shows: torch.Tensor | None,
+    clicks: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Admission mask (n,) bool of ``n`` absent keys, or None when all are admitted (no
+    admission rule). shows, clicks: (n,) float32 of a push, None for a pull (which creates
+    nothing under an admission score)."""
+    o = options
+    if o.admission_score is not None:
+        if shows is None or clicks is None:
+            return torch.zeros(n, dtype=torch.bool)  # pulls never create
+        score = o.nonclk_coeff * (shows - clicks) + o.click_coeff * clicks
+        p = (score / o.admission_score).clamp(0.0, 1.0)
+    elif o.admission_probability < 1.0:
+        p = torch.full((n,), o.admission_probability)
+    else:
+        return None
+    return torch.rand(n, generator=rng) < p
 
 
 class TableTier(ABC):

@@ -219,4 +219,45 @@ void select_rows(Matrix<const float> data, int64_t size, int64_t mode, const Tab
 // Clears the changed-since-save flag of rows [0, size).
 void clear_dirty(Matrix<float> data, int64_t size);
 
+// --- the ssd tier (ssd_rows.cpp) ---
+// A compact key -> value index: keys (cap,) int64 and vals (cap,) int32, vals < 0 marking an
+// empty slot; any cap >= 1; linear probing from fastrange(mix64(key), cap). 12 bytes a slot.
+struct CompactIndex {
+  int64_t* keys = nullptr;
+  int32_t* vals = nullptr;
+  int64_t cap = 0;
+};
+// Value per key into out (n,), -1 where absent (parallel); returns the number absent.
+int64_t compact_find(const CompactIndex& x, Span<const int64_t> keys, int64_t* out);
+// Sets key -> val (last wins); vals in [0, 2^31). Raises when no slot is left (the caller
+// keeps the load under 1). Returns the number of keys added.
+int64_t compact_assign(const CompactIndex& x, Span<const int64_t> keys, Span<const int64_t> vals);
+// Removes keys (absent ones ignored), shifting runs back; returns the number removed.
+int64_t compact_erase(const CompactIndex& x, Span<const int64_t> keys);
+// A cache row's CLOCK byte: used since the hand last passed, idle, free (no key), pinned
+// (used by the call in progress: never a victim).
+constexpr uint8_t kRefIdle = 0, kRefUsed = 1, kRefFree = 2, kRefPinned = 3;
+// Up to `count` victims into out: the hand sweeps ref (n_rows,) from *hand, clearing used
+// rows to idle and taking idle ones (set free); at most two laps. Returns the number found.
+int64_t clock_victims(uint8_t* ref, int64_t n_rows, int64_t* hand, int64_t count, int64_t* out);
+// ref[r] = value (left as it is when value < 0) and dirty[r] = true when set_dirty, for every
+// r = rows[i] >= 0 (< n_rows).
+void mark_rows(uint8_t* ref, bool* dirty, int64_t n_rows, Span<const int64_t> rows, int value,
+               bool set_dirty);
+// Initialises the rows rows[i] >= 0 as init_rows does (keys from row_keys). data: (R, width).
+void init_rows_at(Matrix<float> data, Span<const int64_t> row_keys, Span<const int64_t> rows,
+                  const TableParams& p);
+// data[rows[i]] = the row words of file record slots[i]. file: (F, w + 2) records [key as
+// two words, row]; data: (R, w).
+void records_to_rows(Matrix<const float> file, Span<const int64_t> slots, Matrix<float> data,
+                     Span<const int64_t> rows);
+// As records_to_rows, by pread from file descriptor fd (nothing mapped): slots ascending,
+// each run of consecutive slots one read; file_rows: the records the file holds. Raises on
+// a failed or short read.
+void pread_records(int fd, int64_t file_rows, Span<const int64_t> slots, Matrix<float> data,
+                   Span<const int64_t> rows);
+// file record slots[i] = [row_keys[rows[i]], data[rows[i]]].
+void rows_to_records(Matrix<const float> data, Span<const int64_t> row_keys,
+                     Span<const int64_t> rows, Matrix<float> file, Span<const int64_t> slots);
+
 }  // namespace streamrec
