@@ -22,7 +22,6 @@ This module alone calls ``sys.exit``.
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import logging
 import sys
@@ -35,6 +34,7 @@ from streamrec.control.trainer_config import DataFormat, TrainerConfig, flag_fie
 from streamrec.errors import BadRequest, StreamRecError
 from streamrec.pass_line import PASS_HEADER, pass_row
 from streamrec.trainer.errors import ConfigError
+from streamrec.trainer.liveness import enable_fault_stacks
 
 log = logging.getLogger("streamrec.trainer")
 
@@ -193,7 +193,7 @@ def cmd_predict(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    faulthandler.enable()  # a C++ abort (std::terminate) prints every thread's Python stack
+    enable_fault_stacks()
     commands = {"predict": cmd_predict, "export": cmd_export, "train": cmd_train}
     cmd = commands.get(argv[0]) if argv else None
     try:

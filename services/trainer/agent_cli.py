@@ -11,7 +11,6 @@ read from Redis may make the group do (:mod:`.job_guard`).
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import logging
 import os
 from typing import Any
@@ -20,7 +19,7 @@ from streamrec.control import redis_io
 from streamrec.errors import StreamRecError
 from streamrec.trainer.agent_loop import Agent
 from streamrec.trainer.job_guard import JobGuard
-from streamrec.trainer.liveness import handle_sigterm
+from streamrec.trainer.liveness import enable_fault_stacks, handle_sigterm
 from streamrec.trainer.pool_member import PoolMember, default_group_name
 
 log = logging.getLogger("streamrec.trainer.agent")
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a pod deleted, torchrun stopping the group): end cleanly, the pass in hand
     # released (Agent.close), not failed; the group leaves the pool
     handle_sigterm()
-    faulthandler.enable()  # a C++ abort (std::terminate) prints every thread's Python stack
+    enable_fault_stacks()
     try:
         guard = job_guard(args)
     except ValueError as exc:

@@ -4,6 +4,9 @@ that ends a rank stuck without progress, and SIGTERM (the rank ends, its pass re
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import io
 import logging
 import os
 import threading
@@ -136,6 +139,13 @@ def terminate(signum: int, _frame: Any) -> None:
     TERMINATING.set()
     log.warning("SIGTERM: this rank ends (the pass in hand is released)")
     raise SystemExit(128 + signum)
+
+
+def enable_fault_stacks() -> None:
+    """A C++ abort (std::terminate, a segfault) prints every thread's Python stack on
+    stderr; a no-op where stderr is no file (a test capturing it)."""
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+        faulthandler.enable()
 
 
 def handle_sigterm(grace_s: float = TERMINATE_GRACE_S) -> None:
