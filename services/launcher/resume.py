@@ -107,7 +107,8 @@ class ResumedStack(Stack):
         url, port = record.get("online_redis_url"), record.get("serving_port")
         given = self.args.online_redis_url
         if given is None and port is not None:
-            return ServingRedis(url, self.run / "serving-redis-password", port)
+            own = str(url or f"redis://127.0.0.1:{port}/0")
+            return ServingRedis(own, self.run / "serving-redis-password", int(port))
         if given != url:
             raise StackError(
                 f"--online-redis-url {given}: the run's job publishes to {url}"
