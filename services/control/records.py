@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from streamrec.control import codec
 from streamrec.control.states import JobState, PassState
@@ -104,9 +104,34 @@ def _time() -> Any:
     return field(default=None, metadata=codec.TIME)
 
 
+class HashRecord:
+    """A record dataclass kept as one Redis hash, a field each: its codec."""
+
+    #: what errors call the record ("pass record")
+    RECORD: ClassVar[str]
+
+    def to_fields(self) -> dict[str, str]:
+        """The whole record as hash fields (None as "")."""
+        return codec.to_text(self)
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> Self:
+        """The record of a hash; ContractError names a field that does not parse."""
+        return codec.from_text(cls, fields, cls.RECORD)
+
+    @classmethod
+    def patch(cls, **values: Any) -> dict[str, str]:
+        """The hash fields that set ``values`` (typed, by field name) and leave the others:
+        an update's HSET. TypeError for a name that is no field, ContractError for a value
+        of the wrong type."""
+        return codec.to_text(cls(**values), values)
+
+
 @dataclass(frozen=True)
-class PassRecord:
+class PassRecord(HashRecord):
     """A pass record, every :class:`PassField` typed (an absent one: its empty value)."""
+
+    RECORD: ClassVar[str] = "pass record"
 
     day: str = ""
     pass_id: int = 0
@@ -134,25 +159,9 @@ class PassRecord:
     malformed_lines: int | None = None
     seconds: float | None = None
 
-    def to_fields(self) -> dict[str, str]:
-        """The whole record as hash fields (None as "")."""
-        return codec.to_text(self)
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, str]) -> PassRecord:
-        """The record of a pass's hash; ContractError names a field that does not parse."""
-        return codec.from_text(cls, fields, "pass record")
-
-    @classmethod
-    def patch(cls, **values: Any) -> dict[str, str]:
-        """The hash fields that set ``values`` (typed, by field name) and leave the others:
-        an update's HSET. TypeError for a name that is no field, ContractError for a value
-        of the wrong type."""
-        return codec.to_text(cls(**values), values)
-
 
 @dataclass(frozen=True)
-class JobRecord:
+class JobRecord(HashRecord):
     """A job's hash, every :class:`JobField` typed (an absent one: its empty value).
 
     ``spec`` and ``trainer_config`` stay the JSON text they were written as: the spec is the
@@ -160,6 +169,8 @@ class JobRecord:
     trainer config is read by the trainers as a plain dict; kept as text, neither is ever
     re-serialised, so a record read and written back is the bytes it was.
     """
+
+    RECORD: ClassVar[str] = "job record"
 
     id: str = ""
     name: str = ""
@@ -185,22 +196,6 @@ class JobRecord:
     restarts: int = 0
     restarts_total: int = 0
     not_before: float | None = _time()
-
-    def to_fields(self) -> dict[str, str]:
-        """The whole record as hash fields (None as "")."""
-        return codec.to_text(self)
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, str]) -> JobRecord:
-        """The record of a job's hash; ContractError names a field that does not parse."""
-        return codec.from_text(cls, fields, "job record")
-
-    @classmethod
-    def patch(cls, **values: Any) -> dict[str, str]:
-        """The hash fields that set ``values`` (typed, by field name) and leave the others:
-        an update's HSET. TypeError for a name that is no field, ContractError for a value
-        of the wrong type."""
-        return codec.to_text(cls(**values), values)
 
 
 # the records and their field names are one list each: a field added to one is added to both
