@@ -20,12 +20,17 @@ What is reproduced, as the reference does it (checked against its code: BENCHMAR
             ids round(U(0, 1) * (n - 1)), offsets (S, B) stacked, targets U(0, 1) (B, 1);
             every batch built before timing starts
 
+On a GPU (``--device cuda``, the reference's ``--use-gpu``): the model, its tables' EmbeddingBags
+included, and every batch on the GPU before timing starts; ``torch.cuda.synchronize()`` before
+the clock starts and before it stops. The arithmetic stays the reference's fp32.
+
 The loss is BCE: the loss StreamRec trains with and the reference's own Criteo scripts pass
 (``--loss-function=bce``); its CLI default is MSE (``--loss mse``; the step rate is the same
 within noise, see BENCHMARKS.md). The reference's LR scheduler step (a no-op with its
 defaults) is left out.
 
     python bench/reference_dlrm.py --setup b --steps 200 --json
+    python bench/reference_dlrm.py --setup b --steps 400 --device cuda
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -102,7 +108,7 @@ def _mlp(sizes: list[int], sigmoid_layer: int) -> nn.Sequential:
 
 
 class ReferenceDLRM(nn.Module):
-    """The reference's ``DLRM_Net`` on one CPU: tables, bottom MLP, dot interaction, top MLP.
+    """The reference's ``DLRM_Net`` on one device: tables, bottom MLP, dot interaction, top MLP.
 
     Draws from numpy's global RNG (as the reference does): seed it first for its weights.
     """
@@ -160,15 +166,40 @@ def random_batches(setup: dict, count: int) -> list[Batch]:
     return out
 
 
-def step_rate(setup: dict, steps: int, warmup: int = 5, loss: str = "bce") -> dict:
+def on_device(b: Batch, device: torch.device) -> Batch:
+    """A batch's tensors on ``device`` (the reference's ``dlrm_wrap`` moves them alike)."""
+    return (b[0].to(device), b[1].to(device), [i.to(device) for i in b[2]], b[3].to(device))
+
+
+def require_cuda(what: str) -> None:
+    """Refuses ``--device cuda`` where torch sees no GPU: exits 2 saying so."""
+    if not torch.cuda.is_available():
+        print(
+            f"{what} --device cuda: torch {torch.__version__} sees no CUDA GPU (built for CUDA "
+            f"{torch.version.cuda or 'none'}); run it on a GPU machine, or with --device cpu",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step_rate(
+    setup: dict, steps: int, warmup: int = 5, loss: str = "bce", device: str = "cpu"
+) -> dict:
     """Samples/s of ``steps`` training steps on batches built beforehand (after ``warmup``
-    untimed steps), with the model, data and thread settings the reference uses."""
+    untimed steps), with the model, data and thread settings the reference uses; on ``cuda``
+    the model and the batches on the GPU."""
+    dev = torch.device(device)
     np.random.seed(SEED)
     torch.manual_seed(SEED)
-    model = ReferenceDLRM(setup)
+    model = ReferenceDLRM(setup).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loss_fn = nn.BCELoss(reduction="mean") if loss == "bce" else nn.MSELoss(reduction="mean")
-    batches = random_batches(setup, steps + warmup)
+    batches = [on_device(b, dev) for b in random_batches(setup, steps + warmup)]
 
     def step(b: Batch) -> None:
         opt.zero_grad()
@@ -179,11 +210,14 @@ def step_rate(setup: dict, steps: int, warmup: int = 5, loss: str = "bce") -> di
 
     for b in batches[:warmup]:
         step(b)
+    sync(dev)
     started = time.perf_counter()
     for b in batches[warmup:]:
         step(b)
+    sync(dev)
     seconds = time.perf_counter() - started
     return {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "samples_per_s": steps * setup["batch"] / seconds,
         "steps": steps,
         "batch": setup["batch"],
@@ -202,13 +236,17 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--loss", choices=["bce", "mse"], default="bce")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: --use-gpu")
     args = ap.parse_args()
-    res = step_rate(SETUPS[args.setup], args.steps, args.warmup, args.loss)
+    if args.device == "cuda":
+        require_cuda("reference_dlrm.py")
+    res = step_rate(SETUPS[args.setup], args.steps, args.warmup, args.loss, args.device)
     if args.json:
         print(json.dumps(res))
         return
+    on = f" on {res['device']}" if args.device == "cuda" else ""
     print(
-        f"reference DLRM step, setup {args.setup}: {res['samples_per_s']:.0f} samples/s "
+        f"reference DLRM step, setup {args.setup}{on}: {res['samples_per_s']:.0f} samples/s "
         f"({res['steps']} steps x {res['batch']}, {res['loss']} loss, {res['threads']} threads, "
         f"OMP_WAIT_POLICY={res['omp_wait_policy']}, {res['params']} parameters, "
         f"{res['forward_flops_per_sample']} forward FLOPs/sample)"

@@ -14,15 +14,20 @@ data.schema, the reference with ``--num-indices-per-lookup 10``)::
                  parsed, pulled/pushed through the in-process embedding store, trained
     service      the same through embedding-store shard processes (ZeroMQ on 127.0.0.1)
 
-Each StreamRec figure is printed as a ratio to the baseline measured in the same run.
+Each StreamRec figure is printed as a ratio to the baseline measured in the same run. With
+``--device cuda`` both run on the GPU: the reference with its model, tables and batches there
+(its ``--use-gpu``, fp32), StreamRec with its dense model there (``runner.device: cuda``,
+``auto`` precision: bf16) and its store in-process on the host; the service run is left out
+unless ``--service-shards`` asks for it (its shards are CPU processes either way).
 
-Quality (--quality): the planted stream (streamrec-datagen) over several days, trained online
-(predict, then train, each pass) by StreamRec and by the baseline model on the same batches
-(keys hashed into nn.EmbeddingBag tables); prints the last day's predict AUC of both next to
-the best possible AUC.
+Quality (--quality, bench/trainer_quality.py): the planted stream (streamrec-datagen) over
+several days, trained online (predict, then train, each pass) by StreamRec and by the baseline
+model on the same batches (keys hashed into nn.EmbeddingBag tables); prints the last day's
+predict AUC of both next to the best possible AUC.
 
     .venv/bin/python bench/trainer.py                      # reduced size (a shared machine)
     .venv/bin/python bench/trainer.py --full --quality     # the full-size run, alone
+    python3 bench/trainer.py --device cuda --setup b --full  # on a GPU (tools/gpu_check.sh)
 """
 
 from __future__ import annotations
@@ -33,24 +38,19 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 # bench/ is the script's directory, first on sys.path: the baseline shares its setups
-from reference_dlrm import LR, SETUPS
+from reference_dlrm import LR, SETUPS, require_cuda
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
-from streamrec.trainer.datagen import StreamParams, generate
-from streamrec.trainer.evaluation import AucAccumulator
-from streamrec.trainer.model import DLRM
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.store import DEFAULT_TABLE_PARAMETERS, build_table_options
+from streamrec.trainer.store import build_table_options
 from streamrec.trainer.text_lines import to_criteo_text
+from trainer_quality import QualityKnobs, quality
 
 DAY = "20190720"
 
@@ -109,7 +109,12 @@ def schema_of(setup: dict) -> dict:
 
 
 def streamrec_config(
-    setup: dict, data_root: Path, model_root: Path, addresses: list[str], precision: str = "auto"
+    setup: dict,
+    data_root: Path,
+    model_root: Path,
+    addresses: list[str],
+    precision: str = "auto",
+    device: str = "cpu",
 ) -> TrainerConfig:
     multi = setup.get("lookups", 1) > 1
     return TrainerConfig.parse(
@@ -127,6 +132,7 @@ def streamrec_config(
                 "save_base_at_day_end": False,
                 "predict_before_train": False,
                 "train_batch_size": setup["batch"],
+                "device": device,
             },
             "hyper_parameters": {
                 "sparse_inputs_slots": len(setup["ln_emb"]),
@@ -166,11 +172,18 @@ def streamrec_rate(config: TrainerConfig) -> dict:
 
 
 def measure(
-    kind: str, name: str, samples: int, root: Path, shards: int, precision: str = "auto"
+    kind: str,
+    name: str,
+    samples: int,
+    root: Path,
+    shards: int,
+    precision: str = "auto",
+    device: str = "cpu",
 ) -> dict:
     """One figure in the current process (the parent runs each in a fresh process)."""
     setup = SETUPS[name]
-    cfg = streamrec_config(setup, root / "data", root / f"model-{kind}-{precision}", [], precision)
+    model = root / f"model-{kind}-{precision}"
+    cfg = streamrec_config(setup, root / "data", model, [], precision, device)
     if kind == "inproc":
         return streamrec_rate(cfg)
     from streamrec.embedding_store import LocalShards
@@ -180,23 +193,30 @@ def measure(
         json.dumps({"tables": [t.model_dump(mode="json") for t in build_table_options(cfg)]})
     )
     with LocalShards(tables, shards) as local:
-        remote = streamrec_config(
-            setup, root / "data", root / f"model-service-{precision}", local.endpoints, precision
-        )
+        remote = streamrec_config(setup, root / "data", model, local.endpoints, precision, device)
         return streamrec_rate(remote)
 
 
 def run_measure(
-    kind: str, name: str, samples: int, root: Path, shards: int, precision: str = "auto"
+    kind: str,
+    name: str,
+    samples: int,
+    root: Path,
+    shards: int,
+    precision: str = "auto",
+    device: str = "cpu",
 ) -> dict:
     """Runs :func:`measure` in a fresh interpreter. In-process, the trainer owns the machine's
     cores, as a rank in its pod (``OMP_WAIT_POLICY=ACTIVE`` in the trainer images): its OpenMP
     threads run the step's gemms and spin between them, as the reference's do. Through the
     service the shards share the same 2 cores, so everything keeps StreamRec's default
-    (PASSIVE, services/common/__init__.py), as on a node the trainer shares."""
+    (PASSIVE, services/common/__init__.py), as on a node the trainer shares. On cuda too: no
+    gemm runs on the host's threads there, and the threads that do run (parse, pull, push,
+    the gather) would each bring a team of spinning OpenMP threads."""
     env = dict(os.environ)
     # set, not setdefault: `import streamrec` put PASSIVE in this process's environment
-    env["OMP_WAIT_POLICY"] = "ACTIVE" if kind == "inproc" else "PASSIVE"
+    active = kind == "inproc" and device == "cpu"
+    env["OMP_WAIT_POLICY"] = "ACTIVE" if active else "PASSIVE"
     out = subprocess.run(
         [
             sys.executable,
@@ -213,6 +233,8 @@ def run_measure(
             str(shards),
             "--precision",
             precision,
+            "--device",
+            device,
         ],
         env=env,
         capture_output=True,
@@ -234,7 +256,7 @@ def reference_env() -> dict[str, str]:
     }
 
 
-def run_baseline(name: str, steps: int) -> dict:
+def run_baseline(name: str, steps: int, device: str = "cpu") -> dict:
     """The reference step's samples/s (bench/reference_dlrm.py) in a process of its own."""
     out = subprocess.run(
         [
@@ -245,6 +267,8 @@ def run_baseline(name: str, steps: int) -> dict:
             "--steps",
             str(steps),
             "--json",
+            "--device",
+            device,
         ],
         env=reference_env(),
         capture_output=True,
@@ -258,22 +282,34 @@ def run_baseline(name: str, steps: int) -> dict:
 
 
 def throughput(
-    name: str, samples: int, files: int, service_shards: int, precisions: list[str]
+    name: str,
+    samples: int,
+    files: int,
+    service_shards: int,
+    precisions: list[str],
+    device: str = "cpu",
 ) -> dict:
     """The reference step, then StreamRec in-process at each of ``precisions`` and through
-    the service at the first."""
+    the service at the first, on ``device``."""
     setup = SETUPS[name]
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         root = Path(tmp)
         write_pass(root / "data", make_data(setup, samples), files)
-        out["baseline"] = run_baseline(name, samples // setup["batch"])
+
+        def note(key: str, res: dict) -> None:
+            out[key] = res
+            if device == "cuda":  # each figure as it comes (a lent GPU's time may run out)
+                print(f"measured {key}: {json.dumps(res)}", file=sys.stderr, flush=True)
+
+        note("baseline", run_baseline(name, samples // setup["batch"], device))
         for p in precisions:
-            out[f"inproc/{p}"] = run_measure("inproc", name, samples, root, service_shards, p)
-        if service_shards:
-            out["service"] = run_measure(
-                "service", name, samples, root, service_shards, precisions[0]
+            note(
+                f"inproc/{p}", run_measure("inproc", name, samples, root, service_shards, p, device)
             )
+        if service_shards:
+            res = run_measure("service", name, samples, root, service_shards, precisions[0], device)
+            note("service", res)
     b = out["baseline"]["rate"]
     print(
         f"setup {name}: {len(setup['ln_emb'])} tables {setup['ln_emb'][0]}.. rows, dim "
@@ -282,6 +318,12 @@ def throughput(
         + (f", {setup['lookups']} ids a lookup (Parquet lists)" if "lookups" in setup else "")
     )
     base = out["baseline"]
+    if device == "cuda":
+        print(
+            f"  on {base['device']}: the reference's model, tables and batches; StreamRec's "
+            f"dense model (its store in-process on the host, OMP_WAIT_POLICY PASSIVE)"
+            + ("" if service_shards else "; store service left out (--service-shards N)")
+        )
     print(
         f"  reference step alone         {b:10.0f} samples/s  ({base['steps']} steps, "
         f"{base['threads']} threads, OMP_WAIT_POLICY {base['omp_wait_policy'] or 'unset'}, "
@@ -301,205 +343,15 @@ def throughput(
     return out
 
 
-# -- quality ------------------------------------------------------------------------------
-@dataclass
-class QualityKnobs:
-    """The quality run's settings (CLI flags of the same names).
-
-    StreamRec's are None unless a flag sets them, and None keeps the trainer's own default
-    (``ModelConfig`` for the dense optimizer, ``DEFAULT_TABLE_PARAMETERS`` for the tables): a run
-    with no flags measures the product as a user gets it. The baseline's are the reference
-    side's (torch Adagrad on dense and sparse parameters).
-    """
-
-    dense_optimizer: str | None = None
-    dense_lr: float | None = None
-    sparse_rule: str | None = None
-    sparse_lr: float | None = None
-    initial_g2sum: float | None = None
-    #: StreamRec rows start uniform in +-init_range (None: the trainer's initializer)
-    init_range: float | None = None
-    embedx_threshold: float | None = None
-    delete_threshold: float | None = None
-    pipeline: bool = True
-    vocab: int = 300
-    #: Seeds the planted stream and both models' initial values (another draw of the same
-    #: experiment, to see how much of a difference is luck); None: the fixed ones.
-    seed: int | None = None
-    baseline_dense_lr: float = 0.05
-    baseline_sparse_lr: float = 0.05
-
-    def hyper_parameters(self) -> dict:
-        """The dense optimizer settings flagged (the others: ModelConfig's defaults)."""
-        named = (("optimizer", self.dense_optimizer), ("learning_rate", self.dense_lr))
-        return {k: v for k, v in named if v is not None}
-
-    def table_parameters(self) -> dict:
-        """The table settings flagged (the others: the trainer's DEFAULT_TABLE_PARAMETERS)."""
-        out: dict = {}
-        named = (
-            ("name", self.sparse_rule),
-            ("learning_rate", self.sparse_lr),
-            ("initial_g2sum", self.initial_g2sum),
-        )
-        rule = {k: v for k, v in named if v is not None}
-        if rule:
-            for part in ("embed_sgd_param", "embedx_sgd_param"):
-                out[part] = dict(DEFAULT_TABLE_PARAMETERS[part], **rule)
-        if self.init_range is not None:
-            r = self.init_range
-            out["initializer"] = {"type": "uniform", "low": -r, "high": r}
-        for name in ("embedx_threshold", "delete_threshold"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        return out
-
-
-def quality(
-    days: int, samples_per_split: int, split_interval: int, slots: int, k: QualityKnobs
-) -> dict:
-    params = StreamParams(slots=slots, vocab=k.vocab, drift=0.05)
-    if k.seed is not None:
-        params.seed = k.seed
-    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
-        root = Path(tmp)
-        generate(root / "data", DAY, days, split_interval, samples_per_split, 2, params)
-        end = layout.format_day(
-            layout.parse_day(DAY) + __import__("datetime").timedelta(days=days - 1)
-        )
-        cfg = TrainerConfig.parse(
-            {
-                "runner": {
-                    "train_data_dir": str(root / "data"),
-                    "model_save_path": str(root / "model"),
-                    "split_interval": split_interval,
-                    "split_per_pass": 1,
-                    "start_day": DAY,
-                    "end_day": end,
-                    "checkpoint_per_pass": 0,
-                    "save_base_at_day_end": False,
-                    "train_batch_size": 512,
-                    "sparse_pipeline": k.pipeline,
-                },
-                "hyper_parameters": {
-                    "sparse_inputs_slots": slots,
-                    "arch_sparse_feature_size": 16,
-                    "arch_mlp_bot": "13-64-16",
-                    "arch_mlp_top": "64-1",
-                    **k.hyper_parameters(),
-                    **({} if k.seed is None else {"numpy_rand_seed": k.seed}),
-                },
-                "table_parameters": k.table_parameters(),
-            }
-        )
-        recs = []
-        with OnlineTrainer(cfg) as t:
-            specs = t.passes_todo()
-            for spec in specs:
-                recs.append(t.run_pass(spec))
-        base_recs = baseline_online(cfg, specs, 1 << 16, k.baseline_dense_lr, k.baseline_sparse_lr)
-    last = [r for r in recs if r["day"] == end]
-    last_base = [r for r in base_recs if r["day"] == end]
-    w = np.array([r["samples"] for r in last], dtype=float)
-    res = {
-        "streamrec": float(np.average([r["predict_auc"] for r in last], weights=w)),
-        "baseline": float(np.average([r["predict_auc"] for r in last_base], weights=w)),
-        "best": float(np.average([r["best_auc"] for r in last], weights=w)),
-    }
-    hp, table = cfg.hyper_parameters, build_table_options(cfg)[0]
-    rule, init = table.embedx_sgd_param, table.initializer
-    source = "flags" if k.hyper_parameters() or k.table_parameters() else "trainer defaults"
-    print(
-        f"quality: planted stream, {days} days x {1440 // split_interval} passes x "
-        f"{samples_per_split} samples, {slots} slots, vocab {params.vocab}, drift "
-        f"{params.drift}/day; StreamRec ({source}): dense {hp.optimizer} lr "
-        f"{hp.learning_rate}, sparse {rule.name} lr {rule.learning_rate} initial_g2sum "
-        f"{rule.initial_g2sum}, init {init.model_dump() if init else rule.initial_range}; "
-        f"baseline: torch Adagrad, dense lr {k.baseline_dense_lr}, sparse lr "
-        f"{k.baseline_sparse_lr}"
-    )
-    for i, (r, b) in enumerate(zip(recs, base_recs, strict=True)):
-        if i % max(1, len(recs) // 8) == 0 or i == len(recs) - 1:
-            print(
-                f"  {r['day']}/{r['pass_id']:<3d} predict AUC streamrec {r['predict_auc']:.4f}"
-                f"  baseline {b['predict_auc']:.4f}  best {r['best_auc']:.4f}"
-            )
-    print(
-        f"  last day predict AUC: streamrec {res['streamrec']:.4f}, baseline "
-        f"{res['baseline']:.4f}, best possible {res['best']:.4f}; gap to best "
-        f"{res['best'] - res['streamrec']:.4f}, streamrec - baseline "
-        f"{res['streamrec'] - res['baseline']:+.4f}"
-    )
-    return res
-
-
-def baseline_online(
-    cfg: TrainerConfig, specs: list, rows: int, dense_lr: float, sparse_lr: float
-) -> list[dict]:
-    """The reference DLRM (keys hashed into `rows` rows per table), predict then train, with
-    torch Adagrad at ``dense_lr`` / ``sparse_lr`` (not StreamRec's optimizer settings)."""
-    hp = cfg.hyper_parameters
-    model = DLRM(
-        13,
-        [rows] * hp.sparse_inputs_slots,
-        hp.arch_sparse_feature_size,
-        hp.arch_mlp_bot,
-        hp.arch_mlp_top,
-        seed=hp.numpy_rand_seed,
-    )
-    dense_opt = torch.optim.Adagrad(model.dense.parameters(), lr=dense_lr)
-    sparse_opt = torch.optim.Adagrad(model.emb_l.parameters(), lr=sparse_lr)
-    loss_fn = torch.nn.BCELoss()
-    out = []
-    for spec in specs:
-        files = layout.pass_files(cfg.runner.train_data_dir, spec, cfg.runner.data_donefile)
-        batches = list(
-            iter_batches(
-                files,
-                "generated",
-                hp.sparse_inputs_slots,
-                cfg.runner.train_batch_size,
-                ParseStats(),
-            )
-        )
-        pred, best = AucAccumulator(), AucAccumulator()
-        model.eval()
-        with torch.no_grad():
-            for b in batches:
-                pred.add(_baseline_forward(model, b, rows), b.labels)
-                best.add(b.ptrue, b.labels)
-        model.train()
-        for b in batches:
-            dense_opt.zero_grad()
-            sparse_opt.zero_grad()
-            loss = loss_fn(_baseline_forward(model, b, rows).view(-1, 1), b.labels.view(-1, 1))
-            loss.backward()
-            dense_opt.step()
-            sparse_opt.step()
-        out.append(
-            {
-                "day": spec.day,
-                "pass_id": spec.pass_id,
-                "predict_auc": pred.auc(),
-                "best_auc": best.auc(),
-            }
-        )
-    return out
-
-
-def _baseline_forward(model: DLRM, b, rows: int) -> torch.Tensor:
-    n = len(b)
-    idx = [torch.remainder(b.keys[:, j], rows) for j in range(b.keys.shape[1])]
-    offs = [torch.arange(n, dtype=torch.int64)] * len(idx)
-    return model(b.dense, offs, idx).view(-1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setup", choices=[*SETUPS, "all", "none"], default="all")
     ap.add_argument("--full", action="store_true", help="full size (run alone)")
     ap.add_argument("--samples", type=int, default=None, help="samples per throughput pass")
-    ap.add_argument("--service-shards", type=int, default=1, help="0 skips the service run")
+    ap.add_argument(
+        "--service-shards", type=int, default=None, help="0 skips the service run (cpu: 1, cuda: 0)"
+    )
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both train")
     ap.add_argument("--quality", action="store_true")
     ap.add_argument(
         "--precision",
@@ -528,6 +380,13 @@ def main() -> None:
     ap.add_argument("--baseline-dense-lr", type=float, default=knobs.baseline_dense_lr)
     ap.add_argument("--baseline-sparse-lr", type=float, default=knobs.baseline_sparse_lr)
     args = ap.parse_args()
+    if args.device == "cuda":
+        require_cuda("bench/trainer.py")
+        if args.quality:
+            ap.error("--quality trains on the CPU: run it without --device cuda")
+    shards = args.service_shards
+    if shards is None:
+        shards = 0 if args.device == "cuda" else 1
     torch.manual_seed(0)
     if args.measure:
         print(
@@ -537,8 +396,9 @@ def main() -> None:
                     args.setup,
                     args.samples,
                     Path(args.root),
-                    args.service_shards,
+                    shards,
                     args.precision[0],
+                    args.device,
                 )
             )
         )
@@ -546,7 +406,7 @@ def main() -> None:
     names = ["a", "b"] if args.setup == "all" else [] if args.setup == "none" else [args.setup]
     for name in names:
         samples = args.samples or (SETUPS[name]["batch"] * (400 if args.full else 60))
-        throughput(name, samples, 4, args.service_shards, args.precision)
+        throughput(name, samples, 4, shards, args.precision, args.device)
     knobs = QualityKnobs(
         dense_optimizer=args.dense_optimizer,
         dense_lr=args.dense_lr,

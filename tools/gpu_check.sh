@@ -21,6 +21,11 @@
 #   tools/gpu_check.sh initcheck   reads of uninitialised device memory
 #   tools/gpu_check.sh synccheck   misuse of barriers and warp-synchronous calls
 #   tools/gpu_check.sh bench       bench/embedding_store_gpu.py
+#   tools/gpu_check.sh trainer     the trainer on the GPU (after install; no CUDA library needed:
+#                                  its store is in-process on the host): its gpu-marked tests
+#                                  (pinned staging, a pass on the GPU against the CPU's, bf16),
+#                                  then bench/trainer.py --device cuda --setup b --full against
+#                                  the reference step on the same GPU (3-6 min in all)
 #   tools/gpu_check.sh all         first, then tests .. bench in this order (no run limit)
 #
 # Logs go under $OUT (or build/gpu-check where OUT is unset). compute-sanitizer may be refused
@@ -54,6 +59,11 @@ sanitize() {  # compute-sanitizer --tool $1 over the GPU parameters ([cuda...]) 
 #: the driver the statically linked CUDA 13 runtime needs, at least
 MIN_DRIVER=580
 FIRST_TESTS="bit_identical or initializers or hot_key or padded"
+TRAINER_GPU_TESTS="tests/trainer/test_staging.py tests/trainer/test_device.py
+  tests/trainer/test_precision.py"
+#: seconds the trainer bench may take (with its tests the step stays under 6 minutes; each
+#: figure is logged as it comes, so a bench cut short still says what it measured)
+TRAINER_BENCH_S=300
 
 drivers() {  # the driver's major version and nvidia-smi's GPU count against torch's
   local driver count torch_count
@@ -99,11 +109,22 @@ n = c.load().lib.streamrec_cuda_device_count(); print(f"the CUDA extension sees 
       return "${PIPESTATUS[0]}" ;;
     memcheck) sanitize memcheck env PYTORCH_NO_CUDA_MEMORY_CACHING=1 ;;
     racecheck | initcheck | synccheck) sanitize "$1" ;;
+    trainer)
+      local tests_rc bench_rc
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -p no:cacheprovider -m gpu $TRAINER_GPU_TESTS 2>&1 |
+        tee "$OUT/trainer-tests.log" | tail -5
+      tests_rc=${PIPESTATUS[0]}
+      timeout "$TRAINER_BENCH_S" python3 bench/trainer.py --device cuda --setup b --full 2>&1 |
+        tee "$OUT/trainer-bench.txt"
+      bench_rc=${PIPESTATUS[0]}
+      echo "trainer: tests exit $tests_rc, bench exit $bench_rc (124: past ${TRAINER_BENCH_S} s)"
+      [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] ;;
     bench)
       python3 bench/embedding_store_gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
       return "${PIPESTATUS[0]}" ;;
     *) echo "unknown step '$1' (first install build tests memcheck racecheck initcheck synccheck" \
-      "bench all)" >&2
+      "bench trainer all)" >&2
       return 2 ;;
   esac
 }

@@ -316,6 +316,11 @@ class RunnerConfig(DataFields, CheckpointFields):
     metrics_port: int | None = Field(None, ge=0, le=MAX_PORT, strict=True)
     #: Address /metrics binds (0.0.0.0 in a container).
     metrics_host: str = "127.0.0.1"
+    #: Where the dense model trains: "cuda" (a CUDA GPU; refused at start where torch sees
+    #: none), "cpu", or "auto" (cuda where torch sees a GPU, else cpu). The sparse rows stay
+    #: in the store; on cuda each batch goes to the GPU through pinned host buffers
+    #: (streamrec.trainer.staging). A REST job's model.device is an alias.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -547,15 +552,18 @@ class TrainerConfig(StrictConfig):
     def _alias(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        if "precision" in data:  # a REST job's model.precision: hyper_parameters.precision
-            hp = dict(data.get("hyper_parameters") or {})
-            if hp.get("precision", data["precision"]) != data["precision"]:
+        # a REST job's model.precision and model.device: hyper_parameters.precision and
+        # runner.device
+        for name, section in (("precision", "hyper_parameters"), ("device", "runner")):
+            if name not in data:
+                continue
+            values = dict(data.get(section) or {})
+            if values.get(name, data[name]) != data[name]:
                 raise ValueError(
-                    f"precision {data['precision']!r} contradicts hyper_parameters.precision "
-                    f"{hp['precision']!r}"
+                    f"{name} {data[name]!r} contradicts {section}.{name} {values[name]!r}"
                 )
-            hp["precision"] = data["precision"]
-            data = {k: v for k, v in data.items() if k != "precision"} | {"hyper_parameters": hp}
+            values[name] = data[name]
+            data = {k: v for k, v in data.items() if k != name} | {section: values}
         hp, runner = data.get("hyper_parameters"), data.get("runner")
         mb = hp.get("mini_batch_size") if isinstance(hp, dict) else None
         if mb is None:
@@ -568,6 +576,15 @@ class TrainerConfig(StrictConfig):
             )
         runner["train_batch_size"] = mb
         return dict(data, runner=runner)
+
+    @model_validator(mode="after")
+    def _device(self) -> TrainerConfig:
+        if self.distributed.backend == "nccl" and self.runner.device == "cpu":
+            raise ValueError(
+                "distributed.backend 'nccl' joins ranks on CUDA GPUs: it contradicts "
+                "runner.device 'cpu' (set runner.device cuda or auto, or the backend gloo)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _schema(self, info: ValidationInfo) -> TrainerConfig:

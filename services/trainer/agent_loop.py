@@ -64,6 +64,7 @@ from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import faults
 from streamrec.trainer.agent_steps import COMMAND_OPS, Op, SpecialLoad, Step, broadcast_step
+from streamrec.trainer.device import config_device
 from streamrec.trainer.errors import LineageLost, PassFailed, error_class
 from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog
@@ -173,12 +174,10 @@ class Agent:
 
         try:
             config = self.config()
+            device = config_device(config)  # runner.device cuda without a GPU: fatal
         except StreamRecError as exc:
             self._fatal(exc)
             raise
-        device = torch.device(
-            "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
-        )
         # the group outlives the job's trainer (a fresh start replaces the trainer)
         _, _, self._own_group = ddp.init_from_env(
             config.distributed.backend, config.distributed.timeout_s, device

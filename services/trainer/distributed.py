@@ -2,7 +2,8 @@
 
 Ranks come from the environment torchrun (or a Kubernetes indexed Job) sets: ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Backend ``auto`` is nccl when the dense
-model runs on a GPU, gloo otherwise.
+model runs on a GPU (``runner.device``, :mod:`.device`), gloo otherwise; with nccl the host
+tensors of a group (outcome tables, a pass's counts) still go over gloo.
 
 Ranks may hold different numbers of batches in a pass (files are divided ``r::world``), so
 every training step all-reduces one flat buffer: the dense gradients followed by a 1 when the
@@ -70,7 +71,9 @@ def init_from_env(
         raise ConfigError(
             "distributed.backend 'nccl' needs the dense model on a CUDA GPU; use 'gloo' on CPU"
         )
-    dist.init_process_group(backend, init_method="env://", timeout=dt.timedelta(seconds=timeout_s))
+    # nccl carries CUDA tensors only: the host tensors (outcome tables, a pass's counts) take gloo
+    spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+    dist.init_process_group(spec, init_method="env://", timeout=dt.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size(), True
 
 

@@ -56,6 +56,7 @@ from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
 from streamrec.trainer.batches import Batch, ParseStats
 from streamrec.trainer.data import iter_batches
+from streamrec.trainer.device import config_device
 from streamrec.trainer.errors import (
     ConfigError,
     GroupError,
@@ -72,7 +73,8 @@ from streamrec.trainer.model_saves import ModelSaves
 from streamrec.trainer.negsampling import ItemSide, NegativeSampler
 from streamrec.trainer.precision import compute_in, resolve
 from streamrec.trainer.run_plan import RunPlan, plan_run
-from streamrec.trainer.sparse import SparseBatch, SparseTables, to_device
+from streamrec.trainer.sparse import SparseBatch, SparseTables
+from streamrec.trainer.staging import Staging
 from streamrec.trainer.store import build_table_options, make_store
 from streamrec.trainer.thread_tuner import ThreadTuner
 
@@ -108,9 +110,9 @@ class OnlineTrainer(ModelSaves):
         self.job_id = job_id if job_id is not None else config.store.namespace
         self.model_root = Path(r.model_save_path)
         check_owner(self.model_root, self.job_id)  # before anything is built (a fatal error)
-        self.device = torch.device(
-            "cuda" if config.distributed.backend == "nccl" and torch.cuda.is_available() else "cpu"
-        )
+        #: the dense model's device (runner.device); its inputs get there through :attr:`staging`
+        self.device = config_device(config)
+        self.staging = Staging(self.device)
         _, world = ddp.env_world()
         ddp.apply_resources(config.resources, world)
         # one CPU rank alone: its own step times decide its threads (ranks in lockstep time
@@ -169,7 +171,9 @@ class OnlineTrainer(ModelSaves):
         ddp.broadcast_module(self.dense)
         #: fp32 or bf16 autocast (model.precision), said in every pass's record
         self.precision = resolve(hp.precision, self.device)
-        log.info("dense model in %s (%s)", self.precision.name, self.precision.reason)
+        log.info(
+            "dense model on %s in %s (%s)", self.device, self.precision.name, self.precision.reason
+        )
         self.params = list(self.dense.parameters())
         self.optimizer = self._make_optimizer()
         self.scheduler = LRPolicyScheduler(
@@ -254,9 +258,9 @@ class OnlineTrainer(ModelSaves):
         self.sparse.push(pulled, labels, float(pulled.batch) if scale else 1.0)
 
     def _forward(self, batch: Batch, pulled: SparseBatch) -> torch.Tensor:
-        ly = to_device(self.sparse.forward(pulled), self.device)
+        ly = self.staging.rows(self.sparse.forward(pulled))
         with compute_in(self.precision, self.device):
-            p = self.dense(batch.dense.to(self.device, non_blocking=True), ly)
+            p = self.dense(self.staging.to_device("dense", batch.dense), ly)
         return p.view(-1).float()
 
     def predict_files(
@@ -460,6 +464,7 @@ class OnlineTrainer(ModelSaves):
             "samples_per_second": tr["samples"] / train_s if train_s > 0 else None,
             "intra_op_threads": torch.get_num_threads(),
             "precision": self.precision.name,
+            "device": str(self.device),
             "lr": self.optimizer.param_groups[0]["lr"],
             "step": self.step,
             "world_size": self.world,
@@ -567,6 +572,7 @@ class OnlineTrainer(ModelSaves):
                 self.negatives.close()
             if self._own_store:
                 self.store.close()
+            self.staging.release()
         finally:
             # always: a gloo group left to the interpreter's exit aborts the process
             # (std::terminate, pytorch/pytorch#190489) instead of reporting what failed

@@ -367,12 +367,3 @@ def _slots_of(batch: Batch, slots: list[int]) -> Batch:
     cols = torch.tensor(slots, dtype=torch.int64)
     present = None if batch.present is None else batch.present.index_select(1, cols)
     return Batch(batch.dense, batch.labels, batch.keys.index_select(1, cols), present)
-
-
-def to_device(
-    ly: torch.Tensor | list[torch.Tensor], device: torch.device
-) -> torch.Tensor | list[torch.Tensor]:
-    """:meth:`SparseTables.forward`'s output on ``device`` (one tensor, or S of them)."""
-    if isinstance(ly, torch.Tensor):
-        return ly.to(device, non_blocking=True)
-    return [e.to(device, non_blocking=True) for e in ly]

@@ -1,0 +1,143 @@
+"""A batch's host tensors to the dense model's GPU through pinned buffers reused every step.
+
+Why: ``t.to("cuda", non_blocking=True)`` from pageable memory is a synchronous copy through a
+driver bounce buffer (non_blocking does nothing there). The rows the store pulled, pooled on
+the host by the sparse forward ((B, S, d) float32, or S tensors (B, d_k)), and the dense
+features ((B, F) float32) are copied into page-locked buffers (one per name, grown by
+doubling, reused every step), then to the GPU with one asynchronous copy each, on the current
+stream (the one the dense model computes on, so it sees the data); the rows' gradient comes
+back to the host in backward, where the store's push reads it::
+
+    forward   host t --copy_--> pinned buf[name] --async H2D, then fence[name]--> device
+    backward  grad (device) --D2H--> host grad of t (the sparse gather's backward, the push)
+
+A buffer is refilled only after its previous copy finished reading it: the fence (a CUDA event
+recorded after that copy) is waited first. On a CPU model nothing is staged: every call gives
+its input back as it is (no copy, no autograd node).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+#: the smallest buffer, bytes (small tensors share one allocation's worth of growth)
+MIN_BYTES = 1 << 16
+
+
+class Fence(Protocol):
+    """What a buffer waits on before it is refilled (a ``torch.cuda.Event`` on a GPU)."""
+
+    def synchronize(self) -> None: ...
+
+
+class Staging:
+    """Pinned host buffers by name, for the device the dense model runs on.
+
+    Args:
+        device: where the dense model runs.
+        stage: copy host tensors through the buffers (None: where ``device`` is CUDA). True
+            on a CPU device runs the same staging ending in a host copy instead of the H2D
+            one (how the tests check its logic without a GPU).
+        pin: page-lock the buffers (None: where staging to a CUDA device).
+
+    Example:
+        >>> st = Staging(torch.device("cuda"))
+        >>> ly = st.rows(sparse.forward(pulled))          # (B, S, d) on the GPU
+        >>> p = dense(st.to_device("dense", batch.dense), ly)
+        >>> loss(p).backward()                            # pulled.weights.grad on the host
+    """
+
+    def __init__(
+        self, device: torch.device, stage: bool | None = None, pin: bool | None = None
+    ) -> None:
+        self.device = device
+        self.active = device.type == "cuda" if stage is None else stage
+        self.pin = (self.active and device.type == "cuda") if pin is None else pin
+        self._bufs: dict[str, torch.Tensor] = {}
+        self._fences: dict[str, Fence] = {}
+        #: buffers allocated so far (growth: a steady batch size stops adding after step 1)
+        self.allocations = 0
+
+    def buffer(self, name: str, nbytes: int) -> torch.Tensor:
+        """The name's buffer, (>= nbytes,) uint8 on the host, free to overwrite: its last copy
+        has finished (the fence waited); replaced by one of double the size when too small."""
+        fence = self._fences.pop(name, None)
+        if fence is not None:
+            fence.synchronize()  # the previous H2D copy out of this buffer is done
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < nbytes:
+            size = max(nbytes, MIN_BYTES, 2 * buf.numel() if buf is not None else 0)
+            buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+            self._bufs[name] = buf
+            self.allocations += 1
+        return buf
+
+    def stage(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (host, any layout) copied into the name's buffer: a contiguous host tensor of
+        t's shape and dtype (valid until the name is staged again)."""
+        nbytes = t.numel() * t.element_size()
+        staged = self.buffer(name, nbytes)[:nbytes].view(t.dtype).view(t.shape)
+        staged.copy_(t)
+        return staged
+
+    def staged(self, t: torch.Tensor) -> bool:
+        """Whether :meth:`to_device` copies ``t`` through a buffer (a host tensor while
+        staging); else it is moved as it is (or already there)."""
+        return self.active and t.device.type == "cpu"
+
+    def to_device(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the device (not differentiable: see :meth:`rows`): itself where it is
+        there already and nothing is staged; a host tensor through the name's buffer."""
+        if not self.staged(t):
+            return t.to(self.device, non_blocking=True)  # no-op where it is there already
+        staged = self.stage(name, t)
+        if self.device.type != "cuda":
+            return staged.clone()  # a host "device": the copy is done when clone returns
+        out = staged.to(self.device, non_blocking=self.pin)
+        fence = torch.cuda.Event()
+        fence.record(torch.cuda.current_stream(self.device))
+        self._fences[name] = fence
+        return out
+
+    def rows(
+        self, ly: torch.Tensor | list[torch.Tensor], name: str = "rows"
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """The sparse forward's output ((B, S, d), or S tensors (B, d_k)) on the device,
+        differentiable: backward brings each tensor's gradient back to where it was."""
+        if isinstance(ly, torch.Tensor):
+            return self._rows(ly, name)
+        return [self._rows(t, f"{name}.{k}") for k, t in enumerate(ly)]
+
+    def _rows(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        if not self.staged(t):
+            return t.to(self.device, non_blocking=True)
+        out = _StagedCopy.apply(t, self, name)
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    def nbytes(self) -> int:
+        """Host bytes the buffers hold."""
+        return sum(b.numel() for b in self._bufs.values())
+
+    def release(self) -> None:
+        """Drops every buffer (after their copies finished)."""
+        for fence in self._fences.values():
+            fence.synchronize()
+        self._bufs, self._fences = {}, {}
+
+
+class _StagedCopy(torch.autograd.Function):
+    """out = t on the staging's device through its buffer; backward: the gradient back to
+    t's device and dtype (a synchronous D2H copy: the push needs it on the host anyway)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, staging: Staging, name: str) -> torch.Tensor:
+        ctx.source = (t.device, t.dtype)
+        return staging.to_device(name, t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        device, dtype = ctx.source
+        return grad.to(device, dtype), None, None
