@@ -115,6 +115,7 @@ def streamrec_config(
     addresses: list[str],
     precision: str = "auto",
     device: str = "cpu",
+    store_tier: str = "host",
 ) -> TrainerConfig:
     multi = setup.get("lookups", 1) > 1
     return TrainerConfig.parse(
@@ -148,7 +149,7 @@ def streamrec_config(
                 "embed_sgd_param": {"name": "naive", "learning_rate": LR},
                 "embedx_sgd_param": {"name": "naive", "learning_rate": LR},
             },
-            "store": {"endpoints": addresses},
+            "store": {"endpoints": addresses, "tier": store_tier},
             # the rank times its first steps on 2 threads and on 1 and keeps the faster
             "resources": {"threads_per_rank": "auto"},
         }
@@ -179,11 +180,12 @@ def measure(
     shards: int,
     precision: str = "auto",
     device: str = "cpu",
+    store_tier: str = "host",
 ) -> dict:
     """One figure in the current process (the parent runs each in a fresh process)."""
     setup = SETUPS[name]
     model = root / f"model-{kind}-{precision}"
-    cfg = streamrec_config(setup, root / "data", model, [], precision, device)
+    cfg = streamrec_config(setup, root / "data", model, [], precision, device, store_tier)
     if kind == "inproc":
         return streamrec_rate(cfg)
     from streamrec.embedding_store import LocalShards
@@ -205,6 +207,7 @@ def run_measure(
     shards: int,
     precision: str = "auto",
     device: str = "cpu",
+    store_tier: str = "host",
 ) -> dict:
     """Runs :func:`measure` in a fresh interpreter. In-process, the trainer owns the machine's
     cores, as a rank in its pod (``OMP_WAIT_POLICY=ACTIVE`` in the trainer images): its OpenMP
@@ -235,6 +238,8 @@ def run_measure(
             precision,
             "--device",
             device,
+            "--store-tier",
+            store_tier,
         ],
         env=env,
         capture_output=True,
@@ -288,6 +293,7 @@ def throughput(
     service_shards: int,
     precisions: list[str],
     device: str = "cpu",
+    store_tier: str = "host",
 ) -> dict:
     """The reference step, then StreamRec in-process at each of ``precisions`` and through
     the service at the first, on ``device``."""
@@ -305,7 +311,8 @@ def throughput(
         note("baseline", run_baseline(name, samples // setup["batch"], device))
         for p in precisions:
             note(
-                f"inproc/{p}", run_measure("inproc", name, samples, root, service_shards, p, device)
+                f"inproc/{p}",
+                run_measure("inproc", name, samples, root, service_shards, p, device, store_tier),
             )
         if service_shards:
             res = run_measure("service", name, samples, root, service_shards, precisions[0], device)
@@ -321,7 +328,8 @@ def throughput(
     if device == "cuda":
         print(
             f"  on {base['device']}: the reference's model, tables and batches; StreamRec's "
-            f"dense model (its store in-process on the host, OMP_WAIT_POLICY PASSIVE)"
+            f"dense model (its store in-process, tier {store_tier}: rows on the "
+            f"{'GPU' if store_tier == 'device' else 'host'}, OMP_WAIT_POLICY PASSIVE)"
             + ("" if service_shards else "; store service left out (--service-shards N)")
         )
     print(
@@ -352,6 +360,12 @@ def main() -> None:
         "--service-shards", type=int, default=None, help="0 skips the service run (cpu: 1, cuda: 0)"
     )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both train")
+    ap.add_argument(
+        "--store-tier",
+        choices=["host", "device"],
+        default="host",
+        help="the in-process store's tier (device: its rows on the GPU, the CUDA library)",
+    )
     ap.add_argument("--quality", action="store_true")
     ap.add_argument(
         "--precision",
@@ -399,6 +413,7 @@ def main() -> None:
                     shards,
                     args.precision[0],
                     args.device,
+                    args.store_tier,
                 )
             )
         )
@@ -406,7 +421,7 @@ def main() -> None:
     names = ["a", "b"] if args.setup == "all" else [] if args.setup == "none" else [args.setup]
     for name in names:
         samples = args.samples or (SETUPS[name]["batch"] * (400 if args.full else 60))
-        throughput(name, samples, 4, shards, args.precision, args.device)
+        throughput(name, samples, 4, shards, args.precision, args.device, args.store_tier)
     knobs = QualityKnobs(
         dense_optimizer=args.dense_optimizer,
         dense_lr=args.dense_lr,
