@@ -9,8 +9,10 @@ store shard beside the trainer (BENCHMARKS.md): setup a 24,700 samples/s on 2 th
 training steps:
 
     steps 1..warmup           torch's default threads, not timed (allocations, caches)
-    next ``window`` steps     the default threads, each step's wall time recorded
-    next ``window`` steps     1 thread
+    next 2 * ``window`` steps the default threads and 1 thread in turn, ``turn`` steps at a
+                              time, each step's wall time recorded (taken in turns, a change
+                              of the machine's load meanwhile, a neighbour's build, slows
+                              both counts alike instead of deciding for one)
     then                      the faster (lower median step time) for the rest of the run
 
 Nothing is tried when the default is already 1 thread. The wall time of a step is the time
@@ -35,16 +37,23 @@ class ThreadTuner:
 
     Args:
         warmup: steps run before timing starts.
-        window: steps timed per candidate.
+        window: steps timed per candidate (a multiple of ``turn``).
+        turn: steps a candidate runs before the other takes over.
         clock: seconds (monotonic); tests pass their own.
     """
 
     def __init__(
-        self, warmup: int = 10, window: int = 20, clock: Callable[[], float] = time.perf_counter
+        self,
+        warmup: int = 10,
+        window: int = 20,
+        turn: int = 5,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if turn < 1 or window % turn:
+            raise ValueError(f"window {window} must be a multiple of turn {turn} >= 1")
         self.default = torch.get_num_threads()
         self.candidates = [self.default, 1] if self.default > 1 else []
-        self.warmup, self.window = warmup, window
+        self.warmup, self.window, self.turn = warmup, window, turn
         self._clock = clock
         self._steps = 0
         self._last: float | None = None
@@ -57,22 +66,23 @@ class ThreadTuner:
         return self.chosen is not None or not self.candidates
 
     def step_done(self) -> None:
-        """Records the step that just ended; switches candidates at window boundaries."""
+        """Records the step that just ended; hands over to the next candidate at the end
+        of each turn, and decides after the last."""
         if self.done:
             return
         now = self._clock()
         self._steps += 1
-        if self._steps > self.warmup and self._last is not None:
-            trial = (self._steps - self.warmup - 1) // self.window
-            if trial < len(self.candidates):
-                self._times[self.candidates[trial]].append(now - self._last)
-            if self._steps - self.warmup == (trial + 1) * self.window:
-                self._next(trial + 1)
+        timed = self._steps - self.warmup  # 1-based among the timed steps
+        if timed >= 1 and self._last is not None:
+            turn = (timed - 1) // self.turn
+            self._times[self.candidates[turn % len(self.candidates)]].append(now - self._last)
+            if timed % self.turn == 0:
+                self._next(turn + 1)
         self._last = now
 
-    def _next(self, trial: int) -> None:
-        if trial < len(self.candidates):
-            torch.set_num_threads(self.candidates[trial])
+    def _next(self, turn: int) -> None:
+        if turn < len(self.candidates) * (self.window // self.turn):
+            torch.set_num_threads(self.candidates[turn % len(self.candidates)])
             return
         medians = {c: statistics.median(t) for c, t in self._times.items()}
         self.chosen = min(medians, key=lambda c: medians[c])

@@ -12,7 +12,7 @@
 #
 #   tests/sanitize/run.sh [pytest args]   default: tests/embedding_store tests/sampler
 #       tests/trainer/test_data.py tests/trainer/test_line_parser.py
-#       tests/trainer/test_slot_parser.py (no CUDA)
+#       tests/trainer/test_slot_parser.py tests/trainer/test_add_rows.py (no CUDA)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -25,6 +25,7 @@ args=("$@")
 # ASan runtime breaks.
 [ ${#args[@]} -gt 0 ] || args=(tests/embedding_store tests/sampler
   tests/trainer/test_data.py tests/trainer/test_line_parser.py tests/trainer/test_slot_parser.py
+  tests/trainer/test_add_rows.py
   "--ignore=tests/embedding_store/test_cuda_build.py"
   "--ignore=tests/embedding_store/test_cuda_race.py")
 

@@ -122,6 +122,33 @@ py::tuple parse_slot_py(const py::object& data, const std::vector<std::string>& 
                         offset_list, c.lines, c.malformed, c.first_bad);
 }
 
+// out (rows, dim) float32 += src (B, S, dim) float32 at index (S, B) int64 (ops.h); src's last
+// dim contiguous, its other two strided (the gradient of a slice of the interaction's input).
+void add_rows_py(at::Tensor& out, const at::Tensor& index, const at::Tensor& src) {
+  TORCH_CHECK(out.device().is_cpu() && index.device().is_cpu() && src.device().is_cpu(),
+              "add_rows: out, index and src must be CPU tensors");
+  TORCH_CHECK(out.dtype() == at::kFloat && out.dim() == 2 && out.is_contiguous(),
+              "add_rows: out must be a contiguous (rows, dim) float32 tensor");
+  TORCH_CHECK(index.dtype() == at::kLong && index.dim() == 2 && index.is_contiguous(),
+              "add_rows: index must be a contiguous (S, B) int64 tensor");
+  TORCH_CHECK(src.dtype() == at::kFloat && src.dim() == 3 && src.stride(2) == 1 &&
+                  src.size(0) == index.size(1) && src.size(1) == index.size(0) &&
+                  src.size(2) == out.size(1),
+              "add_rows: src must be a (B, S, dim) float32 tensor, its last dim contiguous, "
+              "with (S, B) = index's ", index.sizes(), " and dim = out's ", out.size(1),
+              ", got ", src.sizes(), " strides ", src.strides());
+  const AddRowsArgs a{out.data_ptr<float>(), out.size(0), index.data_ptr<int64_t>(),
+                      src.data_ptr<float>(), src.stride(0), src.stride(1),
+                      index.size(0), index.size(1), out.size(1)};
+  int64_t bad;
+  {
+    const py::gil_scoped_release nogil;
+    bad = add_rows(a);
+  }
+  TORCH_CHECK_INDEX(bad < 0, "add_rows: index ", a.index[bad < 0 ? 0 : bad], " at position ",
+                    bad, " is outside out's ", out.size(0), " rows");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -138,4 +165,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "first_bad); names: the label's, the D dense, the S sparse features' names; "
         "first_bad 0-based, blank lines counted, -1: none",
         py::arg("data"), py::arg("names"), py::arg("num_dense"));
+  m.def("add_rows", &add_rows_py,
+        "out (rows, dim) float32 += src (B, S, dim) float32 at index (S, B) int64: src[b, s] "
+        "to row index[s, b], repeats summed in order of b (a row gather's backward); an index "
+        "outside out's rows raises IndexError, nothing written",
+        py::arg("out"), py::arg("index"), py::arg("src"));
 }

@@ -105,3 +105,24 @@ SlotCounts parse_slot(const uint8_t* data, int64_t nbytes, const std::vector<std
                       int64_t num_dense, SlotColumns& out);
 
 }  // namespace streamrec::trainer
+
+namespace streamrec::trainer {
+
+// add_rows' operands: src[b, s] (dim contiguous floats at src + b * stride_b + s * stride_s)
+// is added to row index[s, b] of out (rows, dim).
+struct AddRowsArgs {
+  float* out;
+  int64_t rows;
+  const int64_t* index;  // (features, batch), contiguous
+  const float* src;
+  int64_t stride_b, stride_s;
+  int64_t features, batch, dim;
+};
+
+// Adds every src[b, s] to out's row index[s, b]; a row's repeats are summed in order of b (a
+// row belongs to one feature's table), as index_add_ over the (batch, features) order sums
+// them. Returns -1, or the first position s * batch + b whose index is outside [0, rows)
+// (nothing written then).
+int64_t add_rows(const AddRowsArgs& a);
+
+}  // namespace streamrec::trainer
