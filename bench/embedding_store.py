@@ -14,10 +14,15 @@ Figures:
    state 2*4 (one g2sum per part) + show/click 2*4.
 4. ssd tier with a table 4x its cache budget: throughput and hit rate, against the host tier
    on the same ids.
+5. the trainer's shape: pull + naive SGD push of 106,496 ids a step (setup b's 26 slots x 2
+   batches of 2,048) drawn uniform from 1M keys presized, dim 16, against EmbeddingBag + SGD
+   over the same 1M rows and ids; floor 3.0x, goal 4.0x; with the bytes it moves as a share of
+   the measured copy bandwidth.
 
 Run alone on the machine for the recorded figures:
     .venv/bin/python bench/embedding_store.py            (full; several minutes)
     .venv/bin/python bench/embedding_store.py --quick    (small and short; a smoke run)
+    .venv/bin/python bench/embedding_store.py --sections trainer-shape   (figure 5 alone)
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from streamrec.embedding_store import (
 from streamrec.keyhash import mix64
 
 KEY_SPACE = 10_000_000
+SECTIONS = ("transport", "speed", "bytes-per-row", "ssd-tier", "trainer-shape")
 BASELINE_ROWS = 1_000_000
 RESULTS: list[dict] = []
 
@@ -268,6 +274,39 @@ def bench_speed(args: argparse.Namespace, bandwidth: float, tmp: Path) -> None:
                 client.close()
 
 
+#: the trainer's shape (figure 5): setup b's 26 slots x 2 batches of 2,048 ids, 1M keys
+TRAINER_SHAPE_IDS = 106_496
+TRAINER_SHAPE_KEYS = 1_000_000
+
+
+def bench_trainer_shape(args: argparse.Namespace, bandwidth: float) -> None:
+    """Figure 5: store pull + naive push against EmbeddingBag + SGD, 1M presized keys."""
+    n, dim, steps = TRAINER_SHAPE_IDS, 16, args.steps
+    rng = np.random.default_rng(5)
+    ranks = [rng.integers(0, TRAINER_SHAPE_KEYS, n) for _ in range(steps + 1)]  # + warm-up
+    batches = [mix64(r.astype(np.uint64)).view(np.int64) for r in ranks]
+    grads = torch.full((n, dim), 1e-3)
+    store = EmbeddingStore([table("t", dim, "naive", TRAINER_SHAPE_KEYS)], num_threads=args.threads)
+    every = mix64(np.arange(TRAINER_SHAPE_KEYS, dtype=np.uint64)).view(np.int64)
+    store.pull("t", every)  # presized and filled: every key exists before timing
+    stats = store.stats()
+    row_bytes = sum(stats["bytes"].values()) / max(stats["rows"], 1)
+    for _ in range(3):  # store and baseline in turns: both see the machine's load alike
+        base = baseline("sgd", dim, batches)
+        sec = timed(store_step(store, "t", batches, grads), steps)
+        moved = bytes_moved(batches, dim, row_bytes) / sec
+        figure(
+            f"in-process pull+naive push dim{dim}, {n:,} ids over 1M presized keys",
+            n / sec / 1e3,
+            "k lookups/s",
+            base / 1e3,
+            "EmbeddingBag+sgd",
+            floor=3.0,
+            share_of_bandwidth=moved / bandwidth,
+        )
+    store.close()
+
+
 def transport_round_trip(tmp: Path, mb: float = 25.6) -> None:
     """Milliseconds to send ``mb`` MB over ZeroMQ and get it back (a dim-64 step's pull reply
     and push request), over loopback tcp and over ipc, between two threads."""
@@ -392,6 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--markdown", action="store_true", help="end with a table of the figures (BENCHMARKS.md)"
     )
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        help="which figures to measure (default: all)",
+    )
     args = p.parse_args(argv)
     if args.threads:  # for the baselines too, so both sides run on the same threads
         torch.set_num_threads(args.threads)
@@ -412,12 +458,15 @@ def main(argv: list[str] | None = None) -> int:
     figure("memory bandwidth (numpy copy, read+write)", bandwidth / 1e9, "GB/s")
     failed = 0
     with tempfile.TemporaryDirectory(prefix="bench-emb-") as tmp:
-        for section, run in (
-            ("transport", lambda: transport_round_trip(Path(tmp))),
-            ("speed", lambda: bench_speed(args, bandwidth, Path(tmp))),
-            ("bytes per row", lambda: bench_bytes_per_row(rows_for_bytes)),
-            ("ssd tier", lambda: bench_ssd(args, Path(tmp))),
-        ):
+        runs = {
+            "transport": lambda: transport_round_trip(Path(tmp)),
+            "speed": lambda: bench_speed(args, bandwidth, Path(tmp)),
+            "bytes-per-row": lambda: bench_bytes_per_row(rows_for_bytes),
+            "ssd-tier": lambda: bench_ssd(args, Path(tmp)),
+            "trainer-shape": lambda: bench_trainer_shape(args, bandwidth),
+        }
+        for section in args.sections:
+            run = runs[section]
             try:
                 run()
             except Exception as exc:  # report and go on: the other figures still count
