@@ -43,7 +43,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,7 @@ from streamrec.trainer.negsampling import ItemSide, NegativeSampler
 from streamrec.trainer.precision import compute_in, resolve
 from streamrec.trainer.run_plan import RunPlan, plan_run
 from streamrec.trainer.sparse import SparseBatch, SparseTables
+from streamrec.trainer.sparse_worker import sparse_executor
 from streamrec.trainer.staging import Staging
 from streamrec.trainer.store import build_table_options, make_store
 from streamrec.trainer.thread_tuner import ThreadTuner
@@ -193,7 +194,10 @@ class OnlineTrainer(ModelSaves):
         self.stop_event = threading.Event()
         #: While run() waits for a pass's donefiles: (that pass, polls that found it not ready).
         self.waiting: tuple[layout.PassSpec, int] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-sparse")
+        #: runs each pull and push: inline, or on a thread beside the step (sparse_worker.py)
+        self._pool = sparse_executor(
+            r.sparse_worker, self.device.type, in_process=not config.store.endpoints
+        )
         #: The node's sampler, reached at the first pass (:meth:`_reach_sampler`).
         self.negatives: NegativeSampler | None = None
         if config.negative_sampling.enabled:  # its slots or features, before any pass
