@@ -13,7 +13,9 @@ cache budget's).
 
     .venv/bin/python bench/ssd_tier.py --rows 10_000_000
     .venv/bin/python bench/ssd_tier.py --rows 30_000_000 --cache-share 0.125
-    .venv/bin/python bench/ssd_tier.py --rows 300_000_000 --tiers ssd   (file ~29 GB)
+    .venv/bin/python bench/ssd_tier.py --rows 30_000_000 --tiers ssd --cold
+    .venv/bin/python bench/ssd_tier.py --rows 300_000_000 --tiers ssd --checkpoint --dir D
+        (file ~29 GB, its checkpoint ~29 GB more)
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -102,12 +106,78 @@ def skewed_step(rows: int, rng: np.random.Generator) -> torch.Tensor:
     return keys_of(ranks)
 
 
+def disk_read_bytes() -> int:
+    """Bytes this process has read from storage (/proc/self/io read_bytes: not the page
+    cache's)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+def drop_file_cache(path: Path) -> None:
+    """Writes the file's dirty pages and drops its pages from the page cache (later reads go
+    to the disk)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def checkpoint_round_trip(store: EmbeddingStore, rows: int, cache_mb: float, path: str) -> dict:
+    """Saves the table, closes ``store`` (one table in memory at a time), loads the save into
+    a fresh ssd-tier store and checks a sample of 100,000 rows bit identical; seconds, GB/s
+    and the peak RssAnon/RssFile rise (GiB) of the save and of the load."""
+    out: dict = {}
+    ck = Path(path) / "checkpoint"
+    sample = keys_of(np.random.default_rng(3).integers(0, rows, 100_000))
+    for what in ("save", "load"):
+        if what == "load":
+            want = store.inspect("t", sample)
+            store.close()
+            kw = {"persistent_path": str(Path(path) / "loaded"), "cache_budget_mb": cache_mb}
+            store = EmbeddingStore([table()], tier="ssd", capacity=rows, **kw)
+        base = memory_kib()
+        mem = PeakMemory(every=0.02)
+        t = time.perf_counter()
+        if what == "save":
+            store.save(str(ck), "checkpoint")
+        else:
+            store.load(str(ck))
+        seconds = time.perf_counter() - t
+        peak = mem.stop()
+        size = sum(f.stat().st_size for f in ck.iterdir())
+        out[what] = {
+            "seconds": seconds,
+            "GB_s": size / seconds / 1e9,
+            "bytes": size,
+            "rss_anon_rise_gib": peak["RssAnon"] - base["RssAnon"] / 2**20,
+            "rss_file_rise_gib": peak["RssFile"] - base["RssFile"] / 2**20,
+        }
+    got = store.inspect("t", sample)
+    out["sample_identical"] = all(torch.equal(want[k], got[k]) for k in want)
+    store.close()
+    shutil.rmtree(ck)
+    return out
+
+
 def serve_tier(
-    conn: Connection, tier: str, rows: int, cache_mb: float, steps: int, path: str
+    conn: Connection,
+    tier: str,
+    rows: int,
+    cache_mb: float,
+    steps: int,
+    path: str,
+    cold: bool = False,
+    checkpoint: bool = False,
 ) -> None:
     """One tier in this (fresh) process: creates the table (creation rows/s), warms it, then
     runs one step of the stream per "step" message (its seconds back) until "done" (its
-    figures back). The parent alternates the tiers' steps, so both see the same load."""
+    figures back). The parent alternates the tiers' steps, so both see the same load.
+    ``cold``: the ssd file's pages dropped from the page cache before the timed steps;
+    ``checkpoint``: a save and load round trip after them (ssd)."""
     mem = PeakMemory()
     kw = {}
     if tier == "ssd":
@@ -129,7 +199,11 @@ def serve_tier(
     for b in batches[steps:]:
         store.pull("t", b)
         store.push("t", b, grads)
+    if cold and tier == "ssd":
+        store.tier("t").file.sync()
+        drop_file_cache(store.tier("t").path)
     s0 = store.stats()["tables"]["t"]
+    io0 = disk_read_bytes()
     conn.send("ready")
     times = []
     while (msg := conn.recv()) != "done":
@@ -140,7 +214,12 @@ def serve_tier(
         times.append(time.perf_counter() - t)
         conn.send(times[-1])
     s1 = store.stats()["tables"]["t"]
-    store.close()
+    io1 = disk_read_bytes()
+    ck = None
+    if checkpoint and tier == "ssd":
+        ck = checkpoint_round_trip(store, rows, cache_mb, path)  # closes the store
+    else:
+        store.close()
     out = {
         "tier": tier,
         "rows": rows,
@@ -155,6 +234,9 @@ def serve_tier(
         out["hit_rate"] = hits / max(hits + misses, 1)
         for k in ("cache_evictions", "cache_disk_read_bytes", "cache_disk_written_bytes"):
             out[k + "_per_step"] = (s1.get(k, 0) - s0.get(k, 0)) / len(times)
+        out["device_read_bytes_per_step"] = (io1 - io0) / len(times)
+        if ck is not None:
+            out["checkpoint"] = ck
     conn.send(out)
 
 
@@ -167,12 +249,26 @@ def main(argv: list[str] | None = None) -> int:
         default=0.125,
         help="the ssd cache budget as a share of the table's row bytes",
     )
+    p.add_argument(
+        "--cache-mb",
+        type=float,
+        default=None,
+        help="the ssd cache budget, MiB (over --cache-share)",
+    )
+    p.add_argument(
+        "--cold", action="store_true", help="drop the ssd file from the page cache before the steps"
+    )
+    p.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="after the steps: save the ssd table, load it into a fresh ssd store, compare",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--tiers", default="host,ssd")
     p.add_argument("--dir", default=None, help="directory of the ssd file (default: a temp)")
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args(argv)
-    cache_mb = args.rows * ROW_BYTES * args.cache_share / 2**20
+    cache_mb = args.cache_mb or args.rows * ROW_BYTES * args.cache_share / 2**20
     spawn = multiprocessing.get_context("spawn")
     results = {}
     tiers = args.tiers.split(",")
@@ -181,9 +277,22 @@ def main(argv: list[str] | None = None) -> int:
         for tier in tiers:  # one after the other: each creates its table alone
             here, there = spawn.Pipe()
             proc = spawn.Process(
-                target=serve_tier, args=(there, tier, args.rows, cache_mb, args.steps, tmp)
+                target=serve_tier,
+                args=(
+                    there,
+                    tier,
+                    args.rows,
+                    cache_mb,
+                    args.steps,
+                    tmp,
+                    args.cold,
+                    args.checkpoint,
+                ),
             )
             proc.start()
+            while not here.poll(1.0):  # a process that died says nothing
+                if not proc.is_alive():
+                    raise RuntimeError(f"tier {tier} exited with code {proc.exitcode}")
             if here.recv() != "ready":
                 raise RuntimeError(f"tier {tier} did not start")
             conns.append(here)
@@ -219,9 +328,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['cache_disk_read_bytes_per_step'] / 2**20:.1f} MiB, written/step "
                 f"{r['cache_disk_written_bytes_per_step'] / 2**20:.1f} MiB"
             )
+            line += f", device read/step {r['device_read_bytes_per_step'] / 2**20:.1f} MiB"
             if "ratio_median" in r:
                 line += f", {r['ratio_median']:.2f}x host (median of the steps' ratios)"
         print(line)
+        for what, c in r.get("checkpoint", {}).items():
+            if isinstance(c, dict):
+                print(
+                    f"  ssd checkpoint {what}: {c['seconds']:.1f} s, {c['GB_s']:.2f} GB/s "
+                    f"({c['bytes'] / 1e9:.2f} GB), peak rise RssAnon {c['rss_anon_rise_gib']:.2f} "
+                    f"GiB, RssFile {c['rss_file_rise_gib']:.2f} GiB"
+                )
+        if "checkpoint" in r:
+            print(f"  ssd checkpoint sample bit-identical: {r['checkpoint']['sample_identical']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

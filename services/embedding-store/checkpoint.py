@@ -46,7 +46,13 @@ import numpy as np
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.dirs import make_parents, remove_created
-from streamrec.embedding_store.converters import Converter, FileConverter, load_npy, save_npy
+from streamrec.embedding_store.converters import (
+    Converter,
+    FileConverter,
+    NpyWriter,
+    load_npy,
+    save_npy,
+)
 from streamrec.embedding_store.disk import disk_error
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
 from streamrec.embedding_store.reshard import load_resharded
@@ -119,8 +125,18 @@ def _save(
     conv = converter or FileConverter(staging)
     try:
         tables: dict[str, Any] = {}
+        hashed: dict[str, tuple[str, int]] = {}  # files written streaming: sha256, bytes
         for name in store.tables:
             with store.exclusive(name) as tier:
+                if full and hasattr(tier, "export_chunks"):
+                    n = _save_streaming(tier, staging, name, hashed)
+                    tables[name] = {
+                        "rows": n,
+                        "dim": tier.dim,
+                        "width": tier.width,
+                        "options": tier.options.model_dump(mode="json"),
+                    }
+                    continue
                 if full:
                     keys, rows = tier.export(SELECT_ALL)
                 else:
@@ -140,7 +156,10 @@ def _save(
                 "options": tier.options.model_dump(mode="json"),
             }
         files = {
-            p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+            p.name: {
+                "sha256": hashed[p.name][0] if p.name in hashed else file_sha256(p),
+                "bytes": p.stat().st_size,
+            }
             for p in sorted(staging.iterdir())
             if p.is_file()
         }
@@ -173,6 +192,24 @@ def _save(
                 tier.mark_dirty(keys)
         raise
     return manifest
+
+
+def _save_streaming(tier: Any, staging: Path, name: str, hashed: dict[str, tuple[str, int]]) -> int:
+    """Writes every row of ``tier`` (a tier with ``export_chunks``: the ssd tier) to the
+    table's .keys.npy and .rows.npy a chunk at a time (:class:`NpyWriter`, hashed as
+    written): the save holds one chunk, whatever the table's size. Returns the rows."""
+    n = tier.size()
+    keys_f = NpyWriter(staging / f"{name}.keys.npy", np.int64, (n,))
+    rows_f = NpyWriter(staging / f"{name}.rows.npy", np.float32, (n, tier.width))
+    try:
+        for keys, rows in tier.export_chunks(SELECT_ALL):
+            keys_f.write(keys.numpy())
+            rows_f.write(rows.numpy())
+    finally:
+        for f in (keys_f, rows_f):
+            digest = f.close()
+            hashed[f.path.name] = (digest, f.bytes)
+    return n
 
 
 def _replace(staging: Path, path: Path) -> None:
@@ -218,6 +255,17 @@ def load_store(
     check_one_save(parts, manifests)
     manifest = manifests[0]
     full = manifest["mode"] in FULL_MODES
+    if full and any(
+        name in store.tables and hasattr(store.tier(name), "export_chunks")
+        for name in manifest["tables"]
+    ):
+        # the ssd tier: streaming, a chunk at a time (all of this store's keys: shard 0 of 1)
+        loaded = load_resharded(store, path, 0, 1, converter)
+        for k in ("resharded", "rows", "seconds", "bytes_read"):
+            loaded.pop(k)
+        if len(parts) == 1:
+            loaded.pop("shards")
+        return loaded
     if len(parts) > 1 and converter is not None and not full:
         raise InvalidInput(
             f"converter: a save of {len(parts)} shards is read from each shard's files, got "

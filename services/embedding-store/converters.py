@@ -13,10 +13,13 @@ File format (one pair per table and tag, numpy ``.npy`` v1, read with
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
@@ -81,6 +84,107 @@ def load_npy(path: Path) -> np.ndarray:
         raise CheckpointError(f"missing file {path}") from exc
     except (ValueError, OSError, EOFError) as exc:
         raise CheckpointError(f"{path}: not a readable .npy file: {exc}") from exc
+
+
+class NpyWriter:
+    """An .npy file (as :func:`save_npy` writes it) written a block of rows at a time, its
+    sha256 taken as it is written (no second read); ``shape`` is known before the rows.
+
+    Args:
+        path: the file (created).
+        dtype: the array's.
+        shape: the array's; the rows written must add up to ``shape[0]``.
+    """
+
+    def __init__(self, path: Path, dtype: Any, shape: tuple[int, ...]) -> None:
+        self.path, self.shape, self.rows, self.bytes = path, shape, 0, 0
+        self._hash = hashlib.sha256()
+        self._file = open(path, "wb")  # noqa: SIM115 (closed by close)
+        header = io.BytesIO()
+        descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": descr, "fortran_order": False, "shape": shape}
+        )
+        self._write(header.getvalue())
+
+    def _write(self, data: Any) -> None:
+        self._file.write(data)
+        self._hash.update(data)
+        self.bytes += len(data)
+
+    def write(self, block: np.ndarray) -> None:
+        """Appends rows (b, ...) of the array's dtype and row shape."""
+        if block.shape[1:] != self.shape[1:] or self.rows + block.shape[0] > self.shape[0]:
+            raise InvalidInput(
+                f"{self.path}: rows {block.shape} do not fit an array {self.shape} "
+                f"holding {self.rows} rows"
+            )
+        if block.size:
+            self._write(memoryview(np.ascontiguousarray(block)).cast("B"))
+        self.rows += block.shape[0]
+
+    def close(self) -> str:
+        """Flushes, fsyncs and closes the file; its sha256 hex digest. Raises unless every
+        row was written."""
+        try:
+            if self.rows != self.shape[0]:
+                raise CheckpointError(
+                    f"{self.path}: {self.rows} rows written of {self.shape[0]} (the table "
+                    f"changed during the save?)"
+                )
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+        return self._hash.hexdigest()
+
+
+class NpyReader:
+    """An .npy file read a block of rows at a time by ``pread`` (nothing mapped, so no file
+    page stays resident in this process); never unpickles. ``dtype``, ``shape``, ``ndim``,
+    ``nbytes`` as an array's; ``reader[a:b]`` reads rows [a, b) into a new array."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, fortran, dtype = read_header(f)
+                self._offset = f.tell()
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"missing file {path}") from exc
+        except (ValueError, OSError, EOFError) as exc:
+            raise CheckpointError(f"{path}: not a readable .npy file: {exc}") from exc
+        if fortran or dtype.hasobject:
+            raise CheckpointError(f"{path}: a Fortran-ordered or object array is not read")
+        self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+        self._row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self.nbytes = (shape[0] if shape else 1) * self._row_bytes
+        if os.path.getsize(path) < self._offset + self.nbytes:
+            raise CheckpointError(f"{path}: shorter than its header's {self.shape} {dtype}")
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        a, b, _ = rows.indices(self.shape[0])
+        out = np.empty((max(b - a, 0), *self.shape[1:]), dtype=self.dtype)
+        if out.size == 0:
+            return out
+        view = memoryview(out).cast("B")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            got = 0
+            while got < len(view):
+                r = os.preadv(fd, [view[got:]], self._offset + a * self._row_bytes + got)
+                if r <= 0:
+                    raise CheckpointError(f"{self.path}: ends before row {b}")
+                got += r
+        finally:
+            os.close(fd)
+        return out
 
 
 class FileConverter(Converter):

@@ -9,9 +9,9 @@ show/click, flags) as saved::
     shard_of(., 3)               0  2  1                               1  0
     shard 0 of 3  [a]  + [e]       shard 1 of 3  [c] + [d]       shard 2 of 3  [b]
 
-Streaming: each part's files are memory-mapped and read :func:`chunk_rows` rows at a time;
-only the rows routed here are copied, so the load adds one chunk to the rows the shard ends
-with, whatever the table's size (the mapped pages are file-backed, reclaimable page cache).
+Streaming: each part's files are read :func:`chunk_rows` rows at a time by ``pread``
+(``converters.NpyReader``: nothing mapped); only the rows routed here are kept, so the load
+adds one chunk to the rows the shard ends with, whatever the table's size.
 
 Two passes over each part. The first changes nothing: the manifests (sizes, sha256), one
 mode and one set of tables, each table's dim, width and optimizers against this store, every
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from streamrec.embedding_store.converters import Converter, FileConverter
+from streamrec.embedding_store.converters import Converter, FileConverter, NpyReader
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
 from streamrec.embedding_store.save_manifests import (
     check_one_save,
@@ -59,14 +59,9 @@ def chunk_rows(width: int) -> int:
     return max(1024, CHUNK_BYTES // (4 * max(1, width)))
 
 
-def _mapped(path: Path) -> np.ndarray:
-    """An .npy file memory-mapped read-only (never unpickled)."""
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"missing file {path}") from exc
-    except (ValueError, OSError, EOFError) as exc:
-        raise CheckpointError(f"{path}: not a readable .npy file: {exc}") from exc
+def _mapped(path: Path) -> NpyReader:
+    """An .npy file read a chunk at a time by pread (never unpickled; nothing stays mapped)."""
+    return NpyReader(path)
 
 
 def _files(part: Path, name: str, mode: str) -> tuple[Path, Path]:
@@ -76,7 +71,7 @@ def _files(part: Path, name: str, mode: str) -> tuple[Path, Path]:
 
 
 def _chunks(
-    keys: np.ndarray, values: np.ndarray, shard_id: int, num_shards: int
+    keys: NpyReader, values: NpyReader, shard_id: int, num_shards: int
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
     """(start, chunk's keys, mask of the ones routed to ``shard_id``, their rows) per chunk."""
     step = chunk_rows(values.shape[1] if values.ndim == 2 else 1)

@@ -27,6 +27,10 @@ from streamrec.embedding_store.tier import TableTier, admission_mask
 from streamrec.store_schema import TableOptions
 
 REF_FREE, REF_IDLE, REF_USED, REF_PINNED = _C.REF_FREE, _C.REF_IDLE, _C.REF_USED, _C.REF_PINNED
+#: a pull creating at least this many rows creates them on file, around the cache (a bulk load)
+_BULK_CREATE = 1 << 18
+#: keys probed to tell a bulk load (keys mostly new) from a large read of rows on file
+_SAMPLE = 4096
 #: mark_rows: leave the CLOCK byte as it is
 _REF_KEEP = -1
 
@@ -62,7 +66,8 @@ class SsdTable(TableTier):
         if not 1 <= int(capacity) <= MAX_SLOTS:
             raise InvalidInput(f"capacity must be in [1, {MAX_SLOTS}] rows, got {capacity}")
         self.capacity = int(capacity)
-        row_bytes = self.width * 4 + 8 + 12 / LOAD + 2  # row, key, index, CLOCK, dirty
+        # row, key, index, CLOCK, dirty, free-stack entry
+        row_bytes = self.width * 4 + 8 + 12 / LOAD + 2 + 8
         self.cache_rows = int(min(max(cache_budget_mb * 2**20 // row_bytes, 16), MAX_SLOTS))
         for k in ("cache_evictions", "cache_disk_read_bytes", "cache_disk_written_bytes"):
             self.counters[k] = 0
@@ -264,6 +269,14 @@ class SsdTable(TableTier):
             self._mark(rows, REF_USED)
             self._remember(keys, rows)
             return _C.gather(self._data, rows, self.params)
+        if (
+            create
+            and n_miss >= _BULK_CREATE
+            and not self.file.has_free()
+            and admission_mask(self.options, self._rng, 0, None, None) is None
+            and self._mostly_new(keys, rows)
+        ):
+            return self._pull_creating(keys, rows, n_miss)
         if keys.numel() <= self.cache_rows // 2:
             self._mark(rows, REF_PINNED)
             miss = rows < 0
@@ -290,6 +303,57 @@ class SsdTable(TableTier):
             out[at] = _C.gather(self._data, r, self.params)
             self._unpin(r)
         return out.index_select(0, inverse)
+
+    def _mostly_new(self, keys: torch.Tensor, rows: torch.Tensor) -> bool:
+        """Whether most of the first keys missing from the cache (``rows`` < 0) are absent
+        from the file too (a sample: a bulk load's keys are new; a warm-up's are on file and
+        go through the cache)."""
+        head = rows[: 16 * _SAMPLE]
+        sample = keys[: head.numel()][head < 0][:_SAMPLE]
+        return 2 * int((self.file.index.find(sample) < 0).sum()) > sample.numel()
+
+    def _pull_creating(self, keys: torch.Tensor, rows: torch.Tensor, n_miss: int) -> torch.Tensor:
+        """A pull of many keys absent from the cache (``rows`` (n,) their cache rows, -1
+        there; ``n_miss`` of them), creating the absent ones: cached keys are gathered, the
+        others found or added in the file's index in one probe a key; new rows are
+        initialised straight into file records, written by a few sequential ``pwrite``; rows
+        already on file are read. The cache is left as it was (a bulk load does not evict
+        the hot set)."""
+        every = n_miss == keys.numel()  # none cached (a bulk load's case): no gather, no selection
+        miss = torch.empty(0, dtype=torch.int64) if every else (rows < 0).nonzero().squeeze(1)
+        mk = keys if every else keys[miss]
+        first = self.file.next_slot
+        slots, added = self.file.find_or_append(mk)
+        n_new = self.file.next_slot - first
+        if self._total + n_new > self.capacity:  # the file's capacity is the table's
+            self.file.index.erase(mk[added])
+            self.file.next_slot = first
+            raise CapacityExceeded(
+                f"table {self.options.name!r}: {n_new} new rows would exceed capacity "
+                f"{self.capacity} (holds {self._total})"
+            )
+        records = torch.empty((n_new, KEY_WORDS + self.width), dtype=torch.float32)
+        weights = _C.init_records(records, mk if n_new == mk.numel() else mk[added], self.params)
+        self.file.write_records(records, first)
+        self._total += n_new
+        self.counters["rows_created"] += n_new
+        if n_new == mk.numel():  # every miss new and once: slots first, first + 1, ...
+            w = weights
+            if every:
+                return w
+        else:
+            fresh = slots >= first
+            w = torch.empty((mk.numel(), self.dim), dtype=torch.float32)
+            w[fresh] = weights[slots[fresh] - first]
+            old = (~fresh).nonzero().squeeze(1)
+            if old.numel():
+                full = self.file.full_rows(slots[old])
+                w[old] = _C.gather(full, torch.arange(old.numel()), self.params)
+            if every:
+                return w
+        out = _C.gather(self._data, rows, self.params)  # zeros where not cached
+        out[miss] = w
+        return out
 
     def _create_on_file(self, keys: torch.Tensor) -> torch.Tensor:
         """Creates rows of ``keys`` (m,) int64, unique and absent, straight into the file's
@@ -404,15 +468,25 @@ class SsdTable(TableTier):
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._flush(clear=False)
         keys, rows = [], []
-        for _a, chunk in self.file.chunks():
-            full = chunk[:, KEY_WORDS:].contiguous()
-            sel = _C.select_rows(full, full.shape[0], select, self.params) & self.file.live(chunk)
-            idx = sel.nonzero().squeeze(1)
-            keys.append(self.file.keys_of(chunk)[idx])
-            rows.append(full[idx])
+        for k, r in self._export_chunks(select):
+            keys.append(k)
+            rows.append(r)
         if not keys:
             return torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.width)
         return torch.cat(keys), torch.cat(rows)
+
+    def export_chunks(self, select: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """As :meth:`export`, a file chunk at a time: (keys (b,) int64, rows (b, width))
+        per chunk, copies; what a chunk adds to memory is all a streaming save holds."""
+        self._flush(clear=False)
+        yield from self._export_chunks(select)
+
+    def _export_chunks(self, select: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _a, chunk in self.file.read_chunks():
+            full = chunk[:, KEY_WORDS:].contiguous()
+            sel = _C.select_rows(full, full.shape[0], select, self.params) & self.file.live(chunk)
+            idx = sel.nonzero().squeeze(1)
+            yield self.file.keys_of(chunk)[idx], full[idx]
 
     def clear_dirty(self) -> None:
         self._flush(clear=False)  # then cache and file both clear (cached rows stay clean)
@@ -424,6 +498,7 @@ class SsdTable(TableTier):
 
     def mark_dirty(self, keys: torch.Tensor) -> None:
         self._flush(clear=True)
+        self.file.sync()
         slots = self.file.index.find(keys)
         slots = slots[slots >= 0]
         col = KEY_WORDS + _C.FLAGS
@@ -436,15 +511,29 @@ class SsdTable(TableTier):
                 f"table {self.options.name!r}: rows must be ({keys.numel()}, {self.width}), "
                 f"got {tuple(rows.shape)}"
             )
-        self._flush(clear=True)
+        if self._n_free < self.cache_rows:  # rows cached: written back, the cache emptied
+            self._flush(clear=True)
         new = int((self.file.index.find(keys) < 0).sum())
         if self._total + new > self.capacity:
             raise CapacityExceeded(
                 f"table {self.options.name!r}: loading {new} new rows would exceed capacity "
                 f"{self.capacity}"
             )
-        slots = self.file.slots_for(keys)
         src = rows.to(torch.float32).contiguous()
+        if new == keys.numel() and not self.file.has_free():
+            # a load's chunk (keys new and distinct): records appended by sequential pwrite
+            first = self.file.next_slot
+            slots, added = self.file.find_or_append(keys)
+            if int(added.sum()) == keys.numel():
+                records = torch.empty((keys.numel(), KEY_WORDS + self.width))
+                records[:, :KEY_WORDS] = keys.contiguous().view(torch.float32).view(-1, KEY_WORDS)
+                records[:, KEY_WORDS:] = src
+                self.file.write_records(records, first)
+                self._total += new
+                return
+            self.file.index.erase(keys[added])  # repeated keys: the general path below
+            self.file.next_slot = first
+        slots = self.file.slots_for(keys)
         self.file.write(src, keys.contiguous(), torch.arange(keys.numel()), slots)
         self._total += new
 
@@ -487,3 +576,9 @@ class SsdTable(TableTier):
         self._closed = True
         self.file.close()
         os.close(self._lock_fd)
+        # the cache's memory goes now, not when the last reference to the store does
+        self.cache_rows = 0
+        self._data = torch.zeros((0, self.width))
+        self._keys = torch.zeros(0, dtype=torch.int64)
+        self._dirty = torch.zeros(0, dtype=torch.bool)
+        self._clear_cache()

@@ -453,6 +453,18 @@ int64_t compact_assign_py(const at::Tensor& ik, const at::Tensor& iv, const at::
   return compact_assign(compact(ik, iv, "compact_assign"), span<const int64_t>(keys),
                         span<const int64_t>(vals));
 }
+std::tuple<at::Tensor, at::Tensor, int64_t> compact_find_or_add_py(const at::Tensor& ik,
+                                                                   const at::Tensor& iv,
+                                                                   const at::Tensor& keys_in,
+                                                                   int64_t first) {
+  const at::Tensor keys = input_ids(keys_in, "compact_find_or_add", "keys");
+  auto out = at::empty({keys.numel()}, at::kLong);
+  auto added = at::empty({keys.numel()}, at::kBool);
+  const int64_t n = compact_find_or_add(compact(ik, iv, "compact_find_or_add"),
+                                        span<const int64_t>(keys), first, out.data_ptr<int64_t>(),
+                                        added.data_ptr<bool>());
+  return {out, added, n};
+}
 int64_t compact_erase_py(const at::Tensor& ik, const at::Tensor& iv, const at::Tensor& keys_in) {
   const at::Tensor keys = input_ids(keys_in, "compact_erase", "keys");
   return compact_erase(compact(ik, iv, "compact_erase"), span<const int64_t>(keys));
@@ -488,6 +500,20 @@ void init_rows_at_py(const at::Tensor& data, const at::Tensor& row_keys_in,
   const at::Tensor row_keys = input_ids(row_keys_in, "init_rows_at", "row_keys");
   const at::Tensor rows = input_ids(rows_in, "init_rows_at", "rows");
   init_rows_at(matrix<float>(data), span<const int64_t>(row_keys), span<const int64_t>(rows), p);
+}
+at::Tensor init_records_py(const at::Tensor& records, const at::Tensor& keys_in,
+                           const TableParams& p) {
+  constexpr const char* kOp = "init_records";
+  check_params(p, kOp);
+  check_cpu(records, kOp, "records");
+  TORCH_CHECK(records.scalar_type() == at::kFloat && records.dim() == 2 &&
+                  records.is_contiguous(),
+              kOp, ": records must be a contiguous (n, width + 2) float32 tensor");
+  check_aligned(records, kOp, "records");
+  const at::Tensor keys = input_ids(keys_in, kOp, "keys");
+  auto out = at::empty({keys.numel(), p.dim}, at::kFloat);
+  init_records(matrix<float>(records), span<const int64_t>(keys), p, out.data_ptr<float>());
+  return out;
 }
 void check_records(const at::Tensor& file, const at::Tensor& data, const char* op) {
   check_cpu(file, op, "file");
@@ -631,6 +657,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("index_vals"), py::arg("keys"), nogil);
   m.def("compact_assign", &compact_assign_py, "sets key -> val; returns keys added",
         py::arg("index_keys"), py::arg("index_vals"), py::arg("keys"), py::arg("vals"), nogil);
+  m.def("compact_find_or_add", &compact_find_or_add_py,
+        "(value per key, added per key, keys added): absent keys get first, first + 1, ...",
+        py::arg("index_keys"), py::arg("index_vals"), py::arg("keys"), py::arg("first"), nogil);
   m.def("compact_erase", &compact_erase_py, "removes keys; returns keys removed",
         py::arg("index_keys"), py::arg("index_vals"), py::arg("keys"), nogil);
   m.def("clock_victims", &clock_victims_py, "(victim rows, new hand)", py::arg("ref"),
@@ -639,6 +668,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("dirty"), py::arg("rows"), py::arg("value"), py::arg("set_dirty"), nogil);
   m.def("init_rows_at", &init_rows_at_py, "initialises the rows given", py::arg("data"),
         py::arg("row_keys"), py::arg("rows"), py::arg("params"), nogil);
+  m.def("init_records", &init_records_py, "new file records: keys and initial rows; their weights (n, dim)",
+        py::arg("records"), py::arg("keys"), py::arg("params"), nogil);
   m.def("records_to_rows", &records_to_rows_py, "file records' rows into data rows",
         py::arg("file"), py::arg("slots"), py::arg("data"), py::arg("rows"), nogil);
   m.def("pread_records", &pread_records_py, "file records' rows into data rows, by pread",

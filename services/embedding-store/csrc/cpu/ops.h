@@ -232,6 +232,11 @@ int64_t compact_find(const CompactIndex& x, Span<const int64_t> keys, int64_t* o
 // Sets key -> val (last wins); vals in [0, 2^31). Raises when no slot is left (the caller
 // keeps the load under 1). Returns the number of keys added.
 int64_t compact_assign(const CompactIndex& x, Span<const int64_t> keys, Span<const int64_t> vals);
+// Value per key into out (n,): the key's, or for a key absent, first, first + 1, ... in order
+// of first occurrence (added[i] true there), inserted. Raises when no slot is left (the keys
+// this call added taken out again). Returns the number of keys added.
+int64_t compact_find_or_add(const CompactIndex& x, Span<const int64_t> keys, int64_t first,
+                            int64_t* out, bool* added);
 // Removes keys (absent ones ignored), shifting runs back; returns the number removed.
 int64_t compact_erase(const CompactIndex& x, Span<const int64_t> keys);
 // A cache row's CLOCK byte: used since the hand last passed, idle, free (no key), pinned
@@ -247,6 +252,10 @@ void mark_rows(uint8_t* ref, bool* dirty, int64_t n_rows, Span<const int64_t> ro
 // Initialises the rows rows[i] >= 0 as init_rows does (keys from row_keys). data: (R, width).
 void init_rows_at(Matrix<float> data, Span<const int64_t> row_keys, Span<const int64_t> rows,
                   const TableParams& p);
+// New file records: records[i] = [keys[i] as two words, the row init_rows gives it], and
+// the row's weights into out (n, dim) unless out is null. records: (n, width + 2).
+void init_records(Matrix<float> records, Span<const int64_t> keys, const TableParams& p,
+                  float* out);
 // data[rows[i]] = the row words of file record slots[i]. file: (F, w + 2) records [key as
 // two words, row]; data: (R, w).
 void records_to_rows(Matrix<const float> file, Span<const int64_t> slots, Matrix<float> data,

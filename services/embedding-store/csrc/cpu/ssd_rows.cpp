@@ -72,6 +72,11 @@ int64_t compact_assign(const CompactIndex& x, Span<const int64_t> keys, Span<con
   const uint64_t cap = static_cast<uint64_t>(x.cap);
   int64_t added = 0;
   for (int64_t i = 0; i < keys.n; ++i) {
+    if (i + 8 < keys.n) {  // the probes' cache misses overlapped, as compact_find's
+      const uint64_t h = compact_home(keys.data[i + 8], cap);
+      __builtin_prefetch(x.keys + h, 1);
+      __builtin_prefetch(x.vals + h, 1);
+    }
     const uint64_t j = compact_probe(x, keys.data[i]);
     STREAMREC_CHECK(j < cap, kOp, ": the index is full (", cap, " slots); resize it first");
     added += x.vals[j] < 0;
@@ -79,6 +84,36 @@ int64_t compact_assign(const CompactIndex& x, Span<const int64_t> keys, Span<con
     x.vals[j] = static_cast<int32_t>(vals.data[i]);
   }
   return added;
+}
+
+int64_t compact_find_or_add(const CompactIndex& x, Span<const int64_t> keys, int64_t first,
+                            int64_t* out, bool* added) {
+  constexpr const char* kOp = "compact_find_or_add";
+  STREAMREC_CHECK(first >= 0 && first + keys.n - 1 <= INT32_MAX, kOp, ": values from ", first,
+                  " for ", keys.n, " keys would pass ", INT32_MAX);
+  const uint64_t cap = static_cast<uint64_t>(x.cap);
+  int64_t next = first;
+  for (int64_t i = 0; i < keys.n; ++i) {
+    if (i + 8 < keys.n) {
+      const uint64_t h = compact_home(keys.data[i + 8], cap);
+      __builtin_prefetch(x.keys + h, 1);
+      __builtin_prefetch(x.vals + h, 1);
+    }
+    const uint64_t j = compact_probe(x, keys.data[i]);
+    if (j == cap) {  // full: the keys added by this call are taken out again
+      for (int64_t q = 0; q < i; ++q) added[q] = false;
+      for (int64_t q = 0; q < i; ++q)
+        if (out[q] >= first) compact_erase(x, Span<const int64_t>{keys.data + q, 1});
+      STREAMREC_CHECK(false, kOp, ": the index is full (", cap, " slots); resize it first");
+    }
+    added[i] = x.vals[j] < 0;
+    if (added[i]) {
+      x.keys[j] = keys.data[i];
+      x.vals[j] = static_cast<int32_t>(next++);
+    }
+    out[i] = x.vals[j];
+  }
+  return next - first;
 }
 
 int64_t compact_erase(const CompactIndex& x, Span<const int64_t> keys) {
@@ -149,6 +184,23 @@ void init_rows_at(Matrix<float> data, Span<const int64_t> row_keys, Span<const i
   });
 }
 
+void init_records(Matrix<float> records, Span<const int64_t> keys, const TableParams& p,
+                  float* out) {
+  constexpr const char* kOp = "init_records";
+  STREAMREC_CHECK(records.rows == keys.n && records.cols == p.width + 2, kOp, ": records must be (",
+                  keys.n, ", ", p.width + 2, "), got (", records.rows, ", ", records.cols, ")");
+  const bool expand = expand_at_creation(p);
+  parallel_for(0, keys.n, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float* rec = records.data + i * records.cols;
+      std::memcpy(rec, keys.data + i, sizeof(int64_t));
+      init_row(rec + 2, keys.data[i], p, expand);
+      if (out != nullptr)
+        std::memcpy(out + i * p.dim, rec + 2 + kEmbedW, sizeof(float) * p.dim);
+    }
+  });
+}
+
 void records_to_rows(Matrix<const float> file, Span<const int64_t> slots, Matrix<float> data,
                      Span<const int64_t> rows) {
   constexpr const char* kOp = "records_to_rows";
@@ -172,11 +224,12 @@ void pread_records(int fd, int64_t file_rows, Span<const int64_t> slots, Matrix<
   check_rows_below(rows, data.rows, kOp);
   const int64_t n = rows.n, w = data.cols, rec = w + 2;
   const int64_t rec_bytes = static_cast<int64_t>(sizeof(float)) * rec;
-  constexpr int64_t kRun = 256;    // records per pread at most
-  constexpr int64_t kBlock = 256;  // records a thread takes at a time
+  constexpr int64_t kRun = 256;   // records per pread at most
+  constexpr int64_t kBlock = 64;  // records a thread takes at a time
   // I/O threads, not the compute threads: a file larger than the page cache makes each
-  // read wait on the disk, and an SSD answers many reads at once (queue depth)
-  const int64_t n_threads = std::clamp<int64_t>(n / kBlock, 1, 16);
+  // read wait on the disk, and an SSD answers many reads at once (queue depth: 64 reads in
+  // flight reach this machine's disk's random-read IOPS, fio)
+  const int64_t n_threads = std::clamp<int64_t>(n / kBlock, 1, 64);
   std::atomic<int64_t> next{0};
   std::mutex failed_mutex;
   std::string failed;
