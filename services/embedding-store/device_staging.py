@@ -15,12 +15,10 @@ kernels) nothing is pinned and inputs already on the device are returned as they
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
+from streamrec.pinned import MIN_BYTES, PinnedBuffers
 
-#: the smallest buffer, bytes: small batches share one allocation
-MIN_BYTES = 1 << 16
+__all__ = ["MIN_BYTES", "Staging", "aligned"]
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
@@ -29,13 +27,7 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % t.element_size() == 0 else t.clone()
 
 
-class Fence(Protocol):
-    """What a buffer waits on before reuse (a ``torch.cuda.Event`` on a GPU)."""
-
-    def synchronize(self) -> None: ...
-
-
-class Staging:
+class Staging(PinnedBuffers):
     """Pinned host buffers per input name, for one device.
 
     Args:
@@ -45,32 +37,9 @@ class Staging:
 
     def __init__(self, device: torch.device, pin: bool | None = None) -> None:
         self.device = device
-        self.pin = (device.type == "cuda" and torch.cuda.is_available()) if pin is None else pin
-        self._bufs: dict[str, torch.Tensor] = {}
-        self._fences: dict[str, Fence] = {}
-        #: buffers allocated so far (growth; a steady workload stops adding)
-        self.allocations = 0
-
-    def buffer(self, name: str, nbytes: int) -> torch.Tensor:
-        """The name's buffer, (>= nbytes,) uint8 host, free to overwrite: its last copy has
-        finished (the fence waited); grown by doubling when too small."""
-        fence = self._fences.pop(name, None)
-        if fence is not None:
-            fence.synchronize()  # the previous H2D copy out of this buffer is done
-        buf = self._bufs.get(name)
-        if buf is None or buf.numel() < nbytes:
-            size = max(nbytes, MIN_BYTES, 2 * buf.numel() if buf is not None else 0)
-            buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
-            self._bufs[name] = buf
-            self.allocations += 1
-        return buf
-
-    def stage(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """t (host, any layout) as a contiguous dtype tensor in the name's buffer (host)."""
-        nbytes = t.numel() * dtype.itemsize
-        staged = self.buffer(name, nbytes)[:nbytes].view(dtype).view(t.shape)
-        staged.copy_(t)  # converts and packs in one pass
-        return staged
+        super().__init__(
+            (device.type == "cuda" and torch.cuda.is_available()) if pin is None else pin
+        )
 
     def to_device(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """t as a contiguous dtype tensor on the device: as it is (or cast there) when it is
@@ -84,17 +53,5 @@ class Staging:
         stream = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(stream):
             out.copy_(staged, non_blocking=self.pin)
-        fence = torch.cuda.Event()
-        fence.record(stream)
-        self._fences[name] = fence
+        self.fence(name, stream)
         return out
-
-    def nbytes(self) -> int:
-        """Host bytes the buffers hold."""
-        return sum(b.numel() for b in self._bufs.values())
-
-    def release(self) -> None:
-        """Drops every buffer (after their copies finished)."""
-        for fence in self._fences.values():
-            fence.synchronize()
-        self._bufs, self._fences = {}, {}

@@ -18,21 +18,15 @@ its input back as it is (no copy, no autograd node).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
+from streamrec.pinned import MIN_BYTES, PinnedBuffers
 
-#: the smallest buffer, bytes (small tensors share one allocation's worth of growth)
-MIN_BYTES = 1 << 16
-
-
-class Fence(Protocol):
-    """What a buffer waits on before it is refilled (a ``torch.cuda.Event`` on a GPU)."""
-
-    def synchronize(self) -> None: ...
+__all__ = ["MIN_BYTES", "Staging"]
 
 
-class Staging:
+class Staging(PinnedBuffers):
     """Pinned host buffers by name, for the device the dense model runs on.
 
     Args:
@@ -54,33 +48,7 @@ class Staging:
     ) -> None:
         self.device = device
         self.active = device.type == "cuda" if stage is None else stage
-        self.pin = (self.active and device.type == "cuda") if pin is None else pin
-        self._bufs: dict[str, torch.Tensor] = {}
-        self._fences: dict[str, Fence] = {}
-        #: buffers allocated so far (growth: a steady batch size stops adding after step 1)
-        self.allocations = 0
-
-    def buffer(self, name: str, nbytes: int) -> torch.Tensor:
-        """The name's buffer, (>= nbytes,) uint8 on the host, free to overwrite: its last copy
-        has finished (the fence waited); replaced by one of double the size when too small."""
-        fence = self._fences.pop(name, None)
-        if fence is not None:
-            fence.synchronize()  # the previous H2D copy out of this buffer is done
-        buf = self._bufs.get(name)
-        if buf is None or buf.numel() < nbytes:
-            size = max(nbytes, MIN_BYTES, 2 * buf.numel() if buf is not None else 0)
-            buf = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
-            self._bufs[name] = buf
-            self.allocations += 1
-        return buf
-
-    def stage(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """``t`` (host, any layout) copied into the name's buffer: a contiguous host tensor of
-        t's shape and dtype (valid until the name is staged again)."""
-        nbytes = t.numel() * t.element_size()
-        staged = self.buffer(name, nbytes)[:nbytes].view(t.dtype).view(t.shape)
-        staged.copy_(t)
-        return staged
+        super().__init__((self.active and device.type == "cuda") if pin is None else pin)
 
     def staged(self, t: torch.Tensor) -> bool:
         """Whether :meth:`to_device` copies ``t`` through a buffer (a host tensor while
@@ -96,9 +64,7 @@ class Staging:
         if self.device.type != "cuda":
             return staged.clone()  # a host "device": the copy is done when clone returns
         out = staged.to(self.device, non_blocking=self.pin)
-        fence = torch.cuda.Event()
-        fence.record(torch.cuda.current_stream(self.device))
-        self._fences[name] = fence
+        self.fence(name, torch.cuda.current_stream(self.device))
         return out
 
     def rows(
@@ -116,16 +82,6 @@ class Staging:
         out = _StagedCopy.apply(t, self, name)
         assert isinstance(out, torch.Tensor)
         return out
-
-    def nbytes(self) -> int:
-        """Host bytes the buffers hold."""
-        return sum(b.numel() for b in self._bufs.values())
-
-    def release(self) -> None:
-        """Drops every buffer (after their copies finished)."""
-        for fence in self._fences.values():
-            fence.synchronize()
-        self._bufs, self._fences = {}, {}
 
 
 class _StagedCopy(torch.autograd.Function):
