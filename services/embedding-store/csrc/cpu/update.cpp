@@ -63,7 +63,7 @@ int64_t update(const PushArgs& a, const TableParams& p) {
   // (no atomics, no shared cache lines between threads on hot rows): it lists its positions,
   // counts its rows in a RowCounts, updates the rows seen once at once, and sums the
   // repeated rows' gradients in index order (deterministic) before updating them.
-  const int64_t threads = n < 4096 ? 1 : std::max<int64_t>(num_threads(), 1);
+  const int64_t threads = n < 1024 ? 1 : std::max<int64_t>(num_threads(), 1);
   const uint64_t parts = static_cast<uint64_t>(threads);
   auto owner = [&](int64_t row) {  // Lemire's multiply-shift range reduction of a row hash
     const uint64_t h = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ULL) >> 32;
