@@ -120,7 +120,7 @@ class NpyWriter:
                 f"holding {self.rows} rows"
             )
         if block.size:
-            self._write(memoryview(np.ascontiguousarray(block)).cast("B"))
+            self._write(np.ascontiguousarray(block).data.cast("B"))
         self.rows += block.shape[0]
 
     def close(self) -> str:
@@ -173,7 +173,7 @@ class NpyReader:
         out = np.empty((max(b - a, 0), *self.shape[1:]), dtype=self.dtype)
         if out.size == 0:
             return out
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")
         fd = os.open(self.path, os.O_RDONLY)
         try:
             got = 0

@@ -217,7 +217,7 @@ class RowFile:
         self.sync()
         if records.numel() == 0:
             return
-        view = memoryview(records.contiguous().numpy()).cast("B")
+        view = records.contiguous().numpy().data.cast("B")
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="ssd-write")
         self._pending = self._writer.submit(self._pwrite, view, first * self.record_bytes)
@@ -241,7 +241,7 @@ class RowFile:
         buf = torch.empty((min(self.CHUNK, self.next_slot), KEY_WORDS + self.width))
         for a in range(0, self.next_slot, self.CHUNK):
             b = min(a + self.CHUNK, self.next_slot)
-            view = memoryview(buf.numpy()).cast("B")[: (b - a) * self.record_bytes]
+            view = buf.numpy().data.cast("B")[: (b - a) * self.record_bytes]
             got = 0
             while got < len(view):
                 r = os.preadv(self._fd, [view[got:]], a * self.record_bytes + got)
