@@ -335,8 +335,14 @@ def test_triggers_reach_trainers_and_report(client, roots, redis_server):
     assert failed["error"] == "disk full"
     listing = client.get(f"/v1/jobs/{job_id}/triggers").json()
     assert listing["count"] == 5 and [t["id"] for t in listing["data"]] == [t["id"] for t in made]
-    events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
-    assert any(e["type"] == "bad_report" and "nope" in e["message"] for e in events)
+    # the bad report came after the failed one: it may still be on its way
+    wait_for(
+        lambda: any(
+            e["type"] == "bad_report" and "nope" in e["message"]
+            for e in client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+        ),
+        what="the bad report's event",
+    )
     # stop reaches the trainers as a command; their "stopped" report ends the stop
     client.post(f"/v1/jobs/{job_id}/stop")
     assert [c.type for c in ch.take_commands(block_ms=1000)] == ["stop"]
