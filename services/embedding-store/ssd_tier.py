@@ -339,8 +339,6 @@ class SsdTable(TableTier):
         self.counters["rows_created"] += n_new
         if n_new == mk.numel():  # every miss new and once: slots first, first + 1, ...
             w = weights
-            if every:
-                return w
         else:
             fresh = slots >= first
             w = torch.empty((mk.numel(), self.dim), dtype=torch.float32)
@@ -349,8 +347,8 @@ class SsdTable(TableTier):
             if old.numel():
                 full = self.file.full_rows(slots[old])
                 w[old] = _C.gather(full, torch.arange(old.numel()), self.params)
-            if every:
-                return w
+        if every:
+            return w
         out = _C.gather(self._data, rows, self.params)  # zeros where not cached
         out[miss] = w
         return out
