@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from streamrec.embedding_store.disk import pread_into
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
 from streamrec.save_modes import SaveMode
 
@@ -176,12 +177,8 @@ class NpyReader:
         view = out.data.cast("B")
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            got = 0
-            while got < len(view):
-                r = os.preadv(fd, [view[got:]], self._offset + a * self._row_bytes + got)
-                if r <= 0:
-                    raise CheckpointError(f"{self.path}: ends before row {b}")
-                got += r
+            if pread_into(fd, view, self._offset + a * self._row_bytes) < len(view):
+                raise CheckpointError(f"{self.path}: ends before row {b}")
         finally:
             os.close(fd)
         return out

@@ -144,3 +144,15 @@ class NoSpaceBackoff:
         if dev is not None:
             with self._lock:
                 self._failed.pop(dev, None)
+
+
+def pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fills ``view`` from ``fd`` at ``offset`` (``preadv`` until full: a read may return
+    less); returns the bytes read, fewer than ``len(view)`` only where the file ends."""
+    got = 0
+    while got < len(view):
+        r = os.preadv(fd, [view[got:]], offset + got)
+        if r <= 0:
+            break
+        got += r
+    return got

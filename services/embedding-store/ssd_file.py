@@ -22,6 +22,7 @@ from pathlib import Path
 
 import streamrec.embedding_store._C as _C
 import torch
+from streamrec.embedding_store.disk import pread_into
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
 
 #: the compact index is resized larger before more than this share of its slots is taken
@@ -235,19 +236,16 @@ class RowFile:
             pending.result()
 
     def read_chunks(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """(start, records (b, KEY_WORDS + width) copy) per chunk of the used slots, read by
-        ``pread`` into one buffer reused (valid until the next chunk; nothing mapped)."""
+        """(start, records (b, KEY_WORDS + width)) per chunk of the used slots, read by
+        ``pread`` into one buffer reused: a view, valid until the next chunk (nothing
+        mapped)."""
         self.sync()
         buf = torch.empty((min(self.CHUNK, self.next_slot), KEY_WORDS + self.width))
         for a in range(0, self.next_slot, self.CHUNK):
             b = min(a + self.CHUNK, self.next_slot)
             view = buf.numpy().data.cast("B")[: (b - a) * self.record_bytes]
-            got = 0
-            while got < len(view):
-                r = os.preadv(self._fd, [view[got:]], a * self.record_bytes + got)
-                if r <= 0:
-                    raise OSError(f"reading {str(self.path)!r}: end of file at slot {a}")
-                got += r
+            if pread_into(self._fd, view, a * self.record_bytes) < len(view):
+                raise OSError(f"reading {str(self.path)!r}: end of file at slot {a}")
             yield a, buf[: b - a]
 
     def slots_for(self, keys: torch.Tensor) -> torch.Tensor:
