@@ -265,6 +265,45 @@ def test_large_pushes_with_hot_repeated_keys_match_reference() -> None:
     assert torch.equal(got, twin.pull("t", every, create=False))  # sums in a fixed order
 
 
+def test_push_gives_the_same_bits_on_one_thread_and_on_several() -> None:
+    """Each thread owns the rows that hash to it and flags repeats through a filter sized by
+    its share of the batch: the thread count changes which positions are flagged (the
+    filter's false positives), never the result. Zipf keys (hot rows repeated thousands of
+    times), rare keys, -0.0 gradients, and a batch large enough to split."""
+    t = TableOptions(
+        name="t",
+        dim=8,
+        embedx_threshold=0,
+        embed_sgd_param={"name": "adagrad", "learning_rate": 0.1},
+        embedx_sgd_param={"name": "adam", "learning_rate": 0.01},
+    )
+    rng = np.random.default_rng(11)
+    batches = []
+    for _ in range(3):
+        keys = np.concatenate([rng.zipf(1.2, 30_000) % 50_000, rng.integers(0, 10**12, 30_000)])
+        grads = rng.normal(0, 1, (keys.size, 8)).astype(np.float32)
+        grads[rng.random(keys.size) < 0.05] = -0.0
+        clicks = (rng.random(keys.size) < 0.1).astype(np.float32)
+        batches.append((torch.from_numpy(keys), torch.from_numpy(grads), torch.from_numpy(clicks)))
+    before = torch.get_num_threads()
+    pulled = []
+    try:
+        for threads in (1, 2, 3):
+            store = EmbeddingStore([t], num_threads=threads)
+            for keys, grads, clicks in batches:
+                store.pull("t", keys)
+                store.push("t", keys, grads, clicks=clicks)
+            every = torch.cat([k for k, _, _ in batches])
+            pulled.append(store.pull("t", every, create=False))
+            stats = store.inspect("t", every)
+            pulled.append(torch.stack([stats["show"], stats["click"]], dim=1))
+    finally:
+        torch.set_num_threads(before)
+    for other in (2, 4):  # weights, then show and click, against the one-thread run
+        assert torch.equal(pulled[0].view(torch.int32), pulled[other].view(torch.int32))
+        assert torch.equal(pulled[1].view(torch.int32), pulled[other + 1].view(torch.int32))
+
+
 def test_duplicate_keys_are_summed_before_the_step() -> None:
     t = TableOptions(
         name="t",

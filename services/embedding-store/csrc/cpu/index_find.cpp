@@ -58,11 +58,18 @@ int64_t find_gather(Matrix<const int64_t> slots, Span<const int64_t> keys,
   std::atomic<int64_t> misses{0};
   std::atomic<int64_t> outside{n};  // first position whose row lies outside data
   // Stage 1 prefetches the slot of key i + 2 * kAhead; stage 2 finds key i + kAhead (its
-  // slot is in cache by then) and prefetches its row; key i then costs no memory wait.
+  // slot is in cache by then) and prefetches its row; key i then costs no memory wait. A
+  // task starts the pipeline with the slots of its first 2 * kAhead keys in flight together,
+  // then the rows of its first kAhead (not one miss after another: a trainer's call splits
+  // into tasks of kIndexGrain keys, each paying the start).
   parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
     int64_t miss = 0, bad = n;
-    for (int64_t i = b; i < std::min(b + kIndexAhead, e); ++i)
+    for (int64_t i = b; i < std::min(b + 2 * kIndexAhead, e); ++i)
+      __builtin_prefetch(s + 2 * home(k[i], mask));
+    for (int64_t i = b; i < std::min(b + kIndexAhead, e); ++i) {
       r[i] = lookup_row<true>(s, mask, k[i]);
+      if (row_in(r[i], R)) prefetch_lines(d + r[i] * width + kEmbedW, 4 * dim);
+    }
     for (int64_t i = b; i < e; ++i) {
       if (i + 2 * kIndexAhead < e) __builtin_prefetch(s + 2 * home(k[i + 2 * kIndexAhead], mask));
       if (i + kIndexAhead < e) {
@@ -72,7 +79,7 @@ int64_t find_gather(Matrix<const int64_t> slots, Span<const int64_t> keys,
       }
       const int64_t ri = r[i];
       if (row_in(ri, R)) {
-        std::memcpy(o + i * dim, d + ri * width + kEmbedW, sizeof(float) * dim);
+        copy_floats(o + i * dim, d + ri * width + kEmbedW, dim);
       } else {
         if (ri >= 0) bad = std::min(bad, i);
         if (zero_misses || ri >= 0) std::memset(o + i * dim, 0, sizeof(float) * dim);

@@ -17,7 +17,7 @@ namespace streamrec {
 
 constexpr uint64_t kNoSlot = ~uint64_t{0};  // a probe's answer on a full index
 constexpr int64_t kIndexGrain = 1024;      // keys per parallel task
-constexpr int64_t kIndexAhead = 8;         // prefetch distance, in keys
+constexpr int64_t kIndexAhead = 12;        // prefetch distance, in keys
 
 // Raises the error of a key that finds neither its slot nor an empty one.
 [[noreturn]] inline void index_full(const char* op, uint64_t capacity, int64_t key) {

@@ -63,16 +63,27 @@ struct TableParams {
 };
 
 // Prefetches every cache line of [p, p + bytes) (a row spans several: 280 bytes at dim 64);
-// write: for a line about to be written.
+// write: for a line about to be written. Into L2, not L1 (locality 2): a core keeps more L2
+// misses in flight than L1 ones, and a random row's lines are bound by that count (find_gather
+// of 106k keys over 1M rows: 1.85 against 2.17 ms into L1).
 inline void prefetch_lines(const void* p, int64_t bytes, bool write = false) {
   const char* c = static_cast<const char*>(p);
   const uintptr_t first = reinterpret_cast<uintptr_t>(c) & ~uintptr_t{63};
   for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(c) + bytes; a += 64) {
     if (write)
-      __builtin_prefetch(reinterpret_cast<const void*>(a), 1);
+      __builtin_prefetch(reinterpret_cast<const void*>(a), 1, 2);
     else
-      __builtin_prefetch(reinterpret_cast<const void*>(a), 0);
+      __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 2);
   }
+}
+
+// Copies count floats: whole 16-float blocks as fixed-size copies (a few vector moves, inlined),
+// then the rest. A row's weights are copied once per key, and a memcpy call of a size known
+// only at run time costs as much as the copy of a dim-16 row.
+inline void copy_floats(float* dst, const float* src, int64_t count) {
+  int64_t c = 0;
+  for (; c + 16 <= count; c += 16) std::memcpy(dst + c, src + c, 16 * sizeof(float));
+  if (c < count) std::memcpy(dst + c, src + c, sizeof(float) * (count - c));
 }
 
 // Whether none of count floats is NaN or Inf: those are the floats whose exponent bits are
