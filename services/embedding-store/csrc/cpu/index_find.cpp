@@ -60,8 +60,8 @@ int64_t find_gather(Matrix<const int64_t> slots, Span<const int64_t> keys,
   // Stage 1 prefetches the slot of key i + 2 * kAhead; stage 2 finds key i + kAhead (its
   // slot is in cache by then) and prefetches its row; key i then costs no memory wait. A
   // task starts the pipeline with the slots of its first 2 * kAhead keys in flight together,
-  // then the rows of its first kAhead (not one miss after another: a trainer's call splits
-  // into tasks of kIndexGrain keys, each paying the start).
+  // then the rows of its first kAhead, not one miss after another (a trainer's call per
+  // table is a few thousand keys over the threads: each task's start is a share of it).
   parallel_for(0, n, kIndexGrain, [&](int64_t b, int64_t e) {
     int64_t miss = 0, bad = n;
     for (int64_t i = b; i < std::min(b + 2 * kIndexAhead, e); ++i)
