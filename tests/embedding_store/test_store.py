@@ -201,9 +201,12 @@ def test_a_warm_training_step_maps_no_new_memory() -> None:
         "    s.pull('t', k)\n"
         "    s.push('t', k, grads)\n"
         "for i in range(40): step(i)\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-        "for i in range(20): step(i)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+        "windows = []\n"
+        "for w in range(5):\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    for i in range(20): step(i)\n"
+        "    windows.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+        "print(' '.join(map(str, windows)))\n"
     )
     # the installed build, also under make sanitize: the sanitizers' allocator (preloaded
     # there, with the sanitized extensions on the path) keeps freed memory in quarantine and
@@ -215,9 +218,12 @@ def test_a_warm_training_step_maps_no_new_memory() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
-    faults = int(out.stdout)
-    # a cold step maps its 6.4 MB of results and scratch: ~1,600 faults of 4 KiB each
-    assert faults <= 20, f"{faults} page faults in 20 warm steps"
+    windows = [int(w) for w in out.stdout.split()]
+    # A step that mapped fresh memory would fault in every window of 20 steps (a cold step
+    # maps its 6.4 MB of results and scratch: ~1,600 faults of 4 KiB each; with the pool and
+    # the heap settings off, 1,172-6,578 a window). A window can take a burst of faults that
+    # is not the step's (measured once in a loaded CI run: 1,367), so the quietest counts.
+    assert min(windows) <= 20, f"page faults in 5 windows of 20 warm steps: {windows}"
 
 
 def test_a_misspelt_simd_switch_is_refused_at_import() -> None:
