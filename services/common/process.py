@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,11 +34,58 @@ class SpawnError(StreamRecError):
     code = "spawn"
 
 
+#: where free_port() picks: below Linux's default ephemeral range (32768-60999), from which
+#: the kernel takes the local port of every outgoing connection and of every bind to port 0
+PICKED_PORTS = range(20000, 32768)
+#: a port handed out is not handed out again by this host's free_port() for this long
+PORT_HELD_S = 3600.0
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 free at the time of the call."""
+    """A TCP port on 127.0.0.1, free now, for a child to bind later.
+
+    A port the kernel picked (bind to port 0) is an ephemeral one: between the pick and the
+    child's bind, any process's outgoing connection may take it as its local port, and the
+    child fails with EADDRINUSE (seen in a parallel test run). So the pick is outside that
+    range, and a marker file per port (``O_EXCL``, under the temporary directory) keeps two
+    callers on this host, in any process, from handing out the same port within an hour.
+    """
+    held = Path(tempfile.gettempdir()) / f"streamrec-ports-{os.getuid()}"
+    held.mkdir(mode=0o700, exist_ok=True)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(PICKED_PORTS)
+        if not claim_marker(held / str(port)):
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    # every try taken: the kernel's pick, as before
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def claim_marker(marker: Path) -> bool:
+    """Takes ``marker`` for this caller: new, or left by a caller more than PORT_HELD_S ago."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        pass
+    try:
+        if time.time() - marker.stat().st_mtime < PORT_HELD_S:
+            return False
+        # stale: of the callers that find it so, the one whose rename succeeds retries
+        stale = marker.parent / f"{marker.name}.{os.getpid()}.stale"
+        os.rename(marker, stale)
+    except OSError:
+        return False
+    stale.unlink(missing_ok=True)
+    return claim_marker(marker)
 
 
 def bin_path(name: str) -> str:

@@ -214,7 +214,7 @@ class HostTable(TableTier):
         """Keeps the rows of a pull that found or created every key, for the push after it
         (a copy of the keys: the caller may reuse its tensor). The last _RECENT_PULLS are
         kept: a client sends a large pull as several requests, then the push as many."""
-        self._recent.append((self._generation, keys.clone(), rows))
+        self._recent.append((self._generation, _C.step_copy(keys), rows))
 
     def _recent_rows(self, keys: torch.Tensor) -> torch.Tensor | None:
         """Rows of keys if they are the keys of a recent complete pull (same generation)."""

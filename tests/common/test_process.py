@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 from servers import wait_for
 from streamrec.process import (
+    PICKED_PORTS,
+    PORT_HELD_S,
     SpawnError,
     bin_path,
+    claim_marker,
     descendants,
     free_port,
     pid_alive,
@@ -161,3 +164,28 @@ def test_free_port_can_be_bound() -> None:
     assert 0 < port < 65536
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_free_port_picks_outside_the_ephemeral_range_and_never_twice_across_processes() -> None:
+    """Two processes picking at once get disjoint ports, none in the kernel's ephemeral range
+    (where an outgoing connection could take it before the child binds it)."""
+    code = "from streamrec.process import free_port\nprint(*[free_port() for _ in range(50)])"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    picked = [[int(p) for p in proc.communicate(timeout=60)[0].split()] for proc in procs]
+    assert all(len(ports) == 50 for ports in picked)
+    both = picked[0] + picked[1]
+    assert len(set(both)) == 100, "a port handed out twice"
+    low, _high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert all(p in PICKED_PORTS and p < low for p in both)
+
+
+def test_free_port_hands_out_again_a_port_held_past_the_hour(tmp_path: Path) -> None:
+    marker = tmp_path / "20123"
+    assert claim_marker(marker) and not claim_marker(marker)
+    old = time.time() - PORT_HELD_S - 5
+    os.utime(marker, (old, old))
+    assert claim_marker(marker) and not claim_marker(marker)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["20123"]

@@ -221,9 +221,11 @@ def test_a_warm_training_step_maps_no_new_memory() -> None:
     windows = [int(w) for w in out.stdout.split()]
     # A step that mapped fresh memory would fault in every window of 20 steps (a cold step
     # maps its 6.4 MB of results and scratch: ~1,600 faults of 4 KiB each; with the pool and
-    # the heap settings off, 1,172-6,578 a window). A window can take a burst of faults that
-    # is not the step's (measured once in a loaded CI run: 1,367), so the quietest counts.
-    assert min(windows) <= 20, f"page faults in 5 windows of 20 warm steps: {windows}"
+    # the heap settings off, 1,172-6,578 a window). A copy kept across steps from the heap
+    # made the heap top grow by 800 KB now and then (195 faults; 390 in every window of one
+    # loaded CI run), so four of the five windows must be quiet; one may take a burst that is
+    # not the step's.
+    assert sorted(windows)[-2] <= 20, f"page faults in 5 windows of 20 warm steps: {windows}"
 
 
 def test_a_misspelt_simd_switch_is_refused_at_import() -> None:

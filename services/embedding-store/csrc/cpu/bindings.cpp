@@ -140,7 +140,7 @@ Matrix<T> matrix(const at::Tensor& t) {
   return {t.data_ptr<std::remove_const_t<T>>(), t.size(0), t.size(1)};
 }
 
-// An empty tensor for a per-step result (a pull's rows, a push's sums): 1 MiB or more comes
+// An empty tensor for a per-step result (a pull's rows, a push's sums): 256 KiB or more comes
 // from the pool of mappings that keep their pages between steps (buffer_pool.cpp), given back
 // when the tensor dies; smaller, or with STREAMREC_KEEP_FREED_MEMORY=0, it is at::empty.
 // Raises when the byte size of `sizes` overflows int64.
@@ -154,6 +154,16 @@ at::Tensor step_buffer(at::IntArrayRef sizes, const at::TensorOptions& options) 
   if (b.ptr == nullptr) return at::empty(sizes, options);
   return at::from_blob(
       b.ptr, sizes, [b](void*) { step_block_give(b); }, options);
+}
+
+// A copy of a CPU tensor in a step buffer. For a copy kept across a few steps (host_tier's
+// recent pulls): from the heap, such copies split its free space between the step's
+// short-lived buffers, and the heap top then grows by one now and then, a fault per 4 KiB.
+at::Tensor step_copy_py(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), "step_copy: a CPU tensor, got one on ", t.device());
+  auto out = step_buffer(t.sizes(), t.options());
+  out.copy_(t);
+  return out;
 }
 
 // --- the ops (shapes in ops.h) ---
@@ -186,7 +196,7 @@ std::tuple<at::Tensor, at::Tensor, int64_t> find_gather_py(const at::Tensor& slo
   const at::Tensor keys = input_ids(keys_in, kOp, "keys");
   check_data(data, p, kOp);
   const int64_t n = keys.numel();
-  auto rows = at::empty({n}, keys.options());
+  auto rows = step_buffer({n}, keys.options());  // kept for the push (host_tier's recent pulls)
   auto out = step_buffer({n, p.dim}, data.options());
   const int64_t misses =
       find_gather(matrix<const int64_t>(slots), span<const int64_t>(keys),
@@ -634,6 +644,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("shows"), py::arg("clicks"), nogil);
   m.def("init_rows", &init_rows_py, "initialises rows [start, start+count)", py::arg("data"),
         py::arg("row_keys"), py::arg("start"), py::arg("count"), py::arg("params"), nogil);
+  m.def("step_copy", &step_copy_py, "a copy in a pooled step buffer", py::arg("tensor"),
+        nogil);
   m.def("gather", &gather_py, "weights of rows, zeros for -1", py::arg("data"), py::arg("rows"),
         py::arg("params"), nogil);
   m.def("initial_weights", &initial_weights_py, "deterministic initial weights per key",

@@ -21,8 +21,9 @@
 namespace streamrec {
 namespace {
 
-constexpr size_t kHuge = size_t{1} << 21;        // mappings in whole 2 MiB (huge) pages
-constexpr size_t kPooledFrom = size_t{1} << 20;  // smaller buffers come from the heap
+constexpr size_t kHuge = size_t{1} << 21;        // from 2 MiB: mappings in whole huge pages
+constexpr size_t kPage = size_t{1} << 12;        // below: in whole 4 KiB pages
+constexpr size_t kPooledFrom = size_t{1} << 18;  // smaller buffers come from the heap
 constexpr size_t kKeepBytes = size_t{1} << 29;   // free mappings kept, at most (512 MiB)
 
 using Block = StepBlock;
@@ -46,10 +47,12 @@ class BufferPool {
         return b;
       }
     }
-    const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
+    const size_t unit = bytes >= kHuge ? kHuge : kPage;
+    const size_t size = (bytes + unit - 1) / unit * unit;
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     STREAMREC_CHECK(p != MAP_FAILED, "could not map a buffer of ", size, " bytes");
-    madvise(p, size, MADV_HUGEPAGE);  // fewer faults on first touch, fewer TLB misses; optional
+    // fewer faults on first touch, fewer TLB misses; optional
+    if (unit == kHuge) madvise(p, size, MADV_HUGEPAGE);
     return {p, size};
   }
 
