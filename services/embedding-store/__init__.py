@@ -23,7 +23,7 @@ if os.environ.get("STREAMREC_SIMD", "") not in ("", "portable"):
 
 from streamrec.embedding_store.client import EmbeddingStoreClient
 from streamrec.embedding_store.converters import Converter, FileConverter
-from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.dedup import unique_groups, unique_keys
 from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
 from streamrec.embedding_store.local_shards import LocalShards
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
@@ -59,5 +59,6 @@ __all__ = [
     "UnknownNamespace",
     "ZerosInitializer",
     "shard_count",
+    "unique_groups",
     "unique_keys",
 ]

@@ -1,7 +1,8 @@
 """Deduplication of a batch's keys: the one C++ dedup, and when the client uses it.
 
-:func:`unique_keys` is what the store (summing a push's repeats, pooling bags), the client
-(routing) and the trainer (one row per distinct key of a batch) deduplicate with.
+:func:`unique_keys` is what the store (summing a push's repeats, pooling bags) and the client
+(routing) deduplicate with; :func:`unique_groups`, the same over many tables' keys at once,
+the trainer's (one row per distinct key of a table in a batch).
 :class:`DedupPolicy` decides, per table, whether the client deduplicates a batch before
 sending it; the rows come out the same either way (a shard sums repeats in the same float64
 order), only the bytes sent and the client's work differ.
@@ -33,6 +34,20 @@ def unique_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     keys: (n,) int64 -> (uniq (u,) int64, inverse (n,) int64) with uniq[inverse] == keys.
     """
     return _C.unique(keys.contiguous())
+
+
+def unique_groups(
+    keys: torch.Tensor, counts: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """:func:`unique_keys` of each group of ``keys`` (``counts[t]`` keys of group ``t``, laid
+    end to end), in one C++ call: a trainer's dedup of every table of a batch.
+
+    Returns:
+        (distinct (U,) int64: each group's distinct keys in order of first occurrence, group
+        after group; inverse (n,) int64: each key's position in ``distinct``; distinct keys
+        per group (T,))
+    """
+    return _C.unique_groups(keys.contiguous(), counts)
 
 
 class DedupPolicy:

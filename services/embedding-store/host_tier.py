@@ -428,3 +428,50 @@ class HostTable(TableTier):
         alive = torch.ones(self._size, dtype=torch.bool)
         alive[rows] = False
         self._compact(alive.nonzero().squeeze(1))
+
+
+# -- several tables' parts in one block (the in-process store's pull_rows / push_rows) ----
+def read_block(
+    tiers: list[HostTable], keys: torch.Tensor, counts: list[int], create: bool
+) -> tuple[torch.Tensor, list[int]]:
+    """:meth:`HostTable.read` of each tier's part of ``keys`` (``counts[t]`` keys of
+    ``tiers[t]``, laid end to end), in one C++ call: (weights (n, dim), absent keys per part).
+    A part with absent keys reads them as zeros when not ``create``, else leaves them
+    unwritten for the caller's per-table pull. Call under every tier's read lock."""
+    out, rows, misses = _C.find_gather_tables(
+        [t._slots for t in tiers], keys, counts, [t._data for t in tiers],
+        [t.params for t in tiers], not create,
+    )  # fmt: skip
+    for tier, k, r, m in zip(tiers, keys.split(counts), rows.split(counts), misses, strict=True):
+        if m == 0:
+            tier._remember(k, r)
+    return out, misses
+
+
+def push_block(
+    tiers: list[HostTable],
+    keys: torch.Tensor,
+    counts: list[int],
+    grads: torch.Tensor,
+    shows: torch.Tensor,
+    clicks: torch.Tensor,
+) -> None:
+    """:meth:`HostTable.push` of each tier's part (laid out as in :func:`read_block`; inputs
+    checked), one C++ update for all: each part's rows from its tier's recent pulls, else
+    found, absent keys created first. Call under every tier's write lock."""
+    rows = []
+    parts = zip(tiers, keys.split(counts), shows.split(counts), clicks.split(counts), strict=True)
+    for tier, k, s, c in parts:
+        r = tier._recent_rows(k)
+        if r is None:
+            r, misses = _C.find_count(tier._slots, k)
+            if misses:
+                r = tier._create(k, r, s, c, misses=misses)
+        rows.append(r)
+    # after every creation: a table's rows may have moved to a larger tensor
+    expanded = _C.update_tables(
+        [t._data for t in tiers], [t._row_keys for t in tiers], rows, grads, shows, clicks,
+        [t.params for t in tiers],
+    )  # fmt: skip
+    for tier, e in zip(tiers, expanded, strict=True):
+        tier.counters["rows_expanded"] += e

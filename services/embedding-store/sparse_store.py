@@ -131,7 +131,7 @@ class RowsFromTables:
         create: bool = True,
     ) -> torch.Tensor:
         """:meth:`SparseStore.pull_rows`: gathered on :meth:`resident_device`, no host copy."""
-        keys_t, dim, sizes = _block(self, tables, keys, counts)
+        keys_t, dim, sizes = checked_block(self, tables, keys, counts)
         device = self.resident_device()
         parts = self.pull_many(tables, keys_t.split(sizes), create, device=device)
         return torch.cat(parts) if parts else torch.zeros(0, dim, device=device)
@@ -147,7 +147,7 @@ class RowsFromTables:
     ) -> None:
         """:meth:`SparseStore.push_rows`: tables without keys are left out; gradients on
         :meth:`resident_device` stay there."""
-        keys_t, dim, sizes = _block(self, tables, keys, counts)
+        keys_t, dim, sizes = checked_block(self, tables, keys, counts)
         n, device = keys_t.numel(), self.resident_device()
         used = [t for t, size in enumerate(sizes) if size]
         k, g = keys_t.split(sizes), as_floats(grads, "grads", (n, dim), device).split(sizes)
@@ -164,7 +164,7 @@ class RowsFromTables:
         )
 
 
-def _block(
+def checked_block(
     store: _TableAtATime, tables: list[str], keys: Any, counts: list[int]
 ) -> tuple[torch.Tensor, int, list[int]]:
     """(keys (n,) int64, dim, counts as ints) of a checked block of ``store``'s tables."""

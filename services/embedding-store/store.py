@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, NamedTuple
 
 import streamrec.embedding_store._C as _C
@@ -46,9 +46,9 @@ from streamrec.embedding_store.errors import (
     StoreClosed,
     UnknownTable,
 )
-from streamrec.embedding_store.host_tier import HostTable
+from streamrec.embedding_store.host_tier import HostTable, push_block, read_block
 from streamrec.embedding_store.locks import RWLock
-from streamrec.embedding_store.sparse_store import RowsFromTables
+from streamrec.embedding_store.sparse_store import RowsFromTables, checked_block
 from streamrec.embedding_store.ssd_tier import SsdTable
 from streamrec.embedding_store.tier import TableTier
 from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned, push_faults
@@ -369,6 +369,79 @@ class EmbeddingStore(RowsFromTables):
             grads, shows, clicks = grads.float(), shows.float(), clicks.float()
             if not p.tier.push(uniq, grads, shows, clicks):
                 raise AssertionError("push of distinct keys reported duplicates")
+
+    # -- a block of rows (the trainer's one pull and one push per batch) ------------------
+    def pull_rows(
+        self, tables: list[str], keys: Any, counts: list[int], create: bool = True
+    ) -> torch.Tensor:
+        """:meth:`SparseStore.pull_rows`. Tables all in host memory: one C++ gather for the
+        block under the tables' shared locks; a table with absent keys to create is then
+        pulled alone (:meth:`pull`)."""
+        tiers = self._host_tiers(tables)
+        if tiers is None:
+            return super().pull_rows(tables, keys, counts, create)
+        keys_t, _dim, sizes = checked_block(self, tables, keys, counts)
+        self._count_keys("pull_keys", tables, sizes)
+        with self._tables_locked(tables, write=False):
+            out, misses = read_block(tiers, keys_t, sizes, create)
+        if create and any(misses):
+            at = 0
+            for table, tier, size, miss in zip(tables, tiers, sizes, misses, strict=True):
+                if miss:
+                    part = keys_t[at : at + size]
+                    out[at : at + size] = self._pull_host(tier, self._locks[table], part, True)
+                at += size
+        return out
+
+    def push_rows(
+        self,
+        tables: list[str],
+        keys: Any,
+        counts: list[int],
+        grads: Any,
+        shows: Any = None,
+        clicks: Any = None,
+    ) -> None:
+        """:meth:`SparseStore.push_rows`. Tables all in host memory: the block checked whole,
+        then one C++ update under the tables' exclusive locks. A block with a bad value goes
+        table by table (:meth:`push_many`), whose error names the table."""
+        tiers = self._host_tiers(tables)
+        if tiers is None:
+            return super().push_rows(tables, keys, counts, grads, shows, clicks)
+        keys_t, dim, sizes = checked_block(self, tables, keys, counts)
+        n = keys_t.numel()
+        g = as_floats(grads, "grads", (n, dim))
+        s = self._constant(1.0, n) if shows is None else as_floats(shows, "shows", (n,))
+        c = self._constant(0.0, n) if clicks is None else as_floats(clicks, "clicks", (n,))
+        if push_faults(g, s, c) != (0, 0):
+            return super().push_rows(tables, keys, counts, grads, shows, clicks)
+        self._count_keys("push_keys", tables, sizes)
+        with self._tables_locked(tables, write=True):
+            push_block(tiers, keys_t, sizes, g, s, c)
+        return None
+
+    def _host_tiers(self, tables: list[str]) -> list[HostTable] | None:
+        """The tiers of ``tables`` when every one is a plain host table (the block's one C++
+        call each way); None otherwise, or for an unknown table (refused by the caller)."""
+        tiers = [self._tiers.get(t) for t in tables] if not self._closed else []
+        if not tiers or any(type(t) is not HostTable for t in tiers):
+            return None
+        return tiers  # type: ignore[return-value]
+
+    def _count_keys(self, counter: str, tables: list[str], sizes: list[int]) -> None:
+        with self._count_lock:
+            for table, size in zip(tables, sizes, strict=True):
+                self._counts[table][counter] += size
+
+    @contextmanager
+    def _tables_locked(self, tables: list[str], write: bool) -> Iterator[None]:
+        """Every one of ``tables``' locks, taken in name order (a fixed order: two blocks
+        cannot each hold a lock the other waits for)."""
+        with ExitStack() as held:
+            for table in sorted(set(tables)):
+                lock = self._locks[table]
+                held.enter_context(lock.write() if write else lock.read())
+            yield
 
     # -- several tables in one call (the service's one request per shard and batch) ----
     def pull_many(

@@ -39,6 +39,7 @@ gives S tensors (B, d_k) in slot order, which ``DLRMDense`` projects to its dim:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -98,7 +99,8 @@ class SparseBatch:
         value_weights: None (every bag summed), or (nnz,) float32 each value's weight in
             its bag: 1 in a ``sum`` feature, 1 / bag length in a ``mean`` one.
         weights: (U, dim) float32 leaf with ``requires_grad`` once pulled, else None.
-        flat_keys: (U,) int64, ``keys`` concatenated, once pulled, else None.
+        flat_keys: (U,) int64, ``keys`` end to end (``keys`` are views of it when the
+            batch was prepared here), or None until pulled.
         parts: None, or with tables of several dims one batch a dim (the fields above then
             empty: ``keys`` [], ``bounds`` [0]), in the order of ``SparseTables.by_dim``.
     """
@@ -152,7 +154,7 @@ class SparseTables:
         pooling: Sequence[str] | None = None,
         dims: Sequence[int] | None = None,
     ) -> None:
-        from streamrec.embedding_store import unique_keys
+        from streamrec.embedding_store import unique_groups
 
         if not tables:
             raise ModelShapeError("SparseTables needs at least one table")
@@ -172,7 +174,10 @@ class SparseTables:
         self.dim = int(dim)
         # an in-process store whose rows live on a GPU hands them over there (no host copy)
         self.device: torch.device | None = store.resident_device()
-        self._unique = unique_keys
+        self._unique_groups = unique_groups
+        #: the slots table after table (each table's slots together: one dedup group)
+        self._group_order = [k for slots in self.groups for k in slots]
+        self._slot_order = all(slots == [k] for k, slots in enumerate(self.groups))
         #: tables of several dims: per dim (first slot's order) its slots and their tables
         self.by_dim: list[tuple[list[int], SparseTables]] | None = None
         if dims is not None:
@@ -225,22 +230,26 @@ class SparseTables:
             return self._prepare_bags(batch.bags, b)
         cols = batch.keys.t().contiguous()
         mask = None if batch.present is None else batch.present.t().contiguous()
-        keys, inverses, bounds = self._dedup(
-            [cols[t] if mask is None else cols[t][mask[t]] for t in range(s)]
+        keys, bounds, index = self._dedup(
+            [cols[t] if mask is None else cols[t][mask[t]] for t in range(s)],
+            cols.view(-1) if mask is None else None,
         )
-        index = torch.cat(inverses)
         if mask is None:
-            return SparseBatch(keys, bounds, index.view(s, b), None, None, b)
+            return SparseBatch(
+                _split(keys, bounds), bounds, index.view(s, b), None, None, b, flat_keys=keys
+            )
         offsets = torch.zeros(s * b + 1, dtype=torch.int64)
         torch.cumsum(mask.view(-1).to(torch.int64), 0, out=offsets[1:])
         value_rows = torch.arange(b).expand(s, b)[mask]
-        return SparseBatch(keys, bounds, index, offsets, value_rows, b)
+        return SparseBatch(
+            _split(keys, bounds), bounds, index, offsets, value_rows, b, flat_keys=keys
+        )
 
     def _prepare_bags(self, bags: list[RaggedTensor], b: int) -> SparseBatch:
         """:meth:`prepare` of S ragged features (any number of keys a bag): per table the
         unique keys and the inverse, then the table-major bag offsets of all S * B bags."""
         s = len(bags)
-        keys, inverses, bounds = self._dedup([f.values() for f in bags])
+        keys, bounds, index = self._dedup([f.values() for f in bags])
         offsets = [torch.zeros(1, dtype=torch.int64)]
         nnz = 0
         for f in bags:
@@ -258,31 +267,43 @@ class SparseTables:
             )
             value_weights = torch.repeat_interleave(per_bag, lengths)
         return SparseBatch(
-            keys, bounds, torch.cat(inverses), flat_offsets, value_rows, b, value_weights
+            _split(keys, bounds),
+            bounds,
+            index,
+            flat_offsets,
+            value_rows,
+            b,
+            value_weights,
+            flat_keys=keys,
         )
 
     def _dedup(
-        self, values: list[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
-        """Per table the unique keys of all its slots' ``values`` ((n_t,) int64 each, slot
-        order), and each slot's rows in the fused row space.
+        self, values: list[torch.Tensor], flat: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        """Per table the unique keys of all its slots' ``values`` ((n_k,) int64 each, slot
+        order), in one C++ call (a shared table: one dedup over its slots, so a key has one
+        row).
+
+        Args:
+            flat: ``values`` laid end to end when the caller has them so (no copy).
 
         Returns:
-            keys: T tensors (u,) int64; inverses: S tensors (n_t,) int64, each value's row;
-            bounds: T + 1 ints, table ``i`` owns rows ``bounds[i]:bounds[i + 1]``.
+            keys: (U,) int64, each table's distinct keys, table after table; bounds: T + 1
+            ints, table ``i`` owns rows ``bounds[i]:bounds[i + 1]``; index: (sum n_k,) int64,
+            each value's row, slot after slot.
         """
-        keys, bounds = [], [0]
-        inverses: list[torch.Tensor] = [values[0]] * len(values)  # each slot's, set below
-        for slots in self.groups:
-            # a shared table: one dedup over its slots, so a key has one row
-            parts = [values[t] for t in slots]
-            uniq, inv = self._unique(parts[0] if len(parts) == 1 else torch.cat(parts))
-            inv = inv + bounds[-1] if bounds[-1] else inv
-            for t, piece in zip(slots, inv.split([p.numel() for p in parts]), strict=True):
-                inverses[t] = piece
-            keys.append(uniq)
-            bounds.append(bounds[-1] + int(uniq.numel()))
-        return keys, inverses, bounds
+        sizes = [int(v.numel()) for v in values]
+        if self._slot_order:  # every table one slot, in slot order: the groups are the slots
+            grouped = flat if flat is not None else torch.cat(values)
+            keys, index, distinct = self._unique_groups(grouped, sizes)
+        else:
+            grouped = torch.cat([values[k] for k in self._group_order])
+            group_sizes = [sum(sizes[k] for k in slots) for slots in self.groups]
+            keys, inverse, distinct = self._unique_groups(grouped, group_sizes)
+            pieces = inverse.split([sizes[k] for k in self._group_order])
+            by_slot = dict(zip(self._group_order, pieces, strict=True))
+            index = torch.cat([by_slot[k] for k in range(len(values))])
+        return keys, list(itertools.accumulate(distinct, initial=0)), index
 
     def pull(self, sb: SparseBatch, create: bool) -> SparseBatch:
         """Pulls every table's rows into ``sb.weights`` (U, dim) float32 leaf; returns sb.
@@ -294,7 +315,8 @@ class SparseTables:
             for (_, t), part in zip(self.by_dim, sb.parts, strict=True):
                 t.pull(part, create)
             return sb
-        sb.flat_keys = torch.cat(sb.keys)
+        if sb.flat_keys is None:
+            sb.flat_keys = torch.cat(sb.keys)
         weights = self.store.pull_rows(self.tables, sb.flat_keys, sb.counts, create=create)
         sb.weights = weights.detach().requires_grad_(True)
         return sb
@@ -366,6 +388,11 @@ class SparseTables:
         assert sb.flat_keys is not None, "pulled by pull_rows"
         self.store.push_rows(self.tables, sb.flat_keys, sb.counts, grad, shows, clicks)
         sb.weights.grad = None
+
+
+def _split(keys: torch.Tensor, bounds: list[int]) -> list[torch.Tensor]:
+    """Each table's keys: views of the tables' keys laid end to end."""
+    return list(keys.split([b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]))
 
 
 def _slots_of(batch: Batch, slots: list[int]) -> Batch:

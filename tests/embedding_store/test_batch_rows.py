@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from streamrec.embedding_store import _C, unique_keys
+from streamrec.embedding_store import _C, unique_groups, unique_keys
 
 
 def test_take_rows_of_parts_equals_index_select_of_their_concatenation() -> None:
@@ -59,6 +59,27 @@ def test_sum_rows_sums_repeats_in_float64_and_flags_non_finite(skewed: bool) -> 
     assert not _C.sum_rows(torch.from_numpy(grads), inverse, uniq.numel())[1]
     with pytest.raises(RuntimeError, match="without a position"):
         _C.sum_rows(torch.ones(2, 3), torch.tensor([0, 0]), 2)
+
+
+def test_unique_groups_is_unique_keys_of_each_group_end_to_end() -> None:
+    rng = np.random.default_rng(4)
+    counts = [300, 0, 1, 2_000, 57]  # an empty group, a group of one
+    keys = torch.from_numpy(rng.integers(0, 400, sum(counts)))
+    keys[300] = keys[0]  # a key of two groups: one row in each
+    distinct, inverse, per_group = unique_groups(keys, counts)
+    want_keys, want_inverse, shift = [], [], 0
+    for part in keys.split(counts):
+        u, inv = unique_keys(part)
+        want_keys.append(u)
+        want_inverse.append(inv + shift)
+        shift += u.numel()
+    assert per_group == [u.numel() for u in want_keys]
+    assert torch.equal(distinct, torch.cat(want_keys))
+    assert torch.equal(inverse, torch.cat(want_inverse))
+    assert torch.equal(distinct[inverse], keys)
+    for bad, text in (([300, 0, 1, 2_000], "counts sum to"), ([-1, 2_359], "< 0")):
+        with pytest.raises(RuntimeError, match=text):
+            unique_groups(keys, bad)
 
 
 def test_all_finite() -> None:

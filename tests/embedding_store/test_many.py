@@ -7,6 +7,7 @@ ports and compare them with per-table pull/push on an in-process store.
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -115,6 +116,121 @@ def test_in_process_many_equals_per_table_calls():
     assert not bool(many.inspect("item", fresh)["present"].any())
     many.close()
     ref.close()
+
+
+#: three tables of one dim (one block of rows): the rules differ, one admits by score
+BLOCK_TABLES = [
+    TABLES[1],
+    {**TABLES[2], "name": "ctx3", "embedx_dim": 3},
+    {
+        "name": "admitted",
+        "embedx_dim": 3,
+        "embedx_threshold": 1.0,
+        "admission_score": 2.0,  # a push's keys come in by their show/click score
+        "embed_sgd_param": {"name": "naive", "learning_rate": 0.1},
+        "embedx_sgd_param": {"name": "naive", "learning_rate": 0.1},
+    },
+]
+
+
+def test_in_process_rows_equal_the_many_calls():
+    """The in-process pull_rows/push_rows (one C++ call each way for the block) give what
+    pull_many/push_many give: absent keys created, repeats, a table listed twice, a table
+    with no keys, shows/clicks given or defaulted, admission by score."""
+    block, ref = (EmbeddingStore([TableOptions.parse(t) for t in BLOCK_TABLES]) for _ in "ab")
+    tables = ["item", "ctx3", "admitted", "item"]
+    rng = np.random.default_rng(11)
+    seen = []
+    for step in range(6):
+        counts = [int(rng.integers(20, 300)), 0 if step == 3 else 90, 60, 40]
+        keys = torch.from_numpy(rng.integers(0, 400, sum(counts)).astype(np.int64) * 977 - 2**41)
+        split = list(keys.split(counts))
+        create = step != 4
+        rows = block.pull_rows(tables, keys, counts, create=create)
+        assert rows.shape == (keys.numel(), 4) and rows.dtype == torch.float32
+        torch.testing.assert_close(rows, torch.cat(ref.pull_many(tables, split, create=create)))
+        grads = torch.from_numpy(rng.standard_normal((keys.numel(), 4)).astype(np.float32))
+        if step % 2:
+            shows = torch.from_numpy(rng.integers(1, 4, keys.numel()).astype(np.float32))
+            clicks = torch.from_numpy((rng.random(keys.numel()) < 0.3).astype(np.float32))
+            block.push_rows(tables, keys, counts, grads, shows, clicks)
+            ref.push_many(
+                tables, split, list(grads.split(counts)), list(shows.split(counts)),
+                list(clicks.split(counts)),
+            )  # fmt: skip
+        else:
+            block.push_rows(tables, keys, counts, grads)
+            ref.push_many(tables, split, list(grads.split(counts)))
+        seen.append(keys)
+    every = torch.unique(torch.cat(seen))
+    for name in ("item", "ctx3", "admitted"):
+        torch.testing.assert_close(
+            block.pull(name, every, create=False), ref.pull(name, every, create=False)
+        )
+        a, b = block.inspect(name, every), ref.inspect(name, every)
+        for field in ("present", "show", "click", "expanded"):
+            assert torch.equal(a[field], b[field]), (name, field)
+    assert 0 < block.size("admitted") < every.numel()  # admission left some keys out
+    assert block.stats()["tables"]["item"] == ref.stats()["tables"]["item"]
+    block.close()
+    ref.close()
+
+
+def test_in_process_bad_push_rows_names_the_table_and_writes_nothing():
+    store = EmbeddingStore([TableOptions.parse(t) for t in BLOCK_TABLES])
+    keys = torch.arange(10, dtype=torch.int64)
+    store.push_rows(["item", "ctx3"], keys, [5, 5], torch.ones(10, 4))
+    before = store.pull_rows(["item", "ctx3"], keys, [5, 5], create=False)
+    bad = torch.zeros(10, 4)
+    bad[7, 2] = float("inf")
+    with pytest.raises(NonFiniteGradient, match="table 'ctx3'"):
+        store.push_rows(["item", "ctx3"], keys, [5, 5], bad)
+    with pytest.raises(InvalidInput, match="shows"):
+        store.push_rows(["item", "ctx3"], keys, [5, 5], bad * 0, shows=-torch.ones(10))
+    with pytest.raises(InvalidInput, match="summing to the 10 keys"):
+        store.pull_rows(["item", "ctx3"], keys, [5, 4])
+    with pytest.raises(UnknownTable, match="nope"):
+        store.push_rows(["item", "nope"], keys, [5, 5], bad * 0)
+    torch.testing.assert_close(store.pull_rows(["item", "ctx3"], keys, [5, 5], False), before)
+    store.close()
+
+
+def test_in_process_rows_from_threads_with_maintenance_between():
+    """Blocks over the same tables, listed in two orders, from two threads while a third
+    advances the day (each table's exclusive lock): the locks are taken in one order, so
+    none waits forever, and every push lands (each key's show counts its pushes)."""
+    store = EmbeddingStore([TableOptions.parse(t) for t in BLOCK_TABLES[:2]])
+    keys = torch.arange(500, dtype=torch.int64)
+    errors: list[BaseException] = []
+
+    def worker(tables: list[str]) -> None:
+        try:
+            for _ in range(60):
+                rows = store.pull_rows(tables, keys, [250, 250])
+                store.push_rows(tables, keys, [250, 250], rows * 0)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    def maintenance() -> None:
+        for _ in range(20):
+            store.advance_day()
+
+    threads = [
+        threading.Thread(target=worker, args=(["item", "ctx3"],)),
+        threading.Thread(target=worker, args=(["ctx3", "item"],)),
+        threading.Thread(target=maintenance),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a block waits forever"
+    assert not errors, errors
+    for name, part in (("item", keys[:250]), ("ctx3", keys[250:])):
+        assert torch.all(store.inspect(name, part)["show"] == 60), name  # one thread's 60
+    for name, part in (("item", keys[250:]), ("ctx3", keys[:250])):
+        assert torch.all(store.inspect(name, part)["show"] == 60), name  # the other's
+    store.close()
 
 
 def test_in_process_bad_push_many_writes_nothing():

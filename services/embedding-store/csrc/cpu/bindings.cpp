@@ -205,6 +205,61 @@ std::tuple<at::Tensor, at::Tensor, int64_t> find_gather_py(const at::Tensor& slo
   return {out, rows, misses};
 }
 
+// Several tables' parts laid end to end in one block (counts[t] keys of table t): the
+// in-process store's pull_rows and push_rows, one call for all tables, not one per table
+// (the Python and binding work of a call, ~50 us, was a trainer step's 26 tables x 2).
+struct TableBlock {
+  std::vector<int64_t> offsets;  // T + 1: table t's part is [offsets[t], offsets[t + 1])
+  int64_t dim = 0;
+};
+TableBlock table_block(const std::vector<int64_t>& counts, int64_t n,
+                       const std::vector<const TableParams*>& params, const char* op) {
+  TableBlock b;
+  b.offsets.assign(1, 0);
+  TORCH_CHECK(params.size() == counts.size(), op, ": ", counts.size(), " counts for ",
+              params.size(), " tables");
+  for (size_t t = 0; t < counts.size(); ++t) {
+    TORCH_CHECK(params[t] != nullptr, op, ": params of table ", t, " is None");
+    TORCH_CHECK(counts[t] >= 0, op, ": counts[", t, "] = ", counts[t], " < 0");
+    b.offsets.push_back(b.offsets.back() + counts[t]);
+    if (t == 0) b.dim = params[t]->dim;
+    TORCH_CHECK(params[t]->dim == b.dim, op, ": table ", t, " has dim ", params[t]->dim,
+                ", table 0 has ", b.dim, " (one block of rows has one dim)");
+  }
+  TORCH_CHECK(b.offsets.back() == n, op, ": counts sum to ", b.offsets.back(), ", not the ",
+              n, " keys");
+  return b;
+}
+
+// find_gather of each table's part: (out (n, dim), rows (n,), misses per table).
+std::tuple<at::Tensor, at::Tensor, std::vector<int64_t>> find_gather_tables_py(
+    const std::vector<at::Tensor>& slots, const at::Tensor& keys_in,
+    const std::vector<int64_t>& counts, const std::vector<at::Tensor>& data,
+    const std::vector<const TableParams*>& params, bool zero_misses) {
+  constexpr const char* kOp = "find_gather_tables";
+  const at::Tensor keys = input_ids(keys_in, kOp, "keys");
+  const int64_t n = keys.numel();
+  const TableBlock b = table_block(counts, n, params, kOp);
+  const size_t tables = counts.size();
+  TORCH_CHECK(slots.size() == tables && data.size() == tables, kOp, ": ", slots.size(),
+              " indexes and ", data.size(), " tables' rows for ", tables, " tables");
+  for (size_t t = 0; t < tables; ++t) {
+    check_index(slots[t], kOp);
+    check_data(data[t], *params[t], kOp);
+  }
+  auto rows = step_buffer({n}, keys.options());  // kept for the push (host_tier's recent pulls)
+  auto out = step_buffer({n, b.dim}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t* k = keys.data_ptr<int64_t>();
+  std::vector<int64_t> misses(tables, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t at = b.offsets[t];
+    misses[t] = find_gather(matrix<const int64_t>(slots[t]), {k + at, counts[t]},
+                            matrix<const float>(data[t]), *params[t], zero_misses,
+                            rows.data_ptr<int64_t>() + at, out.data_ptr<float>() + at * b.dim);
+  }
+  return {out, rows, misses};
+}
+
 std::tuple<at::Tensor, at::Tensor> find_or_insert_py(const at::Tensor& slots,
                                                            const at::Tensor& keys_in,
                                                            int64_t next_row) {
@@ -279,6 +334,40 @@ std::tuple<at::Tensor, at::Tensor> unique_py(const at::Tensor& keys_in) {
   if (!uniq.empty())
     std::memcpy(out.data_ptr<int64_t>(), uniq.data(), uniq.size() * sizeof(int64_t));
   return {out, inverse};
+}
+
+// unique of each group of keys laid end to end (counts[t] keys of group t): the distinct keys
+// of all groups end to end (group t's first occurrences in order), each key's position among
+// them (inverse, shifted by the distinct keys of the groups before) and the distinct count
+// per group. A trainer's dedup of every table's keys in one call.
+std::tuple<at::Tensor, at::Tensor, std::vector<int64_t>> unique_groups_py(
+    const at::Tensor& keys_in, const std::vector<int64_t>& counts) {
+  constexpr const char* kOp = "unique_groups";
+  const at::Tensor keys = input_ids(keys_in, kOp, "keys");
+  const int64_t n = keys.numel();
+  int64_t total = 0;
+  for (size_t t = 0; t < counts.size(); ++t) {
+    TORCH_CHECK(counts[t] >= 0, kOp, ": counts[", t, "] = ", counts[t], " < 0");
+    total += counts[t];
+  }
+  TORCH_CHECK(total == n, kOp, ": counts sum to ", total, ", not the ", n, " keys");
+  auto inverse = at::empty({n}, keys.options());
+  auto out = at::empty({n}, keys.options());  // narrowed to the distinct keys below
+  const int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* inv = inverse.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  std::vector<int64_t> distinct(counts.size(), 0);
+  int64_t at = 0, u = 0;
+  for (size_t t = 0; t < counts.size(); ++t) {
+    const std::vector<int64_t>& uniq = unique({k + at, counts[t]}, inv + at);
+    if (u > 0)
+      for (int64_t i = at; i < at + counts[t]; ++i) inv[i] += u;
+    if (!uniq.empty()) std::memcpy(o + u, uniq.data(), uniq.size() * sizeof(int64_t));
+    distinct[t] = static_cast<int64_t>(uniq.size());
+    u += distinct[t];
+    at += counts[t];
+  }
+  return {out.narrow(0, 0, u), inverse, distinct};
 }
 
 at::Tensor take_rows_py(const std::vector<at::Tensor>& parts, const at::Tensor& idx_in) {
@@ -386,6 +475,63 @@ int64_t update_py(const at::Tensor& data, const at::Tensor& row_keys_in,
   a.shows = shows.data_ptr<float>();
   a.clicks = clicks.data_ptr<float>();
   return update(a, p);
+}
+
+// update of each table's part: rows[t] (n_t,) of table t, its gradients, shows and clicks
+// the next n_t of the block's. Every table's arguments are checked before any is written
+// (update's own check of the rows, against an internal fault, runs per table). Returns the
+// rows expanded per table.
+std::vector<int64_t> update_tables_py(const std::vector<at::Tensor>& data,
+                                      const std::vector<at::Tensor>& row_keys_in,
+                                      const std::vector<at::Tensor>& rows_in,
+                                      const at::Tensor& grads_in, const at::Tensor& shows_in,
+                                      const at::Tensor& clicks_in,
+                                      const std::vector<const TableParams*>& params) {
+  constexpr const char* kOp = "update_tables";
+  const size_t tables = rows_in.size();
+  TORCH_CHECK(data.size() == tables && row_keys_in.size() == tables, kOp, ": ", data.size(),
+              " tables' rows and ", row_keys_in.size(), " row keys for ", tables, " tables");
+  std::vector<at::Tensor> rows(tables), row_keys(tables);
+  std::vector<int64_t> counts(tables);
+  for (size_t t = 0; t < tables; ++t) {
+    rows[t] = input_ids(rows_in[t], kOp, "rows");
+    counts[t] = rows[t].numel();
+  }
+  check_cpu(grads_in, kOp, "grads");
+  TORCH_CHECK(grads_in.dim() == 2, kOp, ": grads must be (n, dim), got ", grads_in.dim(),
+              " dimensions");
+  const int64_t n = grads_in.size(0);
+  const TableBlock b = table_block(counts, n, params, kOp);
+  TORCH_CHECK(grads_in.scalar_type() == at::kFloat && grads_in.is_contiguous() &&
+                  grads_in.size(1) == b.dim,
+              kOp, ": grads must be a contiguous (", n, ", ", b.dim, ") float32 tensor");
+  check_cpu(shows_in, kOp, "shows");
+  check_cpu(clicks_in, kOp, "clicks");
+  TORCH_CHECK(shows_in.scalar_type() == at::kFloat && shows_in.numel() == n &&
+                  shows_in.is_contiguous() && clicks_in.scalar_type() == at::kFloat &&
+                  clicks_in.numel() == n && clicks_in.is_contiguous(),
+              kOp, ": shows and clicks must be contiguous (", n, ",) float32 tensors");
+  for (size_t t = 0; t < tables; ++t) {
+    check_data(data[t], *params[t], kOp);
+    row_keys[t] = input_ids(row_keys_in[t], kOp, "row_keys");
+    TORCH_CHECK(row_keys[t].numel() >= data[t].size(0), kOp,
+                ": row_keys must be (R,) int64, R = ", data[t].size(0));
+  }
+  const at::Tensor grads = aligned(grads_in), shows = aligned(shows_in),
+                   clicks = aligned(clicks_in);
+  std::vector<int64_t> expanded(tables, 0);
+  for (size_t t = 0; t < tables; ++t) {
+    const int64_t at = b.offsets[t];
+    PushArgs a;
+    a.data = matrix<float>(data[t]);
+    a.row_keys = span<const int64_t>(row_keys[t]);
+    a.rows = span<const int64_t>(rows[t]);
+    a.grads = grads.data_ptr<float>() + at * b.dim;
+    a.shows = shows.data_ptr<float>() + at;
+    a.clicks = clicks.data_ptr<float>() + at;
+    expanded[t] = update(a, *params[t]);
+  }
+  return expanded;
 }
 
 std::tuple<int64_t, int64_t> check_push_py(const at::Tensor& grads,
@@ -638,6 +784,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("keys"), py::arg("vals"), nogil);
   m.def("unique", &unique_py, "distinct keys (first-occurrence order) and inverse",
         py::arg("keys"), nogil);
+  m.def("unique_groups", &unique_groups_py,
+        "unique of each group of keys laid end to end; (distinct, inverse, distinct per group)",
+        py::arg("keys"), py::arg("counts"), nogil);
   m.def("index_build", &index_build_py, "fresh index holding keys[i] -> i", py::arg("capacity"),
         py::arg("keys"), nogil);
   m.def("check_push", &check_push_py, "(bad grad rows, bad shows/clicks)", py::arg("grads"),
@@ -651,6 +800,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("initial_weights", &initial_weights_py, "deterministic initial weights per key",
         py::arg("keys"), py::arg("params"), py::arg("with_embedx"), nogil);
   m.def("update", &update_py, "fused push update (repeated rows summed); returns rows expanded",
+        py::arg("data"), py::arg("row_keys"), py::arg("rows"), py::arg("grads"),
+        py::arg("shows"), py::arg("clicks"), py::arg("params"), nogil);
+  m.def("find_gather_tables", &find_gather_tables_py,
+        "find_gather of several tables' keys laid end to end; (out, rows, misses per table)",
+        py::arg("slots"), py::arg("keys"), py::arg("counts"), py::arg("data"),
+        py::arg("params"), py::arg("zero_misses") = true, nogil);
+  m.def("update_tables", &update_tables_py,
+        "update of several tables' parts laid end to end; rows expanded per table",
         py::arg("data"), py::arg("row_keys"), py::arg("rows"), py::arg("grads"),
         py::arg("shows"), py::arg("clicks"), py::arg("params"), nogil);
   m.def("take_rows", &take_rows_py, "rows idx of the parts laid end to end, over every core",
