@@ -433,19 +433,23 @@ class HostTable(TableTier):
 # -- several tables' parts in one block (the in-process store's pull_rows / push_rows) ----
 def read_block(
     tiers: list[HostTable], keys: torch.Tensor, counts: list[int], create: bool
-) -> tuple[torch.Tensor, list[int]]:
+) -> tuple[torch.Tensor, list[object]]:
     """:meth:`HostTable.read` of each tier's part of ``keys`` (``counts[t]`` keys of
-    ``tiers[t]``, laid end to end), in one C++ call: (weights (n, dim), absent keys per part).
-    A part with absent keys reads them as zeros when not ``create``, else leaves them
-    unwritten for the caller's per-table pull. Call under every tier's read lock."""
+    ``tiers[t]``, laid end to end), in one C++ call: (weights (n, dim), per part None or,
+    where keys are absent and ``create``, the hint :meth:`HostTable.pull` takes to create
+    them without looking the keys up again; its weights are a view of the block's). Absent
+    keys read as zeros when not ``create``. Call under every tier's read lock."""
     out, rows, misses = _C.find_gather_tables(
         [t._slots for t in tiers], keys, counts, [t._data for t in tiers],
         [t.params for t in tiers], not create,
     )  # fmt: skip
-    for tier, k, r, m in zip(tiers, keys.split(counts), rows.split(counts), misses, strict=True):
+    hints: list[object] = []
+    split = (keys.split(counts), rows.split(counts), out.split(counts))
+    for tier, k, r, o, m in zip(tiers, *split, misses, strict=True):
         if m == 0:
             tier._remember(k, r)
-    return out, misses
+        hints.append((tier._generation, r, o, m, not create) if m and create else None)
+    return out, hints
 
 
 def push_block(

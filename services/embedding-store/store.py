@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
 import streamrec.embedding_store._C as _C
@@ -47,7 +47,7 @@ from streamrec.embedding_store.errors import (
     UnknownTable,
 )
 from streamrec.embedding_store.host_tier import HostTable, push_block, read_block
-from streamrec.embedding_store.locks import RWLock
+from streamrec.embedding_store.locks import RWLock, all_locked
 from streamrec.embedding_store.sparse_store import RowsFromTables, checked_block
 from streamrec.embedding_store.ssd_tier import SsdTable
 from streamrec.embedding_store.tier import TableTier
@@ -383,14 +383,19 @@ class EmbeddingStore(RowsFromTables):
         keys_t, _dim, sizes = checked_block(self, tables, keys, counts)
         self._count_keys("pull_keys", tables, sizes)
         with self._tables_locked(tables, write=False):
-            out, misses = read_block(tiers, keys_t, sizes, create)
-        if create and any(misses):
-            at = 0
-            for table, tier, size, miss in zip(tables, tiers, sizes, misses, strict=True):
-                if miss:
-                    part = keys_t[at : at + size]
-                    out[at : at + size] = self._pull_host(tier, self._locks[table], part, True)
-                at += size
+            epochs = {t: self._locks[t].epoch for t in tables}
+            out, hints = read_block(tiers, keys_t, sizes, create)
+        at = 0
+        for table, tier, size, hint in zip(tables, tiers, sizes, hints, strict=True):
+            if hint is not None:  # absent keys to create: as _pull_host does after its read
+                lock, part = self._locks[table], out[at : at + size]
+                with lock.write():
+                    # the hint holds what the read found; valid only if nothing was written
+                    valid = lock.epoch == epochs[table] + 1
+                    got = tier.pull(keys_t[at : at + size], True, hint if valid else None)
+                if got.data_ptr() != part.data_ptr():
+                    part.copy_(got)
+            at += size
         return out
 
     def push_rows(
@@ -433,15 +438,10 @@ class EmbeddingStore(RowsFromTables):
             for table, size in zip(tables, sizes, strict=True):
                 self._counts[table][counter] += size
 
-    @contextmanager
-    def _tables_locked(self, tables: list[str], write: bool) -> Iterator[None]:
+    def _tables_locked(self, tables: list[str], write: bool) -> AbstractContextManager[None]:
         """Every one of ``tables``' locks, taken in name order (a fixed order: two blocks
         cannot each hold a lock the other waits for)."""
-        with ExitStack() as held:
-            for table in sorted(set(tables)):
-                lock = self._locks[table]
-                held.enter_context(lock.write() if write else lock.read())
-            yield
+        return all_locked([self._locks[t] for t in sorted(set(tables))], write)
 
     # -- several tables in one call (the service's one request per shard and batch) ----
     def pull_many(
