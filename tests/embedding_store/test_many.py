@@ -15,6 +15,7 @@ import torch
 from servers import scrape_metrics
 from streamrec import wire
 from streamrec.embedding_store import (
+    _C,
     EmbeddingStore,
     EmbeddingStoreClient,
     LocalShards,
@@ -68,6 +69,34 @@ def assert_same_rows(a, b, keys_by_table) -> None:
         torch.testing.assert_close(
             a.pull(name, keys, create=False), b.pull(name, keys, create=False)
         )
+
+
+def push_rows_and_many(
+    rng: np.random.Generator,
+    with_counts: bool,
+    store,
+    ref: EmbeddingStore,
+    tables: list[str],
+    keys: torch.Tensor,
+    counts: list[int],
+    max_show: int,
+) -> None:
+    """The same random dim-4 gradients (and, ``with_counts``, shows and clicks) as
+    ``store.push_rows`` of the block and ``ref.push_many`` of its parts."""
+    n = keys.numel()
+    grads = torch.from_numpy(rng.standard_normal((n, 4)).astype(np.float32))
+    split = list(keys.split(counts))
+    if not with_counts:
+        store.push_rows(tables, keys, counts, grads)
+        ref.push_many(tables, split, list(grads.split(counts)))
+        return
+    shows = torch.from_numpy(rng.integers(1, max_show, n).astype(np.float32))
+    clicks = torch.from_numpy((rng.random(n) < 0.3).astype(np.float32))
+    store.push_rows(tables, keys, counts, grads, shows, clicks)
+    ref.push_many(
+        tables, split, list(grads.split(counts)), list(shows.split(counts)),
+        list(clicks.split(counts)),
+    )  # fmt: skip
 
 
 # -- the in-process store ---------------------------------------------------------------
@@ -149,18 +178,7 @@ def test_in_process_rows_equal_the_many_calls():
         rows = block.pull_rows(tables, keys, counts, create=create)
         assert rows.shape == (keys.numel(), 4) and rows.dtype == torch.float32
         torch.testing.assert_close(rows, torch.cat(ref.pull_many(tables, split, create=create)))
-        grads = torch.from_numpy(rng.standard_normal((keys.numel(), 4)).astype(np.float32))
-        if step % 2:
-            shows = torch.from_numpy(rng.integers(1, 4, keys.numel()).astype(np.float32))
-            clicks = torch.from_numpy((rng.random(keys.numel()) < 0.3).astype(np.float32))
-            block.push_rows(tables, keys, counts, grads, shows, clicks)
-            ref.push_many(
-                tables, split, list(grads.split(counts)), list(shows.split(counts)),
-                list(clicks.split(counts)),
-            )  # fmt: skip
-        else:
-            block.push_rows(tables, keys, counts, grads)
-            ref.push_many(tables, split, list(grads.split(counts)))
+        push_rows_and_many(rng, step % 2 == 1, block, ref, tables, keys, counts, max_show=4)
         seen.append(keys)
     every = torch.unique(torch.cat(seen))
     for name in ("item", "ctx3", "admitted"):
@@ -192,6 +210,35 @@ def test_in_process_bad_push_rows_names_the_table_and_writes_nothing():
     with pytest.raises(UnknownTable, match="nope"):
         store.push_rows(["item", "nope"], keys, [5, 5], bad * 0)
     torch.testing.assert_close(store.pull_rows(["item", "ctx3"], keys, [5, 5], False), before)
+    store.close()
+
+
+def test_the_block_ops_refuse_a_block_that_does_not_add_up():
+    """The C++ block ops check the layout themselves too: their error names the op."""
+    store = EmbeddingStore([TableOptions.parse(t) for t in [*BLOCK_TABLES, TABLES[0]]])
+    item, user = store.tier("item"), store.tier("user")
+    keys = torch.arange(10, dtype=torch.int64)
+    for counts, tiers, text in (
+        ([5, 4], [item, item], "counts sum to 9, not the 10 keys"),
+        ([5, -5, 10], [item, item, item], r"counts\[1\] = -5 < 0"),
+        ([5, 5], [item, user], "table 1 has dim 9, table 0 has 4"),
+    ):
+        with pytest.raises(RuntimeError, match=f"find_gather_tables: {text}"):
+            _C.find_gather_tables(
+                [t._slots for t in tiers], keys, counts, [t._data for t in tiers],
+                [t.params for t in tiers],
+            )  # fmt: skip
+    rows = [torch.zeros(5, dtype=torch.int64)] * 2
+    with pytest.raises(RuntimeError, match="update_tables: counts sum to 10, not the 9 keys"):
+        _C.update_tables(
+            [item._data] * 2, [item._row_keys] * 2, rows, torch.zeros(9, 4), torch.zeros(9),
+            torch.zeros(9), [item.params] * 2,
+        )  # fmt: skip
+    with pytest.raises(RuntimeError, match="update_tables: shows and clicks must be"):
+        _C.update_tables(
+            [item._data] * 2, [item._row_keys] * 2, rows, torch.zeros(10, 4), torch.zeros(9),
+            torch.zeros(10), [item.params] * 2,
+        )  # fmt: skip
     store.close()
 
 
@@ -481,18 +528,7 @@ def test_service_rows_equal_the_many_calls(two_shards, client):
         rows = client.pull_rows(tables, keys, counts)
         assert rows.shape == (keys.numel(), DIMS["item"]) and rows.dtype == torch.float32
         torch.testing.assert_close(rows, torch.cat(ref.pull_many(tables, split)))
-        grads = torch.from_numpy(rng.standard_normal((keys.numel(), 4)).astype(np.float32))
-        if step % 2:
-            shows = torch.from_numpy(rng.integers(1, 3, keys.numel()).astype(np.float32))
-            clicks = torch.from_numpy((rng.random(keys.numel()) < 0.3).astype(np.float32))
-            client.push_rows(tables, keys, counts, grads, shows, clicks)
-            ref.push_many(
-                tables, split, list(grads.split(counts)), list(shows.split(counts)),
-                list(clicks.split(counts)),
-            )  # fmt: skip
-        else:
-            client.push_rows(tables, keys, counts, grads)
-            ref.push_many(tables, split, list(grads.split(counts)))
+        push_rows_and_many(rng, step % 2 == 1, client, ref, tables, keys, counts, max_show=3)
         seen.append(keys)
     every = torch.unique(torch.cat(seen))
     torch.testing.assert_close(

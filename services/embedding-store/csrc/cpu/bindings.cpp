@@ -129,6 +129,16 @@ at::Tensor input_positions(const at::Tensor& t, const char* op, const char* name
   return aligned(t);
 }
 
+// A push's shows and clicks: contiguous (n,) float32 CPU tensors.
+void check_counts(const at::Tensor& shows, const at::Tensor& clicks, int64_t n, const char* op) {
+  check_cpu(shows, op, "shows");
+  check_cpu(clicks, op, "clicks");
+  TORCH_CHECK(shows.scalar_type() == at::kFloat && shows.numel() == n && shows.is_contiguous() &&
+                  clicks.scalar_type() == at::kFloat && clicks.numel() == n &&
+                  clicks.is_contiguous(),
+              op, ": shows and clicks must be contiguous (", n, ",) float32 tensors");
+}
+
 // --- views and outputs ---
 
 template <class T>
@@ -456,12 +466,7 @@ int64_t update_py(const at::Tensor& data, const at::Tensor& row_keys_in,
   TORCH_CHECK(grads_in.scalar_type() == at::kFloat && grads_in.is_contiguous() &&
                   grads_in.dim() == 2 && grads_in.size(0) == n && grads_in.size(1) == p.dim,
               kOp, ": grads must be a contiguous (", n, ", ", p.dim, ") float32 tensor");
-  check_cpu(shows_in, kOp, "shows");
-  check_cpu(clicks_in, kOp, "clicks");
-  TORCH_CHECK(shows_in.scalar_type() == at::kFloat && shows_in.numel() == n &&
-                  shows_in.is_contiguous() && clicks_in.scalar_type() == at::kFloat &&
-                  clicks_in.numel() == n && clicks_in.is_contiguous(),
-              kOp, ": shows and clicks must be contiguous (", n, ",) float32 tensors");
+  check_counts(shows_in, clicks_in, n, kOp);
   const at::Tensor row_keys = input_ids(row_keys_in, kOp, "row_keys");
   TORCH_CHECK(row_keys.numel() >= data.size(0), kOp, ": row_keys must be (R,) int64, R = ",
               data.size(0));
@@ -505,12 +510,7 @@ std::vector<int64_t> update_tables_py(const std::vector<at::Tensor>& data,
   TORCH_CHECK(grads_in.scalar_type() == at::kFloat && grads_in.is_contiguous() &&
                   grads_in.size(1) == b.dim,
               kOp, ": grads must be a contiguous (", n, ", ", b.dim, ") float32 tensor");
-  check_cpu(shows_in, kOp, "shows");
-  check_cpu(clicks_in, kOp, "clicks");
-  TORCH_CHECK(shows_in.scalar_type() == at::kFloat && shows_in.numel() == n &&
-                  shows_in.is_contiguous() && clicks_in.scalar_type() == at::kFloat &&
-                  clicks_in.numel() == n && clicks_in.is_contiguous(),
-              kOp, ": shows and clicks must be contiguous (", n, ",) float32 tensors");
+  check_counts(shows_in, clicks_in, n, kOp);
   for (size_t t = 0; t < tables; ++t) {
     check_data(data[t], *params[t], kOp);
     row_keys[t] = input_ids(row_keys_in[t], kOp, "row_keys");
