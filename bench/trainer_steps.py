@@ -77,8 +77,8 @@ def phases(name: str, reps: int, threads: int) -> dict[str, float]:
             def step() -> None:
                 for b, sb in zip(batches, prepared, strict=True):
                     t.optimizer.zero_grad(set_to_none=True)
-                    p = t._forward(b, sb)
-                    t.loss_fn(p.view(-1, 1), b.labels.view(-1, 1)).backward()
+                    z = t._logits(b, sb)
+                    t.loss_fn(z.view(-1, 1), b.labels.view(-1, 1)).backward()
                     t.optimizer.step()
 
             def push() -> None:

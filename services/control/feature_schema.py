@@ -6,12 +6,19 @@ In a job file it is ``runner.schema`` (in a REST job ``data.schema``)::
       data_format: slot             # parquet | slot | criteo | generated
       schema:
         label: click                # the 0/1 column
-        dense: [age, price]         # floats; {name: age, log1p: true} to take log(x + 1)
+        dense: [age, price]         # floats, as they come: normalized online (below)
         sparse:
           - {name: user_id}                     # a table of its own, the job's dim
           - {name: genres, pooling: mean}       # sum (default) or mean over the bag
           - {name: hist, table: user_id}        # user_id's table: one row a key for both
           - {name: city, dim: 4}                # a 4-wide table, projected to the job's dim
+
+Dense features are fed raw: each is read as a float (null or NaN: missing), taken through
+the signed log ``sign(x) log(|x| + 1)``, then standardized online by the model with running
+statistics saved with it (``streamrec.trainer.dense_norm``: PaddleRec's ``data_norm``); a
+missing value becomes 0. ``{name: age, log1p: true}`` takes ``log(max(x, 0) + 1)`` instead,
+``log1p: false`` the value as it is, ``normalize: false`` skips the standardization (and the
+default log) of that feature.
 
 Each sparse feature is an embedding table pooled ``sum`` or ``mean`` over its bag of keys
 (an empty bag pools to zeros). ``criteo`` and ``generated`` are presets of the schema:
@@ -34,13 +41,15 @@ pass (a job without a schema read by the trainer alone keeps ``ModelShapeError``
   ``table:`` names a feature with a table of its own; a shared table has one dim (a
   feature sharing a table sets no ``dim`` or its table's);
 - the bottom MLP's input (``arch_mlp_bot``'s first size) = the number of dense features,
-  its output = ``arch_sparse_feature_size``, the top MLP ends in 1;
+  its output = ``arch_sparse_feature_size``, the top MLP ends in 1 (a job that does not set
+  ``arch_mlp_bot`` gets the default's hidden sizes between the two: ``TrainerConfig``); a
+  schema without dense features has no bottom MLP (``arch_mlp_bot`` ``0-d``, a learned
+  vector in its place);
 - ``negative_sampling`` names its item-side features by name (``item_features``, the
   item id first, and ``category_feature``: features of the schema, see
   ``NegativeSamplingConfig``), not by slot (``item_slot`` and the like: a job without a
   schema's, refused in one with a schema, and the names refused without one);
-- decided, not yet supported, refused by name: ``log1p: false`` with ``criteo``/``generated``
-  (they always take it), no dense features.
+- refused by name: ``log1p: false`` with ``criteo``/``generated`` (they always take it).
 """
 
 from __future__ import annotations
@@ -69,11 +78,28 @@ Pooling = Literal["sum", "mean"]
 
 
 class DenseFeature(StrictConfig):
-    """A float feature: its name, and whether ``log(x + 1)`` is taken (None: the format's
-    default, True for criteo/generated)."""
+    """A float feature (null or NaN: missing), transformed as read, then standardized online
+    by the model (``streamrec.trainer.dense_norm``).
+
+    Attributes:
+        name: the column (or slot-text name).
+        log1p: True: ``log(max(x, 0) + 1)``; False: x as it is; None (the default): the
+            signed ``sign(x) log(|x| + 1)`` when the feature is normalized (counts, prices and
+            money come out in a range the normalizer can standardize), x as it is when not;
+            criteo/generated always take ``log1p``.
+        normalize: standardize the feature by running statistics kept with the model (a
+            missing value becomes 0, the mean); False: the transformed value as it is (a
+            missing one 0).
+    """
 
     name: str = Field(pattern=FEATURE_NAME)
     log1p: bool | None = None
+    normalize: bool = True
+
+    @property
+    def signed_log(self) -> bool:
+        """Whether the default signed log is taken (``log1p`` None, normalized)."""
+        return self.log1p is None and self.normalize
 
 
 class SparseFeature(StrictConfig):
@@ -143,6 +169,10 @@ class FeatureSchema(StrictConfig):
                 )
         return self
 
+    def normalized(self) -> list[bool]:
+        """Per dense feature, whether the model standardizes it online."""
+        return [d.normalize for d in self.dense]
+
     def slot_tables(self) -> list[int]:
         """Per sparse feature, the index of the feature whose table it uses (its own, or
         the one its ``table:`` names)."""
@@ -181,15 +211,6 @@ def schema_problems(config: TrainerConfig) -> list[Problem]:
     hp, fmt = config.hyper_parameters, config.runner.data_format
     out: list[Problem] = []
     where = "runner.schema"
-    if not schema.dense:
-        out.append(
-            (
-                f"{where}.dense",
-                "at least one dense feature: the DLRM's bottom MLP needs an input (a schema "
-                "without dense features is not yet supported)",
-                [],
-            )
-        )
     if fmt in ("criteo", "generated"):
         if len(schema.dense) != PRESET_DENSE:
             out.append(
@@ -306,6 +327,16 @@ def model_problems(config: TrainerConfig) -> list[Problem]:
     out = schema_problems(config)
     dense = dense_count(config)
     source = "the schema's dense features" if config.runner.feature_schema else "I1..I13"
+    if dense == 0 and hp.arch_mlp_bot[0] == 0 and len(hp.arch_mlp_bot) != 2:
+        out.append(
+            (
+                "hyper_parameters.arch_mlp_bot",
+                f"without dense features there is no bottom MLP (a learned vector of "
+                f"arch_sparse_feature_size takes its place): leave arch_mlp_bot out or set "
+                f"it to 0-{hp.arch_sparse_feature_size}",
+                "-".join(map(str, hp.arch_mlp_bot)),
+            )
+        )
     if hp.arch_mlp_bot[0] != dense:
         out.append(
             (

@@ -129,7 +129,9 @@ def parse_dims(value: Any, field: str, min_len: int = 2) -> list[int]:
             raise ValueError(f"{field} must be a list of integers, got {value!r}")
     else:
         raise ValueError(f"{field} must be a dash string or a list, got {value!r}")
-    if len(dims) < min_len or any(d < 1 for d in dims):
+    # arch_mlp_bot's input may be 0: a model without dense features (no bottom MLP)
+    first = 0 if field == "arch_mlp_bot" else 1
+    if len(dims) < min_len or any(d < 1 for d in dims[1:]) or (dims and dims[0] < first):
         raise ValueError(f"{field} needs >= {min_len} positive sizes, got {value!r}")
     if len(dims) > MAX_LAYERS or max(dims) > MAX_LAYER_WIDTH:
         raise ValueError(
@@ -358,6 +360,10 @@ class ModelConfig(StrictConfig):
         default_factory=lambda: [1.0, 1.0]
     )
     loss_threshold: float = Field(0.0, ge=0, lt=1, strict=True)
+    #: The online dense normalizer's window: the values a feature's running statistics
+    #: hold at most (its decay, as PaddleRec's data_norm's summary_decay_rate; 1e7 values
+    #: weigh about the last 1e7 samples). streamrec.trainer.dense_norm.
+    dense_norm_window: int = Field(10_000_000, ge=1, le=MAX_STEPS, strict=True)
     #: The dense optimizer and rate. Not the reference's sgd at 0.01: with the default tables
     #: that trails the reference model trained by torch Adagrad (0.05) by 0.010 AUC on the
     #: 26-slot planted stream (0.020 on the 8-slot one). Adagrad at 0.01, not 0.02: on
@@ -598,6 +604,11 @@ class TrainerConfig(StrictConfig):
         slot count follows the schema. The API checks with ``{"schema_checks": False}`` in
         the context and names each problem by its job field itself."""
         schema = self.runner.feature_schema
+        hp = self.hyper_parameters
+        if schema is not None and "arch_mlp_bot" not in hp.model_fields_set:
+            # the bottom MLP's input is the schema's dense count (none: no MLP, a vector)
+            dense, dim = len(schema.dense), hp.arch_sparse_feature_size
+            hp.arch_mlp_bot = [dense, *hp.arch_mlp_bot[1:-1], dim] if dense else [0, dim]
         if not (info.context and info.context.get("schema_checks") is False):
             # a schema's, and the model's shapes; without one, negative_sampling's names
             problems = sampling_problems(self) if schema is None else model_problems(self)
@@ -607,7 +618,6 @@ class TrainerConfig(StrictConfig):
                 )
         if schema is None:
             return self
-        hp = self.hyper_parameters
         if "sparse_inputs_slots" not in hp.model_fields_set:  # a set one is checked above
             hp.sparse_inputs_slots = len(schema.sparse)
         return self
@@ -630,6 +640,13 @@ class TrainerConfig(StrictConfig):
         if schema is None:
             return [dim] * self.hyper_parameters.sparse_inputs_slots
         return schema.slot_dims(dim)
+
+    @property
+    def dense_normalize(self) -> list[bool]:
+        """Per dense feature, whether the model standardizes it online: the schema's
+        ``normalize``, else (the presets' I1..I13) all."""
+        schema = self.runner.feature_schema
+        return [True] * self.hyper_parameters.dense_dim if schema is None else schema.normalized()
 
     @property
     def table_names(self) -> list[str]:

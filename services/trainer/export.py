@@ -53,8 +53,12 @@ def quantize(model: nn.Module) -> nn.Module:
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
 
 
-def build_dense(arch: ModelConfig, slot_dims: list[int] | None = None) -> DLRMDense:
-    """The dense model of ``arch``; ``slot_dims``: each feature's dim (None: all the job's)."""
+def build_dense(
+    arch: ModelConfig, slot_dims: list[int] | None = None, schema: FeatureSchema | None = None
+) -> DLRMDense:
+    """The dense model of ``arch``; ``slot_dims``: each feature's dim (None: all the job's);
+    its dense normalizer's flags from ``schema`` (None: the presets', all normalized; a
+    loaded state brings its own)."""
     return DLRMDense(
         arch.dense_dim,
         arch.sparse_inputs_slots,
@@ -66,6 +70,8 @@ def build_dense(arch: ModelConfig, slot_dims: list[int] | None = None) -> DLRMDe
         arch.loss_threshold,
         seed=arch.numpy_rand_seed,
         slot_dims=slot_dims,
+        normalize=[True] * arch.dense_dim if schema is None else schema.normalized(),
+        norm_window=arch.dense_norm_window,
     )
 
 
@@ -130,7 +136,7 @@ class Predictor:
         # a feature's own dim is its table's (the schema's); its projection is in the state
         job_dim = self.arch.arch_sparse_feature_size
         dims = None if self.schema is None else self.schema.slot_dims(job_dim)
-        self.dense = quantize(build_dense(self.arch, dims)).eval()
+        self.dense = quantize(build_dense(self.arch, dims, self.schema)).eval()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

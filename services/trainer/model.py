@@ -13,7 +13,14 @@ dimension ``d`` (= ``arch_sparse_feature_size`` = the bottom MLP's last size)::
     dot:  T = [x, ly...] (B, S+1, d); Z = T T^T (B, S+1, S+1);
           R = [x, Z[:, i, j] for j < i (j <= i with self-interaction)]
     cat:  R = [x, ly...] (B, (S+1) d)
-    R --top MLP (ReLU ..., last layer sigmoid)--> p (B, 1)
+    R --top MLP (ReLU ..., no activation on the last layer)--> logit (B, 1) --sigmoid--> p
+
+The dense features first go through the online normalizer (:mod:`.dense_norm`) when the
+model has one (``normalize``). A model without dense features (D = 0, ``mlp_bot`` = [0, d])
+has no bottom MLP: x is a learned vector (:class:`LearnedVector`), so the interaction keeps
+its shape and x . e_k is each feature's first-order term. Training takes the logit
+(:meth:`DLRMDense.logits`: a saturated model still has gradients); :meth:`DLRMDense.forward`
+is the probability.
 
 A feature whose table has another dim ``d_k`` (a schema's ``dim``) comes in as (B, d_k) and
 is projected to d by its own learned ``nn.Linear(d_k, d, bias=False)`` (``proj[str(k)]``)
@@ -23,10 +30,12 @@ has the state dict it always had.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from streamrec.trainer.dense_norm import DenseNorm
 from streamrec.trainer.errors import ModelShapeError
 from torch import nn
 
@@ -45,14 +54,6 @@ def interaction_size(op: str, num_features: int, dim: int, itself: bool) -> int:
     raise ModelShapeError(f"arch_interaction_op must be 'dot' or 'cat', got {op!r}")
 
 
-class Fp32Sigmoid(nn.Module):
-    """The click probability in fp32 also under bf16 autocast: bf16 keeps 8 bits of
-    mantissa, so a sigmoid above 1 - 2^-9 would round to 1 and its log loss to infinity."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(x.float())
-
-
 class Fp32Linear(nn.Linear):
     """A linear layer that stays fp32 under bf16 autocast: the bottom MLP's first, which reads
     the raw dense features (bf16's 8-bit mantissa would merge log1p(1990) and log1p(1995))."""
@@ -66,14 +67,16 @@ class Fp32Linear(nn.Linear):
 
 def make_mlp(
     sizes: list[int],
-    sigmoid_layer: int,
     rng: np.random.RandomState,
     fp32_first: bool = False,
+    logit_last: bool = False,
 ) -> nn.Sequential:
-    """Linear layers with the reference's initialisation; ReLU after each but ``sigmoid_layer``.
+    """Linear layers with the reference's initialisation, a ReLU after each.
 
     Weights ~ N(0, sqrt(2 / (fan_in + fan_out))), biases ~ N(0, sqrt(1 / fan_out)).
     ``fp32_first``: the first layer an :class:`Fp32Linear` (the same parameters and state).
+    ``logit_last``: nothing after the last layer (the top MLP's logit: the caller takes the
+    sigmoid in fp32, where bf16's 8-bit mantissa cannot round it to 1).
     """
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
@@ -85,9 +88,24 @@ def make_mlp(
             layer.weight.copy_(torch.from_numpy(w))
             layer.bias.copy_(torch.from_numpy(b))
         layers.append(layer)
-        # in place: the ReLU backward reads only its output, not the Linear output it replaces
-        layers.append(Fp32Sigmoid() if i == sigmoid_layer else nn.ReLU(inplace=True))
+        if not (logit_last and i == len(sizes) - 2):
+            # in place: the ReLU backward reads only its output, not the Linear output
+            layers.append(nn.ReLU(inplace=True))
     return nn.Sequential(*layers)
+
+
+class LearnedVector(nn.Module):
+    """The bottom of a model without dense features: one learned (d,) vector as every
+    sample's x, initialised as a layer's bias, N(0, sqrt(1 / d))."""
+
+    def __init__(self, dim: int, rng: np.random.RandomState) -> None:
+        super().__init__()
+        init = rng.normal(0.0, np.sqrt(1.0 / dim), size=dim).astype(np.float32)
+        self.vector = nn.Parameter(torch.from_numpy(init))
+
+    def forward(self, dense_x: torch.Tensor) -> torch.Tensor:
+        """dense_x: (B, 0) -> (B, d)."""
+        return self.vector.unsqueeze(0).expand(dense_x.shape[0], -1)
 
 
 class _PairDots(torch.autograd.Function):
@@ -145,6 +163,10 @@ class DLRMDense(nn.Module):
         slot_dims: S ints, each feature's embedding dim (None: all ``sparse_dim``); a
             feature of another dim gets a projection to ``sparse_dim`` (``proj``), and
             :meth:`forward` then takes ``ly`` as S tensors (B, slot_dims[k]).
+        normalize: D flags, which dense features the online normalizer standardizes
+            (:class:`~.dense_norm.DenseNorm`, ``dense_norm``); None: no normalizer (the
+            reference's model, inputs as given).
+        norm_window: the normalizer's window (values a feature's statistics hold at most).
 
     Raises:
         ModelShapeError: on the reference's dimension mismatches.
@@ -169,6 +191,8 @@ class DLRMDense(nn.Module):
         loss_threshold: float = 0.0,
         seed: int = 123,
         slot_dims: list[int] | None = None,
+        normalize: Sequence[bool] | None = None,
+        norm_window: float = 1e7,
     ) -> None:
         super().__init__()
         if dense_dim != mlp_bot[0]:
@@ -184,6 +208,15 @@ class DLRMDense(nn.Module):
         if mlp_top[-1] != 1:
             raise ModelShapeError(
                 f"arch_mlp_top must end in 1 (one click probability), got {mlp_top}"
+            )
+        if dense_dim == 0 and len(mlp_bot) != 2:
+            raise ModelShapeError(
+                f"without dense features there is no bottom MLP: arch_mlp_bot must be "
+                f"[0, {sparse_dim}], got {mlp_bot}"
+            )
+        if normalize is not None and len(normalize) != dense_dim:
+            raise ModelShapeError(
+                f"normalize needs {dense_dim} flags (one a dense feature), got {len(normalize)}"
             )
         if num_sparse < 1:
             raise ModelShapeError(f"need at least one sparse feature, got {num_sparse}")
@@ -201,8 +234,16 @@ class DLRMDense(nn.Module):
         self.ln_bot = list(mlp_bot)
         self.ln_top = [num_int, *mlp_top]
         rng = np.random.RandomState(seed)
-        self.bot_l = make_mlp(self.ln_bot, -1, rng, fp32_first=True)
-        self.top_l = make_mlp(self.ln_top, len(self.ln_top) - 2, rng)
+        #: the online normalizer of the dense features (None: inputs as given)
+        self.dense_norm = (
+            DenseNorm(normalize, norm_window) if normalize is not None and dense_dim else None
+        )
+        self.bot_l: nn.Module = (
+            make_mlp(self.ln_bot, rng, fp32_first=True)
+            if dense_dim
+            else LearnedVector(sparse_dim, rng)
+        )
+        self.top_l = make_mlp(self.ln_top, rng, logit_last=True)
         offset = 1 if interaction_itself else 0
         n = num_sparse + 1
         pairs = [(i, j) for i in range(n) for j in range(i + offset)]
@@ -251,7 +292,16 @@ class DLRMDense(nn.Module):
 
     def forward(self, dense_x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """dense_x: (B, D) float32, ly: S x (B, d_k) (``slot_dims``) or (B, S, d) float32 (all
-        features at d) -> click probability (B, 1)."""
+        features at d) -> click probability (B, 1) float32, clamped to ``loss_threshold``'s
+        range when one is set (the reference's behaviour)."""
+        p = torch.sigmoid(self.logits(dense_x, ly).float())
+        if 0.0 < self.loss_threshold < 1.0:
+            p = torch.clamp(p, min=self.loss_threshold, max=1.0 - self.loss_threshold)
+        return p
+
+    def logits(self, dense_x: torch.Tensor, ly: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+        """The click logit (B, 1), before the sigmoid (the arguments as :meth:`forward`'s);
+        in the top MLP's dtype (bf16 under bf16 autocast)."""
         if dense_x.dim() != 2 or dense_x.shape[1] != self.dense_dim:
             raise ModelShapeError(
                 f"dense_x must be (batch, {self.dense_dim}), got {tuple(dense_x.shape)}"
@@ -281,11 +331,10 @@ class DLRMDense(nn.Module):
                     self.proj[str(k)](e) if self.slot_dims[k] != self.sparse_dim else e
                     for k, e in enumerate(ly)
                 ]
+        if self.dense_norm is not None:
+            dense_x = self.dense_norm(dense_x.float())
         x = self.bot_l(dense_x)
-        p = self.top_l(self.interact(x, ly))
-        if 0.0 < self.loss_threshold < 1.0:
-            p = torch.clamp(p, min=self.loss_threshold, max=1.0 - self.loss_threshold)
-        return p
+        return self.top_l(self.interact(x, ly))
 
 
 class DLRM(nn.Module):

@@ -168,6 +168,8 @@ class OnlineTrainer(ModelSaves):
             hp.loss_threshold,
             seed=hp.numpy_rand_seed,
             slot_dims=config.slot_dims,
+            normalize=config.dense_normalize,
+            norm_window=hp.dense_norm_window,
         ).to(self.device)
         ddp.broadcast_module(self.dense)
         #: fp32 or bf16 autocast (model.precision), said in every pass's record
@@ -180,7 +182,7 @@ class OnlineTrainer(ModelSaves):
         self.scheduler = LRPolicyScheduler(
             self.optimizer, hp.lr_num_warmup_steps, hp.lr_decay_start_step, hp.lr_num_decay_steps
         )
-        self.loss_fn = make_loss(hp.loss_function, hp.loss_weights)
+        self.loss_fn = make_loss(hp.loss_function, hp.loss_weights, hp.loss_threshold)
         self.data_root = Path(r.train_data_dir)
         self.last_pass: tuple[str, int] | None = None
         #: The last publication to the serving Redis (``online``), for the caller to report.
@@ -261,11 +263,19 @@ class OnlineTrainer(ModelSaves):
         scale = self.config.runner.scale_sparse_gradient_with_batch_size
         self.sparse.push(pulled, labels, float(pulled.batch) if scale else 1.0)
 
-    def _forward(self, batch: Batch, pulled: SparseBatch) -> torch.Tensor:
+    def _logits(self, batch: Batch, pulled: SparseBatch) -> torch.Tensor:
+        """The batch's click logits (B,) float32 (the loss takes them: it cannot stall)."""
         ly = self.staging.rows(self.sparse.forward(pulled))
         with compute_in(self.precision, self.device):
-            p = self.dense(self.staging.to_device("dense", batch.dense), ly)
-        return p.view(-1).float()
+            z = self.dense.logits(self.staging.to_device("dense", batch.dense), ly)
+        return z.view(-1).float()
+
+    def _probabilities(self, z: torch.Tensor) -> torch.Tensor:
+        """Logits -> the click probabilities the metrics take (``loss_threshold``'s clamp
+        as :meth:`DLRMDense.forward`)."""
+        p = torch.sigmoid(z)
+        t = self.dense.loss_threshold
+        return p.clamp(t, 1.0 - t) if 0.0 < t < 1.0 else p
 
     def predict_files(
         self, files: list[Path], acc: AucAccumulator, best: AucAccumulator | None, stats: ParseStats
@@ -284,7 +294,7 @@ class OnlineTrainer(ModelSaves):
                     batch, pulled = item[0], fut.result()
                     nxt = next(it, None)
                     fut = self._pool.submit(self._pull, nxt, False) if nxt is not None else None
-                    p = self._forward(batch, pulled)
+                    p = self._probabilities(self._logits(batch, pulled))
                     acc.add(p.cpu(), batch.labels)
                     self.progress_at = time.monotonic()
                     if best is not None and batch.ptrue is not None:
@@ -334,10 +344,11 @@ class OnlineTrainer(ModelSaves):
                         if item is not None:
                             assert pulled is not None
                             batch = item[0]
-                            p = self._forward(batch, pulled)
+                            z = self._logits(batch, pulled)
                             labels = batch.labels.to(self.device)
-                            loss = self.loss_fn(p.view(-1, 1), labels.view(-1, 1))
+                            loss = self.loss_fn(z.view(-1, 1), labels.view(-1, 1))
                             loss.backward()
+                            p = self._probabilities(z.detach())
                     except Exception as exc:
                         failure, item, nxt = exc, None, None
                 if self.world > 1:
@@ -436,13 +447,18 @@ class OnlineTrainer(ModelSaves):
         self._together(spec, failure, files)
         train_s = time.monotonic() - t_train
         counts = torch.tensor([tstats.lines, tstats.malformed, len(files)], dtype=torch.float64)
-        flat = torch.cat([pred.state(), best.state(), train.state(), counts])
+        norm = self.dense.dense_norm
+        # every rank's normalizer sums of the pass ride on the metrics' one all-reduce
+        pending = norm.pending_sums().cpu() if norm is not None else counts[:0]
+        flat = torch.cat([pred.state(), best.state(), train.state(), counts, pending])
         ddp.all_reduce_sum(flat)
         size = pred.state().numel()
         pred.load_state(flat[:size])
         best.load_state(flat[size : 2 * size])
         train.load_state(flat[2 * size : 3 * size])
-        lines, malformed, nfiles = (int(v) for v in flat[3 * size :])
+        lines, malformed, nfiles = (int(v) for v in flat[3 * size : 3 * size + 3])
+        if norm is not None:
+            norm.merge(flat[3 * size + 3 :])
         pr, br, tr = pred.result(), best.result(), train.result()
         seconds = time.monotonic() - started
         record: dict[str, Any] = {

@@ -190,15 +190,33 @@ def test_model_may_not_set_the_schema(client, roots):
     assert any("data.schema" in msg for msg, _ in errs.values()), errs
 
 
-def test_parquet_and_slot_need_a_schema_and_a_dense_feature(client, roots):
+def test_parquet_and_slot_need_a_schema_and_the_model_follows_it(client, roots, r):
     body = job_body(roots, "noschema", data_format="parquet")
     errs = errors(client.post("/v1/jobs", json=body))
     assert any("needs data.schema" in msg for msg, _ in errs.values()), errs
+    # no dense features (ids only): created, with no bottom MLP (0-d)
     body = job_body(roots, "nodense", data_format="slot")
     body["data"]["schema"] = schema(dense=[])
-    body["model"] = {"hyper_parameters": {"arch_sparse_feature_size": 4, "arch_mlp_bot": "1-4"}}
-    errs = errors(client.post("/v1/jobs", json=body))
-    assert "at least one dense" in errs["body.data.schema.dense"][0], errs
+    body["model"] = {"hyper_parameters": {"arch_sparse_feature_size": 4}}
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == 201, resp.text
+    cfg = TrainerConfig.parse(json.loads(r.hget(keys.job(resp.json()["id"]), "trainer_config")))
+    assert cfg.hyper_parameters.arch_mlp_bot == [0, 4]
+    # a schema and no arch_mlp_bot: its input is the schema's dense count, its output the dim
+    body = job_body(roots, "only-schema", data_format="parquet")
+    body["data"]["schema"] = schema(dense=["a", "b", "c"])
+    body["model"] = {}
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == 201, resp.text
+    cfg = TrainerConfig.parse(json.loads(r.hget(keys.job(resp.json()["id"]), "trainer_config")))
+    assert cfg.hyper_parameters.arch_mlp_bot == [3, 512, 256, 64, 16]
+    # a whole arch_mlp_bot given that does not fit stays a 422 naming the field
+    for dense, mlp in (([], "1-4"), ([], "0-8-4"), (["a"], "2-4")):
+        body = job_body(roots, "misfit", data_format="slot")
+        body["data"]["schema"] = schema(dense=dense)
+        body["model"] = {"hyper_parameters": {"arch_sparse_feature_size": 4, "arch_mlp_bot": mlp}}
+        errs = errors(client.post("/v1/jobs", json=body))
+        assert "body.model.hyper_parameters.arch_mlp_bot" in errs, (dense, mlp, errs)
     # the same schema with two dense features and a bottom MLP that takes them: created
     body = job_body(roots, "good-slot", data_format="slot")
     body["data"]["schema"] = schema(dense=["age", {"name": "price", "log1p": True}])

@@ -14,6 +14,8 @@ import torch
 import yaml
 from servers import torchrun_command
 from streamrec.embedding_store import LocalShards
+from streamrec.trainer.batches import ParseStats
+from streamrec.trainer.data import iter_batches
 from streamrec.trainer.datagen import StreamParams, generate
 from streamrec.trainer.errors import ConfigError
 from streamrec.trainer.runner import OnlineTrainer
@@ -69,7 +71,16 @@ def test_two_ranks_same_dense_parameters(tmp_path):
     assert r0.keys() == r1.keys()
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
-        assert not torch.equal(r0[k], init[k]), k  # and they did train
+        if k != "dense_norm.mask":  # which features are normalized: all, from the start
+            assert not torch.equal(r0[k], init[k]), k  # and they did train
+    # the dense normalizer's statistics: every rank's batches, merged, = the batch formula
+    # over the whole stream (count, sum, sum of squares of the log1p'd ints)
+    files = sorted(p for p in data.rglob("part-*"))
+    batches = list(iter_batches(files, "generated", SLOTS, 10_000, ParseStats()))
+    x = torch.cat([b.dense for b in batches]).double()
+    want = torch.stack([torch.full((13,), float(x.shape[0])), x.sum(0), x.square().sum(0)])
+    # two passes over the same day's two splits: each sample seen once
+    torch.testing.assert_close(r0["dense_norm.sums"], want, rtol=1e-9, atol=1e-6)
     infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [i["world"] for i in infos] == [2, 2]
     assert infos[0]["step"] == infos[1]["step"] > 0

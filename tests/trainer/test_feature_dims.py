@@ -130,7 +130,8 @@ def _scores(t: OnlineTrainer, part) -> torch.Tensor:
     schema = t.config.runner.feature_schema
     with torch.no_grad():
         for b in iter_batches([part], "parquet", 4, 512, ParseStats(), schema=schema):
-            out.append(t._forward(b, t.sparse.pull(t.sparse.prepare(b), create=False)))
+            z = t._logits(b, t.sparse.pull(t.sparse.prepare(b), create=False))
+            out.append(t._probabilities(z))
     return torch.cat(out)
 
 

@@ -132,12 +132,40 @@ def test_reference_module_pools_bags_by_sum():
 
 def test_losses():
     p = torch.tensor([[0.9], [0.2], [0.6]])
+    z = torch.log(p / (1 - p))  # the losses take the logit
     t = torch.tensor([[1.0], [0.0], [0.0]])
     bce = -(np.log(0.9) + np.log(0.8) + np.log(0.4)) / 3
-    assert make_loss("bce")(p, t).item() == pytest.approx(bce, rel=1e-5)
-    assert make_loss("mse")(p, t).item() == pytest.approx((0.01 + 0.04 + 0.36) / 3, rel=1e-5)
+    assert make_loss("bce")(z, t).item() == pytest.approx(bce, rel=1e-5)
+    assert make_loss("mse")(z, t).item() == pytest.approx((0.01 + 0.04 + 0.36) / 3, rel=1e-5)
     wbce = -(2.0 * np.log(0.9) + 0.5 * np.log(0.8) + 0.5 * np.log(0.4)) / 3
-    assert make_loss("wbce", [0.5, 2.0])(p, t).item() == pytest.approx(wbce, rel=1e-5)
+    assert make_loss("wbce", [0.5, 2.0])(z, t).item() == pytest.approx(wbce, rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bce", "wbce"])
+def test_a_saturated_logit_still_has_a_gradient(name):
+    """The old loss took BCE of the sigmoid: at a logit of 60 the sigmoid is 1.0 in fp32 and
+    the clamped log's gradient is 0, so a saturated model never learned again."""
+    z = torch.tensor([[60.0], [-45.0]], requires_grad=True)
+    t = torch.tensor([[0.0], [1.0]])
+    make_loss(name)(z, t).backward()
+    assert z.grad is not None
+    # d/dz of mean BCE-with-logits = (sigmoid(z) - t) / B
+    torch.testing.assert_close(z.grad, torch.tensor([[0.5], [-0.5]]))
+    zo = z.detach().clone().requires_grad_()
+    torch.nn.BCELoss()(torch.sigmoid(zo), t).backward()
+    assert zo.grad is not None and zo.grad[0, 0] == 0  # the old loss: no way back
+
+
+def test_loss_threshold_keeps_its_reference_meaning():
+    """A threshold t clamps the probability to [t, 1 - t] before the BCE: no gradient for a
+    sample past it (the reference's ``loss_threshold``)."""
+    loss = make_loss("bce", loss_threshold=0.1)
+    z = torch.tensor([[5.0], [0.0]], requires_grad=True)
+    t = torch.tensor([[1.0], [1.0]])
+    value = loss(z, t)
+    assert value.item() == pytest.approx(-(np.log(0.9) + np.log(0.5)) / 2, rel=1e-5)
+    value.backward()
+    assert z.grad is not None and z.grad[0, 0] == 0 and z.grad[1, 0] < 0
 
 
 @pytest.mark.parametrize("itself", [False, True])
