@@ -291,11 +291,12 @@ class RunnerConfig(DataFields, CheckpointFields):
     reader_type: DataFormat | None = None
     #: Give up waiting for a pass's donefiles after this many seconds (None: wait forever).
     data_wait_timeout_second: float | None = Field(None, gt=0, le=MAX_DATA_WAIT_S, strict=True)
-    #: 256, not PaddleRec's 2048: a pass must give each rank many steps (a day of a 100k-event
-    #: stream is ~470 rows, one step at 2048: mean predict AUC 0.52 against 0.69 at 256,
-    #: BENCHMARKS.md "Defaults on a real stream"); a large stream trades that for fewer,
-    #: cheaper steps by setting 1024-4096.
-    train_batch_size: int = Field(256, ge=1, le=MAX_BATCH, strict=True)
+    #: Samples a step; "auto" (the default): each pass's batch follows the rows a rank has in
+    #: it, about 64 steps a pass, a power of two in 32..2048 (streamrec.trainer.batch_rule:
+    #: a pass must give each rank many steps, a large one full ones). A number: that batch.
+    train_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH, strict=True)] | Literal["auto"] = (
+        "auto"
+    )
     #: A pass whose share of malformed lines exceeds this fails (DataError naming a line).
     max_malformed_ratio: float = Field(0.01, ge=0, le=1, strict=True)
     #: Parsed batches buffered ahead of compute by the prefetch thread.

@@ -54,6 +54,7 @@ from streamrec.metrics import serve_metrics
 from streamrec.sampler import Prefetcher
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
+from streamrec.trainer.batch_rule import auto_batch_size
 from streamrec.trainer.batches import Batch, ParseStats
 from streamrec.trainer.data import iter_batches
 from streamrec.trainer.device import config_device
@@ -191,6 +192,9 @@ class OnlineTrainer(ModelSaves):
         #: pass the parameters are no pass's state, only a checkpoint load makes them one.
         self.clean = True
         self.step = 0
+        #: This rank's rows of the last pass read (predicted or trained): the automatic
+        #: batch's measure of the stream (batch_rule.py); None before the first.
+        self.last_rows: int | None = None
         #: time.monotonic() of the last batch or save done (the agent's watchdog reads it).
         self.progress_at = time.monotonic()
         self.stop_event = threading.Event()
@@ -232,8 +236,14 @@ class OnlineTrainer(ModelSaves):
         files = layout.pass_files(self.data_root, spec, self.config.runner.data_donefile)
         return files[self.rank :: self.world]
 
+    def batch_size(self, rows: int | None) -> int:
+        """The training batch of a pass of ``rows`` rows on this rank (None: not known):
+        ``train_batch_size``, or when it is ``auto`` :func:`~.batch_rule.auto_batch_size`."""
+        size = self.config.runner.train_batch_size
+        return auto_batch_size(rows) if size == "auto" else size
+
     def _prefetch(
-        self, files: list[Path], stats: ParseStats
+        self, files: list[Path], stats: ParseStats, batch_size: int
     ) -> Prefetcher[Batch, tuple[Batch, SparseBatch]]:
         """Reads, parses and prepares (:meth:`_prepare`) the batches of ``files`` in a
         background thread, ``prefetch_batches`` ahead of the caller."""
@@ -242,7 +252,7 @@ class OnlineTrainer(ModelSaves):
             files,
             r.data_format,
             hp.sparse_inputs_slots,
-            r.train_batch_size,
+            batch_size,
             stats,
             r.max_malformed_ratio,
             int(r.read_chunk_mb * (1 << 20)),
@@ -280,8 +290,9 @@ class OnlineTrainer(ModelSaves):
     def predict_files(
         self, files: list[Path], acc: AucAccumulator, best: AucAccumulator | None, stats: ParseStats
     ) -> int:
-        """Scores files with the current model (no training, no key created)."""
-        prefetch = self._prefetch(files, stats)
+        """Scores files with the current model (no training, no key created); returns this
+        rank's sample count."""
+        prefetch = self._prefetch(files, stats, self.batch_size(self.last_rows))
         n = 0
         try:
             it = iter(prefetch)
@@ -306,14 +317,17 @@ class OnlineTrainer(ModelSaves):
             prefetch.close()
         return n
 
-    def train_files(self, files: list[Path], acc: AucAccumulator, stats: ParseStats) -> int:
-        """Trains on files; returns this rank's sample count. All ranks step together.
+    def train_files(
+        self, files: list[Path], acc: AucAccumulator, stats: ParseStats, batch_size: int
+    ) -> int:
+        """Trains on files in batches of ``batch_size``; returns this rank's sample count.
+        All ranks step together.
 
         An error in this rank's step (bad data, a store call) is not raised at once: the
         rank joins the next gradient all-reduce with its failed flag, every rank stops in
         that same step, then this rank raises its error and the others :class:`GroupError`.
         """
-        prefetch = self._prefetch(files, stats)
+        prefetch = self._prefetch(files, stats, batch_size)
         pipelined = self.config.runner.sparse_pipeline
         n = 0
         pushes: list[Future] = []
@@ -434,14 +448,18 @@ class OnlineTrainer(ModelSaves):
         failure: Exception | None = None
         if r.predict_before_train:
             try:
-                self.predict_files(files, pred, best, pstats)
+                self.last_rows = self.predict_files(files, pred, best, pstats)
             except Exception as exc:
                 failure = exc
             self._together(spec, failure, files)
             predict_s = time.monotonic() - started
         t_train = time.monotonic()
+        ns = self.config.negative_sampling
+        # the rule counts the stream's rows: a predicted row with negatives is sample_size
+        rows = self.last_rows // ns.sample_size if ns.enabled and self.last_rows else self.last_rows
+        batch_size = self.batch_size(rows)
         try:
-            self.train_files(files, train, tstats)
+            self.last_rows = self.train_files(files, train, tstats, batch_size)
         except Exception as exc:
             failure = exc
         self._together(spec, failure, files)
@@ -487,6 +505,7 @@ class OnlineTrainer(ModelSaves):
             "device": str(self.device),
             "lr": self.optimizer.param_groups[0]["lr"],
             "step": self.step,
+            "batch_size": batch_size,
             "world_size": self.world,
         }
         self.last_pass = (spec.day, spec.pass_id)
