@@ -5,6 +5,9 @@ Set each scheduler tick for every running job, dropped when a job stops running.
 keep growing once a group's heartbeat key has expired (the last heartbeat seen is kept), and
 start from the moment the job became running when no group has beaten yet, so the alerts
 on them (services/observability/alerts.py) fire for a group that never came up.
+
+Each tick also drops the gauges of deleted jobs that outlive the job's run (the last pass's
+collapse flag, which an alert pages on: :meth:`~streamrec.api.metrics.ApiMetrics.forget_job`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,13 @@ class RunningJobGauges:
             del self._beats[job_id]
             self.data.forget(job_id)
             self.metrics.forget_running(job_id)
+        self.forget_deleted()
+
+    def forget_deleted(self) -> None:
+        """Drops the last-pass gauges of the jobs that no longer exist (deleted)."""
+        for job_id in self.metrics.collapse_gauged_jobs():
+            if self.repo.job_state(job_id) is None:
+                self.metrics.forget_job(job_id)
 
     def note_wait(self, job_id: str, fields: dict[str, str]) -> None:
         """Keeps the job's ``waiting_for`` (the split its next pass waits for) in its hash,

@@ -6,9 +6,10 @@ serves it, with the process collector's ``process_*`` series beside the API's ow
 Per-job series carry the StreamRec job id as ``job_id`` (not ``job``, which Prometheus keeps
 for the scrape job). The gauges the scheduler sets each tick (jobs per state, the pool, the
 running jobs' ages, queue depth, lag) are served only while this API holds the scheduler
-lease: a replica that lost it would serve stale values. The last pass's AUC, logloss and CTR
-stay on the replica that applied the report; alerts and panels read them joined with
-``streamrec_api_scheduler_leader == 1`` on ``instance``.
+lease: a replica that lost it would serve stale values. The last pass's AUC, logloss, CTR
+and collapse flag stay on the replica that applied the report; alerts and panels read them
+joined with ``streamrec_api_scheduler_leader == 1`` on ``instance``. The collapse flag, which
+an alert pages on, is dropped when its job is deleted (:meth:`ApiMetrics.forget_job`).
 
 Counters the alerts read start at 0: the trigger outcomes here, a job's counters when the
 scheduler first sees it active (:meth:`ApiMetrics.start_job`), so ``rate()`` and
@@ -227,6 +228,15 @@ class ApiMetrics:
             ["job_id"],
             registry=reg,
         )
+        # Like the AUCs, the last pass's (on the replica that applied its report), but dropped
+        # when the job is deleted (forget_job): a 1 left behind would page for ever.
+        self.pass_predictions_collapsed = Gauge(
+            "streamrec_api_pass_predictions_collapsed",
+            "1 when the last finished pass's predictions collapsed (nearly every row at one "
+            "probability, or AUC exactly 0.5: a saturated or dead model), else 0",
+            ["job_id"],
+            registry=reg,
+        )
         self.insecure = Gauge(
             "streamrec_api_insecure",
             "1 for each setting of this API that leaves a door open (auth_disabled, "
@@ -266,3 +276,16 @@ class ApiMetrics:
         ):
             with contextlib.suppress(KeyError):  # never set
                 gauge.remove(job)
+
+    def collapse_gauged_jobs(self) -> set[str]:
+        """The jobs that have a ``pass_predictions_collapsed`` value."""
+        return {
+            sample.labels["job_id"]
+            for family in self.pass_predictions_collapsed.collect()
+            for sample in family.samples
+        }
+
+    def forget_job(self, job: str) -> None:
+        """Drops the last-pass gauges that must not outlive a deleted job."""
+        with contextlib.suppress(KeyError):  # never set
+            self.pass_predictions_collapsed.remove(job)

@@ -11,7 +11,7 @@ longer counts them) and empties the work stream.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,10 +142,12 @@ class PassRecords:
         ranks: int,
         in_flight: bool,
         event: tuple[str, dict[str, Any]],
+        more_events: Sequence[tuple[str, str, dict[str, Any]]] = (),
     ) -> None:
         """The pass done with its ``figures`` (of :data:`~streamrec.control.records.PASS_METRICS`),
         counted in ``passes_done``, out of flight (``in_flight``: it is the job's), the restart
-        count refilled (progress), and its ``event`` (message, data). ContractError (nothing
+        count refilled (progress), its ``event`` (message, data) and ``more_events`` (kind,
+        message, data: what the pass's figures say besides, after it). ContractError (nothing
         written) for a figure of the wrong type."""
         fields = PassRecord.patch(
             **{name.value: v for name, v in figures.items()},
@@ -160,6 +162,8 @@ class PassRecords:
             pipe.hincrby(keys.job(job_id), JobField.PASSES_DONE, 1)
             redis_io.hset(pipe, keys.job(job_id), job)
             append_event(pipe, job_id, "pass", *event)
+            for kind, message, data in more_events:
+                append_event(pipe, job_id, kind, message, data)
             pipe.execute()
 
     def requeue(

@@ -199,6 +199,7 @@ class ReportApplier:
             for k in ("predict_auc", "train_auc", "logloss")
             if isinstance(record.get(k), int | float)
         )
+        collapsed = record.get("predictions_collapsed")
         self.passes.mark_done(
             job_id,
             report.day,
@@ -210,7 +211,10 @@ class ReportApplier:
                 f"pass {pk} done" + (f": {shown}" if shown else ""),
                 {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
             ),
+            more_events=[collapse_event(pk, record)] if collapsed is True else [],
         )
+        if isinstance(collapsed, bool):  # a trainer from before the flag sends none
+            self.metrics.pass_predictions_collapsed.labels(job_id).set(int(collapsed))
         self._ack_work(job_id)
         self.metrics.passes_done.labels(job_id).inc()
         for kind in ("predict", "train", "best"):
@@ -220,9 +224,6 @@ class ReportApplier:
         for kind, name in (("predict", "predict_logloss"), ("train", "logloss")):
             if isinstance(record.get(name), int | float):
                 self.metrics.pass_logloss.labels(job_id, kind).set(record[name])
-        for kind in ("predicted", "actual"):
-            if isinstance(record.get(f"{kind}_ctr"), int | float):
-                self.metrics.pass_ctr.labels(job_id, kind).set(record[f"{kind}_ctr"])
         for kind in ("predicted", "actual"):
             if isinstance(record.get(f"{kind}_ctr"), int | float):
                 self.metrics.pass_ctr.labels(job_id, kind).set(record[f"{kind}_ctr"])
@@ -274,7 +275,6 @@ class ReportApplier:
         pk = keys.pass_key(report.day, report.pass_id)
         self.repo.set_last_checkpoint(job_id, pk)
         self.metrics.checkpoints.labels(job_id).inc()
-        self.metrics.last_checkpoint.labels(job_id).set(time.time())
         self.metrics.last_checkpoint.labels(job_id).set(time.time())
         self._event(
             job_id,
@@ -340,3 +340,41 @@ class ReportApplier:
         msg = report.message[:2000]
         self.repo.set_error(job_id, msg)
         self.repo.change_state(job_id, JobAction.FAIL, reason=msg)
+
+
+#: The pass record's collapse figures (the trainer's ``evaluation.collapse_figures``), kept
+#: in a ``predictions_collapsed`` event.
+COLLAPSE_FIGURES = (
+    "predictions_collapsed",
+    "train_collapsed",
+    "train_top_share",
+    "train_auc",
+    "predict_collapsed",
+    "predict_top_share",
+    "predict_auc",
+    "predicted_ctr",
+    "actual_ctr",
+)
+
+
+def collapse_event(pk: str, record: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """The ``predictions_collapsed`` event of pass ``pk`` (kind, message, data): each phase
+    whose predictions collapsed with its share of rows at one probability and its AUC."""
+
+    def number(v: Any, spec: str) -> str:
+        ok = isinstance(v, int | float) and not isinstance(v, bool)
+        return format(v, spec) if ok else "n/a"
+
+    phases = [
+        f"{phase}: {number(record.get(f'{phase}_top_share'), '.1%')} of rows at one "
+        f"probability, AUC {number(record.get(f'{phase}_auc'), '.4f')}"
+        for phase in ("train", "predict")
+        if record.get(f"{phase}_collapsed") is True
+    ]
+    message = (
+        f"pass {pk}: the model's predictions collapsed ({'; '.join(phases) or 'n/a'}); "
+        f"predicted CTR {number(record.get('predicted_ctr'), '.4f')} against "
+        f"{number(record.get('actual_ctr'), '.4f')} actual: the model ranks nothing"
+    )
+    data = {k: record.get(k) for k in COLLAPSE_FIGURES}
+    return "predictions_collapsed", message, {"pass": pk, **data}

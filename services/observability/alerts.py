@@ -260,6 +260,27 @@ ALERTS: list[Alert] = [
         signals=('streamrec_api_pass_auc{kind="predict"}', "streamrec_api_scheduler_leader"),
     ),
     Alert(
+        # The trainer's verdict on the last pass (streamrec.trainer.evaluation: >= 99% of the
+        # rows within 1% of one odds, or AUC exactly 0.5); a fresh model's first predictions
+        # do not count. A pass's fact, not a noisy sample: no `for`. The gauge lives until the
+        # job is deleted, so a job that ended on a collapsed model keeps paging for it.
+        name="StreamRecModelStalled",
+        expr=f"streamrec_api_pass_predictions_collapsed == 1 and {LEADER}",
+        for_="0m",
+        severity="critical",
+        summary="The model of job {{ $labels.job_id }} predicts one probability for every row",
+        description=(
+            "The last pass of job {{ $labels.job_id }} predicted nearly the same probability"
+            " for every row (a saturated or dead model: its AUC is 0.5 whatever the data). The"
+            " job goes on training and exporting a model that ranks nothing. Its"
+            " predictions_collapsed event names the pass, the share of rows and the AUC."
+        ),
+        signals=(
+            "streamrec_api_pass_predictions_collapsed",
+            "streamrec_api_scheduler_leader",
+        ),
+    ),
+    Alert(
         # Counts failed saves of a trained model (a pass's checkpoint, a checkpoint
         # trigger), not a trigger refused because there is no model yet.
         name="StreamRecCheckpointFailing",

@@ -64,7 +64,7 @@ from streamrec.trainer.errors import (
     PassFailed,
     TrainerError,
 )
-from streamrec.trainer.evaluation import AucAccumulator
+from streamrec.trainer.evaluation import AucAccumulator, collapse_figures
 from streamrec.trainer.group_outcome import share_pass_outcome
 from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
@@ -496,6 +496,7 @@ class OnlineTrainer(ModelSaves):
             "best_auc": br["auc"] if br["samples"] else None,
             "actual_ctr": tr["actual_ctr"],
             "predicted_ctr": tr["predicted_ctr"],
+            **collapse_figures(pr, tr, trained=after is not None),
             "seconds": seconds,
             "predict_seconds": predict_s,
             "train_seconds": train_s,
