@@ -29,7 +29,13 @@ refused by name.
 
 Times and the zone's clock: :mod:`streamrec.trainer.event_times` (integer seconds since the
 epoch, milliseconds from 1e11 up under ``time_unit="auto"``, ISO 8601 strings, Parquet
-timestamps and dates).
+timestamps and dates, fractions of a second floored, 1970 to 9999). Outlying times are
+refused before a split lands: a batch's times are checked before any of it is laid out, and
+a run whose events span more than ``max_span_days`` (or, appending, reach that far past the
+last landed split) stops naming its earliest and latest event; the parts it had written are
+removed. A log is checked before it is read: an empty file, a ``.parquet`` that is not one,
+binary data given as CSV or JSON lines are refused naming it; a reader's error quoting the
+log's bytes is escaped and cut (:func:`printable`).
 
 Output (``fmt``): ``parquet`` keeps every column as it is (list columns stay lists, the time
 column too), one file per part; ``slot`` writes PaddleRec slot text
@@ -43,6 +49,7 @@ value is an integer, else ``list<string>``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -58,11 +65,14 @@ import pyarrow.parquet as pq
 from streamrec.layout import split_names, split_ready
 from streamrec.trainer.errors import DataError
 from streamrec.trainer.event_times import (
+    DAY_SECONDS,
     TIME_UNITS,
     check_timezone,
     split_index,
     split_label,
+    value_at,
     wall_seconds,
+    wall_text,
 )
 from streamrec.trainer.layout_flags import add_job_out_flag
 from streamrec.trainer.slot_text import slot_text
@@ -76,23 +86,73 @@ DEFAULT_BUFFER_BYTES = 64 << 20
 DEFAULT_BLOCK_BYTES = 256 << 10
 #: Rows per batch read from a Parquet file.
 PARQUET_BATCH_ROWS = 65536
+#: Bytes of a log read to tell its kind (and a text log from binary data).
+SNIFF_BYTES = 64 << 10
+#: An error quoting a log (pyarrow's, with the row it failed on) is cut after this many
+#: characters.
+MESSAGE_CHARS = 300
+#: A text log's kind as an error names it.
+TEXT_NAMES = {"csv": "CSV", "json": "JSON lines"}
+#: A run whose events (and, appending, the splits since the last landed one) span more days
+#: is refused unless ``--max-span-days`` says more: one outlying time would otherwise lay
+#: out every split between it and the others.
+DEFAULT_MAX_SPAN_DAYS = 366
 
 
 def log_kind(path: Path) -> str:
     """``parquet`` (its magic bytes ``PAR1``, whatever the name), ``csv`` (``.csv``) or
-    ``json`` (``.json``, ``.jsonl``, ``.ndjson``: JSON lines); ValueError naming the file."""
+    ``json`` (``.json``, ``.jsonl``, ``.ndjson``: JSON lines).
+
+    Raises:
+        ValueError: an empty file, a ``.parquet`` without Parquet's magic bytes, an unknown
+            suffix, or a CSV or JSON lines log holding binary data (a NUL byte), naming the
+            file.
+    """
     with path.open("rb") as f:
-        if f.read(4) == b"PAR1":
-            return "parquet"
+        head = f.read(SNIFF_BYTES)
+    if not head:
+        raise ValueError(f"event log {path}: the file is empty (0 bytes): no events, no header")
+    if head[:4] == b"PAR1":
+        return "parquet"
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return "csv"
-    if suffix in (".json", ".jsonl", ".ndjson"):
-        return "json"
-    raise ValueError(
-        f"event log {path}: unknown format (suffix {suffix!r}); a log is Parquet, "
-        ".csv or JSON lines (.json, .jsonl, .ndjson)"
-    )
+    if suffix == ".parquet":
+        raise ValueError(
+            f"event log {path}: not a Parquet file (it does not start with Parquet's magic "
+            f"bytes PAR1 but with {head[:16]!r})"
+        )
+    kinds = {".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json"}
+    if suffix not in kinds:
+        raise ValueError(
+            f"event log {path}: unknown format (suffix {suffix!r}); a log is Parquet, "
+            ".csv or JSON lines (.json, .jsonl, .ndjson)"
+        )
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise ValueError(
+            f"event log {path}: binary data, not {TEXT_NAMES[kinds[suffix]]} text (byte "
+            f"{nul} is NUL; it starts with {head[:16]!r}): a compressed or "
+            "other file? A Parquet log is found by its magic bytes whatever its name"
+        )
+    return kinds[suffix]
+
+
+def printable(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` fit for one error line: characters that are not printable (control bytes,
+    the replacement character of undecodable bytes) escaped, cut after ``limit`` shown."""
+    shown: list[str] = []
+    size = escaped = 0
+    for c in text:
+        if size >= limit:
+            shown.append(" ... (cut)")
+            break
+        if not c.isprintable() or c == "\ufffd":
+            c = ascii(c)[1:-1]
+            escaped += 1
+        shown.append(c)
+        size += len(c)
+    if escaped:
+        shown.append(" [bytes that are not text shown escaped: binary data?]")
+    return "".join(shown)
 
 
 def _csv_lists(batch: pa.RecordBatch, list_columns: Sequence[str], sep: str) -> pa.RecordBatch:
@@ -170,7 +230,7 @@ def read_log(
         for batch in reader:
             yield _csv_lists(batch, list_columns, list_sep)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"cannot read event log {path} as {kind}: {exc}") from exc
+        raise DataError(f"cannot read event log {path} as {kind}: {printable(str(exc))}") from exc
 
 
 def landed_range(out: Path, split_interval: int, donefile: str | None) -> tuple[int, int] | None:
@@ -214,17 +274,31 @@ class SplitBuffers:
     next_part: dict[int, int] = field(default_factory=dict)
     total: int = 0
     written: list[Path] = field(default_factory=list)  # part files, in writing order
+    created: list[Path] = field(default_factory=list)  # directories made, parents first
 
     @property
     def parts_written(self) -> int:
         return len(self.written)
 
     def remove_written(self) -> None:
-        """Deletes the part files written so far (a run that fails leaves no open split
-        holding parts: run again once the log is fixed)."""
+        """Deletes the part files written so far and the directories made for them (a run
+        that fails leaves nothing behind: run again once the log is fixed)."""
         for path in self.written:
             path.unlink(missing_ok=True)
         self.written.clear()
+        for d in reversed(self.created):
+            with contextlib.suppress(OSError):  # not empty: something else put a file there
+                d.rmdir()
+        self.created.clear()
+
+    def _make_dir(self, split_dir: Path) -> None:
+        missing = []
+        for d in (split_dir, *split_dir.parents):
+            if d.is_dir():
+                break
+            missing.append(d)
+        split_dir.mkdir(parents=True, exist_ok=True)
+        self.created += reversed(missing)
 
     def add(self, index: int, rows: pa.RecordBatch) -> None:
         self.pending.setdefault(index, []).append(rows)
@@ -256,7 +330,7 @@ class SplitBuffers:
         table = self._table(index)
         day, split = split_label(index, self.split_interval)
         split_dir = self.out / day / split
-        split_dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir(split_dir)
         number = self.next_part.get(index, 0)  # an open split holds no part: checked
         with open_part(split_dir, number) as f:
             if self.fmt == "parquet":
@@ -339,6 +413,73 @@ class SplitRange:
         return None if index is None else "/".join(split_label(index, split_interval))
 
 
+@dataclass(frozen=True)
+class EventAt:
+    """One event's time: wall seconds, where it is (log, column, row) and its value."""
+
+    secs: int
+    where: str
+    value: object
+
+    def describe(self, zone: str) -> str:
+        return f"{self.where}: {self.value!r}, {wall_text(self.secs)} on the {zone} clock"
+
+
+@dataclass
+class TimeSpan:
+    """The earliest and latest event of a run, checked batch by batch against
+    ``max_days`` before the batch is laid out: one outlying time (a ``0`` among 2024's
+    events) would lay out every split between it and the others (half a million for 0)."""
+
+    max_days: int
+    zone: str
+    earliest: EventAt | None = None
+    latest: EventAt | None = None
+
+    def see(self, secs: np.ndarray, values: pa.Array, where: str, first_row: int) -> None:
+        """secs: (n,) int64 wall seconds of ``values``, whose first is row ``first_row``."""
+        if len(secs) == 0:
+            return
+        lo, hi = int(np.argmin(secs)), int(np.argmax(secs))
+        if self.earliest is None or secs[lo] < self.earliest.secs:
+            self.earliest = EventAt(
+                int(secs[lo]), f"{where}, row {first_row + lo}", value_at(values, lo)
+            )
+        if self.latest is None or secs[hi] > self.latest.secs:
+            self.latest = EventAt(
+                int(secs[hi]), f"{where}, row {first_row + hi}", value_at(values, hi)
+            )
+
+    def check(self, landed_end: int | None, landed_label: str | None) -> None:
+        """ValueError when the events span more than ``max_days`` days, or (appending) the
+        latest is more than ``max_days`` after ``landed_end`` (the wall seconds where the
+        split after the last landed one, ``landed_label``, starts)."""
+        if self.earliest is None or self.latest is None:
+            return
+        advice = (
+            "an outlying time? Fix or drop its row, or pass --max-span-days {need} to lay "
+            "out every split between them (nothing was laid out)"
+        )
+        span = self.latest.secs - self.earliest.secs
+        if span > self.max_days * DAY_SECONDS:
+            raise ValueError(
+                f"the events span {span / DAY_SECONDS:.1f} days, more than --max-span-days "
+                f"{self.max_days}: the earliest is {self.earliest.describe(self.zone)}; the "
+                f"latest is {self.latest.describe(self.zone)}; "
+                + advice.format(need=-(-span // DAY_SECONDS))
+            )
+        if landed_end is None:
+            return
+        gap = self.latest.secs - landed_end
+        if gap > self.max_days * DAY_SECONDS:
+            raise ValueError(
+                f"--out has landed up to split {landed_label}, and the latest event is "
+                f"{gap / DAY_SECONDS:.1f} days after it, more than --max-span-days "
+                f"{self.max_days}: {self.latest.describe(self.zone)}; "
+                + advice.format(need=-(-gap // DAY_SECONDS))
+            )
+
+
 def _route(batch: pa.RecordBatch, index: np.ndarray, buffers: SplitBuffers) -> None:
     """Buffers each split's rows of a batch (index: (n,) int64 split of each row): one sort,
     one take, then zero-copy slices; spills when the buffers are full."""
@@ -368,8 +509,13 @@ def lay_out_events(
     list_sep: str = "|",
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    max_span_days: int = DEFAULT_MAX_SPAN_DAYS,
 ) -> dict[str, int | str | None]:
     """Writes every event of ``logs`` into the split of its time under ``out``.
+
+    ``max_span_days`` bounds the days from the earliest event to the latest (and,
+    appending, from the last landed split to the latest event): a run spanning more is
+    refused naming both ends, before a split lands.
 
     Returns:
         counts: events (written), late (dropped: their split had landed), late_first and
@@ -378,7 +524,8 @@ def lay_out_events(
         end_day and last_split (its last split), split_interval.
 
     Raises:
-        ValueError: a bad argument, a missing time column, a value that is not a time.
+        ValueError: a bad argument, a missing time column, a value that is not a time, a
+            span of more than ``max_span_days``; nothing is laid out.
         DataError: a log that cannot be read, or no event at all.
     """
     paths = [Path(p) for p in logs]
@@ -398,6 +545,8 @@ def lay_out_events(
         raise ValueError(
             f"--buffer-bytes and --block-bytes must be >= 1, got {buffer_bytes}, {block_bytes}"
         )
+    if max_span_days < 1:
+        raise ValueError(f"--max-span-days must be >= 1, got {max_span_days}")
     root = Path(out)
     state = {
         "time_column": time_column,
@@ -410,6 +559,10 @@ def lay_out_events(
     last_landed = None if landed is None else landed[1]
     buffers = SplitBuffers(root, split_interval, fmt, buffer_bytes)
     seen, late = SplitRange(), SplitRange()
+    span = TimeSpan(max_span_days, timezone)
+    # where the first split this run may lay out starts (appending), and the last landed one
+    landed_end = None if last_landed is None else (last_landed + 1) * split_interval * 60
+    landed_label = SplitRange.label(last_landed, split_interval)
     try:
         for path in paths:
             row = 1  # of the batch's first event in its log, counted from 1 (no CSV header)
@@ -420,13 +573,11 @@ def lay_out_events(
                         f"{where}: no time column {time_column!r} (--time-column; columns: "
                         f"{', '.join(batch.schema.names)})"
                     )
-                secs = wall_seconds(
-                    batch.column(time_column),
-                    timezone,
-                    time_unit,
-                    f"{where}, column {time_column!r}",
-                    row,
-                )
+                times = batch.column(time_column)
+                column_where = f"{where}, column {time_column!r}"
+                secs = wall_seconds(times, timezone, time_unit, column_where, row)
+                span.see(secs, times, column_where, row)
+                span.check(landed_end, landed_label)  # before any of the batch is laid out
                 batch = _check_columns(batch, buffers, where)
                 row += batch.num_rows
                 index = (secs // 60) // split_interval
@@ -489,11 +640,14 @@ def main_from_events(argv: list[str]) -> int:
         "to train them. Run it again with a later log to extend the stream: a split that has "
         "its donefile is never touched; events that fall into one are dropped as late and "
         "counted. Times: integer seconds since the epoch (>= 1e11: milliseconds, see "
-        "--time-unit), or ISO 8601 strings (without an offset: the --timezone clock).",
+        "--time-unit), ISO 8601 strings (without an offset: the --timezone clock) or "
+        "Parquet timestamps, fractions of a second floored; between 1970 and 9999, and "
+        "spanning at most --max-span-days.",
         epilog="Train it with data_format parquet or slot and a feature schema naming the "
         "columns (runner.schema; REST data.schema): label (0/1), dense [name or {name, "
-        "log1p}], sparse [{name, pooling: sum|mean, table?}] of int or string ids or lists "
-        "of them. services/trainer/README.md: 'Walk-through: your own data over REST'.",
+        "log1p, normalize}] (raw values: normalized online by default), sparse [{name, "
+        "pooling: sum|mean, table?}] of int or string ids or lists of them. "
+        "services/trainer/README.md: 'Walk-through: your own data over REST'.",
     )
     ap.add_argument(
         "--from-events",
@@ -545,6 +699,15 @@ def main_from_events(argv: list[str]) -> int:
         default=DEFAULT_BLOCK_BYTES,
         help="bytes of a CSV or JSON log read at a time",
     )
+    ap.add_argument(
+        "--max-span-days",
+        type=int,
+        default=DEFAULT_MAX_SPAN_DAYS,
+        metavar="DAYS",
+        help="refuse (naming both ends, before anything lands) events spanning more days, "
+        "or appended ones more days after the last landed split: an outlying time would "
+        f"lay out every split in between (default {DEFAULT_MAX_SPAN_DAYS})",
+    )
     add_job_out_flag(ap)
     args = ap.parse_args(argv)
     try:
@@ -561,6 +724,7 @@ def main_from_events(argv: list[str]) -> int:
             args.list_sep,
             args.buffer_bytes,
             args.block_bytes,
+            args.max_span_days,
         )
     except ValueError as exc:  # DataError is one
         ap.error(str(exc))

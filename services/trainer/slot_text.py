@@ -8,6 +8,13 @@ its name::
 Strings are kept as they are (the trainer hashes them); a null or an empty string writes no
 token; booleans write 1/0, times ISO ``YYYY-MM-DDTHH:MM:SS``. A string holding whitespace
 would cut the line's tokens: it is refused naming the column and the value.
+
+Floats are written as the shortest decimal that reads back to the same value, without an
+exponent (``0.00000015``, not ``1.5e-7``) where that takes at most :data:`MAX_NUMBER_BYTES`
+after the sign (the slot reader's longest number, ``parse_slot.cpp``): a float64 the
+shortest that reads back to the same float64 if it fits, else (inside float32's range) to
+the same float32, what the trainer keeps of a dense value; a float32 to the same float32.
+Beyond (``1e-30``, ``1e+20``) the shortest form with an exponent.
 """
 
 from __future__ import annotations
@@ -15,6 +22,65 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+#: The longest number the slot reader takes, in bytes after its sign (parse_slot.cpp's
+#: kMaxDecimal): a float is written without an exponent when it fits in this.
+MAX_NUMBER_BYTES = 19
+#: Arrow's shortest form of a float with an exponent: ``-1.5e-7``, ``1e+20``.
+_SCIENTIFIC = r"^(?P<sign>-?)(?P<lead>\d)(?:\.(?P<frac>\d+))?e(?P<down>[+-])(?P<exp>\d+)$"
+
+
+def _positional(text: pa.Array) -> pa.Array:
+    """Arrow's shortest texts with an exponent (``1.5e-7``) without it (``0.00000015``)
+    where that fits in MAX_NUMBER_BYTES after the sign; the others as they are."""
+    parts = pc.extract_regex(text, _SCIENTIFIC)  # null: inf
+    sign, lead, frac = (pc.struct_field(parts, k) for k in ("sign", "lead", "frac"))
+    exp = pc.cast(pc.struct_field(parts, "exp"), pa.int32())
+    small = pc.equal(pc.struct_field(parts, "down"), "-")
+    # zeros between the point and the digits (1.5e-7: 6), or after the digits (1e+20: 20)
+    zeros = pc.if_else(small, pc.subtract(exp, 1), pc.subtract(exp, pc.utf8_length(frac)))
+    pad = pc.binary_repeat("0", pc.max_element_wise(zeros, 0))
+    positional = pc.if_else(
+        small,
+        pc.binary_join_element_wise(sign, "0.", pad, lead, frac, ""),
+        pc.binary_join_element_wise(sign, lead, frac, pad, ""),
+    )
+    # 1.2345678901234567e+15 would need a point among its digits: it keeps its exponent
+    size = pc.subtract(pc.utf8_length(positional), pc.utf8_length(sign))
+    use = pc.and_(pc.greater_equal(zeros, 0), pc.less_equal(size, MAX_NUMBER_BYTES))
+    return pc.if_else(pc.fill_null(use, False), positional, text)
+
+
+def _shortest(values: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """(text, fits) of floats (no NaN): the shortest decimal that reads back to the same
+    value of ``values``' type (Arrow's), without an exponent where that fits in
+    MAX_NUMBER_BYTES after the sign; ``fits``: (n,) bool, the text is one without."""
+    text = pc.cast(values, pa.string())
+    sci = pc.fill_null(pc.match_substring(text, "e"), False)
+    if pc.any(sci).as_py():  # the rare ones only: below 1e-6, from 1e15 (float32: 1e10)
+        text = pc.replace_with_mask(text, sci, _positional(pc.filter(text, sci)))
+    plain = pc.invert(pc.match_substring(text, "e"))
+    digits = pc.subtract(pc.utf8_length(text), pc.cast(pc.starts_with(text, "-"), pa.int32()))
+    fits = pc.fill_null(pc.and_(plain, pc.less_equal(digits, MAX_NUMBER_BYTES)), False)
+    return text, fits
+
+
+def _float_text(values: pa.Array) -> pa.Array:
+    """Floats as slot values (NaN: null, no token); see the module's docstring."""
+    values = pc.if_else(pc.is_nan(values), None, values)
+    text, fits = _shortest(values)
+    redo = pc.and_(pc.invert(fits), pc.is_valid(values))
+    if values.type == pa.float64() and pc.any(redo).as_py():
+        # the trainer keeps float32: its shortest decimal takes at most 9 digits (a float64
+        # beyond float32's range keeps its own text, not inf or 0)
+        single = pc.cast(pc.filter(values, redo), pa.float32())
+        single_text, single_fits = _shortest(single)
+        in_range = pc.and_(pc.is_finite(single), pc.not_equal(single, 0))
+        better = pc.and_(single_fits, in_range)
+        text = pc.replace_with_mask(
+            text, redo, pc.if_else(better, single_text, pc.filter(text, redo))
+        )
+    return text
 
 
 def _text_tokens(name: str, values: pa.Array) -> pa.Array:
@@ -34,7 +100,7 @@ def _text_tokens(name: str, values: pa.Array) -> pa.Array:
     elif pa.types.is_integer(t):
         text = pc.cast(values, pa.string())
     elif pa.types.is_floating(t):
-        text = pc.cast(pc.if_else(pc.is_nan(values), None, values), pa.string())
+        text = _float_text(values)
     elif pa.types.is_timestamp(t) or pa.types.is_date(t):
         text = pc.strftime(pc.cast(values, pa.timestamp("s")), format="%Y-%m-%dT%H:%M:%S")
     elif pa.types.is_null(t):

@@ -1,7 +1,12 @@
 """The "your own data" walk-through of services/trainer/README.md, run as written: its shell
-blocks, in order in one bash, in the directory of a `streamrec up --keep-running` stack (a
-Parquet event log laid out by event time, then trained over REST with a ``data.schema``, as
-Parquet and as slot text); then each job read back over REST."""
+blocks, in order in one bash, beside a `streamrec up --keep-running` stack (a Parquet event
+log laid out by event time, then trained over REST with a ``data.schema``, as Parquet and as
+slot text); then each job read back over REST; then the walk-through pasted a second time,
+which stops at once naming why instead of waiting for ever.
+
+As a user runs it: from a directory holding ``.venv`` (the walk-through activates it; the
+test's PATH does not have it) with ``RUN`` naming the stack's run directory (not the
+default one: the walk-through does not assume it)."""
 
 from __future__ import annotations
 
@@ -32,10 +37,10 @@ def walkthrough_script() -> str:
     return "\n".join(blocks)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_the_own_data_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    run = tmp_path / ".run" / "streamrec"  # where the README's RUN points, from tmp_path
-    run.parent.mkdir()
+    run = tmp_path / "stack"  # not the default .run/streamrec: the walk-through reads $RUN
+    (tmp_path / ".venv").symlink_to(sys.prefix)  # the checkout's venv, as the README has it
     up = start_stack(
         run,
         "--samples-per-split",
@@ -49,15 +54,22 @@ def test_the_own_data_walkthrough_runs_as_written(tmp_path: Path) -> None:
     out = Output(up, stderr_log(run))
     try:
         out.wait_for("services stay up", timeout=240)
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", walkthrough_script()],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        venv_bin = str(Path(sys.prefix) / "bin")
+        path = ":".join(p for p in os.environ["PATH"].split(":") if p != venv_bin)
+        env = {**os.environ, "PATH": path, "RUN": str(run)}
+        env.pop("VIRTUAL_ENV", None)
+
+        def paste(timeout: float) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", walkthrough_script()],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+
+        done = paste(240)
         assert done.returncode == 0, done.stdout + done.stderr[-3000:]
         lines = done.stdout.splitlines()
         laid = [json.loads(line) for line in lines if line.startswith('{"events"')]
@@ -90,9 +102,19 @@ def test_the_own_data_walkthrough_runs_as_written(tmp_path: Path) -> None:
             assert sum(p["samples"] for p in passes) == 4000  # no line malformed
             assert passes[-1]["predict_auc"] > 0.5, passes  # the planted click is learnt
             aucs.append([p["predict_auc"] for p in passes])
-        http.close()
         # slot text's string ids are hashed as Parquet's: the same keys, the same model
         assert aucs[1] == pytest.approx(aucs[0], abs=0.01), aucs
+
+        # pasted again: the events are late, the job's model path is the first job's (409):
+        # the walk-through stops there, naming it, and creates nothing
+        again = paste(60)  # a wait on an empty job id would run into the timeout
+        assert again.returncode != 0, again.stdout
+        assert "4000 events dropped as late" in again.stderr, again.stderr
+        assert "train events: no job created:" in again.stderr, again.stderr
+        assert "model_path_taken" in again.stderr and jobs[0][0] in again.stderr, again.stderr
+        names = [job["name"] for job in http.get("/v1/jobs", params={"limit": 500}).json()["data"]]
+        assert names.count("events") == names.count("events-slot") == 1, names
+        http.close()
     finally:
         subprocess.run([STREAMREC, "down", "--run-dir", str(run)], capture_output=True, timeout=120)
         stop_process(up, timeout_s=30)

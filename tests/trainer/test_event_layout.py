@@ -14,6 +14,7 @@ import textwrap
 import zoneinfo
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
@@ -310,8 +311,6 @@ MEASURE = textwrap.dedent(
 
 def event_csv(path: Path, n: int, seed: int) -> int:
     """``n`` small events shuffled over 48 hourly splits into a CSV file; its size."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     table = pa.table(
         {
@@ -405,3 +404,242 @@ def test_daylight_saving_changes_follow_the_clock(tmp_path):
     autumn_splits = read_back(tmp_path / "autumn", "parquet")
     assert [r["id"] for r in autumn_splits[("20241027", "0200")]] == [2, 3]
     assert list(autumn_splits)[-1] == ("20241027", "0200")
+
+
+# ---- bad inputs (issue 43): outlying times, fractions of a second, binary and empty logs --
+
+
+def assert_clean_error(stderr: str, *parts: str) -> None:
+    """One readable error line naming ``parts``: no traceback, no raw bytes."""
+    assert "Traceback" not in stderr, stderr
+    error = [line for line in stderr.splitlines() if "streamrec-datagen: error:" in line]
+    assert len(error) == 1, stderr
+    for part in parts:
+        assert part in error[0], error[0]
+    assert error[0].isprintable() and "\ufffd" not in error[0], error[0]
+
+
+def test_an_outlying_time_is_refused_naming_it_before_anything_lands(tmp_path):
+    """One event at time 0 after 299 of 2024's, in time order: refused, naming its log,
+    column, row and value, the latest event and the span, before a split lands and whatever
+    was buffered and written before it (nothing is left under --out: the CSV is read 2 KB
+    at a time, the events spilled to part files every 2 KB)."""
+    events = sorted(make_events(300, seed=1), key=lambda e: e["ts"])
+    events[-1]["ts"] = 0
+    log = write_log(events, tmp_path / "e.csv")
+    out = tmp_path / "data"
+    done = datagen(
+        "--from-events", log, "--time-column", "ts", "--out", out, "--list-columns", "genres",
+        "--split-interval", "1440", "--block-bytes", "2000", "--buffer-bytes", "2000",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    latest = events[-2]["ts"]
+    span_days = latest / 86400
+    assert_clean_error(
+        done.stderr,
+        f"the events span {span_days:.1f} days, more than --max-span-days 366",
+        f"the earliest is event log {log}, column 'ts', row 300: 0, 1970-01-01 00:00:00 on "
+        "the UTC clock",
+        f"the latest is event log {log}, column 'ts', row 299: {latest}, "
+        f"{dt.datetime.fromtimestamp(latest, dt.UTC):%Y-%m-%d %H:%M:%S} on the UTC clock",
+        f"pass --max-span-days {int(span_days) + 1} to lay out every split between them "
+        "(nothing was laid out)",
+    )
+    assert not out.exists()
+
+
+def test_a_long_span_is_laid_out_with_max_span_days(tmp_path):
+    """Two events 400 days apart: refused by default (366), laid out with
+    --max-span-days 400, every day between them a split with its donefile."""
+    log = write_log([{"ts": T0 - 400 * 86400}, {"ts": T0}], tmp_path / "e.jsonl")
+    argv = ["--from-events", log, "--time-column", "ts", "--split-interval", "1440"]
+    done = datagen(*argv, "--out", tmp_path / "refused")
+    assert done.returncode == 2
+    assert_clean_error(done.stderr, "the events span 400.0 days", "--max-span-days 400 ")
+    assert not (tmp_path / "refused").exists()
+    done = datagen(*argv, "--out", tmp_path / "d", "--max-span-days", "400")
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(done.stdout)
+    first = dt.datetime.fromtimestamp(T0 - 400 * 86400, dt.UTC)
+    assert (counts["splits"], counts["start_day"], counts["end_day"]) == (
+        401, f"{first:%Y%m%d}", "20240305"
+    )  # fmt: skip
+    assert len(list((tmp_path / "d").glob(f"*/0000/{DONE}"))) == 401
+
+
+def iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat()
+
+
+@pytest.mark.parametrize(
+    ("times", "shown"),
+    [
+        ([T0, T0 + 1, 10**18], "1000000000000000000"),  # milliseconds under auto: 31 M years
+        ([T0, T0 + 1, -1], "-1"),  # a placeholder
+        ([iso(T0), iso(T0 + 1), "1969-07-20T20:17:40Z"], "'1969-07-20T20:17:40Z'"),
+    ],
+)
+def test_a_time_outside_1970_to_9999_is_refused_naming_its_row(tmp_path, times, shown):
+    log = write_log([{"ts": t} for t in times], tmp_path / "e.jsonl")
+    out = tmp_path / "d"
+    done = datagen("--from-events", log, "--time-column", "ts", "--out", out)
+    assert done.returncode == 2
+    assert_clean_error(
+        done.stderr,
+        f"event log {log}, column 'ts', row 3: {shown} is not a time between 1970-01-01 and "
+        "9999-12-31",
+    )
+    assert not out.exists()
+
+
+def test_an_appended_log_far_after_the_landed_splits_is_refused(tmp_path):
+    """Two years after the landed stream: refused (it would lay out two years of empty
+    splits), naming the last landed split and the event; the landed stream untouched."""
+    out = tmp_path / "data"
+    done = datagen(
+        "--from-events", write_log(make_events(50, seed=1), tmp_path / "a.parquet"),
+        "--time-column", "ts", "--out", out,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(done.stdout)
+    landed = snapshot(out)
+    later = write_log(make_events(50, seed=2, t0=T0 + 2 * 366 * 86400), tmp_path / "b.parquet")
+    done = datagen("--from-events", later, "--time-column", "ts", "--out", out)
+    assert done.returncode == 2
+    assert_clean_error(
+        done.stderr,
+        f"--out has landed up to split {counts['end_day']}/{counts['last_split']}",
+        "more than --max-span-days 366",
+        f"event log {later}, column 'ts', row ",
+    )
+    assert snapshot(out) == landed
+
+
+#: Instants with fractions of a second, the last a microsecond before a split's end.
+FRACTIONS = [
+    T0 + 0.509,
+    T0 + 1799.25,
+    T0 + HOUR - 0.000001,
+    T0 + HOUR + 0.5,
+    T0 + 5 * HOUR + 59.999,
+]
+
+
+def fractional_log(path: Path, kind: str) -> Path:
+    """FRACTIONS (one row each, ``id`` their index) as ``kind``'s time column."""
+    utc = [dt.datetime.fromtimestamp(t, dt.UTC) for t in FRACTIONS]
+    if kind.startswith("timestamp"):  # timestamp[ms], timestamp[ns, Asia/Kolkata] ...
+        unit, _, zone = kind[len("timestamp[") : -1].partition(", ")
+        stamps = pa.array(utc, pa.timestamp("us", tz="UTC"))
+        if unit != "us":
+            stamps = stamps.cast(pa.timestamp(unit, tz="UTC"), safe=False)
+        stamps = stamps.cast(pa.timestamp(unit, tz=zone)) if zone else stamps
+        if zone == "":
+            stamps = stamps.cast(pa.timestamp(unit))  # naive: the UTC clock's time
+        table = pa.table({"id": range(len(utc)), "ts": stamps})
+        pq.write_table(table, path)
+        return path
+    # ISO text: Python's isoformat() (microseconds, +00:00), milliseconds with an offset, Z
+    plus2 = dt.timezone(dt.timedelta(hours=2))
+    texts = [
+        utc[0].isoformat(),
+        utc[1].astimezone(plus2).isoformat(timespec="milliseconds"),
+        utc[2].isoformat().replace("+00:00", "Z"),
+        utc[3].replace(tzinfo=None).isoformat(sep=" "),  # naive: the UTC clock
+        utc[4].astimezone(plus2).isoformat(),
+    ]
+    rows = [{"id": i, "ts": text} for i, text in enumerate(texts)]
+    write_log(rows, path) if path.suffix == ".jsonl" else pa_csv.write_csv(
+        pa.Table.from_pylist(rows), path
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["timestamp[ms]", "timestamp[us]", "timestamp[ns]", "timestamp[ns, Asia/Kolkata]",
+     "iso.csv", "iso.jsonl"],
+)  # fmt: skip
+def test_times_with_fractions_of_a_second_go_to_the_split_of_their_second(tmp_path, kind):
+    suffix = Path(kind).suffix if kind.startswith("iso") else ".parquet"
+    log = fractional_log(tmp_path / f"e{suffix}", kind)
+    out = tmp_path / "d"
+    done = datagen("--from-events", log, "--time-column", "ts", "--out", out)
+    assert done.returncode == 0, done.stderr
+    found = read_back(out, "parquet")
+    placed = {r["id"]: name for name, rows in found.items() for r in rows}
+    assert placed == {i: split_of(int(t // 1)) for i, t in enumerate(FRACTIONS)}
+    assert placed[2] == ("20240305", "1000")  # 10:59:59.999999 is still 10:59
+
+
+def test_slot_text_floats_read_back_by_the_slot_reader(tmp_path):
+    """Floats that Arrow writes with an exponent (1.5e-7) or 17 digits after leading zeros
+    (0.012345678901234568) come out of --format slot as numbers the slot reader takes:
+    every line well-formed, each value the float32 of the log's."""
+    from streamrec.control.feature_schema import FeatureSchema
+    from streamrec.trainer.feature_data import parse_slot_chunk
+
+    x = [1.5e-7, 123456789.123, -0.1, 0.012345678901234568, 1e16, -2.5e-9, 0.1, 0.0, 1e-5]
+    y = [3.0e-8, 1e10, -0.1, 0.3333333, 7.0, 1.2345678e-4, 16777217.0, -0.0, 2.5e-7]
+    table = pa.table(
+        {
+            "ts": [T0 + i for i in range(len(x))],
+            "click": [i % 2 for i in range(len(x))],
+            "x": pa.array(x, pa.float64()),
+            "y": pa.array(y, pa.float32()),
+            "user_id": range(len(x)),
+        }
+    )
+    log = tmp_path / "e.parquet"
+    pq.write_table(table, log)
+    out = tmp_path / "d"
+    done = datagen("--from-events", log, "--time-column", "ts", "--out", out, "--format", "slot")
+    assert done.returncode == 0, done.stderr
+    text = (out / "20240305" / "1000" / "part-00000").read_bytes()
+    assert b"e" not in text.replace(b"user_id", b""), text  # no exponent
+    schema = FeatureSchema.model_validate(
+        {
+            "label": "click",
+            "dense": [{"name": "x", "log1p": False}, {"name": "y", "log1p": False}],
+            "sparse": [{"name": "user_id"}],
+        }
+    )
+    batch, stats = parse_slot_chunk(text, schema, "part-00000")
+    assert (stats.lines, stats.malformed) == (len(x), 0), text
+    got = batch.dense.numpy()
+    assert got[:, 0].tolist() == np.float32(x).tolist(), text
+    assert got[:, 1].tolist() == np.float32(y).tolist(), text
+    assert batch.labels.tolist() == [float(i % 2) for i in range(len(x))]
+
+
+def test_a_binary_file_given_as_csv_is_named_without_its_bytes(tmp_path):
+    rng = random.Random(5)
+    nul = tmp_path / "dump.csv"  # a NUL byte in the first 64 KiB: binary, said before reading
+    nul.write_bytes(bytes(rng.randrange(256) for _ in range(3000)))
+    done = datagen("--from-events", nul, "--time-column", "ts", "--out", tmp_path / "d")
+    assert done.returncode == 2
+    assert_clean_error(done.stderr, f"event log {nul}: binary data, not CSV text (byte ")
+    # no NUL, a valid header: pyarrow's error quotes the bad row, escaped and cut
+    garbage = tmp_path / "garbage.csv"
+    garbage.write_bytes(b"ts,v\n1709632800,1\n" + bytes(rng.randrange(1, 256) for _ in range(5000)))
+    done = datagen("--from-events", garbage, "--time-column", "ts", "--out", tmp_path / "d")
+    assert done.returncode == 2
+    assert_clean_error(done.stderr, f"cannot read event log {garbage} as csv: ", "... (cut)")
+    assert len(done.stderr.splitlines()[-1]) < 500
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("events.parquet", b"", "the file is empty (0 bytes)"),
+        ("events.csv", b"", "the file is empty (0 bytes)"),
+        ("events.parquet", b"ts,v\n1,2\n", "not a Parquet file (it does not start with Parquet's"),
+    ],
+)
+def test_an_empty_or_false_parquet_log_is_named(tmp_path, name, data, message):
+    log = tmp_path / name
+    log.write_bytes(data)
+    done = datagen("--from-events", log, "--time-column", "ts", "--out", tmp_path / "d")
+    assert done.returncode == 2
+    assert_clean_error(done.stderr, f"event log {log}: {message}")
