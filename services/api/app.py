@@ -8,7 +8,6 @@ live on ``app.state``; nothing is read or connected at import time. Routes are u
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -22,13 +21,19 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from streamrec import __version__
 from streamrec.api.config import Settings
-from streamrec.api.errors import ApiError, InvalidTransition, SpecInvalid
+from streamrec.api.errors import (
+    MAX_PROBLEMS,
+    ApiError,
+    InvalidTransition,
+    SpecInvalid,
+    bounded_detail,
+)
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.public import ErrorPublic
 from streamrec.api.repo import Repo, connect
 from streamrec.api.routes import events, health, jobs, passes, triggers
 from streamrec.api.scheduler import Scheduler
-from streamrec.errors import QUOTE_LIMIT, quote
+from streamrec.errors import quote
 
 log = logging.getLogger(__name__)
 
@@ -133,28 +138,6 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
-def json_safe(value: Any) -> Any:
-    """``value`` made fit to answer with: what a client sent comes back in a 422 (``input``),
-    and JSON text may carry what a response cannot (NaN, infinities, lone surrogates).
-
-    Non-finite floats become their name (``"nan"``); a string that is not UTF-8 or is longer
-    than :data:`~streamrec.errors.QUOTE_LIMIT` becomes its bounded ``repr`` (ASCII-escaped).
-    """
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return quote(value)
-        return value if len(value) <= QUOTE_LIMIT else quote(value)
-    if isinstance(value, dict):
-        return {json_safe(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
 def route_template(request: Request) -> str:
     """The matched route's template with its router prefix (``/v1/jobs/{job_id}``).
 
@@ -220,8 +203,10 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = exc.errors()  # the input echoed bounded: errors.bounded_detail
+        shown = jsonable_encoder(problems[:MAX_PROBLEMS])
         return JSONResponse(
-            status_code=422, content={"detail": json_safe(jsonable_encoder(exc.errors()))}
+            status_code=422, content={"detail": bounded_detail(shown, len(problems))}
         )
 
     @app.exception_handler(SpecInvalid)
@@ -229,17 +214,21 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
         return JSONResponse(
             status_code=422,
             content={
-                "detail": [
-                    {
-                        "loc": json_safe(["body", *field.split(".")]),
-                        "msg": json_safe(f"{field}: {msg}"),
-                        "type": code,
-                        "input": json_safe(
-                            value if isinstance(value, str | int | float | bool) else quote(value)
-                        ),
-                    }
-                    for (field, msg, value), code in zip(exc.errors, exc.codes, strict=True)
-                ]
+                "detail": bounded_detail(
+                    [
+                        {
+                            "loc": ["body", *field.split(".")],
+                            "msg": f"{field}: {msg}",
+                            "type": code,
+                            "input": (
+                                value
+                                if isinstance(value, str | int | float | bool)
+                                else quote(value)
+                            ),
+                        }
+                        for (field, msg, value), code in zip(exc.errors, exc.codes, strict=True)
+                    ]
+                )
             },
         )
 

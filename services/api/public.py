@@ -77,6 +77,26 @@ class PassPublic(BaseModel):
     samples: int | None = None
     malformed_lines: int | None = None
     seconds: float | None = None
+    predict_top_share: float | None = Field(
+        None, description="the largest share of the predict phase's rows at one probability"
+    )
+    predict_collapsed: bool | None = Field(
+        None, description="the predict phase's predictions collapsed (one probability, AUC 0.5)"
+    )
+    train_top_share: float | None = Field(
+        None, description="the largest share of the training phase's rows at one probability"
+    )
+    train_collapsed: bool | None = Field(
+        None, description="the training phase's predictions collapsed"
+    )
+    predictions_collapsed: bool | None = Field(
+        None,
+        description="the pass's verdict: its model stalled (training predictions collapsed, or "
+        "a trained model's predict phase did); a predictions_collapsed event names it",
+    )
+    batch_size: int | None = Field(
+        None, description="the training batch the pass ran (train_batch_size or auto's choice)"
+    )
     ranks: int | None = None
     queued_at: float | None = None
     started_at: float | None = None
@@ -192,6 +212,12 @@ def pass_public(rec: PassRecord) -> PassPublic:
         samples=rec.samples,
         malformed_lines=rec.malformed_lines,
         seconds=rec.seconds,
+        predict_top_share=rec.predict_top_share,
+        predict_collapsed=rec.predict_collapsed,
+        train_top_share=rec.train_top_share,
+        train_collapsed=rec.train_collapsed,
+        predictions_collapsed=rec.predictions_collapsed,
+        batch_size=rec.batch_size,
         ranks=rec.ranks,
         queued_at=rec.queued_at,
         started_at=rec.started_at,

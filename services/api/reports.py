@@ -24,7 +24,7 @@ from streamrec.api.state import JobAction, JobState, PassState, TriggerState
 from streamrec.control import keys
 from streamrec.control.channel import CommandType
 from streamrec.control.codec import encode
-from streamrec.control.records import PASS_METRICS, JobField
+from streamrec.control.records import PASS_METRICS, JobField, pass_figures
 from streamrec.control.reports import (
     Checkpoint,
     Claimed,
@@ -187,12 +187,7 @@ class ReportApplier:
         if current is None or current == PassState.DONE.value or self._stale(job_id, report):
             return
         record = report.record
-        figures = {
-            figure: record[figure]
-            for figure in PASS_METRICS
-            if isinstance(record.get(figure), int | float)
-            and not isinstance(record.get(figure), bool)
-        }
+        figures = pass_figures(record)
         f = self.repo.job_fields(job_id)
         shown = ", ".join(
             f"{k}={record[k]:.4f}"

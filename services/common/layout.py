@@ -182,6 +182,15 @@ def pass_ready(data_root: str | Path, spec: PassSpec, donefile: str | None) -> b
     return all(split_ready(d, donefile) for d in spec.split_dirs(data_root))
 
 
+def missing_splits(data_root: str | Path, spec: PassSpec, donefile: str | None) -> list[str]:
+    """The splits (HHMM) of ``spec`` that are not ready, in order (none: the pass is)."""
+    return [
+        s
+        for s, d in zip(spec.splits, spec.split_dirs(data_root), strict=True)
+        if not split_ready(d, donefile)
+    ]
+
+
 def pass_files(
     data_root: str | Path,
     spec: PassSpec,
@@ -230,7 +239,8 @@ def wait_for_pass(
     stop: object | None = None,
     not_ready: Callable[[], None] | None = None,
 ) -> bool:
-    """Polls until the pass is ready (True) or the timeout passes (False).
+    """Polls every ``data_sleep_second`` until the pass is ready (True) or ``timeout_s`` has
+    passed (False: the last poll at the deadline, however long the sleep between polls).
 
     Args:
         stop: optional ``threading.Event``; when set, returns False at the next poll.
@@ -242,9 +252,11 @@ def wait_for_pass(
             not_ready()
         if stop is not None and stop.is_set():  # type: ignore[attr-defined]
             return False
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             return False
-        time.sleep(data_sleep_second)
+        nap = data_sleep_second if deadline is None else min(data_sleep_second, deadline - now)
+        time.sleep(nap)
     return True
 
 

@@ -226,6 +226,8 @@ def _to_text(where: str, f: dataclasses.Field[Any], hint: Any, value: Any) -> st
         return str(_check(where, f.name, base, value).value)
     if base is str:
         return str(_check(where, f.name, str, value))
+    if base is bool:
+        return "true" if _check(where, f.name, bool, value) else "false"
     if base is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)  # a count a JSON report carried as 12.0
@@ -243,8 +245,9 @@ def _to_text(where: str, f: dataclasses.Field[Any], hint: Any, value: Any) -> st
 
 def to_text(record: Any, names: Iterable[str] | None = None) -> dict[str, str]:
     """The hash fields of a dataclass that :func:`from_text` reads back (``names``: only
-    those): None as "", an enum as its value, an int in decimal, a :data:`TIME` with 3
-    decimals, another float as its ``repr``, a tuple of strings as a JSON list.
+    those): None as "", an enum as its value, a bool as ``true`` or ``false``, an int in
+    decimal, a :data:`TIME` with 3 decimals, another float as its ``repr``, a tuple of
+    strings as a JSON list.
 
     Raises:
         ContractError: a value of the wrong type, or not finite, naming field and value.
@@ -263,6 +266,10 @@ def _from_text(where: str, name: str, hint: Any, raw: str) -> Any:
     base, _ = _optional(hint)
     if isinstance(base, type) and issubclass(base, Enum):
         return _check(where, name, base, raw)
+    if base is bool:
+        if raw not in ("true", "false"):
+            raise _bad(where, name, "true or false", raw)
+        return raw == "true"
     if base is int:
         try:
             return int(raw)

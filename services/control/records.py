@@ -4,9 +4,10 @@ in one place (:class:`JobField`, :class:`PassField`) and one codec each (:class:
 writes them, the API and the trainers' channel read them.
 
 Every value is a string; times are unix seconds (``"1764270000.123"``), counts decimal,
-other figures their ``repr``, lists JSON, "" for none. A field missing from an older record
-reads as its empty value. Reading a record is one ``from_fields`` of its HGETALL; an update
-writes the fields of :meth:`PassRecord.patch` (the typed values it is given)::
+other figures their ``repr``, flags ``"true"`` or ``"false"``, lists JSON, "" for none. A
+field missing from an older record reads as its empty value. Reading a record is one
+``from_fields`` of its HGETALL; an update writes the fields of :meth:`PassRecord.patch` (the
+typed values it is given)::
 
     PassRecord.from_fields(redis.hgetall(key)).attempts
     redis.hset(key, mapping=PassRecord.patch(state=PassState.RUNNING, ranks=4))
@@ -16,6 +17,7 @@ writes the fields of :meth:`PassRecord.patch` (the typed values it is given)::
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -85,6 +87,14 @@ class PassField(StrEnum):
     SAMPLES = "samples"
     MALFORMED_LINES = "malformed_lines"
     SECONDS = "seconds"
+    #: the collapse figures (the trainer's ``evaluation.collapse_figures``)
+    PREDICT_TOP_SHARE = "predict_top_share"
+    PREDICT_COLLAPSED = "predict_collapsed"
+    TRAIN_TOP_SHARE = "train_top_share"
+    TRAIN_COLLAPSED = "train_collapsed"
+    PREDICTIONS_COLLAPSED = "predictions_collapsed"
+    #: the training batch the pass ran
+    BATCH_SIZE = "batch_size"
 
 
 #: The figures a trainer reports for a pass (its ``pass_done`` record) kept in its record.
@@ -96,7 +106,29 @@ PASS_METRICS = (
     PassField.SAMPLES,
     PassField.MALFORMED_LINES,
     PassField.SECONDS,
+    PassField.PREDICT_TOP_SHARE,
+    PassField.PREDICT_COLLAPSED,
+    PassField.TRAIN_TOP_SHARE,
+    PassField.TRAIN_COLLAPSED,
+    PassField.PREDICTIONS_COLLAPSED,
+    PassField.BATCH_SIZE,
 )
+
+
+def pass_figures(record: Mapping[str, Any]) -> dict[PassField, int | float]:
+    """The :data:`PASS_METRICS` of a trainer's pass record that its pass record keeps: each
+    one of its field's kind (a flag ``true`` or ``false``, any other figure a number), the
+    others (absent, None, a value of another kind: a newer or older trainer's) left out."""
+    return {
+        name: value
+        for name in PASS_METRICS
+        if (value := record.get(name)) is not None
+        and (
+            isinstance(value, bool)
+            if name in _FLAGS
+            else isinstance(value, int | float) and not isinstance(value, bool)
+        )
+    }
 
 
 def _time() -> Any:
@@ -158,6 +190,15 @@ class PassRecord(HashRecord):
     samples: int | None = None
     malformed_lines: int | None = None
     seconds: float | None = None
+    #: the largest share of the phase's rows at one probability, and whether its predictions
+    #: collapsed; ``predictions_collapsed``: the pass's verdict (a stalled model)
+    predict_top_share: float | None = None
+    predict_collapsed: bool | None = None
+    train_top_share: float | None = None
+    train_collapsed: bool | None = None
+    predictions_collapsed: bool | None = None
+    #: the training batch the pass ran (``train_batch_size``, or the one ``auto`` chose)
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +238,13 @@ class JobRecord(HashRecord):
     restarts_total: int = 0
     not_before: float | None = _time()
 
+
+#: The pass record's flags (``bool`` fields), the figures a report carries as true or false.
+_FLAGS = frozenset(
+    name
+    for name, hint in typing.get_type_hints(PassRecord).items()
+    if bool in typing.get_args(hint)
+)
 
 # the records and their field names are one list each: a field added to one is added to both
 assert [f.name for f in dataclasses.fields(PassRecord)] == [f.value for f in PassField]

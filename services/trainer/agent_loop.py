@@ -37,6 +37,12 @@ has not counted. A pass fails on every rank together
 reports it and the group takes the next step. Every rank runs a :class:`Watchdog`: a rank
 that made no progress for ``--stuck-timeout-s`` while working exits (code 4), so its
 supervisor restarts the group.
+
+The API hands a pass out once all its splits have landed, so a group idles while the job
+waits for data; rank 0 keeps the job's ``runner.data_wait_timeout_second`` there
+(:class:`~streamrec.trainer.run_plan.DataWait`): once the job's next pass has waited longer
+(counted while the job runs), it reports ``fatal`` naming the pass, the splits missing and
+the donefile, and the API fails the job (the group is free for another).
 """
 
 from __future__ import annotations
@@ -59,16 +65,18 @@ from streamrec.control.channel import (
     TrainerChannel,
     WorkItem,
 )
+from streamrec.control.states import JobState
 from streamrec.control.trainer_config import OnlineMode, TrainerConfig
 from streamrec.errors import BadRequest, NotFound, StreamRecError
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import faults
 from streamrec.trainer.agent_steps import COMMAND_OPS, Op, SpecialLoad, Step, broadcast_step
 from streamrec.trainer.device import config_device
-from streamrec.trainer.errors import LineageLost, PassFailed, error_class
+from streamrec.trainer.errors import BadSplits, LineageLost, PassFailed, error_class
 from streamrec.trainer.job_guard import JobGuard
 from streamrec.trainer.liveness import TERMINATING, Heartbeat, Watchdog
 from streamrec.trainer.pass_log import PASSES_FILE, mark_rolled_back
+from streamrec.trainer.run_plan import DataWait
 
 if TYPE_CHECKING:
     from streamrec.embedding_store import SparseStore
@@ -138,6 +146,8 @@ class Agent:
         #: whether this agent made the process group (a pinned group; a pooled one has its own)
         self._own_group = False
         self.trainer: OnlineTrainer | None = None
+        #: rank 0: how long the job's next pass has waited to land (made by ``start``)
+        self.data_wait: DataWait | None = None
         self.heart: Heartbeat | None = None
         #: time.monotonic() since when this rank works on a step (None: idle).
         self.busy_since: float | None = None
@@ -183,6 +193,7 @@ class Agent:
             config.distributed.backend, config.distributed.timeout_s, device
         )
         self.job_config = config
+        self.data_wait = DataWait(config.runner, config.runner.train_data_dir)
         if self.rank == 0:  # beat from the start: warm start may take a while
             self.heart = Heartbeat(
                 self.channel,
@@ -335,11 +346,26 @@ class Agent:
             return Step(Op.EXIT)
         item = self.channel.take_pass(block_ms=self.poll_ms)
         if item is None:
+            self.check_data_wait(state)
             return Step(Op.IDLE)
         self.holding = item
         return Step(
             Op.PASS, item.spec, item.attempt, load=self.load_for(item), skip=item.skip, item=item
         )
+
+    def check_data_wait(self, state: str) -> None:
+        """Rank 0, idle in job state ``state``: once the job's next pass has waited for its
+        donefiles longer than ``runner.data_wait_timeout_second`` (counted while the job
+        runs), reports ``fatal`` naming the pass, the splits missing and the donefile: the API
+        fails the job, and the next step finds it so. A split that has not landed is not bad
+        data a retry or ``on_bad_split: skip`` could pass: the job ends, saying what to land
+        (``start`` waits again, from the last checkpoint)."""
+        assert self.data_wait is not None, "start() makes it"
+        try:
+            self.data_wait.check(self.job_trainer.last_pass, state == JobState.RUNNING)
+        except BadSplits as exc:
+            log.error("job %s: %s", self.job_id, exc)
+            self.channel.send(reports.Fatal(message=str(exc)))
 
     def load_for(self, item: WorkItem) -> tuple[str, int] | SpecialLoad | None:
         """The checkpoint to load before ``item``: none when this group's model is the

@@ -5,7 +5,8 @@ field parser every text format shares.
 (Criteo and the generator's TSV, data.py) or ragged bags (a schema's slot text and Parquet,
 feature_data.py). :class:`ParseStats` counts lines and malformed lines and names the first
 one. :func:`parse_columns` parses blocks of text fields, all lines at once, in numpy (the
-reference TSV parser and the slot text's reference parser use it).
+reference TSV parser and the slot text's reference parser use it). :data:`MAX_LINE_BYTES`
+bounds a line of every text format.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ from streamrec.ragged import RaggedTensor
 from streamrec.trainer.errors import DataError
 
 _MINUS, _DOT = 45, 46
+
+#: A text line longer than this (bytes before its newline) is malformed whatever it holds:
+#: counted and skipped by the parsers, and not even buffered whole by the file reader (a file
+#: of binary garbage without newlines costs this much memory).
+MAX_LINE_BYTES = 1 << 20
+#: Why such a line is malformed (``first_bad``'s reason), formatted with the limit.
+OVERLONG = "line longer than max_line_bytes ({} bytes); skipped"
 
 _HEX = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
@@ -33,7 +41,8 @@ class Batch:
     """A batch of samples.
 
     Attributes:
-        dense: (B, D) float32, log-transformed integer features.
+        dense: (B, D) float32: log-transformed integer features (criteo, generated), or a
+            schema's dense features, NaN where a value is missing (a null, a nan).
         labels: (B,) float32 in {0, 1}.
         keys: (B, S) int64, the key of each sparse slot (meaningless where not present).
         present: (B, S) bool, False for an empty categorical field; None: all present.
@@ -117,18 +126,20 @@ class Batch:
 
 @dataclass
 class ParseStats:
-    """Line counts of what was read; ``first_bad`` names the first malformed line."""
+    """Line counts of what was read; ``first_bad`` names the first malformed line (a row of
+    a Parquet file: ``first_bad_unit`` "row")."""
 
     lines: int = 0
     malformed: int = 0
     first_bad: tuple[str, int, str] | None = None  # (file, 1-based line, reason)
     files: list[str] = field(default_factory=list)
+    first_bad_unit: str = "line"
 
     def add(self, other: ParseStats) -> None:
         self.lines += other.lines
         self.malformed += other.malformed
-        if self.first_bad is None:
-            self.first_bad = other.first_bad
+        if self.first_bad is None and other.first_bad is not None:
+            self.first_bad, self.first_bad_unit = other.first_bad, other.first_bad_unit
         self.files.extend(other.files)
 
     def check(self, max_malformed_ratio: float, what: str = "pass") -> None:
@@ -139,7 +150,8 @@ class ParseStats:
             raise DataError(
                 f"{what}: {self.malformed} of {self.lines} lines malformed "
                 f"({self.malformed / self.lines:.2%} > max_malformed_ratio "
-                f"{max_malformed_ratio:.2%}); first: {path} line {line}: {reason}"
+                f"{max_malformed_ratio:.2%}); first: {path} {self.first_bad_unit} {line}: "
+                f"{reason}"
             )
 
 

@@ -11,14 +11,17 @@ Parsing works on whole chunks of a file at once: :func:`parse_chunk` hands a chu
 compiled parser (``streamrec.trainer._C.parse_lines``, one pass, single-threaded so it does
 not compete with torch's threads, without the GIL), which writes the columns of the good
 lines straight into the batch's tensors. A line with the wrong number of fields, a label
-that is not 0/1, or a field holding a character that does not belong there is malformed;
-malformed lines are counted, skipped, and the first one is remembered (file, 1-based line)
-for the error a pass raises when their share is too high. :func:`_parse_chunk_numpy` states
+that is not 0/1, a field holding a character that does not belong there, or more than
+:data:`~streamrec.trainer.batches.MAX_LINE_BYTES` bytes is malformed; malformed lines are
+counted, skipped, and the first one is remembered (file, 1-based line) for the error a pass
+raises when their share is too high. :func:`_parse_chunk_numpy` states
 the same rules in numpy, column by column over all lines together; it is the reference the
 tests hold the compiled parser to.
 
 Integer features follow the reference's Criteo preprocessing: empty -> 0, negative -> 0,
-then ``log(x + 1)``. An empty categorical field is an empty bag (no key) for that slot.
+then ``log(x + 1)``: always finite (an int64 is far inside float32's range), so these formats
+have no missing or infinite dense value. An empty categorical field is an empty bag (no key)
+for that slot.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from streamrec.trainer.batches import Batch, ParseStats, parse_columns
+from streamrec.trainer.batches import MAX_LINE_BYTES, OVERLONG, Batch, ParseStats, parse_columns
 from streamrec.trainer.errors import DataError
 from streamrec.trainer.feature_data import SCHEMA_FORMATS, parse_slot_chunk, read_parquet
 
@@ -126,9 +129,14 @@ def _frame(
 
 
 def _parse_format(
-    data: bytes, source: str, first_line: int, data_format: str, num_slots: int
+    data: bytes,
+    source: str,
+    first_line: int,
+    max_line_bytes: int,
+    data_format: str,
+    num_slots: int,
 ) -> tuple[Batch, ParseStats]:
-    return parse_chunk(data, data_format, num_slots, source, first_line)
+    return parse_chunk(data, data_format, num_slots, source, first_line, max_line_bytes)
 
 
 def parse_chunk(
@@ -137,11 +145,13 @@ def parse_chunk(
     num_slots: int,
     source: str = "<bytes>",
     first_line: int = 1,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[Batch, ParseStats]:
     """Parses whole lines of text into a Batch; malformed lines are counted and skipped.
 
     Blank lines are ignored. A line is malformed when it has the wrong number of fields,
-    a label other than 0/1, or a field that is not a number of its column's kind.
+    a label other than 0/1, a field that is not a number of its column's kind, or more than
+    ``max_line_bytes`` bytes before its newline.
 
     Args:
         data: text of whole lines (a missing final newline is tolerated); any contiguous
@@ -149,12 +159,22 @@ def parse_chunk(
         data_format: 'criteo' or 'generated'.
         num_slots: S, categorical fields per line (26 for Criteo).
         source, first_line: file name and line number of ``data``'s first line, for errors.
+        max_line_bytes: the longest line taken (its bytes before the newline, a CR counted).
     """
     _check_format(data_format)
     gen = data_format == "generated"
-    dense, labels, keys, present, ptrue, lines, malformed, bad_fields, bad_value = _C.parse_lines(
-        data, gen, num_slots
-    )
+    (
+        dense,
+        labels,
+        keys,
+        present,
+        ptrue,
+        lines,
+        malformed,
+        bad_fields,
+        bad_value,
+        overlong,
+    ) = _C.parse_lines(data, gen, num_slots, max_line_bytes)
     # log1p is numpy's, as in _make_batch: numpy's float32 log1p (SIMD where the CPU has it)
     # and the C library's log1pf differ in the last bit for some inputs
     values = dense.numpy()
@@ -164,7 +184,9 @@ def parse_chunk(
     stats.first_bad = _first_bad(
         bad_fields if bad_fields >= 0 else None,
         bad_value if bad_value >= 0 else None,
+        overlong if overlong >= 0 else None,
         ncols,
+        max_line_bytes,
         source,
         first_line,
     )
@@ -194,7 +216,12 @@ def _make_batch(
 
 
 def _parse_chunk_numpy(
-    data: bytes, data_format: str, num_slots: int, source: str = "<bytes>", first_line: int = 1
+    data: bytes,
+    data_format: str,
+    num_slots: int,
+    source: str = "<bytes>",
+    first_line: int = 1,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[Batch, ParseStats]:
     """The reference parser, in numpy: what :func:`parse_chunk` (compiled) must give, field
     for field and count for count. Only the tests and tests/fuzz/fuzz_lines.py call it.
@@ -204,9 +231,12 @@ def _parse_chunk_numpy(
         data_format: 'criteo' or 'generated'.
         num_slots: S, categorical fields per line (26 for Criteo).
         source, first_line: file name and line number of ``data``'s first line, for errors.
+        max_line_bytes: the longest line taken (its bytes before the newline, a CR counted).
     """
     data, buf, gen, head, ncols = _frame(data, data_format, num_slots)
     starts, ends, good, line_ends = split_lines(buf, ncols)
+    line_starts = np.concatenate([[0], line_ends[:-1] + 1]).astype(np.int64)
+    overlong = line_ends - line_starts > max_line_bytes  # (n,) every line
     label, lab_ok, lab_empty = parse_columns(buf, starts[:, :1], ends[:, :1], "int")
     row_ok = (lab_ok & ~lab_empty & ((label == 0) | (label == 1)))[:, 0]
     ints, int_ok, _ = parse_columns(
@@ -223,19 +253,20 @@ def _parse_chunk_numpy(
         ptrue = p[:, 0]
     field_ok, line_index = _line_scan(buf, ncols)  # the same numbering as the fast path
     assert int(field_ok.sum()) == int(good.sum())
+    row_ok &= ~overlong[good]  # too long: malformed whatever it holds
+    long_line = overlong[line_index]
     stats = ParseStats(lines=int(field_ok.size))
-    bad_fields = line_index[~field_ok]
-    bad_values = line_index[field_ok][~row_ok]
-    _record_malformed(stats, bad_fields, bad_values, ncols, source, first_line)
+    bad_fields = line_index[~field_ok & ~long_line]
+    bad_values = line_index[field_ok & ~long_line][~row_ok[~long_line[field_ok]]]
+    bad_long = line_index[long_line]
+    _record_malformed(
+        stats, bad_fields, bad_values, bad_long, ncols, max_line_bytes, source, first_line
+    )
     return _make_batch(label[:, 0], ints, keys, key_empty, ptrue, row_ok), stats
 
 
-#: A line longer than this is not buffered whole: it is skipped up to its newline and counted
-#: as one malformed line (a file of binary garbage without newlines costs this much memory).
-MAX_LINE_BYTES = 1 << 20
 #: The first bytes of a gzip file: such a file is decompressed as it is read.
 GZIP_MAGIC = b"\x1f\x8b"
-_OVERLONG = "line longer than max_line_bytes ({} bytes); skipped"
 
 
 def open_data_file(path: Path) -> io.BufferedIOBase:
@@ -255,15 +286,16 @@ def read_file(
     num_slots: int,
     chunk_bytes: int = 16 << 20,
     max_line_bytes: int = MAX_LINE_BYTES,
-    parse: Callable[[bytes, str, int], tuple[Batch, ParseStats]] | None = None,
+    parse: Callable[[bytes, str, int, int], tuple[Batch, ParseStats]] | None = None,
 ) -> Iterator[tuple[Batch, ParseStats]]:
     """Parses a file chunk by chunk (whole lines each); yields (batch, stats) per chunk.
 
-    ``parse(text, file, first line)`` parses a chunk (default: :func:`parse_chunk` of
-    ``data_format``; the slot text's parser in feature_data.py).
+    ``parse(text, file, first line, max_line_bytes)`` parses a chunk (default:
+    :func:`parse_chunk` of ``data_format``; the slot text's parser in feature_data.py).
 
     Memory stays within about ``chunk_bytes + max_line_bytes`` whatever the file holds: a line
-    longer than ``max_line_bytes`` is dropped up to its newline and counted as malformed. A
+    longer than ``max_line_bytes`` is malformed, dropped up to its newline (never buffered
+    whole when it outgrows a chunk; counted by the parser when a chunk holds it whole). A
     gzip file is read through (:func:`open_data_file`); one that is corrupt or cut short, like
     an unreadable file, raises DataError naming the file.
     """
@@ -276,8 +308,8 @@ def read_file(
 
     def overlong() -> tuple[Batch, ParseStats]:
         stats = ParseStats(lines=1, malformed=1)
-        stats.first_bad = (str(path), line_no, _OVERLONG.format(max_line_bytes))
-        return parse(b"", str(path), line_no)[0], stats
+        stats.first_bad = (str(path), line_no, OVERLONG.format(max_line_bytes))
+        return parse(b"", str(path), line_no, max_line_bytes)[0], stats
 
     try:
         with open_data_file(path) as f:
@@ -296,7 +328,7 @@ def read_file(
                 cut = block.rfind(b"\n")
                 rest = block[cut + 1 :]
                 if cut >= 0:
-                    batch, stats = parse(block[: cut + 1], str(path), line_no)
+                    batch, stats = parse(block[: cut + 1], str(path), line_no, max_line_bytes)
                     line_no += block.count(b"\n", 0, cut + 1)
                     yield batch, stats
                 if len(rest) > max_line_bytes:
@@ -304,7 +336,7 @@ def read_file(
             if skipping:
                 yield overlong()
             elif rest:
-                yield parse(rest, str(path), line_no)
+                yield parse(rest, str(path), line_no, max_line_bytes)
     except (OSError, EOFError, zlib.error) as exc:
         # gzip: BadGzipFile (an OSError) on a bad header, EOFError when cut short, zlib.error
         # on corrupt data
@@ -331,7 +363,7 @@ def read_chunks(
         data_format,
         num_slots,
         chunk_bytes,
-        parse=lambda text, source, line: parse_slot_chunk(text, schema, source, line),
+        parse=lambda text, source, line, limit: parse_slot_chunk(text, schema, source, line, limit),
     )
 
 
@@ -379,19 +411,28 @@ _BAD_VALUE = "bad label (not 0/1) or a field that is not a number of its column'
 
 
 def _first_bad(
-    bad_fields: int | None, bad_value: int | None, ncols: int, source: str, first_line: int
+    bad_fields: int | None,
+    bad_value: int | None,
+    overlong: int | None,
+    ncols: int,
+    max_line_bytes: int,
+    source: str,
+    first_line: int,
 ) -> tuple[str, int, str] | None:
-    """(file, 1-based line, reason) of the earlier of the two kinds' first malformed lines.
+    """(file, 1-based line, reason) of the earliest of the three kinds' first malformed lines.
 
     Args:
-        bad_fields, bad_value: 0-based index in the chunk of the first line with the wrong
-            number of fields, and of the first one with a bad value; None: no such line.
+        bad_fields, bad_value, overlong: 0-based index in the chunk of the first line with the
+            wrong number of fields, of the first one with a bad value, and of the first one
+            longer than ``max_line_bytes``; None: no such line.
     """
     firsts = []
     if bad_fields is not None:
         firsts.append((bad_fields, _BAD_FIELDS.format(ncols)))
     if bad_value is not None:
         firsts.append((bad_value, _BAD_VALUE))
+    if overlong is not None:
+        firsts.append((overlong, OVERLONG.format(max_line_bytes)))
     if not firsts:
         return None
     line, reason = min(firsts)
@@ -402,7 +443,9 @@ def _record_malformed(
     stats: ParseStats,
     bad_fields: np.ndarray,
     bad_values: np.ndarray,
+    bad_long: np.ndarray,
     ncols: int,
+    max_line_bytes: int,
     source: str,
     first_line: int,
 ) -> None:
@@ -411,12 +454,15 @@ def _record_malformed(
     Args:
         bad_fields: (k,) int64 line indices with the wrong number of fields.
         bad_values: (m,) int64 line indices whose fields do not parse as their column's kind.
+        bad_long: (j,) int64 line indices longer than ``max_line_bytes`` (in neither above).
     """
-    stats.malformed = int(bad_fields.size + bad_values.size)
+    stats.malformed = int(bad_fields.size + bad_values.size + bad_long.size)
     stats.first_bad = _first_bad(
         int(bad_fields[0]) if bad_fields.size else None,
         int(bad_values[0]) if bad_values.size else None,
+        int(bad_long[0]) if bad_long.size else None,
         ncols,
+        max_line_bytes,
         source,
         first_line,
     )

@@ -58,12 +58,7 @@ from streamrec.trainer.batch_rule import auto_batch_size
 from streamrec.trainer.batches import Batch, ParseStats
 from streamrec.trainer.data import iter_batches
 from streamrec.trainer.device import config_device
-from streamrec.trainer.errors import (
-    ConfigError,
-    GroupError,
-    PassFailed,
-    TrainerError,
-)
+from streamrec.trainer.errors import ConfigError, GroupError, PassFailed
 from streamrec.trainer.evaluation import AucAccumulator, collapse_figures
 from streamrec.trainer.group_outcome import share_pass_outcome
 from streamrec.trainer.losses import make_loss
@@ -73,7 +68,7 @@ from streamrec.trainer.model_owner import check_owner
 from streamrec.trainer.model_saves import ModelSaves
 from streamrec.trainer.negsampling import ItemSide, NegativeSampler
 from streamrec.trainer.precision import compute_in, resolve
-from streamrec.trainer.run_plan import RunPlan, plan_run
+from streamrec.trainer.run_plan import RunPlan, data_wait_failed, plan_run
 from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.sparse_worker import sparse_executor
 from streamrec.trainer.staging import Staging
@@ -586,13 +581,8 @@ class OnlineTrainer(ModelSaves):
             m.WAIT_SECONDS.labels(self.label).inc(time.monotonic() - waited)
             if self.stop_event.is_set():
                 return plan
-            if not ready:
-                raise TrainerError(
-                    f"pass {spec.day}/{spec.pass_id} (splits {', '.join(spec.splits)}) not "
-                    f"ready after data_wait_timeout_second={r.data_wait_timeout_second}: "
-                    f"no {r.data_donefile!r} in every split under {self.data_root} (to end "
-                    f"at the splits there, set runner.end_split: landed)"
-                )
+            if not ready:  # a data error naming the splits missing
+                raise data_wait_failed(r, self.data_root, spec, time.monotonic() - waited)
             record = self.run_pass(spec, checkpoint=n == len(plan.passes))
             if on_pass is not None:
                 on_pass(record)

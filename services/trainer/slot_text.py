@@ -6,12 +6,14 @@ its name::
     click:1 age:0.31 user_id:17 genres:5 genres:9
 
 Strings are kept as they are (the trainer hashes them); a null or an empty string writes no
-token; booleans write 1/0, times ISO ``YYYY-MM-DDTHH:MM:SS``. A string holding whitespace
-would cut the line's tokens: it is refused naming the column and the value.
+token, a null or NaN float ``name:nan`` (a missing dense value, kept by the reader as NaN);
+booleans write 1/0, times ISO ``YYYY-MM-DDTHH:MM:SS``. A string holding whitespace would cut
+the line's tokens: it is refused naming the column and the value.
 
 Floats are written as the shortest decimal that reads back to the same value, without an
 exponent (``0.00000015``, not ``1.5e-7``) where that takes at most :data:`MAX_NUMBER_BYTES`
-after the sign (the slot reader's longest number, ``parse_slot.cpp``): a float64 the
+after the sign (plain decimals any PaddleRec-style reader takes; ours also reads exponents
+and up to 128 bytes, ``parse_slot.cpp``): a float64 the
 shortest that reads back to the same float64 if it fits, else (inside float32's range) to
 the same float32, what the trainer keeps of a dense value; a float32 to the same float32.
 Beyond (``1e-30``, ``1e+20``) the shortest form with an exponent.
@@ -23,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: The longest number the slot reader takes, in bytes after its sign (parse_slot.cpp's
-#: kMaxDecimal): a float is written without an exponent when it fits in this.
+#: The longest plain decimal written, in bytes after its sign: a float is written without
+#: an exponent when it fits in this (17 significant digits and a point, or leading zeros).
 MAX_NUMBER_BYTES = 19
 #: Arrow's shortest form of a float with an exponent: ``-1.5e-7``, ``1e+20``.
 _SCIENTIFIC = r"^(?P<sign>-?)(?P<lead>\d)(?:\.(?P<frac>\d+))?e(?P<down>[+-])(?P<exp>\d+)$"
@@ -128,6 +130,10 @@ def slot_text(table: pa.Table) -> bytes:
             # empty lists (and tokens dropped inside them) leave no stray space
             joined = pc.utf8_trim_whitespace(pc.replace_substring_regex(joined, r"  +", " "))
             pieces.append(pc.if_else(pc.equal(joined, ""), None, joined))
+        elif pa.types.is_floating(col.type):
+            # a missing float (null, NaN) is a missing dense value: ``name:nan``, which the
+            # reader keeps as NaN; no token would make the line lack a dense feature
+            pieces.append(pc.fill_null(_text_tokens(name, col), f"{name}:nan"))
         else:
             pieces.append(_text_tokens(name, col))
     lines = pc.binary_join_element_wise(*pieces, " ", null_handling="skip")

@@ -20,7 +20,14 @@ from streamrec.control import keys, redis_io
 from streamrec.control.channel import TrainerChannel
 from streamrec.control.codec import ContractError
 from streamrec.control.commands import Command, CommandType
-from streamrec.control.records import JobField, JobRecord, PassField, PassRecord
+from streamrec.control.records import (
+    PASS_METRICS,
+    JobField,
+    JobRecord,
+    PassField,
+    PassRecord,
+    pass_figures,
+)
 from streamrec.control.states import JobState, PassState
 from streamrec.control.work import WorkItem
 from streamrec.layout import PassSpec
@@ -49,6 +56,12 @@ EVERY_PASS = PassRecord(
     samples=1000,
     malformed_lines=4,
     seconds=12.5,
+    predict_top_share=0.004,
+    predict_collapsed=False,
+    train_top_share=1.0,
+    train_collapsed=True,
+    predictions_collapsed=True,
+    batch_size=64,
 )
 #: Its hash: the string forms the API wrote before the codec (times 3 decimals, figures repr).
 EVERY_PASS_FIELDS = {
@@ -74,6 +87,12 @@ EVERY_PASS_FIELDS = {
     "samples": "1000",
     "malformed_lines": "4",
     "seconds": "12.5",
+    "predict_top_share": "0.004",
+    "predict_collapsed": "false",
+    "train_top_share": "1.0",
+    "train_collapsed": "true",
+    "predictions_collapsed": "true",
+    "batch_size": "64",
 }
 EVERY_JOB = JobRecord(
     id="0123456789abcdef",
@@ -220,6 +239,12 @@ def test_a_pass_record_of_the_old_repository_reads_and_shows_as_before():
         "samples": 1000,
         "malformed_lines": None,
         "seconds": 12.0,
+        "predict_top_share": None,
+        "predict_collapsed": None,
+        "train_top_share": None,
+        "train_collapsed": None,
+        "predictions_collapsed": None,
+        "batch_size": None,
         "ranks": 2,
         "queued_at": 1764270000.123,
         "started_at": 1764270001.456,
@@ -285,6 +310,13 @@ def test_a_job_hash_of_the_old_create_reads_with_empty_values():
         (PassRecord, {"predict_auc": "high"}, "'predict_auc' must be a number.*'high'"),
         (PassRecord, {"logloss": "nan"}, "'logloss' must be a finite number.*'nan'"),
         (PassRecord, {"queued_at": "yesterday"}, "'queued_at' must be a number.*'yesterday'"),
+        (
+            PassRecord,
+            {"train_collapsed": "True"},
+            "'train_collapsed' must be true or false.*'True'",
+        ),
+        (PassRecord, {"predictions_collapsed": "1"}, "'predictions_collapsed' must be true or"),
+        (PassRecord, {"batch_size": "auto"}, "'batch_size' must be an integer.*'auto'"),
         (JobRecord, {"state": "sleeping"}, "job record: field 'state' must be one of.*'sleeping'"),
         (JobRecord, {"passes_done": "many"}, "'passes_done' must be an integer.*'many'"),
         (JobRecord, {"not_before": "soon"}, "'not_before' must be a number.*'soon'"),
@@ -304,11 +336,45 @@ def test_a_hostile_record_is_refused_naming_the_field_and_value(cls, fields, nam
         ({"state": "exploded"}, "'state' must be one of.*'exploded'"),
         ({"predict_auc": float("nan")}, "'predict_auc' must be a finite number"),
         ({"splits": ("0000", 5)}, "'splits' must be a list of strings"),
+        ({"predictions_collapsed": 1}, "'predictions_collapsed' must be true or false.*1"),
+        ({"train_top_share": True}, "'train_top_share' must be a number.*True"),
+        ({"batch_size": True}, "'batch_size' must be an integer.*True"),
     ],
 )
 def test_a_hostile_update_is_refused_naming_the_field_and_value(values, named):
     with pytest.raises(ContractError, match=named):
         PassRecord.patch(**values)
+
+
+def test_a_reports_figures_are_kept_by_their_fields_kind():
+    """A trainer's pass record: each figure of PASS_METRICS of its field's kind is kept (a
+    flag true or false, another figure a number), the rest (another kind, None, a record's
+    other keys) left out; what is kept patches the record."""
+    record = {
+        "samples": 1500,
+        "seconds": 0.5,
+        "train_top_share": 1.0,
+        "train_collapsed": True,
+        "predict_collapsed": False,
+        "predictions_collapsed": 1,  # no flag: left out
+        "predict_top_share": None,
+        "batch_size": 64,
+        "logloss": True,  # no number: left out
+        "predicted_ctr": 0.3,  # no field of the record
+    }
+    figures = pass_figures(record)
+    assert figures == {
+        PassField.SAMPLES: 1500,
+        PassField.SECONDS: 0.5,
+        PassField.TRAIN_TOP_SHARE: 1.0,
+        PassField.TRAIN_COLLAPSED: True,
+        PassField.PREDICT_COLLAPSED: False,
+        PassField.BATCH_SIZE: 64,
+    }
+    assert set(figures) <= set(PASS_METRICS)
+    assert PassRecord.patch(**{k.value: v for k, v in figures.items()})["predict_collapsed"] == (
+        "false"
+    )
 
 
 def test_an_update_naming_no_field_is_a_bug_not_a_write():

@@ -33,6 +33,7 @@ from streamrec.trainer.errors import DataError
 
 NAMES = ["y", "d0", "d1", "d2", "s0", "s1", "s2", "other", "Y", "s", ""]
 VALUES = [b"0", b"1", b"-1", b"-0", b"0.5", b"-.5", b".", b"-", b"5.", b"1e3", b"nan", b"x"]
+VALUES += [b"+1.5e-7", b"1E+39", b"-inf", b"Infinity", b"1e", b"-NaN", b"1e-400", b"1e309"]
 VALUES += [b"sku-9", b"a:b", b"9223372036854775807", b"9223372036854775808", b"\xff\x00"]
 VALUES += [b"-922337203685477580", b"99999999999999999999", b"1.2.3", b""]
 SEPS = [b" ", b" ", b"\t", b"\r", b"  "]
@@ -83,8 +84,8 @@ def test_one_input(raw: bytes) -> None:
         f.write(text)
     total = ParseStats()
 
-    def parse(chunk: bytes, source: str, line: int) -> tuple[Batch, ParseStats]:
-        return feature_data.parse_slot_chunk(chunk, schema, source, line)
+    def parse(chunk: bytes, source: str, line: int, limit: int) -> tuple[Batch, ParseStats]:
+        return feature_data.parse_slot_chunk(chunk, schema, source, line, limit)
 
     try:
         for chunk, chunk_stats in read_file(_FILE, "slot", 0, 64, max_line_bytes=256, parse=parse):

@@ -167,6 +167,7 @@ def test_alerts_are_complete() -> None:
         "StreamRecTrainingBehindData",
         "StreamRecTrainerGroupDead",
         "StreamRecRedisUnreachable",
+        "StreamRecModelStalled",
     }
     assert wanted <= set(names)
 
@@ -193,6 +194,7 @@ def test_per_job_labels_are_job_id_and_gauges_come_from_the_leader() -> None:
         "streamrec_api_data_wait_seconds",
         "streamrec_api_pass_lag_seconds",
         "streamrec_api_pass_auc",
+        "streamrec_api_pass_predictions_collapsed",
     }
     for alert in alerts.ALERTS:
         assert "exported_job" not in alert.expr + alert.summary + alert.description

@@ -98,7 +98,7 @@ def test_end_split_flag_and_a_fixed_end(tmp_path):
     # no end set past the data: the wait gives up, and the error says how to end instead
     wait = cli("--config", str(path), "--end-day", "20190722", "--data-wait-timeout-second", "0.3")
     assert wait.returncode == 2
-    assert "20190722/1 (splits 0000) not ready" in wait.stderr
+    assert "pass 20190722/1: split(s) 20190722/0000 have no donefile" in wait.stderr
     assert "set runner.end_split: landed" in wait.stderr
 
 

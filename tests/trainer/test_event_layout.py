@@ -406,7 +406,7 @@ def test_daylight_saving_changes_follow_the_clock(tmp_path):
     assert list(autumn_splits)[-1] == ("20241027", "0200")
 
 
-# ---- bad inputs (issue 43): outlying times, fractions of a second, binary and empty logs --
+# ---- bad inputs: outlying times, fractions of a second, binary and empty logs --
 
 
 def assert_clean_error(stderr: str, *parts: str) -> None:
@@ -610,6 +610,36 @@ def test_slot_text_floats_read_back_by_the_slot_reader(tmp_path):
     assert got[:, 0].tolist() == np.float32(x).tolist(), text
     assert got[:, 1].tolist() == np.float32(y).tolist(), text
     assert batch.labels.tolist() == [float(i % 2) for i in range(len(x))]
+
+
+def test_a_missing_float_is_written_as_nan_and_read_back_missing(tmp_path):
+    """A null or NaN dense value of the log is ``x:nan`` in slot text (no token would make
+    the line lack a dense feature: malformed); the reader keeps it as NaN, a missing value
+    the model's normalizer takes for the mean."""
+    from streamrec.control.feature_schema import FeatureSchema
+    from streamrec.trainer.feature_data import parse_slot_chunk
+
+    table = pa.table(
+        {
+            "ts": [T0, T0 + 1, T0 + 2],
+            "click": [1, 0, 1],
+            "x": pa.array([1.5, None, float("nan")], pa.float64()),
+            "user_id": [1, 2, 3],
+        }
+    )
+    log = tmp_path / "e.parquet"
+    pq.write_table(table, log)
+    out = tmp_path / "d"
+    done = datagen("--from-events", log, "--time-column", "ts", "--out", out, "--format", "slot")
+    assert done.returncode == 0, done.stderr
+    text = (out / "20240305" / "1000" / "part-00000").read_bytes()
+    assert text.count(b"x:nan") == 2, text
+    schema = FeatureSchema.model_validate(
+        {"label": "click", "dense": ["x"], "sparse": [{"name": "user_id"}]}
+    )
+    batch, stats = parse_slot_chunk(text, schema, "part-00000")
+    assert (stats.lines, stats.malformed) == (3, 0), text
+    assert np.isnan(batch.dense[1:, 0].numpy()).all() and not np.isnan(batch.dense[0, 0])
 
 
 def test_a_binary_file_given_as_csv_is_named_without_its_bytes(tmp_path):

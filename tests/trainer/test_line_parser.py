@@ -10,16 +10,20 @@ import numpy as np
 import pytest
 import torch
 from streamrec.trainer import _C
-from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.batches import MAX_LINE_BYTES, Batch, ParseStats
 from streamrec.trainer.data import NUM_DENSE, _parse_chunk_numpy, parse_chunk
 
 S_GEN = 3  # slots of the generated lines here (Criteo lines have 26)
 
 
-def assert_same(text: bytes, data_format: str, num_slots: int) -> tuple[Batch, ParseStats]:
+def assert_same(
+    text: bytes, data_format: str, num_slots: int, max_line_bytes: int = MAX_LINE_BYTES
+) -> tuple[Batch, ParseStats]:
     """parse_chunk(text) == _parse_chunk_numpy(text), field for field; returns the former."""
-    got, stats = parse_chunk(text, data_format, num_slots, "part-3", 10)
-    want, want_stats = _parse_chunk_numpy(text, data_format, num_slots, "part-3", 10)
+    got, stats = parse_chunk(text, data_format, num_slots, "part-3", 10, max_line_bytes)
+    want, want_stats = _parse_chunk_numpy(
+        text, data_format, num_slots, "part-3", 10, max_line_bytes
+    )
     assert (stats.lines, stats.malformed, stats.first_bad) == (
         want_stats.lines,
         want_stats.malformed,
@@ -302,6 +306,23 @@ def test_random_lines(seed, data_format):
         assert_same(text[cut:], data_format, num_slots)
 
 
+@pytest.mark.parametrize("data_format", ["criteo", "generated"])
+def test_random_lines_over_a_line_limit(data_format):
+    """A line longer than the limit (before its newline, a CR counted) is malformed whatever
+    it holds, named for its length when it is the chunk's first bad line."""
+    rng = np.random.default_rng(11)
+    gen = data_format == "generated"
+    num_slots = 26 if not gen else 3
+    text = _random_text(rng, gen, num_slots, 500)
+    lengths = [len(x.rstrip(b"\r")) for x in text.split(b"\n")]
+    for limit in (0, *np.quantile([n for n in lengths if n], [0.1, 0.5, 0.9]).astype(int)):
+        batch, stats = assert_same(text, data_format, num_slots, int(limit))
+        assert len(batch) <= sum(0 < n <= limit for n in lengths)
+    _, stats = assert_same(text, data_format, num_slots, 0)
+    assert stats.malformed == stats.lines and stats.first_bad is not None
+    assert stats.first_bad[2] == "line longer than max_line_bytes (0 bytes); skipped"
+
+
 def test_any_contiguous_buffer_is_read_in_place():
     text = criteo_line() + criteo_line(label="0")
     want, _ = parse_chunk(text, "criteo", 26)
@@ -317,6 +338,8 @@ def test_any_contiguous_buffer_is_read_in_place():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_slots"):
         _C.parse_lines(b"", False, -1)
+    with pytest.raises(ValueError, match="max_line_bytes must be >= 0, got -2"):
+        _C.parse_lines(b"", False, 3, -2)
     with pytest.raises(ValueError, match="data_format"):
         parse_chunk(b"", "tsv", 26)
 

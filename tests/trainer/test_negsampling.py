@@ -76,7 +76,10 @@ def test_positives_expanded_with_negatives(stream, tmp_path, short_dir):
     line = json.loads((tmp_path / "m" / "passes.jsonl").read_text().splitlines()[0])
     assert line == json.loads(json.dumps(rec))  # the pass record, as returned
     assert line["lines"] == 1500 and line["samples"] == 3 * clicks
-    # one pass already tells clicked items from sampled ones (0.57-0.58 over runs: the
-    # sampler's draws are not seeded)
-    assert 0.53 < line["train_auc"] <= 1.0
+    # one pass already tells clicked items from sampled ones, a little: only the item's row
+    # does (a negative has its positive's dense features and user side). 0.516-0.523 over
+    # runs with the dense normalizer (0.57-0.58 on the raw log1p inputs, whose all-positive
+    # bottom MLP gave the interaction larger partners in the first steps); the sampler's
+    # draws are not seeded
+    assert 0.505 < line["train_auc"] <= 1.0
     assert line["best_auc"] is None  # sampled negatives have no planted click probability

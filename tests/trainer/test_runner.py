@@ -18,7 +18,7 @@ from streamrec import layout
 from streamrec.trainer.batches import ParseStats
 from streamrec.trainer.data import iter_batches
 from streamrec.trainer.datagen import StreamParams, generate
-from streamrec.trainer.errors import CheckpointError, ConfigError, DataError, TrainerError
+from streamrec.trainer.errors import CheckpointError, ConfigError, DataError
 from streamrec.trainer.evaluation import AucAccumulator
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import SLOTS, small_config, write_stream
@@ -109,7 +109,7 @@ def test_data_wait_timeout_and_stop(tmp_path):
     cfg = small_config(tmp_path / "none", tmp_path / "m", data_wait_timeout_second=0.2, **NO_SAVES)
     with (
         OnlineTrainer(cfg) as t,
-        pytest.raises(TrainerError, match=r"pass 20190720/1 \(splits 0000\) not ready after"),
+        pytest.raises(DataError, match=r"pass 20190720/1: split\(s\) 20190720/0000 have no "),
     ):
         t.run()
     # a stop while waiting returns at the next poll, without an error

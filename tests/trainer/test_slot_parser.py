@@ -1,9 +1,10 @@
 """The compiled slot text parser (``parse_slot_chunk``) against the numpy reference parser.
 
 Every field of the Batch must be equal (floats bit for bit, each bag's keys and offsets) and
-the ParseStats the same, on lines with slot text's quirks (lists, empty bags, unknown names,
-a dense feature twice, tokens that are not ``name:value``, string ids, CRLF, blank lines,
-long lines) and on random lines built from such tokens.
+the ParseStats the same (the first bad line's reason too), on lines with slot text's quirks
+(lists, empty bags, unknown names, a dense feature twice, tokens that are not ``name:value``,
+string ids, CRLF, blank lines, long lines, lines over a limit, numbers in every float syntax,
+nan, inf and values beyond float32) and on random lines built from such tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.keyhash import string_key
 from streamrec.trainer import _C
-from streamrec.trainer.batches import Batch, ParseStats
+from streamrec.trainer.batches import MAX_LINE_BYTES, Batch, ParseStats
 from streamrec.trainer.data import iter_batches
 from streamrec.trainer.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
 
@@ -34,11 +35,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_same(
-    text: bytes | bytearray | memoryview, schema: FeatureSchema = SCHEMA
+    text: bytes | bytearray | memoryview,
+    schema: FeatureSchema = SCHEMA,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> tuple[Batch, ParseStats]:
     """parse_slot_chunk(text) == _parse_slot_chunk_numpy(text), field for field."""
-    got, stats = parse_slot_chunk(text, schema, "part-7", 5)
-    want, want_stats = _parse_slot_chunk_numpy(bytes(text), schema, "part-7", 5)
+    got, stats = parse_slot_chunk(text, schema, "part-7", 5, max_line_bytes)
+    want, want_stats = _parse_slot_chunk_numpy(bytes(text), schema, "part-7", 5, max_line_bytes)
     assert (stats.lines, stats.malformed, stats.first_bad) == (
         want_stats.lines,
         want_stats.malformed,
@@ -67,7 +70,9 @@ def test_a_clean_line_and_its_values():
     got, stats = assert_same(line(*GOOD, "user_id:17", "genres:5", "genres:9", "item.id:sku-53"))
     assert (stats.lines, stats.malformed, stats.first_bad) == (1, 0, None)
     assert got.labels.tolist() == [1.0]
-    assert got.dense.tolist() == [[0.5, float(np.log1p(np.float32(2))), -1.25]]
+    # age and score take the default signed log, price its log1p (make_batch)
+    raw = np.float32([0.5, 2, -1.25])
+    assert got.dense.tolist() == [(np.sign(raw) * np.log1p(np.abs(raw))).tolist()]
     assert [b.to_list() for b in got.bags] == [[[17]], [[5, 9]], [[]], [[string_key("sku-53")]]]
 
 
@@ -139,6 +144,30 @@ NUMBERS = [
     "1.000000000000000001",
     "0000000000000000001",
     "3.4028236e38",
+    "1.5e-7",
+    "-2.5E+3",
+    "+.5",
+    "+-1",
+    "1e",
+    "1e+",
+    "1.e5",
+    ".e5",
+    "e5",
+    "NaN",
+    "-nan",
+    "nan(1)",
+    "INF",
+    "-Infinity",
+    "infinit",
+    "1e39",
+    "-1e39",
+    "1e309",
+    "1e-400",
+    "3.4028235677973366e38",  # float32's largest and the next power of 2: a tie, to inf
+    "3.4028235677973365e38",
+    "0.1000000000000000055511151231257827021181583404541015625",
+    "1" * 128,
+    "1" * 129,  # longer than a number may be
 ]
 KEYS = [
     "0",
@@ -226,6 +255,15 @@ def test_random_chunks(seed):
         assert_same(text.encode("utf-8", "surrogateescape"))
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_random_chunks_over_a_line_limit(seed):
+    """Lines longer than the limit are malformed whatever they hold, the first one named."""
+    rng = np.random.default_rng(2000 + seed)
+    for _ in range(10):
+        text = "".join(random_line(rng) + str(rng.choice(ENDS)) for _ in range(30))
+        assert_same(text.encode("utf-8", "surrogateescape"), max_line_bytes=int(rng.integers(60)))
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_random_bytes(seed):
     rng = np.random.default_rng(1000 + seed)
@@ -257,3 +295,5 @@ def test_bad_arguments_are_refused():
         _C.parse_slot(b"y:1\n", ["y"], -1)
     with pytest.raises(TypeError):
         _C.parse_slot("y:1\n", ["y"], 0)  # text, not bytes
+    with pytest.raises(ValueError, match="max_line_bytes must be >= 0, got -1"):
+        _C.parse_slot(b"y:1\n", ["y"], 0, -1)

@@ -64,7 +64,7 @@ def test_defaults_are_the_ones_benchmarked() -> None:
     cfg0 = TrainerConfig.parse({})
     hp = cfg0.hyper_parameters
     assert (hp.optimizer, hp.learning_rate) == ("adagrad", 0.01)
-    assert cfg0.runner.train_batch_size == 256
+    assert cfg0.runner.train_batch_size == "auto"  # batch_rule.py: ~64 steps a pass
     cfg = TrainerConfig.parse({"hyper_parameters": {"sparse_inputs_slots": 2}})
     for t in build_table_options(cfg):
         assert t.embedx_threshold == 0

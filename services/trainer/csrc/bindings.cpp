@@ -44,7 +44,8 @@ struct Parsed {
   LineCounts counts;
 };
 
-Parsed parse(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots) {
+Parsed parse(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots,
+             int64_t max_line_bytes) {
   const int64_t capacity = parse_capacity(data, nbytes, num_slots);
   const auto f32 = at::dtype(at::kFloat);
   Parsed r;
@@ -56,7 +57,7 @@ Parsed parse(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_sl
   const LineOutputs out{r.dense.data_ptr<float>(), r.labels.data_ptr<float>(),
                         r.keys.data_ptr<int64_t>(), r.present.data_ptr<bool>(),
                         generated ? r.ptrue.data_ptr<float>() : nullptr};
-  r.counts = parse_lines(data, nbytes, generated, num_slots, out);
+  r.counts = parse_lines(data, nbytes, generated, num_slots, max_line_bytes, out);
   const int64_t n = r.counts.rows;
   r.dense = r.dense.narrow(0, 0, n);
   r.labels = r.labels.narrow(0, 0, n);
@@ -66,19 +67,20 @@ Parsed parse(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_sl
   return r;
 }
 
-py::tuple parse_lines_py(const py::object& data, bool generated, int64_t num_slots) {
+py::tuple parse_lines_py(const py::object& data, bool generated, int64_t num_slots,
+                         int64_t max_line_bytes) {
   const ByteView bytes(data);
   Parsed r;
   {
     const py::gil_scoped_release nogil;
-    r = parse(bytes.data(), bytes.size(), generated, num_slots);
+    r = parse(bytes.data(), bytes.size(), generated, num_slots, max_line_bytes);
   }
   const LineCounts& c = r.counts;
   // present is None when every key is present, ptrue None for Criteo
   const py::object present = c.all_present ? py::none() : py::cast(r.present);
   const py::object ptrue = generated ? py::cast(r.ptrue) : py::none();
   return py::make_tuple(r.dense, r.labels, r.keys, present, ptrue, c.lines, c.malformed,
-                        c.first_bad_fields, c.first_bad_value);
+                        c.first_bad_fields, c.first_bad_value, c.first_overlong);
 }
 
 // A (n,) int64 tensor owning v's buffer (no copy).
@@ -91,7 +93,7 @@ at::Tensor long_tensor(std::vector<int64_t>&& v) {
 }
 
 py::tuple parse_slot_py(const py::object& data, const std::vector<std::string>& names,
-                        int64_t num_dense) {
+                        int64_t num_dense, int64_t max_line_bytes) {
   const ByteView bytes(data);
   at::Tensor labels, dense, offsets;
   SlotColumns out{};
@@ -110,7 +112,7 @@ py::tuple parse_slot_py(const py::object& data, const std::vector<std::string>& 
     out.labels = labels.data_ptr<float>();
     out.dense = dense.data_ptr<float>();
     out.offsets = offsets.data_ptr<int64_t>();
-    c = parse_slot(bytes.data(), bytes.size(), names, num_dense, out);
+    c = parse_slot(bytes.data(), bytes.size(), names, num_dense, max_line_bytes, out);
     for (auto& k : out.keys) keys.push_back(long_tensor(std::move(k)));
   }
   py::list key_list, offset_list;
@@ -118,8 +120,10 @@ py::tuple parse_slot_py(const py::object& data, const std::vector<std::string>& 
     key_list.append(keys[k]);
     offset_list.append(offsets[static_cast<int64_t>(k)].narrow(0, 0, c.rows + 1));
   }
+  const py::tuple why = py::make_tuple(c.first_bad_why, c.first_bad_fid, c.first_bad_begin,
+                                       c.first_bad_end);
   return py::make_tuple(labels.narrow(0, 0, c.rows), dense.narrow(0, 0, c.rows), key_list,
-                        offset_list, c.lines, c.malformed, c.first_bad);
+                        offset_list, c.lines, c.malformed, c.first_bad, why);
 }
 
 // out (rows, dim) float32 += src (B, S, dim) float32 at index (S, B) int64 (ops.h); src's last
@@ -156,15 +160,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parse_lines", &parse_lines_py,
         "whole tab-separated lines -> (dense (n, 13) float32 max(int, 0) before log1p, "
         "labels (n,) float32, keys (n, S) int64, present (n, S) bool or None, "
-        "ptrue (n,) float32 or None, lines, malformed, first_bad_fields, first_bad_value); "
-        "line indices 0-based, blank lines counted, -1: none",
-        py::arg("data"), py::arg("generated"), py::arg("num_slots"));
+        "ptrue (n,) float32 or None, lines, malformed, first_bad_fields, first_bad_value, "
+        "first_overlong); line indices 0-based, blank lines counted, -1: none; a line of more "
+        "than max_line_bytes bytes before its newline is malformed",
+        py::arg("data"), py::arg("generated"), py::arg("num_slots"),
+        py::arg("max_line_bytes") = int64_t{1} << 20);
   m.def("parse_slot", &parse_slot_py,
         "whole slot text lines -> (labels (n,) float32 0/1, dense (n, D) float32, "
         "keys: S tensors (nnz_k,) int64, offsets: S tensors (n + 1,) int64, lines, malformed, "
-        "first_bad); names: the label's, the D dense, the S sparse features' names; "
-        "first_bad 0-based, blank lines counted, -1: none",
-        py::arg("data"), py::arg("names"), py::arg("num_dense"));
+        "first_bad, (why, fid, begin, end) of the first bad line); names: the label's, the D "
+        "dense, the S sparse features' names; first_bad 0-based, blank lines counted, -1: "
+        "none; why: ops.h's SlotBad, fid the feature it names, [begin, end) the bytes of data "
+        "(-1: none); a line of more than max_line_bytes bytes before its newline is malformed",
+        py::arg("data"), py::arg("names"), py::arg("num_dense"),
+        py::arg("max_line_bytes") = int64_t{1} << 20);
   m.def("add_rows", &add_rows_py,
         "out (rows, dim) float32 += src (B, S, dim) float32 at index (S, B) int64: src[b, s] "
         "to row index[s, b], repeats summed in order of b (a row gather's backward); an index "

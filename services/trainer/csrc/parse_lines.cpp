@@ -238,12 +238,13 @@ struct State {
   int64_t malformed = 0;
   int64_t first_bad_fields = -1;
   int64_t first_bad_value = -1;
+  int64_t first_overlong = -1;
 };
 
 // Parses the lines of [p, end), whose last byte is '\n'.
 template <bool kGenerated>
-void parse_region(const uint8_t* p, const uint8_t* end, int64_t num_slots, const LineOutputs& out,
-                  State& st) {
+void parse_region(const uint8_t* p, const uint8_t* end, int64_t num_slots,
+                  int64_t max_line_bytes, const LineOutputs& out, State& st) {
   const int64_t tabs_wanted = (kGenerated ? 2 : 1) + kNumDense + num_slots - 1;
   for (; p < end; ++st.line) {
     if (*p == '\n' || (*p == '\r' && p[1] == '\n')) {  // blank
@@ -252,16 +253,22 @@ void parse_region(const uint8_t* p, const uint8_t* end, int64_t num_slots, const
     }
     ++st.lines;
     const uint8_t* next = parse_line<kGenerated>(p, end, num_slots, out, st.rows);
-    if (next != nullptr) {
+    // a good line ends at next: its '\n' just before
+    const auto* nl = next != nullptr
+                         ? next - 1
+                         : static_cast<const uint8_t*>(std::memchr(p, '\n', end - p));
+    const bool overlong = nl - p > max_line_bytes;
+    if (next != nullptr && !overlong) {
       ++st.rows;
       p = next;
       continue;
     }
-    // malformed: the field count decides which way
-    const auto* nl = static_cast<const uint8_t*>(std::memchr(p, '\n', end - p));
-    const bool fields_ok = std::count(p, nl, '\t') == tabs_wanted;
-    int64_t& first = fields_ok ? st.first_bad_value : st.first_bad_fields;
-    if (first < 0) first = st.line;
+    // malformed: too long whatever it holds, else the field count decides which way
+    int64_t* first = &st.first_overlong;
+    if (!overlong) {
+      first = std::count(p, nl, '\t') == tabs_wanted ? &st.first_bad_value : &st.first_bad_fields;
+    }
+    if (*first < 0) *first = st.line;
     ++st.malformed;
     p = nl + 1;
   }
@@ -287,16 +294,20 @@ int64_t parse_capacity(const uint8_t* data, int64_t nbytes, int64_t num_slots) {
 }
 
 LineCounts parse_lines(const uint8_t* data, int64_t nbytes, bool generated, int64_t num_slots,
-                       const LineOutputs& out) {
+                       int64_t max_line_bytes, const LineOutputs& out) {
+  if (max_line_bytes < 0) {
+    throw std::invalid_argument("max_line_bytes must be >= 0, got " +
+                                std::to_string(max_line_bytes));
+  }
   const uint8_t* end = data + nbytes;
   const uint8_t* body = body_end(data, nbytes);
   std::vector<uint8_t> tail(body, end);
   State st;
   auto region = generated ? parse_region<true> : parse_region<false>;
-  region(data, body, num_slots, out, st);
+  region(data, body, num_slots, max_line_bytes, out, st);
   if (!tail.empty()) {
     tail.push_back('\n');
-    region(tail.data(), tail.data() + tail.size(), num_slots, out, st);
+    region(tail.data(), tail.data() + tail.size(), num_slots, max_line_bytes, out, st);
   }
   LineCounts res;
   res.rows = st.rows;
@@ -306,6 +317,7 @@ LineCounts parse_lines(const uint8_t* data, int64_t nbytes, bool generated, int6
   res.malformed = st.malformed;
   res.first_bad_fields = st.first_bad_fields;
   res.first_bad_value = st.first_bad_value;
+  res.first_overlong = st.first_overlong;
   return res;
 }
 
