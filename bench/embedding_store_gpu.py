@@ -18,12 +18,23 @@ Figures (HierarchicalKV's benchmark shape: 1,048,576 keys per call):
 3. ``find_or_insert`` alone (the CUDA op over one index and row matrix, rows initialised),
    all-new keys (every key inserted: the row-id atomic, the row initialisation) against
    all-hit (the same keys again: probes only), per dim 8 and 64, keys/s and their ratio.
-4. TODO (not measured yet): the trainer end to end on the GPU (``bench/trainer.py`` setup b,
+4. the training step's store work over 1, 4 and 26 tables (one ``pull_rows`` and one
+   ``push_rows`` of every table's keys, the trainer's calls; ``device_block.py``): launches,
+   host syncs and host-to-device copies per step (``CudaOps.counts``: launches must not grow
+   with the tables, syncs must be 0), and keys/s against the same calls a table at a time.
+5. the push's duplicate-key reduction: the radix sort ``update_tables`` groups by (sort, sums
+   in position order, the steps) against a hash grouping (``unique_tables`` over (table, row):
+   claim, first occurrences, scan, spread) plus a float64 scatter-add of the values by its
+   inverse (no step), keys/s.
+6. TODO (not measured yet): the trainer end to end on the GPU (``bench/trainer.py`` setup b,
    the store in-process on tier device) against the reference DLRM step alone.
 
-Without a CUDA GPU it exits 2 saying so. Run alone on the GPU machine:
+Without a CUDA GPU it exits 2 saying so, unless ``--cpu``: figures 4 and 5 on the CPU build of
+the kernels (the counts are what a GPU would launch; the rates are the CPU's, not a GPU's).
+Run alone on the GPU machine:
     python bench/embedding_store_gpu.py            (full; a few minutes)
     python bench/embedding_store_gpu.py --quick    (small; a smoke run)
+    python bench/embedding_store_gpu.py --cpu      (no GPU: counts and the CPU build's rates)
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +52,7 @@ import torch
 # the figures' printing and --json rows are the CPU store bench's (bench/ is on sys.path)
 from embedding_store import RESULTS
 from embedding_store import figure as cpu_figure
-from streamrec.embedding_store import cuda_ext
+from streamrec.embedding_store import EmbeddingStore, cuda_ext
 from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.tier import index_slots, table_params
 from streamrec.store_schema import TableOptions
@@ -48,9 +60,9 @@ from streamrec.store_schema import TableOptions
 KEYS_PER_CALL = 1 << 20
 
 
-def figure(name: str, value: float, unit: str, **kw: Any) -> None:
-    """A figure with three decimals (billions of keys/s, GB/s)."""
-    cpu_figure(name, value, unit, digits=3, **kw)
+def figure(name: str, value: float, unit: str, digits: int = 3, **kw: Any) -> None:
+    """A figure with three decimals (billions of keys/s, GB/s) unless told."""
+    cpu_figure(name, value, unit, digits=digits, **kw)
 
 
 def gpu_timed(step: Callable[[int], object], steps: int) -> float:
@@ -193,6 +205,150 @@ def bench_find_or_insert(
     return n / t_new, n / t_hit
 
 
+def cpu_timed(step: Callable[[int], object], steps: int) -> float:
+    """Seconds per call on the CPU build: one warm-up call, then the median of ``steps``."""
+    step(steps)
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def block_store(device: str, names: list[str], dim: int, rows: int) -> EmbeddingStore:
+    opts = [make_table_options(dim, rows).model_copy(update={"name": n}) for n in names]
+    return EmbeddingStore(opts, tier="device", device=device)
+
+
+def bench_block_step(
+    device: str, tables: int, keys_per_table: int, dim: int, steps: int, timed: Any
+) -> None:
+    """A training step's store work over ``tables`` device tables: a ``pull_rows`` and a
+    ``push_rows`` of every table's keys (host keys with repeats, gradients on the device, as
+    the trainer sends them). Prints its launches, syncs and copies per step (the same every
+    step once warm; no sync is allowed inside), and its keys/s against the same tables pulled
+    and pushed a table at a time."""
+    names = [f"t{i}" for i in range(tables)]
+    counts = [keys_per_table] * tables
+    rows = keys_per_table * (steps + 2) * 2
+    block = block_store(device, names, dim, rows)
+    single = block_store(device, names, dim, rows)
+    ops = block.tier(names[0])._ops  # type: ignore[attr-defined]
+    g = torch.Generator().manual_seed(tables)
+    pool = torch.randint(-(2**62), 2**62, (keys_per_table * tables * 4,), generator=g)
+    batches = [
+        pool[torch.randint(0, pool.numel(), (sum(counts),), generator=g)] for _ in range(steps + 1)
+    ]
+    grads = torch.randn(sum(counts), dim, device=ops.device) * 0.01
+
+    def block_step(i: int) -> None:
+        with ops.no_syncs("a training step"):
+            block.pull_rows(names, batches[i], counts)
+            block.push_rows(names, batches[i], counts, grads)
+
+    def single_step(i: int) -> None:
+        for name, k, gr in zip(names, batches[i].split(counts), grads.split(counts), strict=True):
+            single.pull(name, k, device=ops.device)
+            single.push(name, k, gr)
+
+    block_step(steps)  # warm: descriptors, buffers
+    before = ops.counts()
+    block_step(0)
+    per_step = ops.counts() - before
+    before = ops.counts()
+    single_step(0)
+    per_table = ops.counts() - before
+    tag = f"{tables} tables x {keys_per_table} keys, dim {dim}"
+    figure(f"block step launches ({tag})", per_step.launches, "", digits=0,
+           one_at_a_time=per_table.launches)  # fmt: skip
+    figure(f"block step host syncs ({tag})", per_step.syncs, "", digits=0,
+           one_at_a_time=per_table.syncs)  # fmt: skip
+    figure(f"block step host-to-device copies ({tag})", per_step.copies, "", digits=0)
+    n = sum(counts)
+    t_block = timed(block_step, steps)
+    t_single = timed(single_step, steps)
+    figure(
+        f"block pull + push ({tag})",
+        n / t_block / 1e6,
+        "M keys/s",
+        baseline=n / t_single / 1e6,
+        baseline_name="a table at a time",
+        digits=3,
+    )
+    for store in (block, single):
+        store.close()
+
+
+def bench_reduction(
+    device: str, tables: int, n: int, distinct: int, dim: int, steps: int, timed: Any
+) -> None:
+    """The push's duplicate-key reduction over a block of ``tables`` tables, ``n`` positions
+    of ``distinct`` rows: the sort-grouped update (``update_tables``: a radix sort of
+    (table, row, part), float64 sums in position order, the steps) against a hash grouping of
+    the same (table, row) pairs (``unique_tables``) and a float64 scatter-add of gradients,
+    shows and clicks by its inverse (the step not included)."""
+    names = [f"t{i}" for i in range(tables)]
+    counts = [n // tables] * tables
+    counts[-1] += n - sum(counts)
+    store = block_store(device, names, dim, distinct)
+    tiers = [store.tier(name) for name in names]
+    ops = tiers[0]._ops  # type: ignore[attr-defined]
+    g = torch.Generator().manual_seed(7)
+    pool = torch.randint(-(2**62), 2**62, (distinct,), generator=g)
+    keys = pool[torch.randint(0, distinct, (n,), generator=g)]
+    store.pull_rows(names, keys, counts)  # every row created
+    entries = (cuda_ext.BlockTable * tables)(*[t.block_entry() for t in tiers])  # type: ignore[attr-defined]
+    desc = torch.frombuffer(bytearray(entries), dtype=torch.uint8).to(ops.device)
+    offsets = [0, *torch.tensor(counts).cumsum(0).tolist()]
+    layout = torch.tensor(offsets + list(range(tables)), dtype=torch.int64, device=ops.device)
+    args = cuda_ext.BlockArgs(
+        desc,
+        layout,
+        tables,
+        tables,
+        n,
+        dim,
+        max(t.rows_limit() for t in tiers),  # type: ignore[attr-defined]
+    )
+    rows = ops.find_tables(args, keys.to(ops.device))
+    grads = torch.randn(n, dim, device=ops.device) * 1e-3
+    flag = ops.check_push_tables(args, grads, None, None)
+    offsets_d = torch.tensor(offsets, dtype=torch.int64, device=ops.device)
+    values = torch.cat([grads, torch.ones(n, 2, device=ops.device)], dim=1).double()
+
+    def by_sort(_i: int) -> None:
+        ops.update_tables(args, rows, grads, None, None, flag)
+
+    def by_hash(_i: int) -> None:
+        _distinct, inverse, _counts, _total = ops.unique_tables(rows, offsets_d)
+        torch.zeros(n, dim + 2, dtype=torch.float64, device=ops.device).index_add_(
+            0, inverse, values
+        )
+
+    t_sort, t_hash = timed(by_sort, steps), timed(by_hash, steps)
+    tag = f"{tables} tables, {n:,} keys over {distinct:,} rows, dim {dim}"
+    figure(f"push reduction by sort, with the steps ({tag})", n / t_sort / 1e6, "M keys/s",
+           baseline=n / t_hash / 1e6, baseline_name="hash grouping + scatter-add, no step",
+           digits=3)  # fmt: skip
+    store.size(names[0])  # settles: the timed pushes left nothing to report
+    store.close()
+
+
+def cpu_main(args: argparse.Namespace) -> int:
+    """Figures 4 and 5 on the CPU build of the kernels (no GPU)."""
+    steps = args.steps or 3
+    q = args.quick
+    print(f"CPU build of the kernels, torch {torch.__version__}, {torch.get_num_threads()} "
+          f"threads, {steps} steps", flush=True)  # fmt: skip
+    for tables in (1, 4, 26):
+        bench_block_step("cpu", tables, 256 if q else 1024, 16, steps, cpu_timed)
+    bench_reduction("cpu", 4, 1 << (14 if q else 17), 1 << (12 if q else 15), 16, steps, cpu_timed)
+    if args.json:
+        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+    return 0
+
+
 def baseline(dim: int, rows: int, batches: list[torch.Tensor], steps: int) -> float:
     """Seconds per call of EmbeddingBag(sparse=True) + Adagrad over ``rows`` rows, one id per
     bag, the store's keys taken modulo ``rows``."""
@@ -226,7 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--capacity", type=int, default=None, help="table rows (default 2**24)")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument(
+        "--cpu", action="store_true", help="the block figures on the CPU build (no GPU needed)"
+    )
     args = p.parse_args(argv)
+    if args.cpu:
+        return cpu_main(args)
     reason = no_gpu_reason()
     if reason is not None:
         print(f"embedding_store_gpu: needs a CUDA GPU; {reason}", file=sys.stderr)
@@ -257,6 +418,18 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             print(f"find_or_insert op dim {dim}: NOT MEASURED: {type(exc).__name__}: {exc}")
         torch.cuda.empty_cache()
+    for tables in (1, 4, 26):
+        try:
+            bench_block_step("cuda", tables, 2048 if q else 8192, 16, steps, gpu_timed)
+        except Exception as exc:
+            failed += 1
+            print(f"block step {tables} tables: NOT MEASURED: {type(exc).__name__}: {exc}")
+        torch.cuda.empty_cache()
+    try:
+        bench_reduction("cuda", 26, KEYS_PER_CALL, KEYS_PER_CALL // 8, 16, steps, gpu_timed)
+    except Exception as exc:
+        failed += 1
+        print(f"push reduction: NOT MEASURED: {type(exc).__name__}: {exc}")
     print("trainer end to end on the GPU: TODO, not measured yet (see the module doc)")
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))

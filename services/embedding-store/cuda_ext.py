@@ -17,27 +17,45 @@ Example (on a GPU machine)::
 
     ops = load("cuda:1")
     rows = ops.find(slots, keys)  # slots (capacity, 2) int64, keys (n,) int64, both on cuda:1
+
+Blocks (:class:`BlockArgs`): ``find_tables``, ``find_or_insert_tables``, ``gather_tables``,
+``check_push_tables`` and ``update_tables`` take every table of a step at once (the C API's
+StreamrecBlock), so a step launches the same kernels whatever its table count, and none of them
+waits for the device: their kernel errors go to each table's sticky error word, read where the
+caller synchronises anyway (``device_tier.DeviceTable.settle``).
+
+Counted: :meth:`CudaOps.counts` gives the calling thread's launches (the library's kernels,
+memsets, sorts and scans, each counted once, plus the torch fills this wrapper queues), host
+syncs (a kernel flag read back, a value read to the host) and host-to-device copies, the same
+on the CPU build (which counts the ops a GPU would launch) as on a GPU. Inside
+:meth:`CudaOps.no_syncs` a sync raises instead (tests assert a step never waits).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from streamrec.embedding_store.cuda_lib import (
     API_VERSION,
     BINDINGS,
     CUDA_DIR,
     ERR_ARGUMENT,
+    ERR_BAD_COUNT,
     ERR_CUDA,
     ERR_INDEX_FULL,
+    ERR_NONFINITE,
     ERR_ROW_OUTSIDE,
     ERR_ROWS_FULL,
     NVCC_FLAGS,
     OK,
+    Block,
+    BlockTable,
     CudaOpError,
     Index,
     IndexFull,
@@ -66,13 +84,20 @@ __all__ = [
     "BINDINGS",
     "CUDA_DIR",
     "ERR_ARGUMENT",
+    "ERR_BAD_COUNT",
     "ERR_CUDA",
     "ERR_INDEX_FULL",
+    "ERR_NONFINITE",
     "ERR_ROWS_FULL",
     "ERR_ROW_OUTSIDE",
     "NVCC_FLAGS",
+    "Block",
+    "BlockArgs",
+    "BlockTable",
     "CudaOpError",
     "CudaOps",
+    "HostSync",
+    "OpCounts",
     "Index",
     "IndexFull",
     "Init",
@@ -148,6 +173,77 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else int(t.data_ptr())
 
 
+class HostSync(AssertionError):
+    """A host synchronisation inside :meth:`CudaOps.no_syncs` (a step that must not wait)."""
+
+
+class OpCounts(NamedTuple):
+    """What a thread asked of the device: ops queued (kernels, memsets, a sort or a scan
+    counted once, torch fills), waits for the device, host-to-device copies."""
+
+    launches: int = 0
+    syncs: int = 0
+    copies: int = 0
+
+    def __sub__(self, other: tuple[int, ...]) -> OpCounts:  # type: ignore[override]
+        return OpCounts(*(a - b for a, b in zip(self, other, strict=True)))
+
+
+class _ThreadCounts(threading.local):
+    """The wrapper's own counts per thread (the library keeps its launches and syncs)."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+        self.syncs = 0
+        self.copies = 0
+        self.forbidden: str | None = None  # inside no_syncs: what must not wait
+
+
+_COUNTS = _ThreadCounts()
+
+
+def part_bits(parts: int) -> int:
+    """Bits that hold every part index of a block of ``parts`` parts (at least 1)."""
+    return max(1, (parts - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class BlockArgs:
+    """A block's device arrays and sizes (the C API's StreamrecBlock, ``streamrec_cuda.h``).
+
+    Args:
+        tables: (T * sizeof(BlockTable),) uint8 on the ops' device: the tables' descriptors.
+        layout: (2P + 1,) int64 on the ops' device: offsets (P + 1, from 0 to n), then the
+            table of each part (P, each in [0, T)).
+        count: T, tables.
+        parts: P, parts (a table may hold several).
+        n: positions.
+        dim: weights per row (every table's).
+        max_rows: at least every table's R (the push's sort takes its bits).
+    """
+
+    tables: torch.Tensor
+    layout: torch.Tensor
+    count: int
+    parts: int
+    n: int
+    dim: int
+    max_rows: int
+
+    def struct(self) -> Block:
+        base = int(self.layout.data_ptr())
+        return Block(
+            tables=int(self.tables.data_ptr()) if self.count else None,
+            offsets=base,
+            part_table=base + 8 * (self.parts + 1),
+            parts=self.parts,
+            n=self.n,
+            dim=self.dim,
+            max_rows=self.max_rows,
+            part_bits=part_bits(self.parts),
+        )
+
+
 class CudaOps:
     """The C API over torch tensors on one device: a CUDA GPU, or the CPU for the CPU build.
 
@@ -184,6 +280,55 @@ class CudaOps:
         with self._guard():
             self._raise(op, fn(*args, self._stream()))
 
+    # -- counts ------------------------------------------------------------------------------
+    def counts(self) -> OpCounts:
+        """The calling thread's launches, syncs and copies so far (subtract two readings for
+        a step's)."""
+        lib = self.lib
+        return OpCounts(
+            int(lib.streamrec_cuda_launch_count()) + _COUNTS.launches,
+            int(lib.streamrec_cuda_sync_count()) + _COUNTS.syncs,
+            _COUNTS.copies,
+        )
+
+    @contextlib.contextmanager
+    def no_syncs(self, what: str) -> Iterator[None]:
+        """Inside, any host sync of this thread through these ops raises :class:`HostSync`
+        naming ``what`` (a step that must not wait)."""
+        before, _COUNTS.forbidden = _COUNTS.forbidden, what
+        try:
+            yield
+        finally:
+            _COUNTS.forbidden = before
+
+    def note_launch(self, count: int = 1) -> None:
+        """Counts device work queued outside the library (a torch fill or copy kernel)."""
+        _COUNTS.launches += count
+
+    def note_copy(self, count: int = 1) -> None:
+        """Counts a host-to-device copy (asynchronous: not a sync)."""
+        _COUNTS.copies += count
+
+    def _may_sync(self, what: str) -> None:
+        if _COUNTS.forbidden is not None:
+            raise HostSync(f"{what}: a host sync inside {_COUNTS.forbidden}")
+
+    def synced(self, what: str) -> None:
+        """Counts a sync the caller makes through torch (refused in no_syncs)."""
+        self._may_sync(what)
+        _COUNTS.syncs += 1
+
+    def read(self, t: torch.Tensor, what: str = "read") -> torch.Tensor:
+        """t on the host: a sync where t is on a GPU, counted (and refused in no_syncs)."""
+        self._may_sync(what)
+        _COUNTS.syncs += 1
+        return t.cpu()
+
+    def item(self, t: torch.Tensor, what: str = "item") -> int:
+        """The one int of t, read to the host (a counted sync)."""
+        self.synced(what)
+        return int(t.item())
+
     def _raise(self, op: str, rc: int) -> None:
         if rc != OK:
             message = self.lib.streamrec_cuda_last_error().decode(errors="replace")
@@ -196,12 +341,14 @@ class CudaOps:
         return self._zeros(1, self._torch.int32)
 
     def _check_flag(self, op: str, flag: torch.Tensor) -> None:
+        self._may_sync(op)  # the library counts the wait
         self._run(op, self.lib.streamrec_cuda_status, _ptr(flag))
 
     def _empty(self, shape: tuple[int, ...] | int, dtype: Any) -> torch.Tensor:
         return self._torch.empty(shape, dtype=dtype, device=self.device)
 
     def _zeros(self, n: int, dtype: Any) -> torch.Tensor:
+        self.note_launch()  # a fill
         return self._torch.zeros(n, dtype=dtype, device=self.device)
 
     def _check(
@@ -352,13 +499,13 @@ class CudaOps:
         self._run(
             "erase", self.lib.streamrec_cuda_erase, index, _ptr(keys), keys.numel(), _ptr(erased)
         )
-        return int(erased.item())
+        return self.item(erased, "erase")
 
     def size(self, slots: torch.Tensor) -> int:
         """Live entries of the index."""
         out = self._zeros(1, self._torch.int64)
         self._run("size", self.lib.streamrec_cuda_size, self._slots("size", slots), _ptr(out))
-        return int(out.item())
+        return self.item(out, "size")
 
     def export(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every live (key, row), unordered: ((m,) int64, (m,) int64)."""
@@ -369,18 +516,26 @@ class CudaOps:
         self._run(
             "export", self.lib.streamrec_cuda_export, index, _ptr(keys), _ptr(rows), _ptr(count)
         )
-        m = int(count.item())
+        m = self.item(count, "export")
         return keys[:m], rows[:m]
 
-    def rebuild(self, slots: torch.Tensor, capacity: int) -> torch.Tensor:
-        """A new index of capacity slots holding every live entry of slots (growth)."""
+    def rebuild(
+        self, slots: torch.Tensor, capacity: int, error: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A new index of capacity slots holding every live entry of slots (growth). error:
+        a table's sticky error word ((1,) int32) that takes a full index instead of waiting
+        for the call's own flag (no sync: a block's growth)."""
         src = self._slots("index_rebuild", slots)
-        dst, flag = self._empty((capacity, 2), self._torch.int64), self._flag()
+        dst = self._empty((capacity, 2), self._torch.int64)
+        if error is not None:
+            self._check("index_rebuild", "error", error, self._torch.int32, 1)
+        flag = self._flag() if error is None else error
         self._run(
             "index_rebuild", self.lib.streamrec_cuda_index_rebuild, src,
             Index(dst.data_ptr(), capacity), _ptr(flag),
         )  # fmt: skip
-        self._check_flag("index_rebuild", flag)
+        if error is None:
+            self._check_flag("index_rebuild", flag)
         return dst
 
     # -- rows (data: a chunked device_rows.RowChunks or one (R, stride) float32 matrix) ----
@@ -546,7 +701,170 @@ class CudaOps:
             ctypes.byref(p),
         )  # fmt: skip
         self._check_flag(op, flag)
-        return int(expanded.item())
+        return self.item(expanded, op)
+
+    # -- blocks: every table of a step in one call (no sync: errors to the tables' words) ---
+    def _block(self, op: str, b: BlockArgs) -> Block:
+        """The block's struct, its arrays checked (device, dtype, sizes)."""
+        self._check(op, "block tables", b.tables, self._torch.uint8, 1)
+        self._keys(op, b.layout, "block layout")
+        if b.tables.numel() != b.count * ctypes.sizeof(BlockTable):
+            raise ValueError(
+                f"{op}: block tables has {b.tables.numel()} bytes for {b.count} tables "
+                f"({ctypes.sizeof(BlockTable)} each)"
+            )
+        if b.layout.numel() != 2 * b.parts + 1:
+            raise ValueError(f"{op}: block layout has {b.layout.numel()} values, needs "
+                             f"{2 * b.parts + 1} for {b.parts} parts")  # fmt: skip
+        return b.struct()
+
+    def _positions(self, op: str, b: BlockArgs, name: str, t: torch.Tensor) -> None:
+        self._keys(op, t, name)
+        if t.numel() != b.n:
+            raise ValueError(f"{op}: {name} has {t.numel()} values for the block's {b.n}")
+
+    def _push_values(
+        self,
+        op: str,
+        b: BlockArgs,
+        grads: torch.Tensor,
+        shows: torch.Tensor | None,
+        clicks: torch.Tensor | None,
+    ) -> None:
+        f32 = self._torch.float32
+        self._check(op, "grads", grads, f32, 2, b.dim)
+        if grads.shape[0] != b.n:
+            raise ValueError(f"{op}: grads has {grads.shape[0]} rows for the block's {b.n}")
+        for name, t in (("shows", shows), ("clicks", clicks)):
+            if t is not None:
+                self._check(op, name, t, f32, 1)
+                if t.numel() != b.n:
+                    raise ValueError(f"{op}: {name} has {t.numel()} values for {b.n}")
+
+    def find_tables(self, b: BlockArgs, keys: torch.Tensor) -> torch.Tensor:
+        """Row per key in its part's table, -1 where absent. keys: (n,) int64 -> (n,) int64."""
+        op = "find_tables"
+        block = self._block(op, b)
+        self._positions(op, b, "keys", keys)
+        rows = self._torch.empty_like(keys)
+        self._run(op, self.lib.streamrec_cuda_find_tables, block, _ptr(keys), _ptr(rows))
+        return rows
+
+    def find_or_insert_tables(
+        self, b: BlockArgs, keys: torch.Tensor, skip: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Row per key in its part's table, absent keys inserted and their rows initialised
+        (ids from each table's next_row); a table's failure goes to its error word, that
+        key's row -1. skip ((1,) int32, from check_push_tables): when it holds a code,
+        nothing is inserted. keys: (n,) int64 -> (n,) int64."""
+        op = "find_or_insert_tables"
+        block = self._block(op, b)
+        self._positions(op, b, "keys", keys)
+        if skip is not None:
+            self._check(op, "skip", skip, self._torch.int32, 1)
+        rows = self._torch.empty_like(keys)
+        self._run(
+            op, self.lib.streamrec_cuda_find_or_insert_tables, block, _ptr(keys), _ptr(rows),
+            _ptr(skip),
+        )  # fmt: skip
+        return rows
+
+    def gather_tables(self, b: BlockArgs, rows: torch.Tensor) -> torch.Tensor:
+        """Weights of rows (n,) int64 in their parts' tables, zeros where < 0 -> (n, dim)."""
+        op = "gather_tables"
+        block = self._block(op, b)
+        self._positions(op, b, "rows", rows)
+        out = self._empty((b.n, b.dim), self._torch.float32)
+        self._run(op, self.lib.streamrec_cuda_gather_tables, block, _ptr(rows), _ptr(out))
+        return out
+
+    def check_push_tables(
+        self,
+        b: BlockArgs,
+        grads: torch.Tensor,
+        shows: torch.Tensor | None,
+        clicks: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """A push's flag ((1,) int32): ERR_NONFINITE / ERR_BAD_COUNT where a value is bad
+        (also in that table's error word), else 0. grads (n, dim); shows, clicks (n,)
+        float32 or None (1 and 0 per position)."""
+        op = "check_push_tables"
+        block = self._block(op, b)
+        self._push_values(op, b, grads, shows, clicks)
+        flag = self._empty(1, self._torch.int32)  # zeroed by the call
+        self._run(
+            op, self.lib.streamrec_cuda_check_push_tables, block, _ptr(grads), _ptr(shows),
+            _ptr(clicks), _ptr(flag),
+        )  # fmt: skip
+        return flag
+
+    def update_tables(
+        self,
+        b: BlockArgs,
+        rows: torch.Tensor,
+        grads: torch.Tensor,
+        shows: torch.Tensor | None,
+        clicks: torch.Tensor | None,
+        flag: torch.Tensor,
+    ) -> None:
+        """The fused push of every part; nothing is written when flag ((1,) int32, from
+        check_push_tables) holds a code. rows (n,) int64; the rest as check_push_tables.
+        Rows expanded add to each table's counters."""
+        op = "update_tables"
+        block = self._block(op, b)
+        self._positions(op, b, "rows", rows)
+        self._push_values(op, b, grads, shows, clicks)
+        self._check(op, "flag", flag, self._torch.int32, 1)
+        with self._guard():
+            nbytes = int(self.lib.streamrec_cuda_update_tables_scratch_bytes(b.n, b.dim))
+        scratch = self._empty(nbytes, self._torch.uint8)
+        self._run(
+            op, self.lib.streamrec_cuda_update_tables, block, _ptr(rows), _ptr(grads),
+            _ptr(shows), _ptr(clicks), _ptr(flag), _ptr(scratch), nbytes,
+        )  # fmt: skip
+
+    def block_sizes(self, tables: torch.Tensor, count: int) -> torch.Tensor:
+        """Every block table's next_row -> (count,) int64 on the device (one launch)."""
+        op = "block_sizes"
+        self._check(op, "tables", tables, self._torch.uint8, 1)
+        if tables.numel() != count * ctypes.sizeof(BlockTable):
+            raise ValueError(f"{op}: tables has {tables.numel()} bytes for {count} tables")
+        sizes = self._empty(count, self._torch.int64)
+        self._run(op, self.lib.streamrec_cuda_block_sizes, _ptr(tables), count, _ptr(sizes))
+        return sizes
+
+    def unique_tables(
+        self, keys: torch.Tensor, offsets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dedup of every part at once (``dedup.unique_groups`` on the device): keys (n,)
+        int64, offsets (P + 1,) int64 from 0 to n -> (distinct (n,) int64, of which the
+        first total: each part's distinct keys in order of first occurrence, part after part;
+        inverse (n,) int64; counts (P,) int64; total (1,) int64), all on the device."""
+        op = "unique_tables"
+        self._keys(op, keys)
+        self._keys(op, offsets, "offsets")
+        n, parts = keys.numel(), offsets.numel() - 1
+        if parts < 0:
+            raise ValueError(f"{op}: offsets must hold P + 1 >= 1 values")
+        if parts == 0:
+            if n:
+                raise ValueError(f"{op}: {n} keys in no part")
+            return (
+                keys.clone(),
+                keys.clone(),
+                self._empty(0, keys.dtype),
+                self._zeros(1, keys.dtype),
+            )
+        distinct, inverse = self._torch.empty_like(keys), self._torch.empty_like(keys)
+        counts, total = self._empty(parts, self._torch.int64), self._empty(1, self._torch.int64)
+        with self._guard():
+            nbytes = int(self.lib.streamrec_cuda_unique_tables_scratch_bytes(n))
+        scratch = self._empty(nbytes, self._torch.uint8)
+        self._run(
+            op, self.lib.streamrec_cuda_unique_tables, _ptr(keys), n, _ptr(offsets), parts,
+            _ptr(distinct), _ptr(inverse), _ptr(counts), _ptr(total), _ptr(scratch), nbytes,
+        )  # fmt: skip
+        return distinct, inverse, counts, total
 
     # -- day, shrink, save selection, dirty marks --------------------------------------------
     def _rows_in_use(

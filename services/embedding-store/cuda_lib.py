@@ -26,7 +26,7 @@ from streamrec.embedding_store.errors import EmbeddingStoreError, TierUnavailabl
 from streamrec.embedding_store.tier import TABLE_SCALARS
 
 #: the C API version this loader binds (streamrec_cuda_api_version)
-API_VERSION = 5
+API_VERSION = 6
 #: the sources and the header
 CUDA_DIR = Path(__file__).resolve().parent / "csrc" / "cuda"
 #: the row math both builds (and the CPU core) include
@@ -75,7 +75,16 @@ CPU_FLAGS = (
 CCCL_DIRS = ("include/cccl", "targets/x86_64-linux/include/cccl", "include")
 
 # error codes of streamrec_cuda.h
-OK, ERR_CUDA, ERR_ARGUMENT, ERR_INDEX_FULL, ERR_ROWS_FULL, ERR_ROW_OUTSIDE = range(6)
+(
+    OK,
+    ERR_CUDA,
+    ERR_ARGUMENT,
+    ERR_INDEX_FULL,
+    ERR_ROWS_FULL,
+    ERR_ROW_OUTSIDE,
+    ERR_NONFINITE,
+    ERR_BAD_COUNT,
+) = range(8)
 
 
 class CudaOpError(EmbeddingStoreError):
@@ -214,7 +223,36 @@ class Push(_Struct):
     ]
 
 
+class BlockTable(_Struct):
+    """StreamrecBlockTable: one table of a block (an array of these lives on the device)."""
+
+    _fields_ = [
+        ("index", Index),
+        ("table", Rows),
+        ("next_row", ctypes.c_void_p),
+        ("error", ctypes.c_void_p),
+        ("counters", ctypes.c_void_p),
+        ("params", TableParams),
+    ]
+
+
+class Block(_Struct):
+    """StreamrecBlock: P parts over n positions, part p of table part_table[p]."""
+
+    _fields_ = [
+        ("tables", ctypes.c_void_p),
+        ("offsets", ctypes.c_void_p),
+        ("part_table", ctypes.c_void_p),
+        ("parts", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("dim", ctypes.c_int64),
+        ("max_rows", ctypes.c_int64),
+        ("part_bits", ctypes.c_int64),
+    ]
+
+
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIZE, _U64 = ctypes.c_size_t, ctypes.c_uint64
 _PARAMS = ctypes.POINTER(TableParams)
 
 #: every function of the C API: name -> (restype, argtypes); the stream is the last c_void_p
@@ -226,6 +264,8 @@ BINDINGS: dict[str, tuple[Any, list[Any]]] = {
     "streamrec_cuda_runtime_version": (_INT, []),
     "streamrec_cuda_cpu_device": (_INT, []),
     "streamrec_cuda_status": (_INT, [_P, _P]),
+    "streamrec_cuda_launch_count": (_U64, []),
+    "streamrec_cuda_sync_count": (_U64, []),
     "streamrec_cuda_index_init": (_INT, [Index, _P]),
     "streamrec_cuda_find": (_INT, [Index, _P, _I64, _P, _P, _P]),
     "streamrec_cuda_find_or_insert": (_INT, [Index, _P, _I64, _P, NewRows, _PARAMS, _P]),
@@ -242,6 +282,18 @@ BINDINGS: dict[str, tuple[Any, list[Any]]] = {
     "streamrec_cuda_write_rows": (_INT, [Rows, _P, _I64, _I64, _I64, _P, _P, _P, _PARAMS, _P]),
     "streamrec_cuda_update": (_INT, [Push, _P, ctypes.c_size_t, _PARAMS, _P]),
     "streamrec_cuda_update_scratch_bytes": (ctypes.c_size_t, [_I64, _I64]),
+    "streamrec_cuda_find_tables": (_INT, [Block, _P, _P, _P]),
+    "streamrec_cuda_find_or_insert_tables": (_INT, [Block, _P, _P, _P, _P]),
+    "streamrec_cuda_gather_tables": (_INT, [Block, _P, _P, _P]),
+    "streamrec_cuda_check_push_tables": (_INT, [Block, _P, _P, _P, _P, _P]),
+    "streamrec_cuda_update_tables": (_INT, [Block, _P, _P, _P, _P, _P, _P, _SIZE, _P]),
+    "streamrec_cuda_update_tables_scratch_bytes": (_SIZE, [_I64, _I64]),
+    "streamrec_cuda_block_sizes": (_INT, [_P, _I64, _P, _P]),
+    "streamrec_cuda_unique_tables": (
+        _INT,
+        [_P, _I64, _P, _I64, _P, _P, _P, _P, _P, _SIZE, _P],
+    ),
+    "streamrec_cuda_unique_tables_scratch_bytes": (_SIZE, [_I64]),
     "streamrec_cuda_advance_day": (_INT, [Rows, _I64, _PARAMS, _P]),
     "streamrec_cuda_shrink": (_INT, [Rows, _I64, _P, _PARAMS, _P]),
     "streamrec_cuda_select_rows": (_INT, [Rows, _I64, _INT, _P, _PARAMS, _P]),

@@ -102,8 +102,13 @@ class RowChunks:
     def _set_rows(self, rows: int) -> None:
         self.rows = rows
         ptrs = [[_addr(t, 16) for t in self._data], [_addr(t, 8) for t in self._keys]]
-        # tiny, and only on growth: the kernels read the chunk pointers from device memory
-        self._ptrs = torch.tensor(ptrs, dtype=torch.int64).reshape(2, -1).to(self.device)
+        # tiny, and only on growth: the kernels read the chunk pointers from device memory;
+        # from page-locked memory, so the copy does not wait for the device (torch's pinned
+        # allocator keeps the source until the copy has run)
+        host = torch.tensor(ptrs, dtype=torch.int64).reshape(2, -1)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        self._ptrs = host.to(self.device, non_blocking=True)
 
     # -- what the kernels and the tests see -------------------------------------------------
     def struct(self) -> Rows:

@@ -20,6 +20,14 @@ tests' "CPU device": every tensor a CPU tensor, every kernel body on CPU threads
 :meth:`DeviceTable.pull_resident` hands the weights over as CUDA tensors (the store's ``pull(...,
 device=self.device)``, for a trainer on the same GPU): no copy through host memory.
 
+Blocks (:mod:`~streamrec.embedding_store.device_block`): the store's ``pull_rows`` and
+``push_rows`` run every device table of a step in one launch per op. Those ops never wait for
+the device: each table reserves rows and index slots ahead for every key it is sent (an upper
+bound on its size, tightened by sizes read back without waiting), and a kernel's error (a
+full table, a NaN in a push) lands in the table's sticky error word. Every other method first
+settles the table (:meth:`DeviceTable.settle`: one read of its row count, counters and error
+word), where a pending error is raised, naming the table.
+
 Streams: a CUDA table runs every op on a stream of its own (:meth:`DeviceTable.ordered`), so
 its ops run in call order whichever thread (with its own current stream) calls, even where an
 op leaves work queued when the table's lock is released (``advance_day``, ``clear_dirty``,
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -41,22 +50,38 @@ import torch
 from streamrec.embedding_store import cuda_ext
 from streamrec.embedding_store.device_rows import RowChunks, chunk_shift
 from streamrec.embedding_store.device_staging import Staging, aligned
-from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
+from streamrec.embedding_store.errors import (
+    CapacityExceeded,
+    InvalidInput,
+    NonFiniteGradient,
+)
 from streamrec.embedding_store.tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
+from streamrec.errors import StreamRecError
 from streamrec.store_schema import TableOptions
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
+#: what a table's error word holds, as the C API's status would say it
+_BLOCK_ERRORS = {
+    cuda_ext.ERR_INDEX_FULL: "the hash index was full",
+    cuda_ext.ERR_ROWS_FULL: "no free row for a new key",
+    cuda_ext.ERR_ROW_OUTSIDE: "a row id outside the table's rows",
+}
+_TOKENS = itertools.count()
+
+
 def _ordered(
     method: Callable[Concatenate[DeviceTable, _P], _R],
 ) -> Callable[Concatenate[DeviceTable, _P], _R]:
-    """The method runs on the table's stream (:meth:`DeviceTable.ordered`)."""
+    """The method runs on the table's stream (:meth:`DeviceTable.ordered`), the table settled
+    first (:meth:`DeviceTable.settle`: a block's pending error is raised here)."""
 
     @functools.wraps(method)
     def run(self: DeviceTable, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self.ordered():
+            self.settle()
             return method(self, *args, **kwargs)
 
     return run
@@ -112,13 +137,29 @@ class DeviceTable(TableTier):
             shift = chunk_rows.bit_length() - 1
         else:
             raise InvalidInput(f"chunk_rows must be a power of two, got {chunk_rows}")
+        #: a GPU table's stream waits for this (a block's work on its caller's stream)
+        self._after: torch.cuda.Event | None = None
+        #: whether the table's stream ran work a block must wait for
+        self._used_stream = False
         with self.ordered():  # the table's tensors allocated on its stream
             self._rows = RowChunks(self._stride, shift, self.device)
             self._rows.reserve(rows)
             self._slots = self._ops.index_new(index_slots(rows))
             self._next = torch.zeros(1, dtype=torch.int64, device=self.device)  # next row id
             self._misses = torch.zeros(1, dtype=torch.int64, device=self.device)
+            #: the block ops' sticky error word and their counts (rows created, expanded)
+            self._error = torch.zeros(1, dtype=torch.int32, device=self.device)
+            self._block_counts = torch.zeros(2, dtype=torch.int64, device=self.device)
         self._size = 0
+        #: a block's descriptor of this table is stale once this changes (new index, chunks)
+        self.block_token = next(_TOKENS)
+        self.generation = 0
+        # rows in use, without a sync: at most _size_base + (_issued - _issued_base), keys
+        # sent to block creation since the size read at _issued_base
+        self._issued = 0
+        self._size_base = 0
+        self._issued_base = 0
+        self._unsettled = False
         #: host inputs go to the GPU through pinned buffers reused between steps
         self.staging = Staging(self.device)
         #: where :meth:`pull_resident` returns the weights
@@ -138,20 +179,140 @@ class DeviceTable(TableTier):
             return
         caller = torch.cuda.current_stream(self.device)
         stream.wait_stream(caller)
+        if self._after is not None:  # a block on another thread's stream
+            stream.wait_event(self._after)
+            self._after = None
         try:
             with torch.cuda.stream(stream):
                 yield
         finally:
             caller.wait_stream(stream)
+            self._used_stream = True
+
+    # -- blocks (device_block.py): no sync, errors kept for the next settle -----------------
+    def settle(self) -> None:
+        """Reads what block ops left on the device (one sync, only after a block): the rows
+        in use, rows created and expanded, and the error word; raises a pending error naming
+        the table (CapacityExceeded, NonFiniteGradient, InvalidInput, CudaOpError). Call on
+        the table's stream (:meth:`ordered`); every method but the block ops does."""
+        if not self._unsettled:
+            return
+        self._unsettled = False
+        state = torch.cat([self._next, self._block_counts, self._error.to(torch.int64)])
+        self._ops.note_launch(2)  # the cast and the cat
+        next_row, created, expanded, code = self._ops.read(state, "settle").tolist()
+        limit = self.rows_limit()
+        self._set_size(min(next_row, limit))
+        self.counters["rows_created"] += created
+        self.counters["rows_expanded"] += expanded
+        self._block_counts.zero_()
+        self._ops.note_launch()
+        if code:
+            self._error.zero_()
+            if next_row > limit:  # ids drawn past a full table were never used
+                self._next.fill_(limit)
+            raise self._block_error(code)
+
+    def _block_error(self, code: int) -> StreamRecError:
+        name = self.options.name
+        if code == cuda_ext.ERR_ROWS_FULL and self.capacity is not None:
+            return CapacityExceeded(
+                f"table {name!r}: a block pull or push reached the capacity {self.capacity}; "
+                f"the new keys past it were not created (holds {self._size})"
+            )
+        if code == cuda_ext.ERR_NONFINITE:
+            return NonFiniteGradient(
+                f"table {name!r}: a block push's grads held NaN or Inf; nothing of that push "
+                "was written"
+            )
+        if code == cuda_ext.ERR_BAD_COUNT:
+            return InvalidInput(
+                f"table {name!r}: a block push's shows and clicks must be finite and >= 0; "
+                "nothing of that push was written"
+            )
+        what = _BLOCK_ERRORS.get(code, f"a kernel reported error code {code}")
+        return cuda_ext.CudaOpError(f"table {name!r}: a block op", code, what)
+
+    def rows_limit(self) -> int:
+        """Row ids a new row may take: the rows reserved, at most ``capacity``."""
+        rows = self._rows.rows
+        return rows if self.capacity is None else min(rows, self.capacity)
+
+    def size_bound(self) -> int:
+        """At least the rows in use, known without a sync."""
+        return self._size_base + self._issued - self._issued_base
+
+    def reserve_block(self, n: int) -> None:
+        """Room for ``n`` more keys of a block (all of them new, the worst case): chunks and
+        index slots (up to ``capacity``; keys past it fail on the device, reported at the next
+        settle). No sync: a larger index is rebuilt with errors to the error word."""
+        need = self.size_bound() + n
+        if self.capacity is not None:
+            need = min(need, self.capacity)
+        grow_rows = need > self._rows.rows
+        grow_index = need > MAX_LOAD * self._slots.shape[0]
+        if grow_rows or grow_index:
+            with self.ordered():  # after the blocks queued so far; new tensors on its stream
+                self._rows.reserve(need)
+                if grow_index:
+                    self._slots = self._ops.rebuild(
+                        self._slots, index_slots(need), error=self._error
+                    )
+            self.generation += 1
+        self._issued += n
+        self._unsettled = True
+
+    def note_size(self, rows: int, issued: int) -> None:
+        """A size read back without a sync: ``rows`` in use once the keys issued up to
+        ``issued`` were created (ignored when a later reading or a settle is newer)."""
+        if issued > self._issued_base:
+            self._size_base, self._issued_base = min(rows, self.rows_limit()), issued
+
+    def issued(self) -> int:
+        """Keys sent to block creation so far (what :meth:`note_size` compares)."""
+        return self._issued
+
+    def block_entry(self) -> cuda_ext.BlockTable:
+        """This table as a block's descriptor (valid until :attr:`generation` changes)."""
+        rows = self._rows.struct()
+        rows.R = self.rows_limit()
+        return cuda_ext.BlockTable(
+            index=cuda_ext.Index(self._slots.data_ptr(), self._slots.shape[0]),
+            table=rows,
+            next_row=self._next.data_ptr(),
+            error=self._error.data_ptr(),
+            counters=self._block_counts.data_ptr(),
+            params=self._gp,
+        )
+
+    def enter_block(self, caller: torch.cuda.Stream | None) -> None:
+        """Before a block on ``caller``'s stream: it waits for this table's own stream's work."""
+        if caller is not None and self._stream is not None and self._used_stream:
+            caller.wait_stream(self._stream)
+            self._used_stream = False
+
+    def leave_block(self, done: torch.cuda.Event | None) -> None:
+        """After a block: this table's next op on its stream waits for ``done``."""
+        self._after = done
+        self._unsettled = True
+
+    def _set_size(self, rows: int) -> None:
+        """The exact rows in use (a settle, a creation, a compaction)."""
+        self._size = self._size_base = rows
+        self._issued_base = self._issued
 
     # -- growth and creation ------------------------------------------------------------
     def _reserve(self, extra: int) -> None:
         """Room for ``extra`` more rows: new chunks (no row moves, ids kept) and a larger
         index."""
         need = self._size + extra
+        rows = self._rows.rows
         self._rows.reserve(need)
         if need > MAX_LOAD * self._slots.shape[0]:
             self._slots = self._ops.rebuild(self._slots, index_slots(need))
+            self.generation += 1
+        elif self._rows.rows != rows:
+            self.generation += 1
 
     def _find_or_create(self, keys: torch.Tensor, why: str) -> tuple[torch.Tensor, int]:
         """Rows (n,) int64 cuda of keys (n,) int64 cuda, absent ones created (initial
@@ -162,11 +323,13 @@ class DeviceTable(TableTier):
         again (by the insert).
         """
         self._misses.zero_()
+        self._ops.note_launch()
         rows = self._ops.find(self._slots, keys, self._misses)
-        if int(self._misses.item()) == 0:
+        if self._ops.item(self._misses, "misses") == 0:
             return rows, 0
         missed = rows < 0
         absent = keys[missed]
+        self._ops.synced("distinct new keys")  # the boolean index and unique: sizes read back
         distinct = int(torch.unique(absent).numel())
         if self.capacity is not None and self._size + distinct > self.capacity:
             raise CapacityExceeded(
@@ -179,7 +342,7 @@ class DeviceTable(TableTier):
         )
         rows.masked_scatter_(missed, created)  # in position order, as keys[missed]
         # calls on a table are serialised: exactly the distinct absent keys were created
-        self._size += distinct
+        self._set_size(self._size + distinct)
         return rows, distinct
 
     def _compact(self, idx: torch.Tensor) -> None:
@@ -187,9 +350,10 @@ class DeviceTable(TableTier):
         m = idx.numel()
         self._rows.compact(self._ops, idx, self._gp)  # in place, one chunk of scratch
         self._rows.release_from(max(m, self._init_rows))
-        self._size = m
+        self._set_size(m)
         self._next.fill_(m)
         self._slots = self._ops.index_new(index_slots(max(m, self._init_rows)))
+        self.generation += 1
         if m:
             ids = torch.arange(m, dtype=torch.int64, device=self.device)
             keys = torch.empty(m, dtype=torch.int64, device=self.device)
@@ -214,6 +378,7 @@ class DeviceTable(TableTier):
         (ready on the caller's current stream)."""
         caller = torch.cuda.current_stream(self.device) if self._stream is not None else None
         with self.ordered():
+            self.settle()
             kd = self._cuda(keys, torch.int64, "keys")
             if create:
                 rows, created = self._find_or_create(kd, "creating")
@@ -227,7 +392,7 @@ class DeviceTable(TableTier):
 
     @_ordered
     def pull(self, keys: torch.Tensor, create: bool, hint: object = None) -> torch.Tensor:
-        return self.pull_resident(keys, create).cpu()
+        return self._ops.read(self.pull_resident(keys, create), "pull")
 
     @_ordered
     def push(
@@ -247,13 +412,16 @@ class DeviceTable(TableTier):
         return True
 
     def size(self) -> int:
+        if self._unsettled:
+            with self.ordered():
+                self.settle()
         return self._size
 
     @_ordered
     def inspect(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
         rows = self._ops.find(self._slots, self._cuda(keys, torch.int64))
-        full = self._ops.read_rows(self._rows, rows.clamp(min=0), 0, self.width, self._gp).cpu()
-        return self._stats_of(rows.cpu(), full)
+        full = self._ops.read_rows(self._rows, rows.clamp(min=0), 0, self.width, self._gp)
+        return self._stats_of(self._ops.read(rows, "inspect"), self._ops.read(full, "inspect"))
 
     @_ordered
     def advance_day(self) -> None:
@@ -313,10 +481,11 @@ class DeviceTable(TableTier):
 
     @_ordered
     def reset(self) -> None:
-        self._size = 0
+        self._set_size(0)
         self._rows.release_from(self._init_rows)
         self._next.zero_()
         self._slots = self._ops.index_new(index_slots(self._init_rows))
+        self.generation += 1
 
     def bytes_used(self) -> dict[str, int]:
         return {"device": self._rows.nbytes() + self._slots.numel() * 8}
@@ -325,9 +494,11 @@ class DeviceTable(TableTier):
         """The chunked rows (for inspection: their chunk tensors, bytes and R)."""
         return self._rows
 
-    @_ordered
     def close(self) -> None:
-        self._size = 0
-        self._rows.clear()
-        self.staging.release()
-        self._slots = self._ops.index_new(1)
+        with self.ordered():
+            self._unsettled = False  # a pending block error dies with the table
+            self._set_size(0)
+            self._rows.clear()
+            self.staging.release()
+            self._slots = self._ops.index_new(1)
+            self.generation += 1

@@ -38,6 +38,7 @@ import torch
 from streamrec.embedding_store import lookup as lookups
 from streamrec.embedding_store.checkpoint import load_store, save_store
 from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.device_block import DeviceBlocks
 from streamrec.embedding_store.device_cache import CachedTable
 from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.errors import (
@@ -138,6 +139,8 @@ class EmbeddingStore(RowsFromTables):
         self._counts: dict[str, dict[str, int]] = {}
         self._count_lock = threading.Lock()
         self._constants: dict[float, torch.Tensor] = {}  # push defaults, see _constant
+        #: the block ops of device tables, per device (device_block.py)
+        self._device_blocks: dict[torch.device, DeviceBlocks] = {}
         self._day = 0
         self._closed = False
         self._admin = threading.Lock()  # serialises save/load/shrink/advance_day/add_tables
@@ -376,7 +379,15 @@ class EmbeddingStore(RowsFromTables):
     ) -> torch.Tensor:
         """:meth:`SparseStore.pull_rows`. Tables all in host memory: one C++ gather for the
         block under the tables' shared locks; a table with absent keys to create is then
-        pulled alone (:meth:`pull`)."""
+        pulled alone (:meth:`pull`). Tables all on one device (tier device): the block's
+        kernels once for every table, under their exclusive locks, no wait for the device
+        (:mod:`~streamrec.embedding_store.device_block`); the rows stay on that device."""
+        on_device = self._device_tiers(tables)
+        if on_device is not None:
+            keys_t, _dim, sizes = checked_block(self, tables, keys, counts)
+            self._count_keys("pull_keys", tables, sizes)
+            with self._tables_locked(tables, write=True):
+                return self._blocks(on_device).pull(on_device, keys_t, sizes, create)
         tiers = self._host_tiers(tables)
         if tiers is None:
             return super().pull_rows(tables, keys, counts, create)
@@ -409,7 +420,21 @@ class EmbeddingStore(RowsFromTables):
     ) -> None:
         """:meth:`SparseStore.push_rows`. Tables all in host memory: the block checked whole,
         then one C++ update under the tables' exclusive locks. A block with a bad value goes
-        table by table (:meth:`push_many`), whose error names the table."""
+        table by table (:meth:`push_many`), whose error names the table. Tables all on one
+        device: the block's kernels once for every table, no wait for the device; its values
+        are checked there first (a bad one writes nothing to any table and is raised, naming
+        the table, by that table's next call that synchronises: ``size``, ``stats``, ...)."""
+        on_device = self._device_tiers(tables)
+        if on_device is not None:
+            keys_t, dim, sizes = checked_block(self, tables, keys, counts)
+            n, device = keys_t.numel(), on_device[0].device
+            g = as_floats(grads, "grads", (n, dim), device)
+            s = None if shows is None else as_floats(shows, "shows", (n,), device)
+            c = None if clicks is None else as_floats(clicks, "clicks", (n,), device)
+            self._count_keys("push_keys", tables, sizes)
+            with self._tables_locked(tables, write=True):
+                self._blocks(on_device).push(on_device, keys_t, sizes, g, s, c)
+            return None
         tiers = self._host_tiers(tables)
         if tiers is None:
             return super().push_rows(tables, keys, counts, grads, shows, clicks)
@@ -432,6 +457,22 @@ class EmbeddingStore(RowsFromTables):
         if not tiers or any(type(t) is not HostTable for t in tiers):
             return None
         return tiers  # type: ignore[return-value]
+
+    def _device_tiers(self, tables: list[str]) -> list[DeviceTable] | None:
+        """The tiers of ``tables`` when every one is a device table on one device (the block
+        ops); None otherwise, or for an unknown table (refused by the caller)."""
+        tiers = [self._tiers.get(t) for t in tables] if not self._closed else []
+        if not tiers or any(type(t) is not DeviceTable for t in tiers):
+            return None
+        devices = {t.device for t in tiers}  # type: ignore[union-attr]
+        return tiers if len(devices) == 1 else None  # type: ignore[return-value]
+
+    def _blocks(self, tiers: list[DeviceTable]) -> DeviceBlocks:
+        device = tiers[0].device
+        blocks = self._device_blocks.get(device)
+        if blocks is None:
+            blocks = self._device_blocks.setdefault(device, DeviceBlocks(device))
+        return blocks
 
     def _count_keys(self, counter: str, tables: list[str], sizes: list[int]) -> None:
         with self._count_lock:
@@ -662,6 +703,8 @@ class EmbeddingStore(RowsFromTables):
             for name, tier in list(self._tiers.items()):
                 with self._locks[name].write():
                     tier.close()
+            for blocks in self._device_blocks.values():
+                blocks.release()
             self._closed = True
 
     def __enter__(self) -> EmbeddingStore:

@@ -71,7 +71,10 @@ def test_every_source_compiles_for_sm80_and_sm90(built: tuple[Path, str]) -> Non
     for arch in ("sm_80", "sm_90"):
         kernels = re.findall(rf"Compiling entry function '(\w+)' for '{arch}'", messages)
         # a kernel of every family, by its name
-        for family in ("Find", "InitRows", "Gather", "Apply", "Shrink", "PieceSums"):
+        for family in (
+            "Find", "InitRows", "Gather", "Apply", "Shrink", "PieceSums", "FindOrInsertTables",
+            "GatherTables", "KeysTables", "CheckPush", "Claim",
+        ):  # fmt: skip
             assert any(family in k for k in kernels), (arch, family, kernels)
 
 
@@ -100,6 +103,8 @@ def test_struct_layouts_match_the_header(tmp_path: Path) -> None:
         "StreamrecIndex": cuda_ext.Index,
         "StreamrecNewRows": cuda_ext.NewRows,
         "StreamrecPush": cuda_ext.Push,
+        "StreamrecBlockTable": cuda_ext.BlockTable,
+        "StreamrecBlock": cuda_ext.Block,
     }
     lines, expected = [], []
     for c_name, py in structs.items():

@@ -1,7 +1,7 @@
 // A driver of the CUDA library's C API for its ThreadSanitizer build (test_cuda_race.py):
 // the kernels' bodies on racing std::threads, over the index's insert protocol (claims,
-// duplicate keys in one call, tombstones reused, rows full, a rebuild), the push's hot keys
-// and the dirty marks. Exits nonzero, naming the check, when a result is wrong; TSan reports
+// duplicate keys in one call, tombstones reused, rows full, a rebuild), the push's hot keys,
+// the dirty marks, and the block ops (a table listed twice, a hot key across parts, the dedup). Exits nonzero, naming the check, when a result is wrong; TSan reports
 // any data race on stderr (and exits 66).
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +101,71 @@ int run() {
   return 0;
 }
 
+// The block ops: two tables, table 0 listed twice (its two parts race on one index, one
+// next_row and one created counter, beside table 1's), a hot key in both parts of table 0,
+// and the dedup of every part (its claims and atomic minimum).
+int run_block() {
+  const StreamrecTableParams p = adagrad_dim8();
+  const int64_t R = 512, per_part = 3000, distinct = 200, n = 3 * per_part;
+  std::vector<int64_t> slots0(2 * 1024), slots1(2 * 1024), keys(n), rows(n);
+  std::vector<int64_t> row_keys0(R), row_keys1(R), next(2, 0), counters(4, 0);
+  std::vector<float> data0(R * p.stride), data1(R * p.stride);
+  std::vector<int32_t> errors(2, 0), flag(1, 0);
+  for (int64_t i = 0; i < n; ++i) keys[i] = static_cast<int64_t>((i * 104729) % distinct) * 7;
+  StreamrecIndex index0{slots0.data(), 1024}, index1{slots1.data(), 1024};
+  OK(streamrec_cuda_index_init(index0, nullptr));
+  OK(streamrec_cuda_index_init(index1, nullptr));
+  float* chunks0[1] = {data0.data()};
+  float* chunks1[1] = {data1.data()};
+  int64_t* key_chunks0[1] = {row_keys0.data()};
+  int64_t* key_chunks1[1] = {row_keys1.data()};
+  StreamrecBlockTable tables[2] = {
+      {index0, {chunks0, key_chunks0, 9, R}, &next[0], &errors[0], &counters[0], p},
+      {index1, {chunks1, key_chunks1, 9, R}, &next[1], &errors[1], &counters[2], p}};
+  const int64_t offsets[4] = {0, per_part, 2 * per_part, n};
+  const int64_t part_table[3] = {0, 1, 0};
+  const StreamrecBlock block{tables, offsets, part_table, 3, n, p.dim, R, 2};
+  OK(streamrec_cuda_find_or_insert_tables(block, keys.data(), rows.data(), nullptr, nullptr));
+  CHECK(errors[0] == 0 && errors[1] == 0);
+  CHECK(next[0] == distinct && next[1] == distinct);
+  CHECK(counters[0] == distinct && counters[2] == distinct);
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int64_t>& rk = i >= per_part && i < 2 * per_part ? row_keys1 : row_keys0;
+    CHECK(rows[i] >= 0 && rk[rows[i]] == keys[i]);
+  }
+  // a hot key: position 0's row at every even position of table 0's two parts
+  std::vector<int64_t> push_rows(rows);
+  for (int64_t i = 0; i < n; i += 2)
+    if (i < per_part || i >= 2 * per_part) push_rows[i] = rows[0];
+  std::vector<float> grads(n * p.dim, 0.01f);
+  OK(streamrec_cuda_check_push_tables(block, grads.data(), nullptr, nullptr, flag.data(),
+                                      nullptr));
+  CHECK(flag[0] == 0);
+  const size_t bytes = streamrec_cuda_update_tables_scratch_bytes(n, p.dim);
+  std::vector<char> scratch(bytes + 256);
+  char* aligned = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
+  OK(streamrec_cuda_update_tables(block, push_rows.data(), grads.data(), nullptr, nullptr,
+                                  flag.data(), aligned, bytes, nullptr));
+  CHECK(flag[0] == 0 && errors[0] == 0);
+  int64_t hot = 0;  // shows of position 0's row: its even positions and its key's own odd ones
+  for (int64_t i = 0; i < n; ++i)
+    if ((i < per_part || i >= 2 * per_part) && push_rows[i] == rows[0]) ++hot;
+  CHECK(data0[rows[0] * p.stride + 0] == static_cast<float>(hot));
+  // the dedup of the three parts
+  std::vector<int64_t> uniq(n), inverse(n), counts(3), total(1);
+  const size_t ubytes = streamrec_cuda_unique_tables_scratch_bytes(n);
+  std::vector<char> uscratch(ubytes + 256);
+  char* ualigned =
+      uscratch.data() + (256 - reinterpret_cast<uintptr_t>(uscratch.data()) % 256) % 256;
+  OK(streamrec_cuda_unique_tables(keys.data(), n, offsets, 3, uniq.data(), inverse.data(),
+                                  counts.data(), total.data(), ualigned, ubytes, nullptr));
+  CHECK(counts[0] == distinct && counts[1] == distinct && counts[2] == distinct);
+  CHECK(total[0] == 3 * distinct);
+  for (int64_t i = 0; i < n; ++i) CHECK(uniq[inverse[i]] == keys[i]);
+  for (int64_t j = 0; j < distinct; ++j) CHECK(uniq[j] == keys[j]);  // first occurrences
+  return 0;
+}
+
 }  // namespace
 
-int main() { return run(); }
+int main() { return run() != 0 ? 1 : run_block(); }

@@ -47,6 +47,10 @@ int zero_async(void* p, size_t bytes, cudaStream_t stream, const char* op);
 int read_back(void* host, const void* device, size_t bytes, cudaStream_t stream, const char* op);
 // The error of the last launch (the CPU build launches synchronously: none).
 int launched(const char* op);
+// The calling host thread's counts (streamrec_cuda_launch_count / _sync_count): a kernel, a
+// memset or a library op (a sort, a scan) queued; a wait for the device.
+void count_launch();
+void count_sync();
 // CUDA devices the runtime sees (0 in the CPU build, or without a driver).
 int device_count();
 // The CUDA version the driver supports and the one linked in (1000 major + 10 minor; 0 in
@@ -75,6 +79,12 @@ STREAMREC_HD inline void raise_flag(int32_t* flag, int32_t code) {
   Atomic<int32_t>(*flag).compare_exchange_strong(zero, code, cuda::memory_order_relaxed);
 }
 
+// Whether a flag holds a code (another thread's writes to it may race: relaxed atomic load).
+STREAMREC_HD inline bool flagged(const int32_t* flag) {
+  return flag != nullptr &&
+         Atomic<int32_t>(*const_cast<int32_t*>(flag)).load(cuda::memory_order_relaxed) != 0;
+}
+
 STREAMREC_HD inline void add_to(int64_t* counter, int64_t v) {
   if (counter != nullptr) Atomic<int64_t>(*counter).fetch_add(v, cuda::memory_order_relaxed);
 }
@@ -82,17 +92,19 @@ STREAMREC_HD inline void add_to(int64_t* counter, int64_t v) {
 // ---- warp-aggregated counters: one atomic a warp (libcu++'s atomics are inline asm, which
 // nvcc does not aggregate by itself) ----
 // The threads that call together: on the GPU the warp's active threads (__activemask: those
-// converged here, a 1-D block's lane threadIdx.x % 32), the lowest of them the leader, which
-// adds for all and shuffles the old value to the others; in the CPU build each call is a warp
-// of one (mask 1, lane 0), so the same arithmetic runs there.
+// converged here, a 1-D block's lane threadIdx.x % 32) that add to the same counter (a block's
+// warp may straddle two tables: __match_any_sync on the counter's address), the lowest of them
+// the leader, which adds for all and shuffles the old value to the others; in the CPU build
+// each call is a warp of one (mask 1, lane 0), so the same arithmetic runs there.
 struct Voters {
   unsigned mask;
   int lane;
 };
 
 #if defined(__CUDA_ARCH__)  // the one warp-only block: a vote of the warp's active threads
-STREAMREC_HD inline Voters voters() {
-  return {__activemask(), static_cast<int>(threadIdx.x % 32)};
+STREAMREC_HD inline Voters voters(const void* counter) {
+  const unsigned mask = __match_any_sync(__activemask(), reinterpret_cast<uintptr_t>(counter));
+  return {mask, static_cast<int>(threadIdx.x % 32)};
 }
 STREAMREC_HD inline int popcount(unsigned m) { return __popc(m); }
 // The leader's x, for every voter.
@@ -100,7 +112,7 @@ STREAMREC_HD inline int64_t from_leader(const Voters& v, int64_t x, int leader) 
   return __shfl_sync(v.mask, static_cast<long long>(x), leader);
 }
 #else  // a warp of one
-STREAMREC_HD inline Voters voters() { return {1u, 0}; }
+STREAMREC_HD inline Voters voters(const void*) { return {1u, 0}; }
 STREAMREC_HD inline int popcount(unsigned m) { return __builtin_popcount(m); }
 STREAMREC_HD inline int64_t from_leader(const Voters&, int64_t x, int) { return x; }
 #endif
@@ -108,7 +120,7 @@ STREAMREC_HD inline int64_t from_leader(const Voters&, int64_t x, int) { return 
 // *counter += 1 for the calling thread; returns its own old value (distinct per caller, as a
 // fetch_add of 1 each would give), with one atomic add per warp.
 STREAMREC_HD inline int64_t fetch_add_one(int64_t* counter) {
-  const Voters v = voters();
+  const Voters v = voters(counter);
   const int leader = popcount((v.mask & (0u - v.mask)) - 1u);  // the lowest voter's lane
   int64_t old = 0;
   if (v.lane == leader)
@@ -133,6 +145,32 @@ STREAMREC_HD inline int64_t* key_at(const StreamrecRows& t, int64_t r) {
 // where keys) set when R > 0.
 int check_table(const StreamrecRows& t, bool values, bool keys, const char* op);
 
+// ---- blocks (StreamrecBlock): every table of a step in one call ----
+// The part holding position i (< n): the last p with offsets[p] <= i (an empty part never
+// holds one), by binary search over the (P + 1,) offsets (a few cached loads).
+STREAMREC_HD inline int64_t part_of(const StreamrecBlock& b, int64_t i) {
+  int64_t lo = 0, hi = b.parts;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (b.offsets[mid] <= i)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+// The table index of part p, and the table itself.
+STREAMREC_HD inline int64_t table_index(const StreamrecBlock& b, int64_t p) {
+  return b.part_table[p];
+}
+STREAMREC_HD inline const StreamrecBlockTable& table_of(const StreamrecBlock& b, int64_t i) {
+  return b.tables[table_index(b, part_of(b, i))];
+}
+// Checks a block a host call was given (its device arrays are the caller's contract).
+int check_block(const StreamrecBlock& b, const char* op);
+// Bits that hold every value in [0, top].
+int bits_for(uint64_t top);
+
 // ---- the launch helper: f(i) for every i in [0, n), in parallel, on the stream ----
 // f is a __host__ __device__ functor (a kernel body); it is copied to the device by value.
 #if defined(__CUDACC__)
@@ -152,6 +190,7 @@ inline unsigned blocks_for(int64_t n) {
 template <class F>
 int launch(int64_t n, const F& f, cudaStream_t stream, const char* op) {
   if (n <= 0) return STREAMREC_CUDA_OK;
+  count_launch();
   each_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, f);
   return launched(op);
 }
@@ -162,6 +201,8 @@ int launch(int64_t n, const F& f, cudaStream_t stream, const char* op) {
 template <class F>
 int launch(int64_t n, const F& f, cudaStream_t /*stream*/, const char* /*op*/) {
   constexpr int64_t kCpuThreads = STREAMREC_CPU_THREADS;
+  if (n <= 0) return STREAMREC_CUDA_OK;
+  count_launch();
   std::vector<std::thread> pool;
   for (int64_t t = 0; t < kCpuThreads && t < n; ++t)
     pool.emplace_back([&f, n, t] {
@@ -174,6 +215,7 @@ int launch(int64_t n, const F& f, cudaStream_t /*stream*/, const char* /*op*/) {
 template <class F>
 int launch(int64_t n, const F& f, cudaStream_t /*stream*/, const char* /*op*/) {
   if (n <= 0) return STREAMREC_CUDA_OK;
+  count_launch();
   thrust::for_each_n(thrust::device, thrust::counting_iterator<int64_t>(0), n, f);
   return STREAMREC_CUDA_OK;
 }

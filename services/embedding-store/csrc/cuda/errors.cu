@@ -12,8 +12,39 @@ namespace {
 
 // One message per host thread: two Python threads calling at once keep their own errors.
 thread_local char last_message[512] = "";
+// What the host thread asked of the device: ops queued, waits (streamrec_cuda_launch_count).
+thread_local uint64_t launches = 0;
+thread_local uint64_t syncs = 0;
 
 }  // namespace
+
+void count_launch() { ++launches; }
+
+void count_sync() { ++syncs; }
+
+int bits_for(uint64_t top) {
+  int b = 1;
+  while (b < 64 && (top >> b) != 0) ++b;
+  return b;
+}
+
+int check_block(const StreamrecBlock& b, const char* op) {
+  STREAMREC_CUDA_REQUIRE(b.parts >= 0 && b.n >= 0, "%s: block parts and n must be >= 0", op);
+  STREAMREC_CUDA_REQUIRE(b.parts > 0 || b.n == 0, "%s: a block of no part holds no position",
+                         op);
+  STREAMREC_CUDA_REQUIRE(b.parts == 0 || (b.tables != nullptr && b.offsets != nullptr &&
+                                          b.part_table != nullptr),
+                         "%s: block tables, offsets and part_table must be set", op);
+  STREAMREC_CUDA_REQUIRE(b.dim >= 1, "%s: block dim must be >= 1, got %lld", op,
+                         static_cast<long long>(b.dim));
+  STREAMREC_CUDA_REQUIRE(b.max_rows >= 0, "%s: block max_rows must be >= 0", op);
+  STREAMREC_CUDA_REQUIRE(
+      b.part_bits == bits_for(static_cast<uint64_t>(b.parts > 0 ? b.parts - 1 : 0)),
+      "%s: block part_bits must be %d for %lld parts, got %lld", op,
+      bits_for(static_cast<uint64_t>(b.parts > 0 ? b.parts - 1 : 0)),
+      static_cast<long long>(b.parts), static_cast<long long>(b.part_bits));
+  return STREAMREC_CUDA_OK;
+}
 
 int set_error(int code, const char* fmt, ...) {
   va_list args;
@@ -64,12 +95,14 @@ int cuda_failed(cudaError_t err, const char* what, const char* op) {
 }  // namespace
 
 int zero_async(void* p, size_t bytes, cudaStream_t stream, const char* op) {
+  count_launch();
   const cudaError_t err = cudaMemsetAsync(p, 0, bytes, stream);
   return err == cudaSuccess ? STREAMREC_CUDA_OK : cuda_failed(err, "cudaMemsetAsync", op);
 }
 
 int read_back(void* host, const void* device, size_t bytes, cudaStream_t stream,
               const char* op) {
+  count_sync();
   cudaError_t err = cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream);
   if (err != cudaSuccess) return cuda_failed(err, "cudaMemcpyAsync", op);
   err = cudaStreamSynchronize(stream);
@@ -109,12 +142,14 @@ int runtime_version() {
 }
 #else
 int zero_async(void* p, size_t bytes, cudaStream_t /*stream*/, const char* /*op*/) {
+  count_launch();
   std::memset(p, 0, bytes);
   return STREAMREC_CUDA_OK;
 }
 
 int read_back(void* host, const void* device, size_t bytes, cudaStream_t /*stream*/,
               const char* /*op*/) {
+  count_sync();
   std::memcpy(host, device, bytes);
   return STREAMREC_CUDA_OK;
 }
@@ -134,7 +169,11 @@ using namespace streamrec_cuda;
 
 extern "C" const char* streamrec_cuda_last_error(void) { return last_message; }
 
-extern "C" int streamrec_cuda_api_version(void) { return 5; }
+extern "C" int streamrec_cuda_api_version(void) { return 6; }
+
+extern "C" uint64_t streamrec_cuda_launch_count(void) { return launches; }
+
+extern "C" uint64_t streamrec_cuda_sync_count(void) { return syncs; }
 
 extern "C" int streamrec_cuda_device_count(void) { return device_count(); }
 
@@ -168,6 +207,11 @@ extern "C" int streamrec_cuda_status(int32_t* flag, cudaStream_t stream) {
                              "those keys were left as they were)");
     case STREAMREC_CUDA_ERR_ROW_OUTSIDE:
       return set_error(code, "a row id is outside the table's rows (an index of another table?)");
+    case STREAMREC_CUDA_ERR_NONFINITE:
+      return set_error(code, "a push's gradients hold NaN or Inf; nothing of it was written");
+    case STREAMREC_CUDA_ERR_BAD_COUNT:
+      return set_error(code, "a push's shows or clicks are not finite and >= 0; nothing of it "
+                             "was written");
     default:
       return set_error(code, "a kernel reported error code %d", code);
   }

@@ -30,6 +30,39 @@ struct Gather {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// A block's gather: as Gather, each position's row in its part's table (error to the table's
+// word). T a Vec4 needs dim % 4 == 0; a table whose stride is not a multiple of 4 (rows not
+// padded to 16 bytes) is read a float at a time.
+template <class T>
+struct GatherTables {
+  StreamrecBlock b;
+  const int64_t* rows;
+  T* out;
+  int64_t per_row;
+  STREAMREC_HD void operator()(int64_t j) const {
+    constexpr int64_t kWidth = sizeof(T) / sizeof(float);
+    const int64_t i = j / per_row, q = j - i * per_row;
+    const int64_t r = rows[i];
+    if (r < 0) {
+      out[j] = T{};
+      return;
+    }
+    const StreamrecBlockTable& t = table_of(b, i);
+    if (r >= t.table.R) {
+      if (q == 0) raise_flag(t.error, STREAMREC_CUDA_ERR_ROW_OUTSIDE);
+      out[j] = T{};
+      return;
+    }
+    const float* w = row_at(t.table, r, t.params.stride) + kEmbedW + kWidth * q;
+    if (kWidth == 1 || t.params.stride % 4 == 0) {
+      out[j] = *reinterpret_cast<const T*>(w);
+    } else {
+      float* o = reinterpret_cast<float*>(out + j);
+      for (int64_t c = 0; c < kWidth; ++c) o[c] = w[c];
+    }
+  }
+};
+
 // Bag b's column c: summed in position order (as torch's embedding_bag on the CPU).
 struct Pooled {
   StreamrecRows t;
@@ -99,5 +132,21 @@ extern "C" int streamrec_cuda_gather_pooled(StreamrecRows table, const int64_t* 
       bags * params->dim,
       Pooled{table, rows, offsets, mode == 1, out, flag, params->dim, params->stride}, stream,
       "gather_pooled"));
+  return ok();
+}
+
+extern "C" int streamrec_cuda_gather_tables(StreamrecBlock block, const int64_t* rows,
+                                            float* out, cudaStream_t stream) {
+  constexpr const char* kOp = "gather_tables";
+  STREAMREC_CUDA_TRY(check_block(block, kOp));
+  if (block.n == 0) return ok();
+  STREAMREC_CUDA_REQUIRE(rows != nullptr && out != nullptr, "%s: rows and out must be set", kOp);
+  const int64_t n = block.n, dim = block.dim;
+  if (dim % 4 == 0 && aligned16(out)) {
+    const GatherTables<Vec4> by4{block, rows, reinterpret_cast<Vec4*>(out), dim / 4};
+    STREAMREC_CUDA_TRY(launch(n * (dim / 4), by4, stream, kOp));
+    return ok();
+  }
+  STREAMREC_CUDA_TRY(launch(n * dim, GatherTables<float>{block, rows, out, dim}, stream, kOp));
   return ok();
 }

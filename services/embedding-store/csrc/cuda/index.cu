@@ -127,13 +127,57 @@ struct Find {
   }
 };
 
+STREAMREC_HD inline uint64_t mask_of(const StreamrecIndex& x) {
+  return static_cast<uint64_t>(x.capacity - 1);
+}
+
 // A row created by this call, as find_or_insert's first pass leaves it in rows[i] for the
 // second to initialise (-1 is a failed key; ids are >= 0).
 STREAMREC_HD inline int64_t created_mark(int64_t id) { return -2 - id; }
 
-// First pass: a new key's slot is published as soon as its row id is drawn (probes passing
-// it wait only for the id); where rows are initialised, its rows[i] is marked
-// (created_mark) for InitCreated, the second pass.
+// One key of find_or_insert's first pass (both the one-table call and the block's): its row,
+// or a new row id drawn from next_row (< table.R), its key written and its slot published at
+// once (probes passing it wait only for the id); created_mark(id) where mark (the second pass
+// initialises it), -1 where it failed (the code raised in flag).
+STREAMREC_HD inline int64_t insert_key(int64_t* s, uint64_t mask, int64_t key, int64_t* next_row,
+                                       const StreamrecRows& table, int64_t* created,
+                                       int32_t* flag, bool mark) {
+  const Claim c = claim(s, mask, key);
+  if (c.row >= 0) return c.row;
+  if (c.slot == kNoSlot) {
+    raise_flag(flag, STREAMREC_CUDA_ERR_INDEX_FULL);
+    return -1;
+  }
+  const int64_t id = fetch_add_one(next_row);
+  if (id >= table.R) {
+    raise_flag(flag, STREAMREC_CUDA_ERR_ROWS_FULL);
+    publish(s, c.slot, kTombRow);  // the key stays absent (holds() never matches a tomb)
+    return -1;
+  }
+  *key_at(table, id) = key;
+  publish(s, c.slot, id);
+  if (created != nullptr) fetch_add_one(created);
+  return mark ? created_mark(id) : id;
+}
+
+// The second pass's work on position i: the row the first pass created there (rows[i] a
+// created_mark) initialised by the row's lanes (consecutive columns: coalesced), then the
+// leader writes the id, after every lane has read the mark. Positions of keys found, or
+// failed, only read their row.
+template <class Lanes>
+STREAMREC_HD inline void init_created(int64_t* rows, int64_t i, int64_t key,
+                                      const StreamrecRows& t, const StreamrecTableParams& p,
+                                      bool expand, const Lanes& lanes) {
+  const int64_t r = rows[i];
+  if (r >= -1) return;
+  const int64_t id = created_mark(r);  // its own inverse
+  init_row_lanes(row_at(t, id, p.stride), key, p, expand, lanes);
+  lanes.sync();
+  if (lanes.leader()) rows[i] = id;
+}
+
+// First pass of one table: a new key's rows[i] marked (created_mark) where rows are
+// initialised, for InitCreated, the second pass.
 struct FindOrInsert {
   int64_t* s;
   uint64_t mask;
@@ -142,34 +186,10 @@ struct FindOrInsert {
   StreamrecNewRows nr;
   bool init;
   STREAMREC_HD void operator()(int64_t i) const {
-    const int64_t key = keys[i];
-    const Claim c = claim(s, mask, key);
-    if (c.row >= 0) {
-      rows[i] = c.row;
-      return;
-    }
-    if (c.slot == kNoSlot) {
-      raise_flag(nr.flag, STREAMREC_CUDA_ERR_INDEX_FULL);
-      rows[i] = -1;
-      return;
-    }
-    const int64_t id = fetch_add_one(nr.next_row);
-    if (id >= nr.table.R) {
-      raise_flag(nr.flag, STREAMREC_CUDA_ERR_ROWS_FULL);
-      publish(s, c.slot, kTombRow);  // the key stays absent (holds() never matches a tomb)
-      rows[i] = -1;
-      return;
-    }
-    *key_at(nr.table, id) = key;
-    publish(s, c.slot, id);
-    if (nr.created != nullptr) fetch_add_one(nr.created);
-    rows[i] = init ? created_mark(id) : id;
+    rows[i] = insert_key(s, mask, keys[i], nr.next_row, nr.table, nr.created, nr.flag, init);
   }
 };
 
-// Second pass: initialises the rows the first created, one warp a position (its lanes write
-// consecutive columns: coalesced; positions of keys found, or failed, only read their row),
-// then the leader writes the id, after every lane has read the mark.
 struct InitCreated {
   int64_t* rows;
   const int64_t* keys;
@@ -178,13 +198,55 @@ struct InitCreated {
   bool expand;
   template <class Lanes>
   STREAMREC_HD void operator()(int64_t i, const Lanes& lanes) const {
-    const int64_t r = rows[i];
-    if (r >= -1) return;
-    const int64_t id = created_mark(r);  // its own inverse
-    init_row_lanes(row_at(t, id, p.stride), keys[i], p, expand, lanes);
-    lanes.sync();
-    if (lanes.leader()) rows[i] = id;
+    init_created(rows, i, keys[i], t, p, expand, lanes);
   }
+};
+
+// ---- blocks: each position's table from its part ----
+struct FindTables {
+  StreamrecBlock b;
+  const int64_t* keys;
+  int64_t* rows;
+  STREAMREC_HD void operator()(int64_t i) const {
+    const StreamrecIndex& x = table_of(b, i).index;
+    rows[i] = lookup(x.slots, mask_of(x), keys[i]);
+  }
+};
+
+// First pass of a block: as FindOrInsert, into the position's table (its next_row, its
+// created counter, its error word); nothing when skip holds a code.
+struct FindOrInsertTables {
+  StreamrecBlock b;
+  const int64_t* keys;
+  int64_t* rows;
+  const int32_t* skip;
+  STREAMREC_HD void operator()(int64_t i) const {
+    if (flagged(skip)) {
+      rows[i] = -1;
+      return;
+    }
+    const StreamrecBlockTable& t = table_of(b, i);
+    rows[i] = insert_key(t.index.slots, mask_of(t.index), keys[i], t.next_row, t.table,
+                         t.counters, t.error, true);
+  }
+};
+
+struct InitCreatedTables {
+  StreamrecBlock b;
+  int64_t* rows;
+  const int64_t* keys;
+  template <class Lanes>
+  STREAMREC_HD void operator()(int64_t i, const Lanes& lanes) const {
+    if (rows[i] >= -1) return;  // most positions: no table lookup
+    const StreamrecBlockTable& t = table_of(b, i);
+    init_created(rows, i, keys[i], t.table, t.params, expand_at_creation(t.params), lanes);
+  }
+};
+
+struct BlockSizes {
+  const StreamrecBlockTable* tables;
+  int64_t* sizes;
+  STREAMREC_HD void operator()(int64_t t) const { sizes[t] = *tables[t].next_row; }
 };
 
 struct InsertOrAssign {
@@ -286,8 +348,6 @@ int check_keys(const void* keys, int64_t n, const char* op) {
   return STREAMREC_CUDA_OK;
 }
 
-uint64_t mask_of(const StreamrecIndex& x) { return static_cast<uint64_t>(x.capacity - 1); }
-
 }  // namespace
 }  // namespace streamrec_cuda
 
@@ -388,5 +448,37 @@ extern "C" int streamrec_cuda_index_rebuild(StreamrecIndex src, StreamrecIndex d
   STREAMREC_CUDA_TRY(launch(dst.capacity, InitSlots{dst.slots}, stream, "index_rebuild"));
   STREAMREC_CUDA_TRY(launch(src.capacity, Rebuild{src.slots, dst.slots, mask_of(dst), flag},
                             stream, "index_rebuild"));
+  return ok();
+}
+
+extern "C" int streamrec_cuda_find_tables(StreamrecBlock block, const int64_t* keys,
+                                          int64_t* rows, cudaStream_t stream) {
+  constexpr const char* kOp = "find_tables";
+  STREAMREC_CUDA_TRY(check_block(block, kOp));
+  STREAMREC_CUDA_REQUIRE(block.n == 0 || (keys != nullptr && rows != nullptr),
+                         "%s: keys and rows must be set", kOp);
+  STREAMREC_CUDA_TRY(launch(block.n, FindTables{block, keys, rows}, stream, kOp));
+  return ok();
+}
+
+extern "C" int streamrec_cuda_find_or_insert_tables(StreamrecBlock block, const int64_t* keys,
+                                                    int64_t* rows, const int32_t* skip,
+                                                    cudaStream_t stream) {
+  constexpr const char* kOp = "find_or_insert_tables";
+  STREAMREC_CUDA_TRY(check_block(block, kOp));
+  STREAMREC_CUDA_REQUIRE(block.n == 0 || (keys != nullptr && rows != nullptr),
+                         "%s: keys and rows must be set", kOp);
+  STREAMREC_CUDA_TRY(
+      launch(block.n, FindOrInsertTables{block, keys, rows, skip}, stream, kOp));
+  STREAMREC_CUDA_TRY(launch_rows(block.n, InitCreatedTables{block, rows, keys}, stream, kOp));
+  return ok();
+}
+
+extern "C" int streamrec_cuda_block_sizes(const StreamrecBlockTable* tables, int64_t count,
+                                          int64_t* sizes, cudaStream_t stream) {
+  STREAMREC_CUDA_REQUIRE(count >= 0, "block_sizes: count must be >= 0");
+  STREAMREC_CUDA_REQUIRE(count == 0 || (tables != nullptr && sizes != nullptr),
+                         "block_sizes: tables and sizes must be set");
+  STREAMREC_CUDA_TRY(launch(count, BlockSizes{tables, sizes}, stream, "block_sizes"));
   return ok();
 }

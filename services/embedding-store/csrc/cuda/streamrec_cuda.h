@@ -55,6 +55,8 @@ extern "C" {
 #define STREAMREC_CUDA_ERR_INDEX_FULL 3    // no empty slot for a new key (kernel flag)
 #define STREAMREC_CUDA_ERR_ROWS_FULL 4     // no free row for a new key (kernel flag)
 #define STREAMREC_CUDA_ERR_ROW_OUTSIDE 5   // a row id >= R (kernel flag)
+#define STREAMREC_CUDA_ERR_NONFINITE 6     // a push's gradient is NaN or Inf (kernel flag)
+#define STREAMREC_CUDA_ERR_BAD_COUNT 7     // a push's show or click is NaN, Inf or < 0 (flag)
 
 // Message of the calling thread's last error ("" when none); valid until its next call.
 const char* streamrec_cuda_last_error(void);
@@ -75,6 +77,13 @@ int streamrec_cuda_cpu_device(void);
 // `stream`, resets it to 0 and returns its code (0, or an ERR_* code a kernel set); the
 // message names what the kernel found.
 int streamrec_cuda_status(int32_t* flag, cudaStream_t stream);
+// What the calling host thread has asked of the device since it started (never fails): the
+// kernels (and memsets, and library ops such as a sort or a scan, each counted once) its calls
+// launched, and the times a call waited for the device (streamrec_cuda_status). The CPU build
+// counts the same ops at the same places, so a test without a GPU can assert how many a step
+// launches and that it does not wait.
+uint64_t streamrec_cuda_launch_count(void);
+uint64_t streamrec_cuda_sync_count(void);
 
 // ---- table parameters (csrc/cpu/table_params.h, finalized on the host) ----
 // Rule kinds: 0 naive SGD, 1 AdaGrad, 2 StdAdaGrad, 3 Adam. Init kinds: 0 zeros,
@@ -257,6 +266,90 @@ int streamrec_cuda_update(StreamrecPush push, void* scratch, size_t scratch_byte
                           const StreamrecTableParams* params, cudaStream_t stream);
 // Scratch bytes streamrec_cuda_update needs for n positions of dim weights (0 when n == 0).
 size_t streamrec_cuda_update_scratch_bytes(int64_t n, int64_t dim);
+
+// ---- blocks: every table of a step in one launch per op (index.cu, gather.cu, update.cu) ----
+// A block is P parts laid end to end over n positions (keys, rows, gradients), part p holding
+// positions [offsets[p], offsets[p + 1]) of table part_table[p]; a table may hold several
+// parts (listed twice: its parts apply in part order, as calls one part at a time would). The
+// ops take every table at once, so a step launches the same kernels whatever its table count,
+// and none of them waits for the device: a kernel's error goes to the sticky error word of the
+// table it concerns (StreamrecBlockTable.error), which the host reads at its next point that
+// must synchronise anyway (cuda_ext.py / device_tier.py), naming the table.
+//
+//   part        0           1       2
+//   table       "user" (0)  "item"  "user" (0)     part_table [0, 1, 0]
+//   positions   [0, 3)      [3, 3)  [3, 5)         offsets    [0, 3, 3, 5]
+typedef struct {
+  StreamrecIndex index;         // the table's hash index
+  StreamrecRows table;          // chunks and key_chunks set; new row ids must stay below R
+                                // (reserved ahead by the host: R is min(rows, capacity))
+  int64_t* next_row;            // (1,) int64 device: the next free row id, updated
+  int32_t* error;               // (1,) int32 device: the first ERR_* code a kernel met for this
+                                // table, kept until the host reads and clears it
+  int64_t* counters;            // (2,) int64 device: += rows created, rows expanded
+  StreamrecTableParams params;  // finalized; every table of a block has one dim
+} StreamrecBlockTable;
+
+typedef struct {
+  const StreamrecBlockTable* tables;  // (T,) device
+  const int64_t* offsets;             // (P + 1,) int64 device, rising from 0 to n
+  const int64_t* part_table;          // (P,) int64 device, each in [0, T)
+  int64_t parts;                      // P >= 0
+  int64_t n;                          // positions: offsets[P]
+  int64_t dim;                        // weights per row, the params' dim of every table
+  int64_t max_rows;                   // >= every table's R (the push's sort takes its bits)
+  int64_t part_bits;                  // bits that hold every part index, 1 + floor(log2 P)
+} StreamrecBlock;
+
+// find over every part: row per key (its part's table), -1 where absent.
+// keys, rows: (n,) int64 device.
+int streamrec_cuda_find_tables(StreamrecBlock block, const int64_t* keys, int64_t* rows,
+                               cudaStream_t stream);
+// find_or_insert over every part, new rows initialised (ids from their table's next_row; a
+// key's duplicates, in one part or in two parts of one table, share one row). A table's failure
+// (ERR_INDEX_FULL, ERR_ROWS_FULL) goes to its error word, that key's row -1. skip: (1,) int32
+// device or NULL; when it holds an error code on entry (check_push_tables found a bad value)
+// nothing is inserted and every row reads -1. keys, rows: (n,) int64 device.
+int streamrec_cuda_find_or_insert_tables(StreamrecBlock block, const int64_t* keys,
+                                         int64_t* rows, const int32_t* skip,
+                                         cudaStream_t stream);
+// The weights of rows (their part's table), zeros where rows[i] < 0; a row >= R sets its
+// table's ERR_ROW_OUTSIDE (and reads zeros). rows: (n,) int64 device; out: (n, dim) float32.
+int streamrec_cuda_gather_tables(StreamrecBlock block, const int64_t* rows, float* out,
+                                 cudaStream_t stream);
+// The push's inputs checked before anything is written: flag (1,) int32 device is zeroed,
+// then set (and the table's error word) where a gradient is NaN/Inf (ERR_NONFINITE) or a show
+// or click is NaN/Inf/< 0 (ERR_BAD_COUNT). grads (n, dim), shows and clicks (n,) float32
+// device; shows NULL: 1 per position, clicks NULL: 0.
+int streamrec_cuda_check_push_tables(StreamrecBlock block, const float* grads,
+                                     const float* shows, const float* clicks, int32_t* flag,
+                                     cudaStream_t stream);
+// The fused push of every part (streamrec_cuda_update's semantics per part): positions grouped
+// by (table, row, part) with one radix sort, each group summed in float64 in position order
+// (pieces of 64 positions counted from the group's start, so the floats do not depend on where
+// the group lies in the block), then one warp per (table, row) runs the push step for each of
+// its parts in part order. Nothing is written when flag (1,) int32 device holds a code on
+// entry, or a row is >= its table's R (ERR_ROW_OUTSIDE, in flag and the table's word).
+// rows: (n,) int64 device (< 0 skipped); grads, shows, clicks as check_push_tables; scratch:
+// streamrec_cuda_update_tables_scratch_bytes(block.n, block.dim) bytes, aligned to 256.
+int streamrec_cuda_update_tables(StreamrecBlock block, const int64_t* rows, const float* grads,
+                                 const float* shows, const float* clicks, int32_t* flag,
+                                 void* scratch, size_t scratch_bytes, cudaStream_t stream);
+size_t streamrec_cuda_update_tables_scratch_bytes(int64_t n, int64_t dim);
+// Every table's next_row into sizes (T,) int64 device (one launch: what the host reads back
+// without waiting, to size its reservations). tables: as StreamrecBlock.tables.
+int streamrec_cuda_block_sizes(const StreamrecBlockTable* tables, int64_t count, int64_t* sizes,
+                               cudaStream_t stream);
+// The keys' dedup of every part at once (the CPU core's unique_groups): distinct (n,) int64
+// device gets each part's distinct keys in order of first occurrence, part after part (the
+// first *total of it written); inverse (n,) int64 device each position's index in distinct;
+// counts (P,) int64 device the distinct keys per part; total (1,) int64 device. scratch:
+// streamrec_cuda_unique_tables_scratch_bytes(n) bytes, aligned to 256.
+int streamrec_cuda_unique_tables(const int64_t* keys, int64_t n, const int64_t* offsets,
+                                 int64_t parts, int64_t* distinct, int64_t* inverse,
+                                 int64_t* counts, int64_t* total, void* scratch,
+                                 size_t scratch_bytes, cudaStream_t stream);
+size_t streamrec_cuda_unique_tables_scratch_bytes(int64_t n);
 
 // ---- day advance, shrink, save selection, dirty marks (shrink.cu) ----
 // table: chunks set; size: the rows in use, 0 <= size <= R.
