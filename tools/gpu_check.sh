@@ -27,11 +27,29 @@
 #                                  then bench/trainer.py --device cuda --setup b --full against
 #                                  the reference step on the same GPU (3-6 min in all)
 #   tools/gpu_check.sh all         first, then tests .. bench in this order (no run limit)
+#   tools/gpu_check.sh speed       issue 44's checks and figures in at most 8 minutes in all
+#                                  (SPEED_STEPS), each step printed as it comes: install (the
+#                                  rest is skipped when it fails); build (make cuda); the
+#                                  gpu-marked tests at their GPU parameters (the CPU build's
+#                                  run on every CPU machine); bench/host_pipeline.py on this
+#                                  host's cores; bench/trainer.py --device cuda --setup b --full
+#                                  (precision auto), store tier host then device;
+#                                  bench/embedding_store_gpu.py (4M rows, 5 steps);
+#                                  compute-sanitizer memcheck, racecheck, initcheck, synccheck
+#                                  over a few op tests' GPU parameters (SPEED_SANITIZE_K).
+#                                  SPEED_STEPS gives each step's limit: a step must end by the
+#                                  start + the limits up to it (time one leaves goes to the
+#                                  next; one with under MIN_STEP_S left is skipped, said so).
+#                                  Every log in $OUT/speed-logs.tar.gz, the lines in
+#                                  $OUT/speed.log. Carrying build/cuda (built here by
+#                                  `make cuda`) saves the build where make finds it current.
 #
 # Logs go under $OUT (or build/gpu-check where OUT is unset). compute-sanitizer may be refused
 # on a sandboxed host: the step then fails saying so in its log.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
+#: this script, for the speed run's steps (each a process of its own under timeout)
+SELF=$PWD/tools/$(basename "$0")
 OUT=${OUT:-build/gpu-check}
 SITE=$PWD/build/gpu-site
 mkdir -p "$OUT"
@@ -43,11 +61,14 @@ GPU_TESTS="tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cud
   tests/embedding_store/test_device_wiring.py tests/embedding_store/test_device_rows.py
   tests/embedding_store/test_device_staging.py"
 
+#: the op tests compute-sanitizer runs over (pytest -k): their GPU parameters
+SANITIZE_K=${SANITIZE_K:-[cuda}
+
 sanitize() {  # compute-sanitizer --tool $1 over the GPU parameters ([cuda...]) of the op tests
   local tool=$1
   shift
   "$@" compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
-    python3 -m pytest -q -x -p no:cacheprovider -m gpu -k "[cuda" \
+    python3 -m pytest -q -x -p no:cacheprovider -m gpu -k "$SANITIZE_K" \
     tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cuda_hazards.py \
     >"$OUT/sanitizer-$tool.log" 2>&1
   local s=$?
@@ -64,6 +85,18 @@ TRAINER_GPU_TESTS="tests/trainer/test_staging.py tests/trainer/test_device.py
 #: seconds the trainer bench may take (with its tests the step stays under 6 minutes; each
 #: figure is logged as it comes, so a bench cut short still says what it measured)
 TRAINER_BENCH_S=300
+#: nvcc for `make cuda`: the gencode targets of a file compiled side by side
+NVCC_BUILD="nvcc --threads 0"
+
+#: speed: each step's limit in seconds, in order; 480 in all (8 minutes)
+SPEED_STEPS=${SPEED_STEPS:-"install:50 build:70 tests:70 host:20 trainer-host:55
+  trainer-device:75 store:40 memcheck:25 racecheck:25 initcheck:25 synccheck:25"}
+#: speed: a step with less time than this left is skipped
+MIN_STEP_S=5
+#: speed: the op tests compute-sanitizer runs over, so each tool fits its limit: 3 (creation
+#: with repeats, gather and bag pooling, an AdaGrad update)
+SPEED_OPS="find_or_insert_matches or gather_and_bag or (update_is_bit_identical and 33-SparseAdaGrad)"
+SPEED_SANITIZE_K=${SPEED_SANITIZE_K:-"[cuda and ($SPEED_OPS)"}
 
 drivers() {  # the driver's major version and nvidia-smi's GPU count against torch's
   local driver count torch_count
@@ -98,7 +131,8 @@ step() {
       python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target "$SITE" . \
         >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; } ;;
     build)
-      make cuda NVCC=nvcc >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; return 1; }
+      make cuda NVCC="$NVCC_BUILD" >>"$OUT/build.log" 2>&1 ||
+        { tail -30 "$OUT/build.log"; return 1; }
       # load() refuses a library whose runtime sees other than torch's devices (old driver)
       python3 -c 'from streamrec.embedding_store import cuda_ext as c
 n = c.load().lib.streamrec_cuda_device_count(); print(f"the CUDA extension sees {n} GPU(s)")' ;;
@@ -123,10 +157,71 @@ n = c.load().lib.streamrec_cuda_device_count(); print(f"the CUDA extension sees 
     bench)
       python3 bench/embedding_store_gpu.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
       return "${PIPESTATUS[0]}" ;;
+    speed) speed ;;
+    speed-tests)  # the GPU parameters only: the CPU build's are every CPU machine's tests
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -p no:cacheprovider -m gpu -k "not [cpu" $GPU_TESTS \
+        $TRAINER_GPU_TESTS 2>&1 | tee "$OUT/speed-tests.log" | tail -8
+      return "${PIPESTATUS[0]}" ;;
+    speed-host)
+      python3 bench/host_pipeline.py --samples 204800 --reps 5 --workers 2 4 8 2>&1 |
+        tee "$OUT/host-pipeline.txt"
+      return "${PIPESTATUS[0]}" ;;
+    speed-trainer-host | speed-trainer-device)
+      python3 bench/trainer.py --device cuda --setup b --full --precision auto \
+        --store-tier "${1#speed-trainer-}" 2>&1 | tee "$OUT/$1.txt"
+      return "${PIPESTATUS[0]}" ;;
+    speed-store)
+      python3 bench/embedding_store_gpu.py --capacity 4194304 --steps 5 \
+        --json "$OUT/store-bench.json" 2>&1 | tee "$OUT/store-bench.txt"
+      return "${PIPESTATUS[0]}" ;;
+    speed-memcheck | speed-racecheck | speed-initcheck | speed-synccheck)
+      SANITIZE_K=$SPEED_SANITIZE_K step "${1#speed-}" ;;
+    speed-install) step install ;;
+    speed-build) drivers && step build ;;
     *) echo "unknown step '$1' (first install build tests memcheck racecheck initcheck synccheck" \
-      "bench trainer all)" >&2
+      "bench trainer speed all)" >&2
       return 2 ;;
   esac
+}
+
+say() {  # a line of the speed run: on stdout and in $SPEED_LOG
+  echo "$*" | tee -a "$SPEED_LOG"
+}
+
+speed() {  # the steps of SPEED_STEPS, each in this script under `timeout` (see the header)
+  local start=$SECONDS due=0 total=0 failed="" skipped="" entry name left began rc late
+  local logs=build/gpu-check/speed
+  SPEED_LOG=$OUT/speed.log
+  rm -rf "$logs" && mkdir -p "$logs" && : >"$SPEED_LOG"
+  for entry in $SPEED_STEPS; do total=$((total + ${entry#*:})); done
+  say "speed: $(date -u +%FT%TZ), at most $total s in all (SPEED_STEPS)"
+  for entry in $SPEED_STEPS; do
+    name=${entry%%:*}
+    due=$((due + ${entry#*:}))
+    left=$((due - (SECONDS - start)))
+    if [[ "$failed" == *install* ]]; then
+      say "== $name: SKIPPED (install failed)"
+      skipped="$skipped $name"
+      continue
+    fi
+    if [ "$left" -lt "$MIN_STEP_S" ]; then
+      say "== $name: SKIPPED (${left} s left of its time)"
+      skipped="$skipped $name"
+      continue
+    fi
+    say "== $name (at most $left s)"
+    began=$SECONDS
+    # its own process group under timeout: a step cut short takes its children with it
+    OUT=$logs timeout -k 5 "$left" "$SELF" "speed-$name" 2>&1 | tee -a "$SPEED_LOG"
+    rc=${PIPESTATUS[0]}
+    case $rc in 124 | 137) late=" (out of time)" ;; *) late="" ;; esac
+    say "== $name: exit $rc in $((SECONDS - began)) s$late"
+    [ "$rc" = 0 ] || failed="$failed $name"
+  done
+  tar czf "$OUT/speed-logs.tar.gz" -C "$logs" . 2>/dev/null
+  say "speed: $((SECONDS - start)) s in all; failed:${failed:- none}; skipped:${skipped:- none}"
+  [ -z "$failed$skipped" ]
 }
 
 [ $# -eq 1 ] || { echo "usage: tools/gpu_check.sh STEP (see the header)" >&2; exit 2; }

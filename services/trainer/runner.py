@@ -70,7 +70,7 @@ from streamrec.trainer.negsampling import ItemSide, NegativeSampler
 from streamrec.trainer.precision import compute_in, resolve
 from streamrec.trainer.run_plan import RunPlan, data_wait_failed, plan_run
 from streamrec.trainer.sparse import SparseBatch, SparseTables
-from streamrec.trainer.sparse_worker import sparse_executor
+from streamrec.trainer.sparse_worker import prefetch_workers, sparse_executor
 from streamrec.trainer.staging import Staging
 from streamrec.trainer.store import build_table_options, make_store
 from streamrec.trainer.thread_tuner import ThreadTuner
@@ -199,6 +199,8 @@ class OnlineTrainer(ModelSaves):
         self._pool = sparse_executor(
             r.sparse_worker, self.device.type, in_process=not config.store.endpoints
         )
+        #: threads a batch's dedup runs on, ahead of the step (sparse_worker.py)
+        self.prefetch_workers = prefetch_workers(self.device.type)
         #: The node's sampler, reached at the first pass (:meth:`_reach_sampler`).
         self.negatives: NegativeSampler | None = None
         if config.negative_sampling.enabled:  # its slots or features, before any pass
@@ -240,8 +242,9 @@ class OnlineTrainer(ModelSaves):
     def _prefetch(
         self, files: list[Path], stats: ParseStats, batch_size: int
     ) -> Prefetcher[Batch, tuple[Batch, SparseBatch]]:
-        """Reads, parses and prepares (:meth:`_prepare`) the batches of ``files`` in a
-        background thread, ``prefetch_batches`` ahead of the caller."""
+        """Reads, parses and samples negatives for the batches of ``files`` in a background
+        thread, in order, and prepares them (:meth:`_prepare`) on :attr:`prefetch_workers`
+        threads, ``prefetch_batches`` ahead of the caller."""
         r, hp = self.config.runner, self.config.hyper_parameters
         batches = iter_batches(
             files,
@@ -253,12 +256,12 @@ class OnlineTrainer(ModelSaves):
             int(r.read_chunk_mb * (1 << 20)),
             r.feature_schema,
         )
-        return Prefetcher(batches, self._prepare, depth=r.prefetch_batches)
+        if self.negatives is not None:  # the sampler's calls one at a time, in order
+            batches = map(self.negatives, batches)
+        return Prefetcher(batches, self._prepare, r.prefetch_batches, self.prefetch_workers)
 
     def _prepare(self, batch: Batch) -> tuple[Batch, SparseBatch]:
-        """Prefetch thread: negatives (when sampling), then the fused dedup of the keys."""
-        if self.negatives is not None:
-            batch = self.negatives(batch)
+        """A prefetch worker: the fused dedup of the keys (pure: batches side by side)."""
         return batch, self.sparse.prepare(batch)
 
     def _pull(self, item: tuple[Batch, SparseBatch], create: bool) -> SparseBatch:
