@@ -9,9 +9,10 @@ release year and genres). Nothing of it is committed: it is fetched with
 redistribution).
 
 One event a rating: ``click`` = rating >= 4 (55% of ratings), dense ``age`` and ``year``
-(the movie's release year - 1900, 0 when unknown), sparse ``user_id``, ``item_id``,
-``gender``, ``occupation``, ``zip3`` (the zip code's first 3 characters) and ``genres`` (a
-list of strings). The log goes through ``streamrec-datagen --from-events`` with
+(the movie's release year - 1900, 0 when unknown; raw in the schema, no ``log1p``: a user
+brings raw columns, and the trainer's defaults are measured on them), sparse ``user_id``,
+``item_id``, ``gender``, ``occupation``, ``zip3`` (the zip code's first 3 characters) and
+``genres`` (a list of strings). The log goes through ``streamrec-datagen --from-events`` with
 ``--split-interval 1440``, so a pass is a day (215 of them).
 
     python bench/movielens.py --out /tmp/ml100k
@@ -36,7 +37,7 @@ INSIDE = "recbole/dataset_example/ml-100k/ml-100k"
 
 SCHEMA = {
     "label": "click",
-    "dense": [{"name": "age", "log1p": True}, {"name": "year", "log1p": True}],
+    "dense": ["age", "year"],  # raw, as a user brings them: the trainer's defaults transform
     "sparse": [
         {"name": "user_id"},
         {"name": "item_id"},

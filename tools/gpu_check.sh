@@ -56,7 +56,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export STREAMREC_CUDA_LIB=$PWD/build/cuda/libstreamrec_cuda.so
-GPU_TESTS="tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_cuda_hazards.py
+GPU_TESTS="tests/embedding_store/test_cuda_ops.py tests/embedding_store/test_device_block.py tests/embedding_store/test_cuda_hazards.py
   tests/embedding_store/test_cuda_device_tier.py tests/embedding_store/test_device_cache.py
   tests/embedding_store/test_device_wiring.py tests/embedding_store/test_device_rows.py
   tests/embedding_store/test_device_staging.py"
