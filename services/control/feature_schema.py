@@ -13,12 +13,11 @@ In a job file it is ``runner.schema`` (in a REST job ``data.schema``)::
           - {name: hist, table: user_id}        # user_id's table: one row a key for both
           - {name: city, dim: 4}                # a 4-wide table, projected to the job's dim
 
-Dense features are fed raw: each is read as a float (null or NaN: missing), taken through
-the signed log ``sign(x) log(|x| + 1)``, then standardized online by the model with running
-statistics saved with it (``streamrec.trainer.dense_norm``: PaddleRec's ``data_norm``); a
-missing value becomes 0. ``{name: age, log1p: true}`` takes ``log(max(x, 0) + 1)`` instead,
-``log1p: false`` the value as it is, ``normalize: false`` skips the standardization (and the
-default log) of that feature.
+Dense features are fed raw: each is read as a float (null or NaN: missing), then
+standardized online by the model with running statistics saved with it
+(``streamrec.trainer.dense_norm``: PaddleRec's ``data_norm``), clipped to +-8 deviations; a
+missing value becomes 0. ``{name: age, log1p: true}`` takes ``log(max(x, 0) + 1)`` first,
+``normalize: false`` skips the standardization of that feature.
 
 Each sparse feature is an embedding table pooled ``sum`` or ``mean`` over its bag of keys
 (an empty bag pools to zeros). ``criteo`` and ``generated`` are presets of the schema:
@@ -83,23 +82,17 @@ class DenseFeature(StrictConfig):
 
     Attributes:
         name: the column (or slot-text name).
-        log1p: True: ``log(max(x, 0) + 1)``; False: x as it is; None (the default): the
-            signed ``sign(x) log(|x| + 1)`` when the feature is normalized (counts, prices and
-            money come out in a range the normalizer can standardize), x as it is when not;
-            criteo/generated always take ``log1p``.
+        log1p: True: ``log(max(x, 0) + 1)``; False or None (the default): x as it is
+            (standardized by the normalizer: measured on real data sets, a log before it
+            lost AUC, BENCHMARKS.md "Quality on real data sets"); criteo/generated always
+            take ``log1p``.
         normalize: standardize the feature by running statistics kept with the model (a
-            missing value becomes 0, the mean); False: the transformed value as it is (a
-            missing one 0).
+            missing value becomes 0, the mean); False: the value as it is (a missing one 0).
     """
 
     name: str = Field(pattern=FEATURE_NAME)
     log1p: bool | None = None
     normalize: bool = True
-
-    @property
-    def signed_log(self) -> bool:
-        """Whether the default signed log is taken (``log1p`` None, normalized)."""
-        return self.log1p is None and self.normalize
 
 
 class SparseFeature(StrictConfig):

@@ -91,9 +91,8 @@ class SlotBad(IntEnum):
 def make_batch(
     schema: FeatureSchema, labels: np.ndarray, dense: np.ndarray, bags: list[RaggedTensor]
 ) -> Batch:
-    """A ragged Batch; each dense column transformed as the schema says (``log1p``: the
-    log of the value's positive part; the default: the signed log, ``DenseFeature``). A
-    missing value (NaN) stays NaN for the model's normalizer.
+    """A ragged Batch; ``log1p`` taken of the dense columns the schema asks it of (the log of
+    the value's positive part). A missing value (NaN) stays NaN for the model's normalizer.
 
     Args:
         labels: (B,) float, > 0 a click; dense: (B, D) float; bags: S RaggedTensors of B rows.
@@ -102,10 +101,6 @@ def make_batch(
     logs = [i for i, d in enumerate(schema.dense) if d.log1p]
     if logs:
         dense[:, logs] = np.log1p(np.maximum(dense[:, logs], 0))
-    signed = [i for i, d in enumerate(schema.dense) if d.signed_log]
-    if signed:
-        cols = dense[:, signed]
-        dense[:, signed] = np.copysign(np.log1p(np.abs(cols)), cols)
     return Batch(
         dense=torch.from_numpy(np.ascontiguousarray(dense)),
         labels=torch.from_numpy((labels > 0).astype(np.float32)),

@@ -70,9 +70,8 @@ def test_a_clean_line_and_its_values():
     got, stats = assert_same(line(*GOOD, "user_id:17", "genres:5", "genres:9", "item.id:sku-53"))
     assert (stats.lines, stats.malformed, stats.first_bad) == (1, 0, None)
     assert got.labels.tolist() == [1.0]
-    # age and score take the default signed log, price its log1p (make_batch)
-    raw = np.float32([0.5, 2, -1.25])
-    assert got.dense.tolist() == [(np.sign(raw) * np.log1p(np.abs(raw))).tolist()]
+    # age and score as they are (the model standardizes them), price its log1p (make_batch)
+    assert got.dense.tolist() == [[0.5, float(np.log1p(np.float32(2))), -1.25]]
     assert [b.to_list() for b in got.bags] == [[[17]], [[5, 9]], [[]], [[string_key("sku-53")]]]
 
 
