@@ -9,9 +9,11 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from servers import free_port, wait_for
+from streamrec.control.channel import ReportKind, TrainerChannel
 from streamrec.process import spawn, stop_process
 
 TOKEN = "test-token-0123456789"
@@ -137,3 +139,23 @@ def healthy(url: str) -> bool:
         return httpx.get(url + "/healthz", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def report_pass(redis_url: str, job_id: str, record: dict[str, Any]) -> str:
+    """As a trainer would: takes the pass handed out and reports it done with ``record``;
+    returns its key (``day/pass_id``)."""
+    ch = TrainerChannel(redis_url, job_id, "fake-trainer")
+    try:
+        item = wait_for(lambda: ch.take_pass(block_ms=200), what="pass handed out")
+        ch.report(
+            ReportKind.PASS_DONE,
+            day=item.spec.day,
+            pass_id=item.spec.pass_id,
+            ranks=1,
+            attempt=item.attempt,
+            record=record,
+        )
+        ch.ack_pass(item)
+        return f"{item.spec.day}/{item.spec.pass_id}"
+    finally:
+        ch.close()

@@ -5,11 +5,8 @@ pass sets it 0 with no event, and deleting the job drops it."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from api_helpers import job_body, land_split
+from api_helpers import job_body, land_split, report_pass
 from servers import parse_metrics, wait_for
-from streamrec.control.channel import ReportKind, TrainerChannel
 
 GAUGE = "streamrec_api_pass_predictions_collapsed"
 
@@ -52,25 +49,6 @@ def gauge(client, job_id: str) -> float | None:
     return parse_metrics(client.get("/metrics").text).get(f'{GAUGE}{{job_id="{job_id}"}}')
 
 
-def report_passes(redis_url: str, job_id: str, records: list[dict[str, Any]]) -> None:
-    """Takes each pass handed out and reports it done with the next record."""
-    ch = TrainerChannel(redis_url, job_id, "fake-trainer")
-    try:
-        for record in records:
-            item = wait_for(lambda: ch.take_pass(block_ms=200), what="pass handed out")
-            ch.report(
-                ReportKind.PASS_DONE,
-                day=item.spec.day,
-                pass_id=item.spec.pass_id,
-                ranks=1,
-                attempt=item.attempt,
-                record=record,
-            )
-            ch.ack_pass(item)
-    finally:
-        ch.close()
-
-
 def started(client, roots, name: str) -> str:
     for split in ("0000", "0600", "1200"):
         land_split(roots["data"] / name, "20190720", split)
@@ -83,12 +61,12 @@ def test_a_collapsed_pass_has_an_event_and_the_gauge_until_a_healthy_one(
     client, roots, redis_server
 ):
     job_id = started(client, roots, "collapsed")
-    report_passes(redis_server.url, job_id, [HEALTHY])
+    report_pass(redis_server.url, job_id, HEALTHY)
     wait_for(lambda: gauge(client, job_id) is not None, what="the gauge after pass 1")
     assert gauge(client, job_id) == 0.0
     assert events_of(client, job_id, "predictions_collapsed") == []
 
-    report_passes(redis_server.url, job_id, [SATURATED])
+    report_pass(redis_server.url, job_id, SATURATED)
     (event,) = wait_for(
         lambda: events_of(client, job_id, "predictions_collapsed"), what="the collapse event"
     )
@@ -103,7 +81,7 @@ def test_a_collapsed_pass_has_an_event_and_the_gauge_until_a_healthy_one(
     # written with the pass's own event, in its transaction: the pass is done when it shows
     assert client.get(f"/v1/jobs/{job_id}/passes/20190720/2").json()["state"] == "done"
 
-    report_passes(redis_server.url, job_id, [HEALTHY])
+    report_pass(redis_server.url, job_id, HEALTHY)
     wait_for(lambda: gauge(client, job_id) == 0.0, what="the gauge back to 0")
     assert len(events_of(client, job_id, "predictions_collapsed")) == 1
 
@@ -113,7 +91,7 @@ def test_a_fresh_models_first_predictions_alone_are_no_collapse(client, roots, r
     predict phase) is no event."""
     job_id = started(client, roots, "fresh")
     first = {**HEALTHY, "predict_top_share": 1.0, "predict_collapsed": True}
-    report_passes(redis_server.url, job_id, [first])
+    report_pass(redis_server.url, job_id, first)
     wait_for(lambda: gauge(client, job_id) is not None, what="the gauge after pass 1")
     assert gauge(client, job_id) == 0.0
     assert events_of(client, job_id, "predictions_collapsed") == []
@@ -123,12 +101,12 @@ def test_a_record_without_the_flag_sets_nothing_and_a_deleted_job_drops_it(
     client, roots, redis_server
 ):
     older = started(client, roots, "older-trainer")
-    report_passes(redis_server.url, older, [{"samples": 1500, "seconds": 0.5}])
+    report_pass(redis_server.url, older, {"samples": 1500, "seconds": 0.5})
     wait_for(lambda: client.get(f"/v1/jobs/{older}").json()["passes_done"] == 1, what="pass 1 done")
     assert gauge(client, older) is None
 
     job_id = started(client, roots, "deleted")
-    report_passes(redis_server.url, job_id, [SATURATED])
+    report_pass(redis_server.url, job_id, SATURATED)
     wait_for(lambda: gauge(client, job_id) == 1.0, what="the gauge at 1")
     assert client.post(f"/v1/jobs/{job_id}/stop").status_code == 200
     wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["state"] == "stopped", what="stop")

@@ -6,11 +6,8 @@ trainer's) shows None."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from api_helpers import job_body, land_split
+from api_helpers import job_body, land_split, report_pass
 from servers import wait_for
-from streamrec.control.channel import ReportKind, TrainerChannel
 
 #: A stalled model's pass as the trainer writes it (runner.py's record, collapse_figures).
 STALLED = {
@@ -36,25 +33,6 @@ SHOWN = (
     "predictions_collapsed",
     "batch_size",
 )
-
-
-def report_pass(redis_url: str, job_id: str, record: dict[str, Any]) -> str:
-    """Takes the pass handed out and reports it done with ``record``; its key."""
-    ch = TrainerChannel(redis_url, job_id, "fake-trainer")
-    try:
-        item = wait_for(lambda: ch.take_pass(block_ms=200), what="pass handed out")
-        ch.report(
-            ReportKind.PASS_DONE,
-            day=item.spec.day,
-            pass_id=item.spec.pass_id,
-            ranks=1,
-            attempt=item.attempt,
-            record=record,
-        )
-        ch.ack_pass(item)
-        return f"{item.spec.day}/{item.spec.pass_id}"
-    finally:
-        ch.close()
 
 
 def test_a_pass_reports_collapse_figures_and_batch_size_come_back_over_rest(
