@@ -29,7 +29,8 @@ Adagrad, tuned over its own small grid (``LR_GRID``, the same way).
 The figure is the mean predict AUC over the passes whose predict AUC is defined (both
 classes present), the same passes for all.
 
-    python bench/quality.py --all --cache /tmp/quality-data         # every real data set
+    python bench/quality.py --all --cache /tmp/quality-data         # every data set, tuned
+    python bench/quality.py --all --sweep --cache /tmp/quality-data # StreamRec's settings
     python bench/quality.py --dataset adult --cache /tmp/quality-data --grid
     python bench/quality.py --dataset adult --cache /tmp/quality-data --no-baseline \\
         --set runner.train_batch_size=128
