@@ -655,7 +655,7 @@ def test_a_binary_file_given_as_csv_is_named_without_its_bytes(tmp_path):
     done = datagen("--from-events", garbage, "--time-column", "ts", "--out", tmp_path / "d")
     assert done.returncode == 2
     assert_clean_error(done.stderr, f"cannot read event log {garbage} as csv: ", "... (cut)")
-    assert len(done.stderr.splitlines()[-1]) < 500
+    assert len(done.stderr.splitlines()[-1].replace(str(garbage), "")) < 500  # cut, the path aside
     assert not (tmp_path / "d").exists()
 
 
