@@ -643,13 +643,6 @@ class TrainerConfig(StrictConfig):
         return schema.slot_dims(dim)
 
     @property
-    def dense_normalize(self) -> list[bool]:
-        """Per dense feature, whether the model standardizes it online: the schema's
-        ``normalize``, else (the presets' I1..I13) all."""
-        schema = self.runner.feature_schema
-        return [True] * self.hyper_parameters.dense_dim if schema is None else schema.normalized()
-
-    @property
     def table_names(self) -> list[str]:
         """The embedding tables: one per sparse slot (slot_0 .. slot_{S-1}) but the slots
         that share another's."""

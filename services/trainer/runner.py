@@ -60,6 +60,7 @@ from streamrec.trainer.data import iter_batches
 from streamrec.trainer.device import config_device
 from streamrec.trainer.errors import ConfigError, GroupError, PassFailed
 from streamrec.trainer.evaluation import AucAccumulator, collapse_figures
+from streamrec.trainer.export import build_dense
 from streamrec.trainer.group_outcome import share_pass_outcome
 from streamrec.trainer.losses import make_loss
 from streamrec.trainer.lr_policy import LRPolicyScheduler
@@ -153,20 +154,7 @@ class OnlineTrainer(ModelSaves):
             config.pooling,
             config.slot_dims,
         )
-        self.dense = DLRMDense(
-            hp.dense_dim,
-            hp.sparse_inputs_slots,
-            hp.arch_sparse_feature_size,
-            hp.arch_mlp_bot,
-            hp.arch_mlp_top,
-            hp.arch_interaction_op,
-            hp.arch_interaction_itself,
-            hp.loss_threshold,
-            seed=hp.numpy_rand_seed,
-            slot_dims=config.slot_dims,
-            normalize=config.dense_normalize,
-            norm_window=hp.dense_norm_window,
-        ).to(self.device)
+        self.dense = build_dense(hp, config.slot_dims, r.feature_schema).to(self.device)
         ddp.broadcast_module(self.dense)
         #: fp32 or bf16 autocast (model.precision), said in every pass's record
         self.precision = resolve(hp.precision, self.device)

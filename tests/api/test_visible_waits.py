@@ -11,9 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from api_helpers import job_body, land_split, make_api
+from api_helpers import job_body, land_split, make_api, report_pass
 from servers import RedisServer, free_port, wait_for
-from streamrec.control.channel import ReportKind, TrainerChannel
 
 
 def events_of(client, job_id: str, kind: str) -> list[dict]:
@@ -57,20 +56,7 @@ def test_a_pass_with_no_samples_has_an_event_and_a_counter(client, roots, redis_
     land_split(data, "20190720", "0000", lines=0)
     job_id = client.post("/v1/jobs", json=job_body(roots, "empty")).json()["id"]
     client.post(f"/v1/jobs/{job_id}/start")
-    ch = TrainerChannel(redis_server.url, job_id, "fake-trainer")
-    try:
-        item = wait_for(lambda: ch.take_pass(block_ms=200), what="pass handed out")
-        ch.report(
-            ReportKind.PASS_DONE,
-            day=item.spec.day,
-            pass_id=item.spec.pass_id,
-            ranks=1,
-            attempt=item.attempt,
-            record={"samples": 0, "seconds": 0.1},
-        )
-        ch.ack_pass(item)
-    finally:
-        ch.close()
+    report_pass(redis_server.url, job_id, {"samples": 0, "seconds": 0.1})
     (event,) = wait_for(lambda: events_of(client, job_id, "empty_pass"), what="empty_pass")
     assert event["data"]["pass"] == "20190720/1" and "0 samples" in event["message"]
     assert metric(client, "streamrec_api_empty_passes_total", job_id=job_id) == 1.0
