@@ -31,6 +31,7 @@ RULE_NAMES = (
     "SparseAdaGradSGDRule",
     "StdAdaGradSGDRule",
     "SparseAdamSGDRule",
+    "TorchAdaGradSGDRule",
 )
 RULE_ALIASES = {
     "naive": "SparseNaiveSGDRule",
@@ -38,6 +39,7 @@ RULE_ALIASES = {
     "adagrad": "SparseAdaGradSGDRule",
     "std_adagrad": "StdAdaGradSGDRule",
     "adam": "SparseAdamSGDRule",
+    "torch_adagrad": "TorchAdaGradSGDRule",
 }
 #: Rule name -> kind number of the C++ ops (csrc/cpu/table_params.h RuleKind).
 RULE_KINDS = {name: i for i, name in enumerate(RULE_NAMES)}
@@ -60,6 +62,10 @@ class SgdRuleParam(StrictConfig):
       ``g2sum += mean(g ** 2)``.
     - ``StdAdaGradSGDRule``: the same with one ``g2sum`` per weight.
     - ``SparseAdamSGDRule``: Adam with bias correction (``beta1``, ``beta2``, ``epsilon``).
+    - ``TorchAdaGradSGDRule``: ``torch.optim.Adagrad``'s step, one ``g2sum`` per weight
+      from 0: ``g2sum += g ** 2``, then ``w -= learning_rate * g / (sqrt(g2sum) + epsilon)``
+      (the accumulator takes the gradient before the step, so a key's first step is
+      ``learning_rate`` whatever the gradient's scale).
 
     Every rule clips the weights to ``weight_bounds`` after the step.
     """

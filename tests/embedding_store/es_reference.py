@@ -17,7 +17,7 @@ def init_state(rule: SgdRuleParam, d: int) -> np.ndarray:
         return np.zeros(0)
     if rule.name == "SparseAdaGradSGDRule":
         return np.zeros(1)
-    if rule.name == "StdAdaGradSGDRule":
+    if rule.name in ("StdAdaGradSGDRule", "TorchAdaGradSGDRule"):
         return np.zeros(d)
     st = np.zeros(2 * d + 2)
     st[2 * d], st[2 * d + 1] = rule.beta1, rule.beta2
@@ -39,6 +39,9 @@ def apply_rule(w: np.ndarray, st: np.ndarray, g: np.ndarray, rule: SgdRuleParam)
     elif rule.name == "StdAdaGradSGDRule":
         w -= lr * np.sqrt(rule.initial_g2sum / (rule.initial_g2sum + st[:d])) * g
         st[:d] += g * g
+    elif rule.name == "TorchAdaGradSGDRule":
+        st[:d] += g * g
+        w -= lr * g / (np.sqrt(st[:d]) + rule.epsilon)
     else:
         gsum, g2sum = st[:d], st[d : 2 * d]
         b1p, b2p = st[2 * d], st[2 * d + 1]

@@ -36,7 +36,8 @@ DEVICES = [
     ),
 ]
 
-RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule"]
+RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule",
+         "TorchAdaGradSGDRule"]
 #: float tolerance of optimizer results (same formulas, no fused multiply-add on either side)
 TOL = {"rtol": 1e-6, "atol": 1e-7}
 

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.gpu
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]
-RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule"]
+RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule",
+         "TorchAdaGradSGDRule"]
 DIM = 8
 
 

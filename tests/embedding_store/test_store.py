@@ -22,7 +22,7 @@ from streamrec.embedding_store.errors import (
 )
 from streamrec.errors import BadRequest, NotFound
 
-RULES = ["naive", "adagrad", "std_adagrad", "adam"]
+RULES = ["naive", "adagrad", "std_adagrad", "adam", "torch_adagrad"]
 
 
 def make(tables: list[TableOptions], **kw) -> tuple[EmbeddingStore, dict[str, RefTable]]:
@@ -234,6 +234,28 @@ def test_a_misspelt_simd_switch_is_refused_at_import() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode != 0
     assert "STREAMREC_SIMD must be unset or 'portable', got 'avx2'" in out.stderr
+
+
+def test_torch_adagrad_rule_steps_as_torch_optim_adagrad() -> None:
+    """TorchAdaGradSGDRule is torch.optim.Adagrad (accumulator from 0, eps) on a key's row,
+    duplicate keys of a push summed first as torch's sparse Adagrad coalesces them."""
+    rule = SgdRuleParam(name="torch_adagrad", learning_rate=0.1, epsilon=1e-10)
+    t = TableOptions(
+        name="t", dim=4, embedx_threshold=0, embed_sgd_param=rule, embedx_sgd_param=rule
+    )
+    store = EmbeddingStore([t])
+    keys = np.array([3, 7, 3])
+    w = torch.nn.Parameter(store.pull("t", np.array([3, 7])).clone())
+    opt = torch.optim.Adagrad([w], lr=0.1, eps=1e-10)
+    rng = np.random.default_rng(4)
+    for scale in (1e-4, 1.0, 30.0):  # the step does not follow the gradient's scale
+        grads = torch.from_numpy(rng.normal(0, scale, (3, 4)).astype(np.float32))
+        store.push("t", keys, grads.numpy())
+        w.grad = torch.stack([grads[0] + grads[2], grads[1]])
+        opt.step()
+        np.testing.assert_allclose(
+            store.pull("t", np.array([3, 7])).numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("embed_rule", RULES)

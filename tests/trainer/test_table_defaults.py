@@ -1,10 +1,10 @@
 """The trainer's default sparse rule against torch.optim.Adagrad (the baseline's), on one row.
 
-PaddleRec's AdaGrad rules scale a step by ``sqrt(initial_g2sum / (initial_g2sum + g2sum))``
-with ``g2sum`` summed *before* this gradient: the first step is a plain SGD step ``lr * g``.
-torch's Adagrad adds ``g ** 2`` first: its first step is ``lr * g / (|g| + eps)``, about
-``lr * sign(g)`` whatever the size of ``g``. Once ``g2sum >> initial_g2sum`` the two agree with
-torch's rate equal to ``lr * sqrt(initial_g2sum)``. The pushes go through the real store.
+The default is TorchAdaGradSGDRule: the accumulator adds ``g ** 2`` before the step, so the
+first step is ``lr * g / (|g| + eps)``, about ``lr * sign(g)`` whatever the size of ``g``.
+PaddleRec's AdaGrad rules (kept, by name) add it after: their first step is a plain SGD step
+``lr * g``, which left the words of mean-pooled bags and rare keys nearly untrained
+(BENCHMARKS.md, "Quality on real data sets"). The pushes go through the real store.
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ def torch_steps(lr: float, grads: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def test_defaults_are_the_ones_benchmarked() -> None:
-    """BENCHMARKS.md "Defaults" and "Defaults on a real stream" measured these; change both
-    together."""
+    """BENCHMARKS.md "Quality on real data sets" measured these; change both together."""
     cfg0 = TrainerConfig.parse({})
     hp = cfg0.hyper_parameters
     assert (hp.optimizer, hp.learning_rate) == ("adagrad", 0.01)
@@ -71,48 +70,23 @@ def test_defaults_are_the_ones_benchmarked() -> None:
         assert (t.delete_threshold, t.delete_after_unseen_days) == (0.0, 30.0)
         assert (t.initializer.low, t.initializer.high) == (-0.005, 0.005)
         for rule in (t.embed_sgd_param, t.embedx_sgd_param):
-            assert (rule.name, rule.learning_rate, rule.initial_g2sum) == (
-                "StdAdaGradSGDRule",
-                0.05,
-                3.0,
-            )
+            assert (rule.name, rule.learning_rate) == ("TorchAdaGradSGDRule", 0.03)
 
 
-def test_first_step_is_sgd_in_the_store_and_sign_in_torch() -> None:
+def test_default_rule_steps_as_torch_adagrad_from_the_first_step() -> None:
+    t = default_table()
+    lr = t.embedx_sgd_param.learning_rate
+    grads = [GRAD, (0.5 * GRAD).astype(np.float32), (-3.0 * GRAD).astype(np.float32)]
+    grads += [np.roll(GRAD, k) for k in range(1, 8)]
+    for store_w, torch_w in zip(store_steps(t, grads), torch_steps(lr, grads), strict=True):
+        np.testing.assert_allclose(store_w, torch_w, rtol=1e-5, atol=1e-7)
+
+
+def test_first_step_is_the_rate_whatever_the_gradient() -> None:
+    """A weight of a word in a bag of 20 (a twentieth of the gradient) or of a rare key moves
+    as far as a hot key's: the step that PaddleRec's rule made 50 times smaller."""
     t = default_table()
     lr = t.embedx_sgd_param.learning_rate
     (store_w,) = store_steps(t, [GRAD])
-    (torch_w,) = torch_steps(lr, [GRAD])
-    # the store: ratio sqrt(ig2 / (ig2 + 0)) = 1, a plain SGD step proportional to g
-    np.testing.assert_allclose(store_w, -lr * GRAD, rtol=1e-6)
-    # torch: g / (sqrt(g^2) + 1e-10), the same size lr for every weight
-    np.testing.assert_allclose(torch_w, -lr * np.sign(GRAD), rtol=1e-5)
-    # so on a small gradient the store moves far less, on a large one far more
-    small, large = np.abs(GRAD).argmin(), np.abs(GRAD).argmax()
-    assert abs(store_w[small]) < abs(torch_w[small]) / 50
-    assert abs(store_w[large]) > abs(torch_w[large]) * 10
-
-
-def test_second_step_uses_the_sum_before_the_gradient() -> None:
-    t = default_table()
-    lr, ig2 = t.embedx_sgd_param.learning_rate, t.embedx_sgd_param.initial_g2sum
-    g2 = (0.5 * GRAD).astype(np.float32)
-    _, store_w = store_steps(t, [GRAD, g2])
-    _, torch_w = torch_steps(lr, [GRAD, g2])
-    want_store = -lr * GRAD - lr * g2 * np.sqrt(ig2 / (ig2 + GRAD.astype(np.float64) ** 2))
-    np.testing.assert_allclose(store_w, want_store, rtol=1e-5)
-    want_torch = -lr * np.sign(GRAD) - lr * g2 / np.sqrt(GRAD**2 + g2**2)
-    np.testing.assert_allclose(torch_w, want_torch, rtol=1e-5)
-
-
-def test_later_steps_match_torch_at_lr_times_sqrt_initial_g2sum() -> None:
-    steps = 400
-    t = default_table()
-    lr, ig2 = t.embedx_sgd_param.learning_rate, t.embedx_sgd_param.initial_g2sum
-    g = np.full(DIM, 2.0, dtype=np.float32)
-    store_w = store_steps(t, [g] * steps)
-    torch_w = torch_steps(lr * np.sqrt(ig2), [g] * steps)
-    store_last = store_w[-1] - store_w[-2]
-    torch_last = torch_w[-1] - torch_w[-2]
-    # step n: lr g sqrt(ig2 / (ig2 + (n-1) g^2)) vs lr sqrt(ig2) g / sqrt(n g^2): equal as n grows
-    np.testing.assert_allclose(store_last, torch_last, rtol=0.01)
+    np.testing.assert_allclose(np.abs(store_w), lr, rtol=1e-5)
+    np.testing.assert_array_equal(np.sign(store_w), -np.sign(GRAD))

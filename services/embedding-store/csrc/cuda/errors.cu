@@ -62,8 +62,8 @@ int ok() {
 int check_params(const StreamrecTableParams* p, const char* op) {
   STREAMREC_CUDA_REQUIRE(p != nullptr, "%s: params is NULL", op);
   // the columns TableParams::finalize gives for this dim and these rules (table_params.cpp)
-  const bool kinds = p->embed_rule.kind >= kNaive && p->embed_rule.kind <= kAdam &&
-                     p->embedx_rule.kind >= kNaive && p->embedx_rule.kind <= kAdam;
+  const bool kinds = p->embed_rule.kind >= kNaive && p->embed_rule.kind <= kTorchAdaGrad &&
+                     p->embedx_rule.kind >= kNaive && p->embedx_rule.kind <= kTorchAdaGrad;
   STREAMREC_CUDA_REQUIRE(
       kinds && p->dim >= 1 && p->embed_state == kEmbedW + p->dim &&
           p->embedx_state == p->embed_state + state_width(p->embed_rule.kind, 1) &&

@@ -27,7 +27,7 @@ constexpr int kFlagExpanded = 1;
 constexpr int kFlagDirty = 2;
 
 // Sparse optimizer rules of PaddleRec's CtrCommonAccessor.
-enum RuleKind : int64_t { kNaive = 0, kAdaGrad = 1, kStdAdaGrad = 2, kAdam = 3 };
+enum RuleKind : int64_t { kNaive = 0, kAdaGrad = 1, kStdAdaGrad = 2, kAdam = 3, kTorchAdaGrad = 4 };
 
 // Initializers: zeros, uniform [a, b), normal (mean a, std b).
 enum InitKind : int64_t { kZeros = 0, kUniform = 1, kNormal = 2 };
@@ -39,6 +39,7 @@ STREAMREC_HD inline int64_t state_width(int64_t kind, int64_t dim) {
     case kAdaGrad: return dim > 0 ? 1 : 0;        // one g2sum shared by the part
     case kStdAdaGrad: return dim;                  // one g2sum per weight
     case kAdam: return dim > 0 ? 2 * dim + 2 : 0;  // gsum, g2sum, beta1_pow, beta2_pow
+    case kTorchAdaGrad: return dim;                // one g2sum per weight
     default: return -1;
   }
 }

@@ -90,6 +90,14 @@ STREAMREC_HD inline void apply_rule(float* w, float* st, const float* __restrict
       }
       break;
     }
+    case kTorchAdaGrad: {  // torch.optim.Adagrad: the accumulator takes g before the step
+      const float eps = static_cast<float>(rp.epsilon);
+      for (int64_t i = i0; i < d; i += di) {
+        st[i] += g[i] * g[i];
+        w[i] = clip(w[i] - lr * g[i] / (sqrtf(st[i]) + eps), rp);
+      }
+      break;
+    }
     case kAdam: {
       float* gsum = st;
       float* g2sum = st + d;
