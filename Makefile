@@ -83,7 +83,7 @@ sanitize: install
 
 # The CUDA extension with plain nvcc: SASS for sm_80 and sm_90 and compute_90 PTX (newer GPUs
 # JIT it), warnings as errors (nvcc's and the host compiler's -Wall -Wextra):
-# build/cuda/libstreamrec_cuda.so (loaded by services/embedding-store/cuda_ext.py). Needs no
+# build/cuda/libstreamrec_cuda.so (loaded by services/embedding-store/tiers/cuda_ext.py). Needs no
 # GPU to build. -fmad=false: no fused multiply-add, as the CPU core's -ffp-contract=off, so
 # the two give the same floats. One nvcc process (the files compile one after another).
 NVCC ?= nvcc
@@ -99,7 +99,7 @@ cuda: build/cuda/libstreamrec_cuda.so
 # headers): build/cuda-cpu/libstreamrec_cuda_cpu.so, what the gpu-marked tests run on where
 # there is no GPU (they also build it on first use). Flags: cuda_lib.CPU_FLAGS.
 cuda-cpu: install
-	$(PY) -c 'from streamrec.embedding_store import cuda_lib; print(cuda_lib.build_cpu(force=True))'
+	$(PY) -c 'from streamrec.embedding_store.tiers import cuda_lib; print(cuda_lib.build_cpu(force=True))'
 
 build/cuda/libstreamrec_cuda.so: $(CUDA_SOURCES) $(wildcard $(CUDA_DIR)/*.h $(CUDA_DIR)/*.cuh) \
   $(wildcard services/embedding-store/csrc/shared/*.h)

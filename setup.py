@@ -7,9 +7,10 @@ C++ CPU extensions, compiled with torch's cpp_extension and OpenMP:
 - ``streamrec.trainer._C`` from ``services/trainer/csrc/*.cpp`` (the TSV line parser and the
   slot text parser: single-threaded, no OpenMP use, so they do not compete with torch's threads)
 
-Only each extension's ``bindings.cpp`` includes torch (the tensor checks, the outputs, the
-Python API); the other sources are plain C++ over raw arrays, so they compile in seconds (a
-torch header alone costs ~7 s per file here).
+Only each extension's binding files include torch (``bindings.cpp``; the store's also its
+``bind*.cpp``, an op family each: the tensor checks, the outputs, the Python API); the other
+sources are plain C++ over raw arrays, so they compile in seconds (a torch header alone costs
+~7 s per file here).
 
 Install with ``pip install -e . --no-build-isolation`` so the build sees the installed torch
 (an isolated build would download another one).

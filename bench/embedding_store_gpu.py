@@ -52,9 +52,10 @@ import torch
 # the figures' printing and --json rows are the CPU store bench's (bench/ is on sys.path)
 from embedding_store import RESULTS
 from embedding_store import figure as cpu_figure
-from streamrec.embedding_store import EmbeddingStore, cuda_ext
-from streamrec.embedding_store.device_tier import DeviceTable
-from streamrec.embedding_store.tier import index_slots, table_params
+from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store.tiers import cuda_ext
+from streamrec.embedding_store.tiers.device_table import DeviceTable
+from streamrec.embedding_store.tiers.table_tier import index_slots, table_params
 from streamrec.store_schema import TableOptions
 
 KEYS_PER_CALL = 1 << 20

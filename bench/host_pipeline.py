@@ -42,11 +42,11 @@ import torch
 from reference_dlrm import SETUPS
 from streamrec import layout
 from streamrec.sampler import Prefetcher
-from streamrec.trainer.batches import Batch, ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import Batch, ParseStats
+from streamrec.trainer.data.reader import iter_batches
+from streamrec.trainer.model.staging import Staging
 from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.sparse_worker import host_cores, prefetch_workers
-from streamrec.trainer.staging import Staging
 from trainer import DAY, make_data, write_pass
 
 CPU = torch.device("cpu")

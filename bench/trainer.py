@@ -47,9 +47,9 @@ import torch
 from reference_dlrm import LR, SETUPS, require_cuda
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
+from streamrec.datagen.text_lines import to_criteo_text
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.store import build_table_options
-from streamrec.trainer.text_lines import to_criteo_text
+from streamrec.trainer.store_tables import build_table_options
 from trainer_quality import QualityKnobs, quality
 
 DAY = "20190720"

@@ -46,12 +46,12 @@ import torch
 # bench/ is the script's directory, first on sys.path
 from reference_dlrm import SETUPS
 from streamrec.control.feature_schema import FeatureSchema
-from streamrec.trainer.batches import Batch, parse_columns
-from streamrec.trainer.data import NUM_DENSE, _make_batch, parse_chunk
-from streamrec.trainer.datagen import PlantedStream, StreamParams
-from streamrec.trainer.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
-from streamrec.trainer.slot_text import slot_text
-from streamrec.trainer.text_lines import to_generated_text
+from streamrec.datagen.planted import PlantedStream, StreamParams
+from streamrec.datagen.slot_text import slot_text
+from streamrec.datagen.text_lines import to_generated_text
+from streamrec.trainer.data.batches import Batch, parse_columns
+from streamrec.trainer.data.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
+from streamrec.trainer.data.reader import NUM_DENSE, _make_batch, parse_chunk
 from trainer import DAY, make_data, to_criteo_text
 
 BATCH = 2048
@@ -115,7 +115,7 @@ def pyarrow_read(text: bytes, gen: bool) -> pa.Table:
     )
 
 
-# --- the old path (services/trainer/data.py before its C++ parser), bench code only ---
+# --- the old path (services/trainer/data/reader.py before its C++ parser), bench code only ---
 
 
 def _old_table(data: bytes, gen: bool, num_slots: int) -> pa.Table:

@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
-from streamrec.trainer.datagen import StreamParams, generate
-from streamrec.trainer.evaluation import AucAccumulator
-from streamrec.trainer.model import DLRM
+from streamrec.datagen.planted import StreamParams, generate
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
+from streamrec.trainer.model.dlrm import DLRM
+from streamrec.trainer.model.evaluation import AucAccumulator
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.store import DEFAULT_TABLE_PARAMETERS, build_table_options
+from streamrec.trainer.store_tables import DEFAULT_TABLE_PARAMETERS, build_table_options
 
 #: the planted stream's first day
 START_DAY = "20190720"

@@ -37,9 +37,9 @@ import torch  # noqa: E402
 
 # bench/ is the script's directory, first on sys.path
 from reference_dlrm import SETUPS  # noqa: E402
-from streamrec.trainer.data import parse_chunk
+from streamrec.datagen.text_lines import to_criteo_text
+from streamrec.trainer.data.reader import parse_chunk
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.text_lines import to_criteo_text
 from trainer import make_data, run_baseline, run_measure, streamrec_config, write_pass
 
 BATCHES = 40

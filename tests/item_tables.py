@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import torch
 from servers import wait_for
 from streamrec.process import spawn
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.wire import RpcClient
 
 

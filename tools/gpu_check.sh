@@ -134,7 +134,7 @@ step() {
       make cuda NVCC="$NVCC_BUILD" >>"$OUT/build.log" 2>&1 ||
         { tail -30 "$OUT/build.log"; return 1; }
       # load() refuses a library whose runtime sees other than torch's devices (old driver)
-      python3 -c 'from streamrec.embedding_store import cuda_ext as c
+      python3 -c 'from streamrec.embedding_store.tiers import cuda_ext as c
 n = c.load().lib.streamrec_cuda_device_count(); print(f"the CUDA extension sees {n} GPU(s)")' ;;
     tests)
       # shellcheck disable=SC2086

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from streamrec.api.lineage import job_plan
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import JobCreate, stored_spec
+from streamrec.control.records import JobRecord
 from streamrec.layout import PassSpec, pass_ready, split_ready
 
 
@@ -101,15 +102,15 @@ class DataGauges:
         self._plans: dict[str, tuple[str, JobCreate, list[PassSpec]]] = {}
         self._probed: dict[str, float] = {}
 
-    def observe(self, job_id: str, fields: dict[str, str]) -> None:
+    def observe(self, job_id: str, job: JobRecord) -> None:
         """Probes ``job_id``'s data (at most every ``probe_interval_s``) and sets its gauges."""
         now = self.clock()
         if now - self._probed.get(job_id, float("-inf")) < self.probe_interval_s:
             return
         self._probed[job_id] = now
-        spec, plan = self._plan(job_id, fields)
-        cursor = int(fields.get("cursor") or 0)
-        in_flight = bool(fields.get("in_flight"))
+        spec, plan = self._plan(job_id, job)
+        cursor = job.cursor
+        in_flight = job.in_flight is not None
         position = cursor - 1 if in_flight and cursor > 0 else cursor
         newest = newest_ready(spec, plan, position)
         lag = data_time(plan[newest]) - data_time(plan[position]) if newest >= position else 0.0
@@ -117,14 +118,14 @@ class DataGauges:
         if not in_flight and position < len(plan) and newest < position:
             since = landed_at(spec, plan[position - 1]) if position > 0 else None
             if since is None:
-                since = float(fields.get("updated_at") or now)
+                since = job.updated_at if job.updated_at is not None else now
             wait = max(now - since, 0.0)
         self.metrics.pass_lag.labels(job_id).set(max(lag, 0.0))
         self.metrics.data_wait.labels(job_id).set(wait)
 
-    def _plan(self, job_id: str, fields: dict[str, str]) -> tuple[JobCreate, list[PassSpec]]:
+    def _plan(self, job_id: str, job: JobRecord) -> tuple[JobCreate, list[PassSpec]]:
         """The job's spec and plan, cached per job while its spec is unchanged."""
-        raw = fields.get("spec") or ""
+        raw = job.spec
         cached = self._plans.get(job_id)
         if cached is None or cached[0] != raw:
             spec = stored_spec(raw)
@@ -132,14 +133,14 @@ class DataGauges:
             self._plans[job_id] = cached
         return cached[1], cached[2]
 
-    def waiting_for(self, job_id: str, fields: dict[str, str]) -> str | None:
+    def waiting_for(self, job_id: str, job: JobRecord) -> str | None:
         """``YYYYMMDD/HHMM``: the first split of the job's next pass whose donefile has not
         landed, while no pass is in flight; None when the next pass is ready, in flight, or
         there is none. At most ``split_per_pass`` stats, so it runs every tick."""
-        if fields.get("in_flight"):
+        if job.in_flight:
             return None
-        spec, plan = self._plan(job_id, fields)
-        cursor = int(fields.get("cursor") or 0)
+        spec, plan = self._plan(job_id, job)
+        cursor = job.cursor
         return awaited_split(spec, plan[cursor]) if cursor < len(plan) else None
 
     def forget(self, job_id: str) -> None:

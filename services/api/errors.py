@@ -13,7 +13,6 @@ from streamrec.errors import (
     QUOTE_LIMIT,
     BadRequest,
     NotFound,
-    ServiceUnavailable,
     StreamRecError,
     quote,
 )
@@ -109,13 +108,6 @@ class SpecInvalid(ApiError, BadRequest):
     def problems(self) -> list[Problem]:
         """``(field, message, value, code)`` per problem (to merge into another SpecInvalid)."""
         return [(f, m, v, c) for (f, m, v), c in zip(self.errors, self.codes, strict=True)]
-
-
-class StateUnavailable(ApiError, ServiceUnavailable):
-    """Redis cannot be reached (HTTP 503)."""
-
-    code = "unavailable"
-    status = 503
 
 
 def json_safe(value: Any) -> Any:

@@ -23,7 +23,7 @@ from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
 from streamrec.api.pool_records import WAITING
 from streamrec.api.repo import Repo
-from streamrec.control.records import JobField
+from streamrec.control.records import JobRecord
 
 
 class RunningJobGauges:
@@ -48,10 +48,10 @@ class RunningJobGauges:
         for job_id in running:
             # the Redis reads first, then the sets together: a scrape in between would see
             # only some of a job's gauges
-            fields = self.repo.job_fields_or_none(job_id) or {}
-            beat_ts, progress_ts = self._last_beat(job_id, fields)
+            job = self.repo.job_record_or_none(job_id) or JobRecord()
+            beat_ts, progress_ts = self._last_beat(job_id, job)
             depth = self.repo.work.depth(job_id)
-            waiting = fields.get(JobField.TRAINERS) == WAITING
+            waiting = job.trainers == WAITING
             if waiting and not self.repo.has_heartbeat(job_id):
                 # no group serves the job: that is jobs_waiting_for_trainers' alert, not a
                 # dead or stalled group's; the ages start again when a group takes it
@@ -63,8 +63,8 @@ class RunningJobGauges:
                 self.metrics.heartbeat_age.labels(job_id).set(max(now - beat_ts, 0.0))
                 self.metrics.progress_age.labels(job_id).set(max(now - progress_ts, 0.0))
             self.metrics.work_queue_depth.labels(job_id).set(depth)
-            self.data.observe(job_id, fields)
-            self.note_wait(job_id, fields)
+            self.data.observe(job_id, job)
+            self.note_wait(job_id, job)
         for job_id in set(self._beats) - set(running):
             del self._beats[job_id]
             self.data.forget(job_id)
@@ -77,15 +77,15 @@ class RunningJobGauges:
             if self.repo.job_state(job_id) is None:
                 self.metrics.forget_job(job_id)
 
-    def note_wait(self, job_id: str, fields: dict[str, str]) -> None:
+    def note_wait(self, job_id: str, job: JobRecord) -> None:
         """Keeps the job's ``waiting_for`` (the split its next pass waits for) in its hash,
         and writes a ``data_wait`` event the first time each split is waited for."""
-        awaited = self.data.waiting_for(job_id, fields) or ""
-        if awaited == (fields.get(JobField.WAITING_FOR) or ""):
+        awaited = self.data.waiting_for(job_id, job) or ""
+        if awaited == (job.waiting_for or ""):
             return
         event = None
         if awaited:
-            spec = stored_spec(fields[JobField.SPEC]).data
+            spec = stored_spec(job.spec).data
             where = Path(spec.train_data_dir) / awaited
             what = f"{where}/{spec.data_donefile}" if spec.data_donefile else str(where)
             event = (
@@ -94,9 +94,9 @@ class RunningJobGauges:
             )
         self.repo.set_waiting_for(job_id, awaited, event)
 
-    def _last_beat(self, job_id: str, fields: dict[str, str]) -> tuple[float, float]:
+    def _last_beat(self, job_id: str, job: JobRecord) -> tuple[float, float]:
         """(heartbeat ts, progress ts), wall clock: the live heartbeat's, else the last one
-        seen, else when the job became running (``fields``' ``updated_at``: no group has
+        seen, else when the job became running (the job's ``updated_at``: no group has
         beaten since)."""
         raw = self.repo.heartbeat(job_id)
         beat: Any = None
@@ -110,6 +110,6 @@ class RunningJobGauges:
             self._beats[job_id] = found
             return found
         if job_id not in self._beats:
-            since = float(fields.get(JobField.UPDATED_AT) or time.time())
+            since = job.updated_at if job.updated_at is not None else time.time()
             self._beats[job_id] = (since, since)
         return self._beats[job_id]

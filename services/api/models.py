@@ -9,7 +9,7 @@ carries each one to the trainer (:data:`JOB_OWNED`), which checks what only it c
 world size, the shards' tier).
 
 Every number has bounds where its field is defined (a field the trainer's config defines too
-takes its ``MAX_*`` from :mod:`streamrec.control.trainer_config`, so the two agree) and is
+takes its ``MAX_*`` from :mod:`streamrec.control.config_bounds`, so the two agree) and is
 strict: ``"30"``, ``true`` or ``3.0`` for an int is a 422 naming the field; a JSON int is a
 float.
 """
@@ -30,18 +30,14 @@ from pydantic import (
     model_validator,
 )
 from streamrec.control.channel import CommandType
-from streamrec.control.trainer_config import (
-    MAX_ENDPOINTS,
+from streamrec.control.config_bounds import (
     MAX_EVERY_PASSES,
-    MAX_RANKS,
     MAX_SAMPLE_SIZE,
     MAX_THREADS,
-    CheckpointFields,
-    DataFields,
-    Day,
-    JobPath,
-    OnlineMode,
 )
+from streamrec.control.runner_config import CheckpointFields, DataFields, Day, JobPath
+from streamrec.control.runtime_config import ResourcesFields, StoreFields
+from streamrec.control.trainer_config import OnlineMode
 from streamrec.layout import (
     count_passes,
     day_count,
@@ -134,7 +130,7 @@ def _renamed(
 
 class DataSpec(Spec, DataFields):
     """Where the streaming data lands and how it is cut into passes: the trainer's own
-    ``runner`` fields (:class:`~streamrec.control.trainer_config.DataFields`, their bounds and
+    ``runner`` fields (:class:`~streamrec.control.runner_config.DataFields`, their bounds and
     checks), of which a job must name the data directory and its days, and the job's own
     limits (its span, its pass count) and bad-data policy."""
 
@@ -210,7 +206,7 @@ class DataSpec(Spec, DataFields):
 
 class CheckpointSpec(Spec, CheckpointFields):
     """Checkpoint and export policy (PaddleRec: checkpoints per pass, base/delta/batch
-    models): the trainer's own fields (:class:`~streamrec.control.trainer_config.
+    models): the trainer's own fields (:class:`~streamrec.control.runner_config.
     CheckpointFields`); a job names its model root and resumes from checkpoints, so it needs
     one every N >= 1 passes."""
 
@@ -259,17 +255,10 @@ class SamplerSpec(Spec):
         return self
 
 
-class StoreSpec(Spec):
+class StoreSpec(Spec, StoreFields):
     """The embedding store: shard endpoints (empty: in-process) and its table options."""
 
-    endpoints: list[str] = Field(default_factory=list, max_length=MAX_ENDPOINTS)
-    tier: Literal["host", "ssd", "device"] | None = Field(
-        None,
-        description=(
-            "tier the shards must have been started with (shards own their tier): the trainer "
-            "asks every shard and fails the job on a mismatch; None: not checked"
-        ),
-    )
+    # the trainer's own fields (endpoints, tier: StoreFields), then the job's
     table_parameters: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -296,22 +285,14 @@ class StoreSpec(Spec):
         return self
 
 
-class ResourcesSpec(Spec):
+class ResourcesSpec(Spec, ResourcesFields):
     """What the trainer group that takes the job must look like."""
 
-    trainer_ranks: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_RANKS,
-        strict=True,
-        description=(
-            "ranks (WORLD_SIZE) of the trainer group; a group of another size fails the job. "
-            "None: any"
-        ),
-    )
+    # the trainer's trainer_ranks (ResourcesFields), then the job's own fields
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="cuda: the dense model on a GPU, ranks joined with nccl"
     )
+    # narrowed: the trainer's ResourcesConfig also takes "auto" (a REST job does not, yet)
     threads_per_rank: int | None = Field(
         None,
         ge=1,

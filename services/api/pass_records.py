@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import redis
@@ -48,6 +49,28 @@ class Restart:
 
     n: int
     backoff_s: float
+
+
+class RequeueCause(Enum):
+    """Why the pass in flight goes back from the last checkpoint (``Scheduler.requeue``),
+    which says what it counts against."""
+
+    #: the pass's own failure (a transient error): counted, a second one fails the job
+    PASS_FAILED = "pass_failed"
+    #: bad data under ``on_bad_split: fail``: a retry cannot pass, the job fails at once
+    BAD_DATA = "bad_data"
+    #: bad splits under ``on_bad_split: skip``: handed out again without them, no failure
+    SKIP_SPLITS = "skip_splits"
+    #: the trainer group died, was killed, stuck or released the pass: no failure of the
+    #: pass but an infrastructure restart (the job's restart budget, backoff)
+    RESTART = "restart"
+    #: the job goes back through no fault of the pass or the group (a store shard restarted
+    #: empty): neither a failure nor a restart
+    REWIND = "rewind"
+
+    @property
+    def counts_failure(self) -> bool:
+        return self in (RequeueCause.PASS_FAILED, RequeueCause.BAD_DATA)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from streamrec.api.models import ExportMode, JobCreate, TriggerKind, stored_spec
 from streamrec.api.state import JobState, PassState, TriggerState
-from streamrec.control.records import JobRecord, PassRecord
+from streamrec.control.records import JobRecord, PassRecord, TriggerRecord
 
 
 class JobPublic(BaseModel):
@@ -165,10 +165,6 @@ class HealthPublic(BaseModel):
 
 
 # ---- from the stored records ----------------------------------------------------------
-def _float(v: str | None) -> float | None:
-    return None if v in (None, "") else float(v)
-
-
 def job_public(rec: JobRecord) -> JobPublic:
     """A job's record as REST shows it (``waiting_for`` only while it runs with no pass in
     flight)."""
@@ -226,18 +222,18 @@ def pass_public(rec: PassRecord) -> PassPublic:
     )
 
 
-def trigger_public(f: dict[str, str]) -> TriggerPublic:
-    """A trigger's hash as REST shows it."""
-    result: Any = json.loads(f["result"]) if f.get("result") else None
+def trigger_public(rec: TriggerRecord) -> TriggerPublic:
+    """A trigger record as REST shows it (a result that is no JSON object: ``{"value": ...}``)."""
+    result: Any = json.loads(rec.result) if rec.result else None
     return TriggerPublic(
-        id=f["id"],
-        kind=f["kind"],
-        mode=f.get("mode") or None,
-        state=f["state"],
-        created_at=float(f["created_at"]),
-        finished_at=_float(f.get("finished_at")),
+        id=rec.id,
+        kind=rec.kind,
+        mode=rec.mode,
+        state=rec.state,
+        created_at=rec.created_at,
+        finished_at=rec.finished_at,
         result=result if isinstance(result, dict) or result is None else {"value": result},
-        error=f.get("error") or None,
+        error=rec.error,
     )
 
 

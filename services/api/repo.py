@@ -65,7 +65,7 @@ from streamrec.api.work_queue import SchedulerLease, WorkQueue
 from streamrec.control import keys, redis_io
 from streamrec.control.commands import Command, CommandType
 from streamrec.control.pool import NamespaceDrop
-from streamrec.control.records import JobField, JobRecord, PassRecord
+from streamrec.control.records import JobField, JobRecord, PassRecord, TriggerRecord
 from streamrec.control.trainer_config import END_LANDED, OnlineMode
 from streamrec.layout import count_passes
 
@@ -185,7 +185,7 @@ class Repo:
         watched(self.r, create, keys.JOBS, keys.MODEL_PATHS)
         return self.get_job(job_id)
 
-    def job_fields(self, job_id: str) -> dict[str, str]:
+    def _job_fields(self, job_id: str) -> dict[str, str]:
         """The job's hash; JobNotFound when there is no such job."""
         fields = redis_io.hgetall(self.r, keys.job(job_id))
         if not fields:
@@ -194,7 +194,7 @@ class Repo:
 
     def job_record(self, job_id: str) -> JobRecord:
         """The job's record; JobNotFound when there is no such job."""
-        return JobRecord.from_fields(self.job_fields(job_id))
+        return JobRecord.from_fields(self._job_fields(job_id))
 
     def job_spec(self, job_id: str) -> JobCreate:
         return stored_spec(self.job_record(job_id).spec)
@@ -277,9 +277,10 @@ class Repo:
         watched(self.r, delete, key, keys.passes(job_id), keys.triggers(job_id))
 
     # ---- what the scheduler reads and writes of a job ----------------------------------
-    def job_fields_or_none(self, job_id: str) -> dict[str, str] | None:
-        """The job's hash; None when there is no such job."""
-        return redis_io.hgetall(self.r, keys.job(job_id)) or None
+    def job_record_or_none(self, job_id: str) -> JobRecord | None:
+        """The job's record; None when there is no such job."""
+        fields = redis_io.hgetall(self.r, keys.job(job_id))
+        return JobRecord.from_fields(fields) if fields else None
 
     def job_spec_json(self, job_id: str) -> str | None:
         """The job's stored spec (JSON); None when there is no such job."""
@@ -332,17 +333,19 @@ class Repo:
         """Applies a scheduler's ``action`` (:func:`~streamrec.api.state.change_state`)."""
         return change_state(self.r, job_id, action, reason=reason)
 
-    def trigger_kind(self, job_id: str, trigger_id: str) -> str | None:
-        """The trigger's kind; None when the job has no such trigger."""
-        return redis_io.hget(self.r, keys.trigger(job_id, trigger_id), "kind")
+    def trigger_record(self, job_id: str, trigger_id: str) -> TriggerRecord | None:
+        """The trigger's record; None when the job has no such trigger."""
+        fields = redis_io.hgetall(self.r, keys.trigger(job_id, trigger_id))
+        return TriggerRecord.from_fields(fields) if fields else None
 
-    def finish_trigger(self, job_id: str, trigger_id: str, fields: dict[str, str]) -> None:
-        """Writes a trigger's outcome (state, finished_at, result or error)."""
-        redis_io.hset(self.r, keys.trigger(job_id, trigger_id), fields)
+    def finish_trigger(self, job_id: str, trigger_id: str, outcome: dict[str, str]) -> None:
+        """Writes a trigger's outcome: a :meth:`TriggerRecord.patch` of ``state``,
+        ``finished_at`` and ``result`` or ``error``."""
+        redis_io.hset(self.r, keys.trigger(job_id, trigger_id), outcome)
 
     # ---- passes -----------------------------------------------------------------------
     def list_passes(self, job_id: str, offset: int, limit: int) -> PassesPublic:
-        self.job_fields(job_id)
+        self._job_fields(job_id)
         total = int(self.r.zcard(keys.passes(job_id)))
         names = redis_io.zrange(self.r, keys.passes(job_id), offset, offset + limit - 1)
         with self.r.pipeline(transaction=False) as pipe:
@@ -353,7 +356,7 @@ class Repo:
         return PassesPublic(data=passes, count=total)
 
     def get_pass(self, job_id: str, day: str, pass_id: int) -> PassPublic:
-        self.job_fields(job_id)
+        self._job_fields(job_id)
         f = redis_io.hgetall(self.r, keys.pass_record(job_id, day, pass_id))
         if not f:
             raise PassNotFound(f"job {job_id!r} has no pass {day}/{pass_id}")
@@ -370,7 +373,7 @@ class Repo:
             self._check_serving_redis(job_id)
         key = keys.job(job_id)
         trigger_id = uuid.uuid4().hex[:12]
-        now = f"{time.time():.3f}"
+        now = round(time.time(), 3)  # the record's time: what the zset and the command carry
         mode = body.mode.value if body.mode else None
 
         def create(pipe: redis.client.Pipeline) -> None:
@@ -380,19 +383,16 @@ class Repo:
             if JobState(state) not in ACTIVE_STATES:
                 raise InvalidTransition(job_id, state, f"trigger {body.kind}")
             pipe.multi()
-            redis_io.hset(
-                pipe,
-                keys.trigger(job_id, trigger_id),
-                {
-                    "id": trigger_id,
-                    "kind": body.kind.value,
-                    "mode": body.mode.value if body.mode else "",
-                    "state": TriggerState.PENDING.value,
-                    "created_at": now,
-                },
+            pending = TriggerRecord.patch(
+                id=trigger_id,
+                kind=body.kind,
+                mode=mode,
+                state=TriggerState.PENDING,
+                created_at=now,
             )
-            pipe.zadd(keys.triggers(job_id), {trigger_id: float(now)})
-            command = Command(body.kind.value, mode, trigger_id, float(now))
+            redis_io.hset(pipe, keys.trigger(job_id, trigger_id), pending)
+            pipe.zadd(keys.triggers(job_id), {trigger_id: now})
+            command = Command(body.kind.value, mode, trigger_id, now)
             redis_io.xadd(pipe, keys.commands(job_id), command.to_fields())
             what = body.kind.value + (f" {body.mode.value}" if body.mode else "")
             append_event(
@@ -419,26 +419,27 @@ class Repo:
             raise SpecInvalid([("mode", reason, OnlineMode.ONLINE.value)])
 
     def get_trigger(self, job_id: str, trigger_id: str) -> TriggerPublic:
-        self.job_fields(job_id)
-        f = redis_io.hgetall(self.r, keys.trigger(job_id, trigger_id))
-        if not f:
+        self._job_fields(job_id)
+        rec = self.trigger_record(job_id, trigger_id)
+        if rec is None:
             raise TriggerNotFound(f"job {job_id!r} has no trigger {trigger_id!r}")
-        return trigger_public(f)
+        return trigger_public(rec)
 
     def list_triggers(self, job_id: str, offset: int, limit: int) -> TriggersPublic:
-        self.job_fields(job_id)
+        self._job_fields(job_id)
         total = int(self.r.zcard(keys.triggers(job_id)))
         ids = redis_io.zrange(self.r, keys.triggers(job_id), offset, offset + limit - 1)
         with self.r.pipeline(transaction=False) as pipe:
             for tid in ids:
                 pipe.hgetall(keys.trigger(job_id, tid))
             rows = pipe.execute()
-        return TriggersPublic(data=[trigger_public(f) for f in rows if f], count=total)
+        records = [TriggerRecord.from_fields(f) for f in rows if f]
+        return TriggersPublic(data=[trigger_public(r) for r in records], count=total)
 
     # ---- events, workers --------------------------------------------------------------
     def events(self, job_id: str, after: str | None, limit: int) -> EventsPublic:
         """One page of events, oldest first, strictly after the stream id ``after``."""
-        self.job_fields(job_id)
+        self._job_fields(job_id)
         start = "-" if after is None else f"({after}"
         rows = redis_io.xrange(self.r, keys.events(job_id), start, "+", count=limit + 1)
         more = len(rows) > limit

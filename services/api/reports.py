@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from streamrec.api.errors import ApiError
 from streamrec.api.lineage import job_plan
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
+from streamrec.api.pass_records import RequeueCause
 from streamrec.api.repo import Repo
 from streamrec.api.state import JobAction, JobState, PassState, TriggerState
 from streamrec.control import keys
 from streamrec.control.channel import CommandType
 from streamrec.control.codec import encode
-from streamrec.control.records import PASS_METRICS, JobField, pass_figures
+from streamrec.control.records import PASS_METRICS, JobRecord, TriggerRecord, pass_figures
 from streamrec.control.reports import (
     Checkpoint,
     Claimed,
@@ -44,14 +45,27 @@ from streamrec.control.reports import (
 )
 
 
+class Requeuer(Protocol):
+    """The scheduler's ``requeue``: the pass in flight back from the last checkpoint."""
+
+    def __call__(
+        self,
+        job_id: str,
+        job: JobRecord,
+        reason: str,
+        cause: RequeueCause,
+        skip: Sequence[str] = (),
+    ) -> None: ...
+
+
 class ReportApplier:
     """Applies one job's reports at a time.
 
     Args:
         repo: the API's Redis repository.
         metrics: where pass, checkpoint and trigger outcomes are counted.
-        requeue: the scheduler's ``requeue(job_id, fields, reason, failure=, fatal=, skip=)``
-            (a failed pass goes back from the last checkpoint, or fails the job).
+        requeue: the scheduler's ``requeue(job_id, job, reason, cause, skip=)`` (a failed
+            pass goes back from the last checkpoint, or fails the job).
         ack_work: acknowledges the pass in flight on the job's work stream.
     """
 
@@ -59,7 +73,7 @@ class ReportApplier:
         self,
         repo: Repo,
         metrics: ApiMetrics,
-        requeue: Callable[..., None],
+        requeue: Requeuer,
         ack_work: Callable[[str], None],
     ) -> None:
         self.repo = repo
@@ -143,7 +157,7 @@ class ReportApplier:
         resumed = report.resumed_from
         if resumed:
             keys.parse_pass_key(resumed)  # a malformed key is a bad report
-        spec = self.repo.job_fields(job_id).get(JobField.SPEC)
+        spec = self.repo.job_record(job_id).spec
         if not spec:
             return
         rolled = self.passes.rewind_to_group(
@@ -188,7 +202,7 @@ class ReportApplier:
             return
         record = report.record
         figures = pass_figures(record)
-        f = self.repo.job_fields(job_id)
+        job = self.repo.job_record(job_id)
         shown = ", ".join(
             f"{k}={record[k]:.4f}"
             for k in ("predict_auc", "train_auc", "logloss")
@@ -201,7 +215,7 @@ class ReportApplier:
             report.pass_id,
             figures,
             report.ranks,
-            in_flight=f.get(JobField.IN_FLIGHT) == pk,
+            in_flight=job.in_flight == pk,
             event=(
                 f"pass {pk} done" + (f": {shown}" if shown else ""),
                 {"pass": pk, **{k: record.get(k) for k in PASS_METRICS}},
@@ -238,8 +252,8 @@ class ReportApplier:
 
     def _on_pass_failed(self, job_id: str, report: PassFailed) -> None:
         pk = keys.pass_key(report.day, report.pass_id)
-        f = self.repo.job_fields(job_id)
-        if f.get(JobField.IN_FLIGHT) != pk or self._stale(job_id, report):
+        job = self.repo.job_record(job_id)
+        if job.in_flight != pk or self._stale(job_id, report):
             return
         error = f"trainer error: {report.error[:500]}"
         if report.phase == Phase.SAVE:
@@ -247,24 +261,26 @@ class ReportApplier:
         if report.error_class == ErrorClass.STORE_LOST:  # the store's fault, not the pass's
             self._requeue(
                 job_id,
-                f,
+                job,
                 f"a store shard lost the job's rows (restarted empty): the job goes back to "
-                f"{f.get('last_checkpoint') or 'its start'}: {error}",
-                failure=False,
+                f"{job.last_checkpoint or 'its start'}: {error}",
+                RequeueCause.REWIND,
             )
             return
         if report.error_class == ErrorClass.INFRA:  # a shard or the sampler unreachable
-            self._requeue(job_id, f, error, failure=False, infra=True)
+            self._requeue(job_id, job, error, RequeueCause.RESTART)
             return
         if report.error_class == ErrorClass.TRANSIENT:  # retried from the last checkpoint
-            self._requeue(job_id, f, error)
+            self._requeue(job_id, job, error, RequeueCause.PASS_FAILED)
             return
-        policy = stored_spec(f["spec"]).data.on_bad_split
+        policy = stored_spec(job.spec).data.on_bad_split
         bad = list(report.bad_splits[:64])
         if policy == "skip" and bad:
-            self._requeue(job_id, f, f"bad data, skipped: {error}", failure=False, skip=bad)
+            reason = f"bad data, skipped: {error}"
+            self._requeue(job_id, job, reason, RequeueCause.SKIP_SPLITS, skip=bad)
         else:  # a retry cannot pass
-            self._requeue(job_id, f, f"bad data (on_bad_split: {policy}): {error}", fatal=True)
+            reason = f"bad data (on_bad_split: {policy}): {error}"
+            self._requeue(job_id, job, reason, RequeueCause.BAD_DATA)
 
     def _on_checkpoint(self, job_id: str, report: Checkpoint) -> None:
         pk = keys.pass_key(report.day, report.pass_id)
@@ -280,18 +296,18 @@ class ReportApplier:
 
     def _finish_trigger(self, job_id: str, report: TriggerDone | TriggerFailed) -> None:
         tid = report.trigger_id
-        kind = self.repo.trigger_kind(job_id, tid)
-        if kind is None:
+        trigger = self.repo.trigger_record(job_id, tid)
+        if trigger is None or trigger.kind is None:
             raise ValueError(f"unknown trigger {tid!r}")
-        done = isinstance(report, TriggerDone)
-        state = TriggerState.DONE if done else TriggerState.FAILED
-        fields = {"state": state.value, "finished_at": f"{time.time():.3f}"}
+        kind = trigger.kind
         if isinstance(report, TriggerDone):
-            fields["result"] = json.dumps(report.result)
+            state = TriggerState.DONE
+            outcome = {"result": json.dumps(report.result)}
         else:
-            fields["error"] = report.error[:2000]
+            state, outcome = TriggerState.FAILED, {"error": report.error[:2000]}
+        fields = TriggerRecord.patch(state=state, finished_at=time.time(), **outcome)
         self.repo.finish_trigger(job_id, tid, fields)
-        self.metrics.triggers.labels(kind, state.value).inc()
+        self.metrics.triggers.labels(kind.value, state.value).inc()
         # a trigger refused for want of a model (before the first pass, after a failed one)
         # is no failed save: it must not page as one
         failed_save = isinstance(report, TriggerFailed) and not report.refused
@@ -300,7 +316,7 @@ class ReportApplier:
         self._event(
             job_id,
             "trigger",
-            f"trigger {tid} ({kind}) {state.value}",
+            f"trigger {tid} ({kind.value}) {state.value}",
             {"trigger_id": tid, **{k: v for k, v in fields.items() if k != "state"}},
         )
 
@@ -318,14 +334,13 @@ class ReportApplier:
         """A group told to end (SIGTERM) gave its pass back: handed out again, no failure of
         the pass, a restart of the group."""
         pk = keys.pass_key(report.day, report.pass_id)
-        f = self.repo.job_fields(job_id)
-        if f.get(JobField.IN_FLIGHT) != pk or self._stale(job_id, report):
+        job = self.repo.job_record(job_id)
+        if job.in_flight != pk or self._stale(job_id, report):
             return
         # SIGTERM: an evicted or deleted pod, or torchrun stopping the ranks that survived
         # one that died; an infrastructure restart either way (budget, backoff), found at once
-        self._requeue(
-            job_id, f, "released by a trainer group that was stopped", failure=False, infra=True
-        )
+        reason = "released by a trainer group that was stopped"
+        self._requeue(job_id, job, reason, RequeueCause.RESTART)
 
     def _on_error(self, job_id: str, report: Error) -> None:
         self._event(job_id, "failure", f"trainer error: {report.message[:2000]}", encode(report))

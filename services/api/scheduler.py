@@ -33,6 +33,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -42,13 +43,13 @@ from streamrec.api.job_gauges import RunningJobGauges
 from streamrec.api.lineage import job_plan, resume_cursor
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
-from streamrec.api.pass_records import PassCounts, Requeue, Restart
+from streamrec.api.pass_records import PassCounts, Requeue, RequeueCause, Restart
 from streamrec.api.pool import PoolScheduler
 from streamrec.api.repo import Repo, stuck_for
 from streamrec.api.reports import ReportApplier
 from streamrec.api.state import ACTIVE_STATES, JobAction, JobState, PassState
 from streamrec.control import keys
-from streamrec.control.records import JobField
+from streamrec.control.records import JobRecord
 from streamrec.control.work import WorkItem
 from streamrec.layout import PassSpec, pass_ready
 
@@ -142,17 +143,16 @@ class Scheduler:
     def step(self, job_id: str) -> None:
         """Reports, dead-group check, then hand-out, for one job."""
         self.reports.apply(job_id)
-        f = self.repo.job_fields(job_id)
-        if f[JobField.STATE] in ACTIVE_STATES:
-            self.check_dead(job_id, f)
-            f = self.repo.job_fields(job_id)
-        state = JobState(f[JobField.STATE])
-        if state == JobState.STOPPING and not self.repo.has_heartbeat(job_id):
+        job = self.repo.job_record(job_id)
+        if job.state in ACTIVE_STATES:
+            self.check_dead(job_id, job)
+            job = self.repo.job_record(job_id)
+        if job.state == JobState.STOPPING and not self.repo.has_heartbeat(job_id):
             self.repo.change_state(
                 job_id, JobAction.TRAINERS_STOPPED, reason="no trainer group alive"
             )
-        elif state == JobState.RUNNING:
-            self.hand_out(job_id, f)
+        elif job.state == JobState.RUNNING:
+            self.hand_out(job_id, job)
 
     def plan(self, job_id: str, spec_json: str) -> list[PassSpec]:
         """Every pass of the job in training order (cached per job spec)."""
@@ -163,22 +163,22 @@ class Scheduler:
         return cached[1]
 
     # ---- hand-out ---------------------------------------------------------------------
-    def hand_out(self, job_id: str, f: dict[str, str]) -> None:
+    def hand_out(self, job_id: str, job: JobRecord) -> None:
         """Puts the next pass on the work stream when it is ready and none is in flight."""
-        if f.get(JobField.IN_FLIGHT):
+        if job.in_flight:
             return
-        plan = self.plan(job_id, f[JobField.SPEC])
-        cursor = int(f[JobField.CURSOR])
+        plan = self.plan(job_id, job.spec)
+        cursor = job.cursor
         if cursor >= len(plan):
-            if int(f[JobField.PASSES_DONE]) >= int(f[JobField.PASSES_TOTAL]):
+            if job.passes_done >= job.passes_total:
                 end = f"{plan[-1].day}/{plan[-1].splits[-1]}" if plan else "-"
                 self.repo.change_state(
                     job_id, JobAction.SUCCEED, reason=f"every pass done, through split {end}"
                 )
             return
-        if time.time() < float(f.get(JobField.NOT_BEFORE) or 0):
+        if time.time() < (job.not_before or 0.0):
             return  # backing off after an infrastructure restart
-        spec = stored_spec(f[JobField.SPEC])
+        spec = stored_spec(job.spec)
         now = time.monotonic()
         if now - self._last_probe.get(job_id, 0.0) < spec.data.data_sleep_second:
             return
@@ -192,21 +192,21 @@ class Scheduler:
         restarted = before.state == PassState.FAILED.value
         attempts = 1 if restarted else before.attempts + 1
         failures = 0 if restarted else before.failures
-        resume_from = f.get(JobField.LAST_CHECKPOINT, "") if attempts > 1 else ""
+        resume_from = (job.last_checkpoint or "") if attempts > 1 else ""
         after = keys.pass_key(plan[cursor - 1].day, plan[cursor - 1].pass_id) if cursor else ""
         item = WorkItem("", p, attempts, resume_from, after, tuple(before.skipped))
         self.passes.hand_out(job_id, cursor, item, failures)
         self.metrics.passes_handed_out.labels(job_id).inc()
 
     # ---- dead groups ------------------------------------------------------------------
-    def check_dead(self, job_id: str, f: dict[str, str]) -> None:
+    def check_dead(self, job_id: str, job: JobRecord) -> None:
         """Requeues the pass in flight when the trainer group that took it is gone.
 
         Gone: the job's heartbeat key has expired, or it is now renewed by another group (a
         restarted group heartbeats under a new consumer name while the dead one's pass is
         still pending).
         """
-        if not f.get(JobField.IN_FLIGHT):
+        if not job.in_flight:
             return
         holders = self.repo.work.holders(job_id)
         if not holders:
@@ -232,43 +232,48 @@ class Scheduler:
                 return  # first: the next tick judges what is left
             reason = "trainer group heartbeat expired"
         self.metrics.trainers_dead.labels(job_id).inc()
-        self.requeue(job_id, f, reason, failure=False, infra=True)
+        self.requeue(job_id, job, reason, RequeueCause.RESTART)
 
     def requeue(
         self,
         job_id: str,
-        f: dict[str, str],
+        job: JobRecord,
         reason: str,
-        failure: bool = True,
-        fatal: bool = False,
-        skip: list[str] | None = None,
-        infra: bool = False,
+        cause: RequeueCause,
+        skip: Sequence[str] = (),
     ) -> None:
         """Hands the pass in flight out again from the last checkpoint, or fails the job.
 
         The cursor goes back to the pass after the last reported checkpoint (the group loads
         it) and the passes trained since are rolled back (``lineage.py``), so no pass trained
-        since then is lost or counted twice. ``failure``: the pass's own failure (a second
-        one, or a ``fatal`` one, bad data under ``on_bad_split: fail``, fails the job);
-        ``infra``: the group died, was killed or stuck: not the pass's fault, counted against
-        the job's restart budget with exponential backoff instead (the job fails when the
-        budget is spent); ``skip`` adds splits to the pass's ``skipped_splits``. The cursor
-        is rewound either way, so an operator's ``start`` retries from the checkpoint.
+        since then is lost or counted twice. ``cause`` says what the requeue counts against
+        (:class:`RequeueCause`): the pass's failures (a second one, or bad data under
+        ``on_bad_split: fail``, fails the job), or the job's restart budget with exponential
+        backoff (a group that died, was killed or stuck: the job fails when the budget is
+        spent), or neither. ``skip`` (``SKIP_SPLITS`` only) adds splits to the pass's
+        ``skipped_splits``. The cursor is rewound either way, so an operator's ``start``
+        retries from the checkpoint.
         """
-        pk = f[JobField.IN_FLIGHT]
+        if skip and cause is not RequeueCause.SKIP_SPLITS:
+            raise ValueError(f"splits to skip {list(skip)} with a requeue for {cause.name}")
+        pk = job.in_flight
+        if pk is None:
+            raise ValueError(f"job {job_id!r} has no pass in flight to requeue")
         self.repo.work.settle(job_id)
-        plan = self.plan(job_id, f[JobField.SPEC])
+        plan = self.plan(job_id, job.spec)
         index = {keys.pass_key(p.day, p.pass_id): i for i, p in enumerate(plan)}
-        ckpt = f.get(JobField.LAST_CHECKPOINT) or ""
+        ckpt = job.last_checkpoint or ""
         cursor = resume_cursor(plan, ckpt, limit=index[pk])
-        budget = self._restart_budget(f)
+        budget = self._restart_budget(job)
 
         def decide(read: PassCounts) -> Requeue:
-            failures = read.failures + (1 if failure else 0)
-            skipped = read.skipped + [x for x in skip or [] if x not in read.skipped]
-            restart = self._restart(f, read.restarts + 1) if infra else None
+            failures = read.failures + (1 if cause.counts_failure else 0)
+            skipped = read.skipped + [x for x in skip if x not in read.skipped]
+            restart = None
+            if cause is RequeueCause.RESTART:
+                restart = self._restart(job, read.restarts + 1)
             failed_why = None
-            if fatal or failures >= MAX_ATTEMPTS:
+            if cause is RequeueCause.BAD_DATA or failures >= MAX_ATTEMPTS:
                 failed_why = reason
             elif restart is not None and restart.n > budget:
                 failed_why = (
@@ -322,13 +327,13 @@ class Scheduler:
         else:
             self.metrics.passes_requeued.labels(job_id).inc()
 
-    def _restart_budget(self, f: dict[str, str]) -> int:
-        own = stored_spec(f[JobField.SPEC]).resources.restart_budget
+    def _restart_budget(self, job: JobRecord) -> int:
+        own = stored_spec(job.spec).resources.restart_budget
         return self.settings.restart_budget if own is None else own
 
-    def _restart(self, f: dict[str, str], n: int) -> Restart:
+    def _restart(self, job: JobRecord, n: int) -> Restart:
         """An infrastructure restart, ``n`` in a row, and the backoff before the next
         hand-out: ``restart_backoff_s * 2**(n-1)``, capped."""
-        own = stored_spec(f[JobField.SPEC]).resources.restart_backoff_s
+        own = stored_spec(job.spec).resources.restart_backoff_s
         base = self.settings.restart_backoff_s if own is None else own
         return Restart(n, min(base * 2 ** (n - 1), self.settings.restart_backoff_max_s))

@@ -36,7 +36,8 @@ from pydantic import ValidationError
 from streamrec.api.errors import ModelPathTaken, Problem, SpecInvalid
 from streamrec.api.models import JOB_OWNED, JobCreate
 from streamrec.control import feature_schema
-from streamrec.control.trainer_config import MAX_PORT, TrainerConfig
+from streamrec.control.config_bounds import MAX_PORT
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.errors import EndpointRefused, PathRefused, quote
 from streamrec.store_schema import TableOptions
 

@@ -37,7 +37,6 @@ from streamrec.control.states import (  # noqa: F401 (re-exported for the api)
 )
 
 T = TypeVar("T")
-S = JobState
 
 
 class JobAction(StrEnum):
@@ -54,30 +53,35 @@ class JobAction(StrEnum):
     FAIL = "fail"
 
 
-A = JobAction
 #: (current state, action) -> new state. ``delete`` maps to None (the job is removed).
 TRANSITIONS: dict[tuple[JobState, JobAction], JobState | None] = {
-    (S.CREATED, A.START): S.RUNNING,
-    (S.STOPPED, A.START): S.RUNNING,
-    (S.FAILED, A.START): S.RUNNING,
-    (S.RUNNING, A.PAUSE): S.PAUSED,
-    (S.PAUSED, A.RESUME): S.RUNNING,
-    (S.RUNNING, A.STOP): S.STOPPING,
-    (S.PAUSED, A.STOP): S.STOPPING,
-    (S.STOPPING, A.TRAINERS_STOPPED): S.STOPPED,
-    (S.RUNNING, A.SUCCEED): S.SUCCEEDED,
-    (S.PAUSED, A.SUCCEED): S.SUCCEEDED,
-    (S.STOPPING, A.SUCCEED): S.SUCCEEDED,
-    (S.RUNNING, A.FAIL): S.FAILED,
-    (S.PAUSED, A.FAIL): S.FAILED,
-    (S.STOPPING, A.FAIL): S.FAILED,
-    (S.CREATED, A.DELETE): None,
-    (S.STOPPED, A.DELETE): None,
-    (S.SUCCEEDED, A.DELETE): None,
-    (S.FAILED, A.DELETE): None,
+    (JobState.CREATED, JobAction.START): JobState.RUNNING,
+    (JobState.STOPPED, JobAction.START): JobState.RUNNING,
+    (JobState.FAILED, JobAction.START): JobState.RUNNING,
+    (JobState.RUNNING, JobAction.PAUSE): JobState.PAUSED,
+    (JobState.PAUSED, JobAction.RESUME): JobState.RUNNING,
+    (JobState.RUNNING, JobAction.STOP): JobState.STOPPING,
+    (JobState.PAUSED, JobAction.STOP): JobState.STOPPING,
+    (JobState.STOPPING, JobAction.TRAINERS_STOPPED): JobState.STOPPED,
+    (JobState.RUNNING, JobAction.SUCCEED): JobState.SUCCEEDED,
+    (JobState.PAUSED, JobAction.SUCCEED): JobState.SUCCEEDED,
+    (JobState.STOPPING, JobAction.SUCCEED): JobState.SUCCEEDED,
+    (JobState.RUNNING, JobAction.FAIL): JobState.FAILED,
+    (JobState.PAUSED, JobAction.FAIL): JobState.FAILED,
+    (JobState.STOPPING, JobAction.FAIL): JobState.FAILED,
+    (JobState.CREATED, JobAction.DELETE): None,
+    (JobState.STOPPED, JobAction.DELETE): None,
+    (JobState.SUCCEEDED, JobAction.DELETE): None,
+    (JobState.FAILED, JobAction.DELETE): None,
 }
 #: Actions an operator may ask for over REST.
-USER_ACTIONS = (A.START, A.STOP, A.PAUSE, A.RESUME, A.DELETE)
+USER_ACTIONS = (
+    JobAction.START,
+    JobAction.STOP,
+    JobAction.PAUSE,
+    JobAction.RESUME,
+    JobAction.DELETE,
+)
 
 
 def next_state(current: JobState, action: JobAction) -> JobState | None:

@@ -6,7 +6,7 @@ page-locked buffer (grown by doubling, reused every call), then copied to the de
 one asynchronous H2D copy; a fence (a CUDA event recorded after that copy) is waited before
 the buffer is overwritten. The store's device tier stages its pushes this way
 (``embedding_store/device_staging.py``), the trainer a batch's rows and dense features
-(``trainer/staging.py``).
+(``trainer/model/staging.py``).
 """
 
 from __future__ import annotations

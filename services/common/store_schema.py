@@ -243,7 +243,7 @@ class StoreOptions(StrictConfig):
     (required for ssd, optional for host). ``device``: every row in GPU memory (the CUDA
     extension). ``gpu_cache_budget_mb`` (host and ssd): the hot rows of each table also in a
     write-back cache of that many MiB on ``gpu_cache_device``
-    (:mod:`~streamrec.embedding_store.device_cache`).
+    (:mod:`~streamrec.embedding_store.tiers.cached_table`).
     """
 
     tier: Literal["host", "ssd", "device"] = "host"

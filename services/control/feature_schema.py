@@ -15,7 +15,7 @@ In a job file it is ``runner.schema`` (in a REST job ``data.schema``)::
 
 Dense features are fed raw: each is read as a float (null or NaN: missing), then
 standardized online by the model with running statistics saved with it
-(``streamrec.trainer.dense_norm``: PaddleRec's ``data_norm``), clipped to +-8 deviations; a
+(``streamrec.trainer.model.dense_norm``: PaddleRec's ``data_norm``), clipped to +-8 deviations; a
 missing value becomes 0. ``{name: age, log1p: true}`` takes ``log(max(x, 0) + 1)`` first,
 ``normalize: false`` skips the standardization of that feature.
 
@@ -78,7 +78,7 @@ Pooling = Literal["sum", "mean"]
 
 class DenseFeature(StrictConfig):
     """A float feature (null or NaN: missing), transformed as read, then standardized online
-    by the model (``streamrec.trainer.dense_norm``).
+    by the model (``streamrec.trainer.model.dense_norm``).
 
     Attributes:
         name: the column (or slot-text name).

@@ -1,7 +1,8 @@
-"""A job's hash (``keys.job``) and a pass record (``keys.pass_record``): their field names
-in one place (:class:`JobField`, :class:`PassField`) and one codec each (:class:`JobRecord`,
-:class:`PassRecord`, modelled on rq's ``Job.to_dict``/``Job.restore``). The API's repository
-writes them, the API and the trainers' channel read them.
+"""A job's hash (``keys.job``), a pass record (``keys.pass_record``) and a trigger
+(``keys.trigger``): their field names in one place (:class:`JobField`, :class:`PassField`;
+a trigger's are its record's) and one codec each (:class:`JobRecord`, :class:`PassRecord`,
+:class:`TriggerRecord`, modelled on rq's ``Job.to_dict``/``Job.restore``). The API's
+repository writes them, the API and the trainers' channel read them.
 
 Every value is a string; times are unix seconds (``"1764270000.123"``), counts decimal,
 other figures their ``repr``, flags ``"true"`` or ``"false"``, lists JSON, "" for none. A
@@ -24,7 +25,8 @@ from enum import StrEnum
 from typing import Any, ClassVar, Self
 
 from streamrec.control import codec
-from streamrec.control.states import JobState, PassState
+from streamrec.control.commands import CommandType
+from streamrec.control.states import JobState, PassState, TriggerState
 
 
 class JobField(StrEnum):
@@ -237,6 +239,26 @@ class JobRecord(HashRecord):
     restarts: int = 0
     restarts_total: int = 0
     not_before: float | None = _time()
+
+
+@dataclass(frozen=True)
+class TriggerRecord(HashRecord):
+    """A trigger (an operator's checkpoint, export or shrink of a running job): written
+    pending at create, finished by the trainers' report (``state``, ``finished_at`` and
+    ``result`` or ``error``)."""
+
+    RECORD: ClassVar[str] = "trigger record"
+
+    id: str = ""
+    kind: CommandType | None = None
+    #: an export's save mode (``base``, ``delta``, ``batch``, ``online``); None: not an export
+    mode: str | None = None
+    state: TriggerState | None = None
+    created_at: float | None = _time()
+    finished_at: float | None = _time()
+    #: what the trainers reported, the JSON text written (any JSON value)
+    result: str | None = None
+    error: str | None = None
 
 
 #: The pass record's flags (``bool`` fields), the figures a report carries as true or false.

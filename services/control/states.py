@@ -30,8 +30,7 @@ class TriggerState(StrEnum):
     FAILED = "failed"
 
 
-S = JobState
 #: States a job does not leave by itself: nothing more comes for its run.
-TERMINAL_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED})
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 #: States in which a trainer group may be at work (triggers are accepted).
-ACTIVE_STATES = frozenset({S.RUNNING, S.PAUSED, S.STOPPING})
+ACTIVE_STATES = frozenset({JobState.RUNNING, JobState.PAUSED, JobState.STOPPING})

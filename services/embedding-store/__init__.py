@@ -21,14 +21,14 @@ if os.environ.get("STREAMREC_SIMD", "") not in ("", "portable"):
         f"STREAMREC_SIMD must be unset or 'portable', got {os.environ['STREAMREC_SIMD']!r}"
     )
 
-from streamrec.embedding_store.client import EmbeddingStoreClient
-from streamrec.embedding_store.converters import Converter, FileConverter
 from streamrec.embedding_store.dedup import unique_groups, unique_keys
 from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
-from streamrec.embedding_store.local_shards import LocalShards
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
-from streamrec.embedding_store.redis_converter import RedisConverter
-from streamrec.embedding_store.shard_link import shard_count
+from streamrec.embedding_store.persistence.converters import Converter, FileConverter
+from streamrec.embedding_store.persistence.redis_converter import RedisConverter
+from streamrec.embedding_store.service.client import EmbeddingStoreClient
+from streamrec.embedding_store.service.local_shards import LocalShards
+from streamrec.embedding_store.service.shard_link import shard_count
 from streamrec.embedding_store.sparse_store import SparseStore
 from streamrec.embedding_store.store import EmbeddingStore
 from streamrec.store_schema import (

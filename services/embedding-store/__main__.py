@@ -152,8 +152,8 @@ def check_ordinal(shard_id: int | str, num_shards: int) -> None:
 def serve(args: argparse.Namespace) -> int:
     shard_id = shard_id_arg(args.shard_id)
     check_ordinal(shard_id, args.num_shards)  # at once, before the store's imports
-    from streamrec.embedding_store.config import ShardConfig, read_tables_file
-    from streamrec.embedding_store.server import Shard
+    from streamrec.embedding_store.service.config import ShardConfig, read_tables_file
+    from streamrec.embedding_store.service.server import Shard
 
     config = ShardConfig.parse(
         {

@@ -78,7 +78,7 @@ class ShardRestarted(EmbeddingStoreError):
     """A shard answered from another process than the one the client trained against (it
     was restarted, empty, at the same address): its rows are gone. Data ops are refused until
     the job reloads its last checkpoint (``EmbeddingStoreClient.load``) or accepts the shards
-    as they are (``accept_restarts``); see :mod:`~streamrec.embedding_store.incarnation`."""
+    as they are (``accept_restarts``); see :mod:`~streamrec.embedding_store.service.incarnation`."""
 
     code = "shard_restarted"
 
@@ -86,7 +86,7 @@ class ShardRestarted(EmbeddingStoreError):
 class UnknownNamespace(ShardRestarted):
     """A namespace the shard does not hold: it was dropped, or the shard restarted empty
     (a job's tables live in its own namespace, see
-    :mod:`~streamrec.embedding_store.namespaces`). Either way the job's rows are gone there,
+    :mod:`~streamrec.embedding_store.service.namespaces`). Either way the job's rows are gone there,
     so it is a :class:`ShardRestarted`: the same recovery (reload a checkpoint, which makes
     the namespace's tables again, or ``accept_restarts``)."""
 

@@ -21,7 +21,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from streamrec.embedding_store.errors import InvalidInput, UnknownTable
-from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned
+from streamrec.embedding_store.validation import (
+    FloatsLike,
+    KeysLike,
+    as_floats,
+    as_keys,
+    check_aligned,
+)
 from streamrec.save_modes import SaveMode
 from streamrec.store_schema import TableOptions
 
@@ -35,7 +41,7 @@ class SparseStore(Protocol):
         ...
 
     def pull_rows(
-        self, tables: list[str], keys: Any, counts: list[int], create: bool = True
+        self, tables: list[str], keys: KeysLike, counts: list[int], create: bool = True
     ) -> torch.Tensor:
         """Rows (n, dim) float32 of ``keys`` (n,) int64, ``counts[t]`` of ``tables[t]``, on
         :meth:`resident_device` (else the CPU); ``create`` False reads absent keys as zeros."""
@@ -44,11 +50,11 @@ class SparseStore(Protocol):
     def push_rows(
         self,
         tables: list[str],
-        keys: Any,
+        keys: KeysLike,
         counts: list[int],
-        grads: Any,
-        shows: Any = None,
-        clicks: Any = None,
+        grads: FloatsLike,
+        shows: FloatsLike | None = None,
+        clicks: FloatsLike | None = None,
     ) -> None:
         """Gradients (n, dim), shows and clicks (n,) float32 of keys laid out as in
         :meth:`pull_rows`; a NaN/Inf anywhere refuses the whole push."""
@@ -106,16 +112,21 @@ class _TableAtATime(Protocol):
     def resident_device(self) -> torch.device | None: ...
 
     def pull_many(
-        self, tables: Sequence[str], keys: Sequence[Any], create: bool = True, *, device: Any
+        self,
+        tables: Sequence[str],
+        keys: Sequence[KeysLike],
+        create: bool = True,
+        *,
+        device: torch.device | str | None,
     ) -> list[torch.Tensor]: ...
 
     def push_many(
         self,
         tables: Sequence[str],
-        keys: Sequence[Any],
-        grads: Sequence[Any],
-        shows: Sequence[Any | None] | None = None,
-        clicks: Sequence[Any | None] | None = None,
+        keys: Sequence[KeysLike],
+        grads: Sequence[FloatsLike],
+        shows: Sequence[FloatsLike | None] | None = None,
+        clicks: Sequence[FloatsLike | None] | None = None,
     ) -> None: ...
 
 
@@ -126,7 +137,7 @@ class RowsFromTables:
     def pull_rows(
         self: _TableAtATime,
         tables: list[str],
-        keys: Any,
+        keys: KeysLike,
         counts: list[int],
         create: bool = True,
     ) -> torch.Tensor:
@@ -139,11 +150,11 @@ class RowsFromTables:
     def push_rows(
         self: _TableAtATime,
         tables: list[str],
-        keys: Any,
+        keys: KeysLike,
         counts: list[int],
-        grads: Any,
-        shows: Any = None,
-        clicks: Any = None,
+        grads: FloatsLike,
+        shows: FloatsLike | None = None,
+        clicks: FloatsLike | None = None,
     ) -> None:
         """:meth:`SparseStore.push_rows`: tables without keys are left out; gradients on
         :meth:`resident_device` stay there."""
@@ -165,7 +176,7 @@ class RowsFromTables:
 
 
 def checked_block(
-    store: _TableAtATime, tables: list[str], keys: Any, counts: list[int]
+    store: _TableAtATime, tables: list[str], keys: KeysLike, counts: list[int]
 ) -> tuple[torch.Tensor, int, list[int]]:
     """(keys (n,) int64, dim, counts as ints) of a checked block of ``store``'s tables."""
     check_aligned(tables, counts=counts)

@@ -22,7 +22,7 @@ pulls of present keys share it, pushes, creation, shrink, save and load hold it 
 C++ ops release the GIL.
 
 Inputs are checked by :mod:`~streamrec.embedding_store.validation` (the client's rules too);
-the rows live in one tier per table (:mod:`~streamrec.embedding_store.tier`).
+the rows live in one tier per table (:mod:`~streamrec.embedding_store.tiers.table_tier`).
 """
 
 from __future__ import annotations
@@ -30,29 +30,29 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any, NamedTuple
+from contextlib import contextmanager
+from typing import Any
 
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import lookup as lookups
-from streamrec.embedding_store.checkpoint import load_store, save_store
 from streamrec.embedding_store.dedup import unique_keys
-from streamrec.embedding_store.device_block import DeviceBlocks
-from streamrec.embedding_store.device_cache import CachedTable
-from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.errors import (
     InvalidInput,
-    NonFiniteGradient,
     StoreClosed,
     UnknownTable,
 )
-from streamrec.embedding_store.host_tier import HostTable, push_block, read_block
-from streamrec.embedding_store.locks import RWLock, all_locked
-from streamrec.embedding_store.sparse_store import RowsFromTables, checked_block
-from streamrec.embedding_store.ssd_tier import SsdTable
-from streamrec.embedding_store.tier import TableTier
-from streamrec.embedding_store.validation import as_floats, as_keys, check_aligned, push_faults
+from streamrec.embedding_store.locks import RWLock
+from streamrec.embedding_store.persistence.save_load import load_store, save_store
+from streamrec.embedding_store.push_check import CheckedPush, PushDefaults, checked_push
+from streamrec.embedding_store.store_blocks import BlockRows
+from streamrec.embedding_store.tiers.cached_table import CachedTable
+from streamrec.embedding_store.tiers.device_block import DeviceBlocks
+from streamrec.embedding_store.tiers.device_table import DeviceTable
+from streamrec.embedding_store.tiers.host_table import HostTable
+from streamrec.embedding_store.tiers.ssd_table import SsdTable
+from streamrec.embedding_store.tiers.table_tier import TableTier
+from streamrec.embedding_store.validation import as_keys, check_aligned
 from streamrec.malloc import keep_freed_memory
 from streamrec.save_modes import SaveMode
 from streamrec.store_schema import StoreOptions, TableOptions
@@ -64,23 +64,11 @@ TableHook = Callable[[str, int, float], None]
 def _resident(tier: TableTier) -> torch.device | None:
     """The device whose memory a tier pulls rows from when it is not the CPU (a DeviceTable,
     a CachedTable on a GPU), else None."""
-    if isinstance(tier, DeviceTable | CachedTable) and tier.resident_device.type != "cpu":
-        return tier.resident_device
-    return None
+    device = tier.resident_device
+    return None if device.type == "cpu" else device
 
 
-class _Push(NamedTuple):
-    """One table's push, validated and converted (see ``EmbeddingStore._checked_push``)."""
-
-    table: str
-    tier: TableTier
-    keys: torch.Tensor  # (n,) int64
-    grads: torch.Tensor  # (n, dim) float32
-    shows: torch.Tensor  # (n,) float32
-    clicks: torch.Tensor  # (n,) float32
-
-
-class EmbeddingStore(RowsFromTables):
+class EmbeddingStore(BlockRows):
     """Dynamic multi-table sparse parameter store (PaddleRec tables, OneEmbedding tiers).
 
     Args:
@@ -93,7 +81,7 @@ class EmbeddingStore(RowsFromTables):
         persistent_path: directory of the ssd tier's files.
         cache_budget_mb: RAM cache per table of the ssd tier, MiB.
         gpu_cache_budget_mb: tiers host and ssd: a write-back cache of each table's hot rows
-            in GPU memory, MiB (:mod:`~streamrec.embedding_store.device_cache`); None: none.
+            in GPU memory, MiB (:mod:`~streamrec.embedding_store.tiers.cached_table`); None: none.
         gpu_cache_device: where that cache lives (``"cuda"``, ``"cuda:N"``; ``"cpu"`` runs
             the same cache in RAM, for tests).
         device: tier device's rows (``"cuda"``, ``"cuda:N"``; None: the current CUDA device;
@@ -138,7 +126,7 @@ class EmbeddingStore(RowsFromTables):
         self._locks: dict[str, RWLock] = {}
         self._counts: dict[str, dict[str, int]] = {}
         self._count_lock = threading.Lock()
-        self._constants: dict[float, torch.Tensor] = {}  # push defaults, see _constant
+        self._push_defaults = PushDefaults()  # the shows and clicks of a push sending none
         #: the block ops of device tables, per device (device_block.py)
         self._device_blocks: dict[torch.device, DeviceBlocks] = {}
         self._day = 0
@@ -149,13 +137,13 @@ class EmbeddingStore(RowsFromTables):
     def add_tables(self, tables: Sequence[TableOptions | dict[str, Any]]) -> None:
         """Makes ``tables`` (names new to this store), empty. A store may start with none and
         get its tables later: a shard's namespace gets them from ``create_tables``
-        (:mod:`~streamrec.embedding_store.namespaces`).
+        (:mod:`~streamrec.embedding_store.service.namespaces`).
 
         Raises:
             InvalidInput: a name repeated, or one this store already holds.
             StoreClosed: the store is closed.
         """
-        opts = [t if isinstance(t, TableOptions) else TableOptions.parse(t) for t in tables]
+        opts = [TableOptions.parse(t) for t in tables]  # an instance is taken as it is
         names = [t.name for t in opts]
         with self._admin:
             if self._closed:
@@ -263,7 +251,7 @@ class EmbeddingStore(RowsFromTables):
             want = torch.device(device)
             if want.type == "cuda" and want.index is None:
                 want = torch.device("cuda", torch.cuda.current_device())
-            if isinstance(tier, DeviceTable | CachedTable) and _resident(tier) == want:
+            if _resident(tier) == want:
                 with lock.write():
                     return tier.pull_resident(keys, create)
             return self._pull_host(tier, lock, keys, create).to(want)
@@ -314,46 +302,12 @@ class EmbeddingStore(RowsFromTables):
         Absent keys are created first (PaddleRec's behaviour), subject to admission. The
         inputs are only read (the service passes read-only views of its frames).
         """
-        self._write_push(self._checked_push(table, keys, grads, shows, clicks))
-
-    def _checked_push(
-        self, table: str, keys: Any, grads: Any, shows: Any | None, clicks: Any | None
-    ) -> _Push:
-        """Validates one table's push (table, dtypes, shapes, NaN/Inf, shows/clicks >= 0)
-        and converts it to tensors; writes nothing."""
-        tier = self.tier(table)
-        keys = as_keys(keys, f"table {table!r}: keys")
-        n, dim = keys.numel(), tier.dim
-        # a device table takes gradients already on its GPU as they are (checked there)
-        keep_on = tier.resident_device if isinstance(tier, DeviceTable) else None
-        grads = as_floats(grads, f"table {table!r}: grads", (n, dim), keep_on)
-        shows = (
-            self._constant(1.0, n)
-            if shows is None
-            else as_floats(shows, f"table {table!r}: shows", (n,), keep_on)
+        self._write_push(
+            checked_push(table, self.tier(table), keys, grads, shows, clicks, self._push_defaults)
         )
-        clicks = (
-            self._constant(0.0, n)
-            if clicks is None
-            else as_floats(clicks, f"table {table!r}: clicks", (n,), keep_on)
-        )
-        bad_rows, bad_counts = push_faults(grads, shows, clicks)
-        if bad_rows:
-            bad = ~torch.isfinite(grads).all(dim=1)
-            first = int(keys[int(bad.nonzero()[0, 0])])
-            raise NonFiniteGradient(
-                f"table {table!r}: grads hold NaN or Inf for {bad_rows} of {n} keys "
-                f"(first key {first}); nothing of this push was written"
-            )
-        if bad_counts:
-            raise InvalidInput(
-                f"table {table!r}: shows and clicks must be finite and >= 0 "
-                f"({bad_counts} of {n} keys are not)"
-            )
-        return _Push(table, tier, keys, grads, shows, clicks)
 
-    def _write_push(self, p: _Push) -> None:
-        """Applies a push checked by :meth:`_checked_push`."""
+    def _write_push(self, p: CheckedPush) -> None:
+        """Applies a push checked by :func:`~streamrec.embedding_store.push_check.checked_push`."""
         n, dim = p.keys.numel(), p.tier.dim
         if n == 0:
             return
@@ -372,117 +326,6 @@ class EmbeddingStore(RowsFromTables):
             grads, shows, clicks = grads.float(), shows.float(), clicks.float()
             if not p.tier.push(uniq, grads, shows, clicks):
                 raise AssertionError("push of distinct keys reported duplicates")
-
-    # -- a block of rows (the trainer's one pull and one push per batch) ------------------
-    def pull_rows(
-        self, tables: list[str], keys: Any, counts: list[int], create: bool = True
-    ) -> torch.Tensor:
-        """:meth:`SparseStore.pull_rows`. Tables all in host memory: one C++ gather for the
-        block under the tables' shared locks; a table with absent keys to create is then
-        pulled alone (:meth:`pull`). Tables all on one device (tier device): the block's
-        kernels once for every table, under their exclusive locks, no wait for the device
-        (:mod:`~streamrec.embedding_store.device_block`); the rows stay on that device."""
-        on_device = self._device_tiers(tables)
-        if on_device is not None:
-            keys_t, _dim, sizes = checked_block(self, tables, keys, counts)
-            self._count_keys("pull_keys", tables, sizes)
-            with self._tables_locked(tables, write=True):
-                return self._blocks(on_device).pull(on_device, keys_t, sizes, create)
-        tiers = self._host_tiers(tables)
-        if tiers is None:
-            return super().pull_rows(tables, keys, counts, create)
-        keys_t, _dim, sizes = checked_block(self, tables, keys, counts)
-        self._count_keys("pull_keys", tables, sizes)
-        with self._tables_locked(tables, write=False):
-            epochs = {t: self._locks[t].epoch for t in tables}
-            out, hints = read_block(tiers, keys_t, sizes, create)
-        at = 0
-        for table, tier, size, hint in zip(tables, tiers, sizes, hints, strict=True):
-            if hint is not None:  # absent keys to create: as _pull_host does after its read
-                lock, part = self._locks[table], out[at : at + size]
-                with lock.write():
-                    # the hint holds what the read found; valid only if nothing was written
-                    valid = lock.epoch == epochs[table] + 1
-                    got = tier.pull(keys_t[at : at + size], True, hint if valid else None)
-                if got.data_ptr() != part.data_ptr():
-                    part.copy_(got)
-            at += size
-        return out
-
-    def push_rows(
-        self,
-        tables: list[str],
-        keys: Any,
-        counts: list[int],
-        grads: Any,
-        shows: Any = None,
-        clicks: Any = None,
-    ) -> None:
-        """:meth:`SparseStore.push_rows`. Tables all in host memory: the block checked whole,
-        then one C++ update under the tables' exclusive locks. A block with a bad value goes
-        table by table (:meth:`push_many`), whose error names the table. Tables all on one
-        device: the block's kernels once for every table, no wait for the device; its values
-        are checked there first (a bad one writes nothing to any table and is raised, naming
-        the table, by that table's next call that synchronises: ``size``, ``stats``, ...)."""
-        on_device = self._device_tiers(tables)
-        if on_device is not None:
-            keys_t, dim, sizes = checked_block(self, tables, keys, counts)
-            n, device = keys_t.numel(), on_device[0].device
-            g = as_floats(grads, "grads", (n, dim), device)
-            s = None if shows is None else as_floats(shows, "shows", (n,), device)
-            c = None if clicks is None else as_floats(clicks, "clicks", (n,), device)
-            self._count_keys("push_keys", tables, sizes)
-            with self._tables_locked(tables, write=True):
-                self._blocks(on_device).push(on_device, keys_t, sizes, g, s, c)
-            return None
-        tiers = self._host_tiers(tables)
-        if tiers is None:
-            return super().push_rows(tables, keys, counts, grads, shows, clicks)
-        keys_t, dim, sizes = checked_block(self, tables, keys, counts)
-        n = keys_t.numel()
-        g = as_floats(grads, "grads", (n, dim))
-        s = self._constant(1.0, n) if shows is None else as_floats(shows, "shows", (n,))
-        c = self._constant(0.0, n) if clicks is None else as_floats(clicks, "clicks", (n,))
-        if push_faults(g, s, c) != (0, 0):
-            return super().push_rows(tables, keys, counts, grads, shows, clicks)
-        self._count_keys("push_keys", tables, sizes)
-        with self._tables_locked(tables, write=True):
-            push_block(tiers, keys_t, sizes, g, s, c)
-        return None
-
-    def _host_tiers(self, tables: list[str]) -> list[HostTable] | None:
-        """The tiers of ``tables`` when every one is a plain host table (the block's one C++
-        call each way); None otherwise, or for an unknown table (refused by the caller)."""
-        tiers = [self._tiers.get(t) for t in tables] if not self._closed else []
-        if not tiers or any(type(t) is not HostTable for t in tiers):
-            return None
-        return tiers  # type: ignore[return-value]
-
-    def _device_tiers(self, tables: list[str]) -> list[DeviceTable] | None:
-        """The tiers of ``tables`` when every one is a device table on one device (the block
-        ops); None otherwise, or for an unknown table (refused by the caller)."""
-        tiers = [self._tiers.get(t) for t in tables] if not self._closed else []
-        if not tiers or any(type(t) is not DeviceTable for t in tiers):
-            return None
-        devices = {t.device for t in tiers}  # type: ignore[union-attr]
-        return tiers if len(devices) == 1 else None  # type: ignore[return-value]
-
-    def _blocks(self, tiers: list[DeviceTable]) -> DeviceBlocks:
-        device = tiers[0].device
-        blocks = self._device_blocks.get(device)
-        if blocks is None:
-            blocks = self._device_blocks.setdefault(device, DeviceBlocks(device))
-        return blocks
-
-    def _count_keys(self, counter: str, tables: list[str], sizes: list[int]) -> None:
-        with self._count_lock:
-            for table, size in zip(tables, sizes, strict=True):
-                self._counts[table][counter] += size
-
-    def _tables_locked(self, tables: list[str], write: bool) -> AbstractContextManager[None]:
-        """Every one of ``tables``' locks, taken in name order (a fixed order: two blocks
-        cannot each hold a lock the other waits for)."""
-        return all_locked([self._locks[t] for t in sorted(set(tables))], write)
 
     # -- several tables in one call (the service's one request per shard and batch) ----
     def pull_many(
@@ -544,8 +387,8 @@ class EmbeddingStore(RowsFromTables):
         shows = [None] * t_count if shows is None else shows
         clicks = [None] * t_count if clicks is None else clicks
         checked = [
-            self._checked_push(*part)
-            for part in zip(tables, keys, grads, shows, clicks, strict=True)
+            checked_push(t, self.tier(t), k, g, s, c, self._push_defaults)
+            for t, k, g, s, c in zip(tables, keys, grads, shows, clicks, strict=True)
         ]
         for p in checked:
             started = time.perf_counter()
@@ -560,15 +403,6 @@ class EmbeddingStore(RowsFromTables):
     def incarnations(self) -> list[int | None]:
         """No shards in-process: none (``SparseStore``)."""
         return []
-
-    def _constant(self, value: float, n: int) -> torch.Tensor:
-        """(n,) float32 of ``value``, a read-only view of a kept buffer (the push defaults;
-        filling fresh ones each push costs a parallel pass)."""
-        buf = self._constants.get(value)
-        if buf is None or buf.numel() < n:
-            buf = torch.full((max(n, 1024),), value)
-            self._constants[value] = buf
-        return buf[:n]
 
     def initial_values(self, table: str, keys: Any, expanded: bool = False) -> torch.Tensor:
         """The deterministic initial weights a row of each key gets, (n, dim) float32; the
@@ -669,7 +503,7 @@ class EmbeddingStore(RowsFromTables):
         converter: Any | None = None,
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Saves to directory ``path`` (see :mod:`streamrec.embedding_store.checkpoint`).
+        """Saves to directory ``path`` (see :mod:`streamrec.embedding_store.persistence.save_load`).
 
         Args:
             path: the directory (created; an existing one is replaced only once the new one

@@ -1,7 +1,7 @@
 """What a caller hands the store, checked once: the same rules in-process and remote.
 
 :class:`~streamrec.embedding_store.store.EmbeddingStore` and
-:class:`~streamrec.embedding_store.client.EmbeddingStoreClient` both call these, so an input
+:class:`~streamrec.embedding_store.service.client.EmbeddingStoreClient` both call these, so an input
 is accepted by both or refused by both, with the same error (tested on both). The rule for
 keys (:func:`as_keys`)::
 
@@ -20,8 +20,8 @@ client checks a push's values (:func:`first_bad_value`) before anything is sent.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn, TypeAlias
 
 import numpy as np
 import streamrec.embedding_store._C as _C
@@ -39,6 +39,12 @@ _INTEGER = (
     torch.uint16,
     torch.uint8,
 )
+
+
+#: Keys as a caller may hand them (:func:`as_keys`): (n,) an integer tensor or array, or ints.
+KeysLike: TypeAlias = torch.Tensor | np.ndarray | Sequence[int]
+#: Float32 values as a caller may hand them (:func:`as_floats`): gradients, shows, clicks.
+FloatsLike: TypeAlias = torch.Tensor | np.ndarray
 
 
 def as_keys(keys: Any, field: str = "keys") -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""What ``streamrec up`` prints about the job: a row per finished pass, then a summary of
-the AUC reached against the best AUC the planted truth allows.
+"""What ``streamrec up`` prints about the job: a row per finished pass while it follows the
+job over REST (:func:`follow_job`), then a summary of the AUC reached against the best AUC
+the planted truth allows, with a picture of it (:func:`say_summary`).
 
 A pass is the api's pass record (``GET /v1/jobs/{id}/passes``): ``day``, ``pass_id``,
 ``samples``, ``predict_auc`` (before training on the pass), ``train_auc``, ``best_auc``,
@@ -8,9 +9,16 @@ A pass is the api's pass record (``GET /v1/jobs/{id}/passes``): ``day``, ``pass_
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from streamrec.pass_line import cell, pass_row
+from streamrec.api.client import ApiClient
+from streamrec.control.states import TERMINAL_STATES
+from streamrec.errors import RemoteError, ServiceUnavailable
+from streamrec.launcher.plot import write_auc_png
+from streamrec.pass_line import PASS_HEADER, cell, pass_row
 
 SUMMARY_HEADER = (
     f"{'day':>8} {'pass':>4} {'predictAUC':>10} {'trainAUC':>9} {'bestAUC':>8} {'pred/best':>9}"
@@ -63,3 +71,68 @@ def summary_lines(passes: list[dict[str, Any]]) -> list[str]:
     if len(pred) >= 2:
         lines.append(f"first pass predict AUC {pred[0]:.4f} -> last {pred[-1]:.4f}")
     return lines
+
+
+def follow_job(
+    api: ApiClient,
+    job_id: str,
+    timeout_s: float,
+    say: Callable[[str], None],
+    check: Callable[[], None],
+    stopping: Callable[[], bool],
+) -> int:
+    """Says a row per finished pass until the job ends, calling ``check`` (the children's
+    supervision) between two looks. Returns 0 when the job succeeded, 1 when it did not (or
+    was deleted), 3 after ``timeout_s``, 130 once ``stopping()``."""
+    say("")
+    say(PASS_HEADER)
+    shown: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    while not stopping():
+        check()
+        try:
+            job = api.job(job_id)
+            passes = api.passes(job_id)
+        except (ServiceUnavailable, RemoteError) as exc:
+            if isinstance(exc, RemoteError) and exc.code == "404":
+                say(f"job {job_id} deleted")  # over REST: nothing to follow
+                return 1
+            if str(exc) != last_error:
+                say(f"  (api: {exc})")
+                last_error = str(exc)
+            time.sleep(1)
+            continue
+        for row in new_pass_rows(passes, shown, job["passes_total"]):
+            say(row)
+        if job["state"] in TERMINAL_STATES:
+            say(f"job {job_id} {job['state']}" + (f": {job['error']}" if job.get("error") else ""))
+            return 0 if job["state"] == "succeeded" else 1
+        if time.monotonic() > deadline:
+            say(
+                f"! timeout: job still {job['state']} after {timeout_s:.0f}s "
+                f"({job['passes_done']}/{job['passes_total']} passes)"
+            )
+            return 3
+        time.sleep(0.5)
+    return 130
+
+
+def say_summary(
+    api: ApiClient, job_id: str, run: Path, logs: Path, say: Callable[[str], None]
+) -> None:
+    """Says the summary of the job's finished passes, writes their AUC picture
+    (``run/auc.png``) and says where the models and logs are."""
+    try:
+        passes = [p for p in api.passes(job_id) if p["state"] == "done"]
+    except (ServiceUnavailable, RemoteError) as exc:
+        say(f"no summary: {exc}")
+        return
+    say("")
+    for line in summary_lines(passes):
+        say(line)
+    try:
+        say(f"AUC picture: {write_auc_png(passes, run / 'auc.png')}")
+    except (ValueError, RuntimeError) as exc:  # no AUC yet, or no matplotlib
+        say(f"no AUC picture: {exc}")
+    say(f"models under {run / 'models'}, logs under {logs}")

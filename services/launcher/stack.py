@@ -44,17 +44,13 @@ from streamrec.api.client import ApiClient
 from streamrec.auth import TOKEN_FILE_ENV, read_token, write_token_file
 from streamrec.control import redis_io
 from streamrec.control.redis_io import PASSWORD_FILE_ENV
-from streamrec.control.states import TERMINAL_STATES
-from streamrec.errors import RemoteError, ServiceUnavailable
 from streamrec.launcher import commands, prometheus
 from streamrec.launcher.children import Child
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.job import RUN_FILE, job_spec, tables_config, write_run
-from streamrec.launcher.plot import write_auc_png
-from streamrec.launcher.report import new_pass_rows, summary_lines
+from streamrec.launcher.report import follow_job, say_summary
 from streamrec.launcher.serving import SERVING, ServingRedis
 from streamrec.launcher.state import read_state, remove_state, write_state
-from streamrec.pass_line import PASS_HEADER
 from streamrec.process import free_port, pid_alive
 from streamrec.wire import RpcClient
 
@@ -518,60 +514,21 @@ class Stack:
             child.start()
 
     def follow(self, timeout_s: float) -> int:
-        """Prints a row per finished pass until the job ends; 0 when it succeeded."""
+        """Prints a row per finished pass until the job ends (:func:`report.follow_job`);
+        0 when it succeeded, 1 when it did not, 3 on timeout, 130 when asked to stop."""
         assert self.api is not None and self.job_id is not None
-        self.say("")
-        self.say(PASS_HEADER)
-        shown: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + timeout_s
-        last_error = ""
-        while not self._stopping:
-            self.check_children()
-            try:
-                job = self.api.job(self.job_id)
-                passes = self.api.passes(self.job_id)
-            except (ServiceUnavailable, RemoteError) as exc:
-                if isinstance(exc, RemoteError) and exc.code == "404":
-                    self.say(f"job {self.job_id} deleted")  # over REST: nothing to follow
-                    return 1
-                if str(exc) != last_error:
-                    self.say(f"  (api: {exc})")
-                    last_error = str(exc)
-                time.sleep(1)
-                continue
-            for row in new_pass_rows(passes, shown, job["passes_total"]):
-                self.say(row)
-            if job["state"] in TERMINAL_STATES:
-                self.say(
-                    f"job {self.job_id} {job['state']}"
-                    + (f": {job['error']}" if job.get("error") else "")
-                )
-                return 0 if job["state"] == "succeeded" else 1
-            if time.monotonic() > deadline:
-                self.say(
-                    f"! timeout: job still {job['state']} after {timeout_s:.0f}s "
-                    f"({job['passes_done']}/{job['passes_total']} passes)"
-                )
-                return 3
-            time.sleep(0.5)
-        return 130
+        return follow_job(
+            self.api,
+            self.job_id,
+            timeout_s,
+            say=self.say,
+            check=self.check_children,
+            stopping=lambda: self._stopping,
+        )
 
     def summary(self) -> None:
-        if self.api is None or self.job_id is None:
-            return
-        try:
-            passes = [p for p in self.api.passes(self.job_id) if p["state"] == "done"]
-        except (ServiceUnavailable, RemoteError) as exc:
-            self.say(f"no summary: {exc}")
-            return
-        self.say("")
-        for line in summary_lines(passes):
-            self.say(line)
-        try:
-            self.say(f"AUC picture: {write_auc_png(passes, self.run / 'auc.png')}")
-        except (ValueError, RuntimeError) as exc:  # no AUC yet, or no matplotlib
-            self.say(f"no AUC picture: {exc}")
-        self.say(f"models under {self.run / 'models'}, logs under {self.logs}")
+        if self.api is not None and self.job_id is not None:
+            say_summary(self.api, self.job_id, self.run, self.logs, self.say)
 
     # ---- tear-down ---------------------------------------------------------------------
     def down(self) -> None:

@@ -260,7 +260,7 @@ ALERTS: list[Alert] = [
         signals=('streamrec_api_pass_auc{kind="predict"}', "streamrec_api_scheduler_leader"),
     ),
     Alert(
-        # The trainer's verdict on the last pass (streamrec.trainer.evaluation: >= 99% of the
+        # The trainer's verdict on the last pass (streamrec.trainer.model.evaluation: >= 99% of the
         # rows within 1% of one odds, or AUC exactly 0.5); a fresh model's first predictions
         # do not count. A pass's fact, not a noisy sample: no `for`. The gauge lives until the
         # job is deleted, so a job that ended on a collapsed model keeps paging for it.

@@ -33,8 +33,8 @@ from streamrec.config import read_yaml_mapping
 from streamrec.control.trainer_config import DataFormat, TrainerConfig, flag_fields
 from streamrec.errors import BadRequest, StreamRecError
 from streamrec.pass_line import PASS_HEADER, pass_row
+from streamrec.trainer.agent.liveness import enable_fault_stacks
 from streamrec.trainer.errors import ConfigError
-from streamrec.trainer.liveness import enable_fault_stacks
 
 log = logging.getLogger("streamrec.trainer")
 
@@ -127,7 +127,7 @@ def cmd_export(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.out is None and args.online is None:
         p.error("give --out DIR (the int8 serving model), --online (the serving Redis) or both")
-    from streamrec.trainer.online import export_online
+    from streamrec.trainer.model.online import export_online
     from streamrec.trainer.runner import OnlineTrainer
 
     config = load_config(args)
@@ -168,7 +168,7 @@ def cmd_predict(argv: list[str]) -> int:
     p.add_argument("--out", default=None, help="write one probability per line here")
     p.add_argument("--batch-size", type=int, default=4096)
     args = p.parse_args(argv)
-    from streamrec.trainer.export import Predictor
+    from streamrec.trainer.model.export import Predictor
 
     pred = Predictor(args.model, args.delta)
     try:

@@ -37,7 +37,8 @@ class DataError(BadRequest):
 
 class ModelDirTaken(BadRequest):
     """The model directory belongs to another job (its owner file or a manifest says so): a
-    trainer refuses to write into it (:mod:`.model_owner`); the agent reports it ``fatal``."""
+    trainer refuses to write into it (:mod:`streamrec.trainer.model.model_owner`); the agent
+    reports it ``fatal``."""
 
     code = "model_path_taken"
 

@@ -10,10 +10,11 @@ name, the control plane's ``streamrec_api_pass_auc{job,kind}`` / ``streamrec_api
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
-from streamrec.metrics import DURATION_BUCKETS
+from streamrec.metrics import DURATION_BUCKETS, serve_metrics
 
 SAMPLES = Counter(
     "streamrec_trainer_samples_total",
@@ -77,3 +78,11 @@ def observe_pass(rank: str, rec: dict[str, Any], malformed: int, predicted: bool
     PASS_SECONDS.labels(rank).observe(rec["seconds"])
     CURRENT_DAY.labels(rank).set(int(rec["day"]))
     CURRENT_PASS.labels(rank).set(rec["pass_id"])
+
+
+def serve_rank_metrics(port: int, host: str, rank: int) -> int:
+    """Serves this process's /metrics on ``port`` + its local rank (one port per rank of a
+    node; a rank per pod, as in Kubernetes, serves ``port``); ``port`` 0 takes a free one.
+    Returns the port bound."""
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    return serve_metrics(port + local_rank if port else 0, host)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -49,31 +48,31 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from streamrec import layout
+from streamrec.control import keys
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.metrics import serve_metrics
 from streamrec.sampler import Prefetcher
 from streamrec.trainer import distributed as ddp
 from streamrec.trainer import metrics as m
 from streamrec.trainer.batch_rule import auto_batch_size
-from streamrec.trainer.batches import Batch, ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import Batch, ParseStats
+from streamrec.trainer.data.negsampling import ItemSide, NegativeSampler, reach_sampler
+from streamrec.trainer.data.reader import iter_batches
+from streamrec.trainer.data.run_plan import RunPlan, data_wait_failed, plan_run
 from streamrec.trainer.device import config_device
 from streamrec.trainer.errors import ConfigError, GroupError, PassFailed
-from streamrec.trainer.evaluation import AucAccumulator, collapse_figures
-from streamrec.trainer.export import build_dense
 from streamrec.trainer.group_outcome import share_pass_outcome
-from streamrec.trainer.losses import make_loss
-from streamrec.trainer.lr_policy import LRPolicyScheduler
-from streamrec.trainer.model import DLRMDense
-from streamrec.trainer.model_owner import check_owner
-from streamrec.trainer.model_saves import ModelSaves
-from streamrec.trainer.negsampling import ItemSide, NegativeSampler
-from streamrec.trainer.precision import compute_in, resolve
-from streamrec.trainer.run_plan import RunPlan, data_wait_failed, plan_run
+from streamrec.trainer.model.dlrm import DLRMDense
+from streamrec.trainer.model.evaluation import AucAccumulator, collapse_figures
+from streamrec.trainer.model.export import build_dense
+from streamrec.trainer.model.losses import make_loss
+from streamrec.trainer.model.lr_policy import LRPolicyScheduler, make_optimizer
+from streamrec.trainer.model.model_owner import check_owner
+from streamrec.trainer.model.model_saves import ModelSaves
+from streamrec.trainer.model.precision import compute_in, resolve
+from streamrec.trainer.model.staging import Staging
 from streamrec.trainer.sparse import SparseBatch, SparseTables
 from streamrec.trainer.sparse_worker import prefetch_workers, sparse_executor
-from streamrec.trainer.staging import Staging
-from streamrec.trainer.store import build_table_options, make_store
+from streamrec.trainer.store_tables import build_table_options, make_store
 from streamrec.trainer.thread_tuner import ThreadTuner
 
 if TYPE_CHECKING:
@@ -88,11 +87,11 @@ class OnlineTrainer(ModelSaves):
     Args:
         config: the job.
         store: an embedding store (a ``SparseStore``: in-process or the shards' client);
-            None builds one (:func:`~streamrec.trainer.store.make_store`): the client when
+            None builds one (:func:`~streamrec.trainer.store_tables.make_store`): the client when
             ``store.endpoints`` is set, else in-process.
         job_id: the job this trainer runs (None: ``store.namespace``, which the control
             plane sets to the job id): a model directory of another job is refused
-            (:class:`~.errors.ModelDirTaken`, :mod:`.model_owner`).
+            (:class:`~.errors.ModelDirTaken`, :mod:`streamrec.trainer.model.model_owner`).
 
     Example:
         >>> t = OnlineTrainer(TrainerConfig.from_yaml("job.yaml"))
@@ -162,7 +161,7 @@ class OnlineTrainer(ModelSaves):
             "dense model on %s in %s (%s)", self.device, self.precision.name, self.precision.reason
         )
         self.params = list(self.dense.parameters())
-        self.optimizer = self._make_optimizer()
+        self.optimizer = make_optimizer(hp.optimizer, hp.learning_rate, self.params)
         self.scheduler = LRPolicyScheduler(
             self.optimizer, hp.lr_num_warmup_steps, hp.lr_decay_start_step, hp.lr_num_decay_steps
         )
@@ -195,20 +194,7 @@ class OnlineTrainer(ModelSaves):
             ItemSide.of(config.negative_sampling, hp.sparse_inputs_slots, r.feature_schema)
         self.metrics_port: int | None = None
         if r.metrics_port is not None:
-            # one port per rank of this node: a rank per pod (Kubernetes) serves the base port
-            local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
-            self.metrics_port = serve_metrics(
-                r.metrics_port + local_rank if r.metrics_port else 0, r.metrics_host
-            )
-
-    # -- construction helpers -------------------------------------------------------------
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        hp = self.config.hyper_parameters
-        if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.params, lr=hp.learning_rate)
-        if hp.optimizer == "adagrad":
-            return torch.optim.Adagrad(self.params, lr=hp.learning_rate)
-        return torch.optim.Adam(self.params, lr=hp.learning_rate)
+            self.metrics_port = m.serve_rank_metrics(r.metrics_port, r.metrics_host, self.rank)
 
     # -- one pass ---------------------------------------------------------------------------
     def rank_files(self, spec: layout.PassSpec, skip: tuple[str, ...] = ()) -> list[Path]:
@@ -424,7 +410,8 @@ class OnlineTrainer(ModelSaves):
         r = self.config.runner
         started = time.monotonic()
         # the model's state this pass trains on (its record says so: lineage is checkable)
-        after = "dirty" if not self.clean else _pass_name(self.last_pass)
+        last = self.last_pass
+        after = "dirty" if not self.clean else None if last is None else keys.pass_key(*last)
         self.clean = False
         files = self.rank_files(spec, skip)
         self._reach_sampler(spec, files)
@@ -515,35 +502,18 @@ class OnlineTrainer(ModelSaves):
         return record
 
     def _reach_sampler(self, spec: layout.PassSpec, files: list[Path]) -> None:
-        """Every rank's client of its node's sampler, made in the first pass: local rank 0 of
-        each node loads the table, then the others connect. In a pass, not at start: a
-        sampler that is not there or refuses the token fails the pass as infrastructure (a
-        restart with backoff and budget, then the job fails naming it), never a group start
-        retried for ever. A failure on any rank leaves every rank without a client."""
+        """This rank's client of its node's sampler, made in the first pass
+        (:func:`~streamrec.trainer.data.negsampling.reach_sampler`): its failure fails the pass."""
         ns = self.config.negative_sampling
         if not ns.enabled or self.negatives is not None:
             return
-        loader = ns.reload and int(os.environ.get("LOCAL_RANK", "0")) == 0
-        try:
-            for loaders_turn in (True, False):  # the table is in before the others sample
-                failure: Exception | None = None
-                if loader == loaders_turn:
-                    try:
-                        self.negatives = NegativeSampler(
-                            ns,
-                            self.config.hyper_parameters.sparse_inputs_slots,
-                            loader,
-                            self.label,
-                            self.config.runner.feature_schema,
-                        )
-                    except Exception as exc:
-                        failure = exc
-                self._together(spec, failure, files)
-        except PassFailed:
-            if self.negatives is not None:
-                self.negatives.close()
-                self.negatives = None
-            raise
+        self.negatives = reach_sampler(
+            ns,
+            self.config.hyper_parameters.sparse_inputs_slots,
+            self.label,
+            self.config.runner.feature_schema,
+            lambda failure: self._together(spec, failure, files),
+        )
 
     def passes_todo(self) -> list[layout.PassSpec]:
         """Every pass of start_day..end_day (to end_split) after the last one done."""
@@ -609,8 +579,3 @@ class OnlineTrainer(ModelSaves):
     def dense_copy(self) -> DLRMDense:
         """A detached CPU copy of the dense model (export, comparisons)."""
         return copy.deepcopy(self.dense).cpu().eval()
-
-
-def _pass_name(found: tuple[str, int] | None) -> str | None:
-    """``("20190720", 3)`` -> ``"20190720/3"``; None -> None."""
-    return None if found is None else f"{found[0]}/{found[1]}"

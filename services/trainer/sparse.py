@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from streamrec.ragged import RaggedTensor
 from streamrec.trainer import _C
-from streamrec.trainer.batches import Batch
+from streamrec.trainer.data.batches import Batch
 from streamrec.trainer.errors import ModelShapeError
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from streamrec.api.data_gauges import DataGauges, data_time, newest_ready
 from streamrec.api.lineage import job_plan
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import JobCreate
+from streamrec.control.records import JobRecord
 
 SPLITS = ("0000", "0600", "1200", "1800")  # split_interval 360: four passes a day
 HOURS_6 = 6 * 3600.0
@@ -61,13 +62,16 @@ def test_data_time_is_the_first_splits_start_utc(tmp_path: Path) -> None:
     assert data_time(p) == 1563667200 + HOURS_6  # 2019-07-21 06:00 UTC
 
 
-def fields(s: JobCreate, cursor: int, in_flight: bool, updated_at: float = 0.0) -> dict[str, str]:
-    return {
-        "spec": json.dumps(s.model_dump(mode="json")),
-        "cursor": str(cursor),
-        "in_flight": "20190720-1" if in_flight else "",
-        "updated_at": str(updated_at),
-    }
+def fields(s: JobCreate, cursor: int, in_flight: bool, updated_at: float = 0.0) -> JobRecord:
+    """The job's record as the API reads it from the hash these fields are."""
+    return JobRecord.from_fields(
+        {
+            "spec": json.dumps(s.model_dump(mode="json")),
+            "cursor": str(cursor),
+            "in_flight": "20190720-1" if in_flight else "",
+            "updated_at": str(updated_at),
+        }
+    )
 
 
 def test_lag_follows_the_landed_data_and_wait_the_newest_donefile(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from servers import wait_for
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import EmbeddingStore, FileConverter, RedisConverter
 from streamrec.process import spawn, stop_process
-from streamrec.trainer.store import build_table_options
+from streamrec.trainer.store_tables import build_table_options
 
 MODEL = {
     "runner": {"train_batch_size": 128},

@@ -215,7 +215,7 @@ def test_the_trainer_starts_no_sampler_at_an_address_a_job_chose(tmp_path):
     it)."""
     from streamrec.control.trainer_config import NegativeSamplingConfig
     from streamrec.sampler.errors import SamplerUnavailable
-    from streamrec.trainer.negsampling import NegativeSampler
+    from streamrec.trainer.data.negsampling import NegativeSampler
 
     sock = tmp_path / "job-chosen.sock"
     cfg = NegativeSamplingConfig(

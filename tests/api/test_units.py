@@ -170,7 +170,7 @@ def test_route_template_adds_the_prefix():
 
 def test_agent_step_roundtrip():
     from streamrec.layout import PassSpec
-    from streamrec.trainer.agent_steps import Op, Step, decode, encode
+    from streamrec.trainer.agent.steps import Op, Step, decode, encode
 
     step = Step(Op.PASS, PassSpec("20190720", 7, ("0005", "0010", "2355")), attempt=2)
     header, splits = encode(step)

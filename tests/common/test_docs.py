@@ -49,6 +49,7 @@ ARCHITECTURE_SECTIONS = {
     "sampler": "**Sampler**",
     "embedding-store": "**Embedding store**",
     "trainer": "**Trainer**",
+    "datagen": "**Data generator**",
     "api": "**API**",
     "control": "**Control contract**",
     "observability": "**Observability**",

@@ -1,7 +1,8 @@
-"""The record codecs: a pass record (``PassRecord``), a job's hash (``JobRecord``) and a
-command (``Command``), each field round-tripped, hashes and entries as the code before the
-codecs wrote them read back the same (a job started before an upgrade goes on after it),
-the API's writes byte for byte what that code wrote, and hostile values refused by name."""
+"""The record codecs: a pass record (``PassRecord``), a job's hash (``JobRecord``), a
+trigger (``TriggerRecord``) and a command (``Command``), each field round-tripped, hashes and
+entries as the code before the codecs wrote them read back the same (a job started before an
+upgrade goes on after it), the API's writes byte for byte what that code wrote, and hostile
+values refused by name."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from streamrec.control.records import (
     JobRecord,
     PassField,
     PassRecord,
+    TriggerRecord,
     pass_figures,
 )
-from streamrec.control.states import JobState, PassState
+from streamrec.control.states import JobState, PassState, TriggerState
 from streamrec.control.work import WorkItem
 from streamrec.layout import PassSpec
 
@@ -382,6 +384,38 @@ def test_an_update_naming_no_field_is_a_bug_not_a_write():
         PassRecord.patch(nope=1)
 
 
+# ---- triggers -----------------------------------------------------------------------------
+def test_a_trigger_round_trips_in_the_string_forms_of_before():
+    # a finished export as the API before the record wrote it: at create, then its outcome
+    fields = {
+        "id": "5f0c9d2e41aa",
+        "kind": "export",
+        "mode": "delta",
+        "state": "done",
+        "created_at": "1764270000.123",
+        "finished_at": "1764270009.500",
+        "result": '{"path": "/models/20190720/delta-3"}',
+    }
+    rec = TriggerRecord.from_fields(fields)
+    assert rec == TriggerRecord(
+        id="5f0c9d2e41aa",
+        kind=CommandType.EXPORT,
+        mode="delta",
+        state=TriggerState.DONE,
+        created_at=1764270000.123,
+        finished_at=1764270009.5,
+        result='{"path": "/models/20190720/delta-3"}',
+    )
+    assert rec.to_fields() == dict(fields, error="")
+    # a checkpoint, pending: no mode ("" as written), no outcome yet
+    pending = TriggerRecord.from_fields(
+        {"id": "t1", "kind": "checkpoint", "mode": "", "state": "pending", "created_at": "5"}
+    )
+    assert (pending.mode, pending.finished_at, pending.result) == (None, None, None)
+    with pytest.raises(ContractError, match="trigger record: field 'kind' must be one of"):
+        TriggerRecord.from_fields({"id": "t1", "kind": "reindex"})
+
+
 # ---- commands -----------------------------------------------------------------------------
 def test_a_command_round_trips_every_field():
     sent = Command(CommandType.EXPORT, "delta", "5f0c9d2e41aa", 1764270000.125, "7-0")
@@ -462,6 +496,14 @@ def test_commands_the_api_writes_are_the_commands_the_trainers_read(redis_server
             "ts": f"{taken[-1].ts:.3f}",
         }
         assert repo.job_record(job).state == JobState.STOPPING
+        # the trigger's hash: the fields the API wrote before its record, no others
+        assert r.hgetall(keys.trigger(job, trigger.id)) == {
+            "id": trigger.id,
+            "kind": "export",
+            "mode": "delta",
+            "state": "pending",
+            "created_at": f"{taken[0].ts:.3f}",
+        }
     finally:
         ch.close()
         r.close()

@@ -296,7 +296,7 @@ def api_settings(r: Rendered) -> Any:
 def trainer_guard(r: Rendered) -> Any:
     """The trainers' job guard as their agent would build it from the rendered args and env
     (a ``configMapKeyRef`` read from the rendered ConfigMap)."""
-    from streamrec.trainer.agent_cli import build_parser, job_guard
+    from streamrec.trainer.agent.cli import build_parser, job_guard
 
     trainer = r.named("StatefulSet", "trainer")
     assert trainer is not None

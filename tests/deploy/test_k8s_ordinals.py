@@ -21,7 +21,7 @@ import pytest
 import yaml
 from k8s_overlays import single_rank_pool
 from streamrec.process import bin_path
-from streamrec.trainer.pod_entry import ordinal_problem
+from streamrec.trainer.agent.pod_entry import ordinal_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(bin_path("streamrec-api")).parent
@@ -116,7 +116,7 @@ def test_the_trap_renders_counts_that_do_not_follow_the_replicas(trap) -> None:
 @pytest.mark.timeout(120)
 def test_a_trainer_pod_past_world_size_exits_at_once_naming_the_counts_component(trap) -> None:
     args, env = pod_command(trap, "trainer", 2)
-    assert args[:3] == ["python3", "-m", "streamrec.trainer.pod_entry"], args
+    assert args[:3] == ["python3", "-m", "streamrec.trainer.agent.pod_entry"], args
     done, seconds = run_pod(args, env)
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "ordinal 2 is not below WORLD_SIZE 1" in done.stderr, done.stderr

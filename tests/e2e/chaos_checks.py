@@ -30,9 +30,9 @@ from typing import Any
 
 from streamrec.control.keys import pass_key
 from streamrec.layout import MANIFEST_NAME, iter_passes
-from streamrec.trainer.checkpoint import read_model_manifest
 from streamrec.trainer.errors import CheckpointError
-from streamrec.trainer.pass_log import PASSES_FILE
+from streamrec.trainer.model.checkpoint_dirs import read_model_manifest
+from streamrec.trainer.model.pass_log import PASSES_FILE
 
 
 def job_plan(spec: dict[str, Any]) -> list[str]:
@@ -81,7 +81,7 @@ class Checkpoint:
 def read_checkpoints(model_path: Path) -> dict[str, Checkpoint]:
     """Every full-checkpoint directory under ``model_path`` (base, batch and delta models
     aside), its manifest read and verified
-    (:func:`streamrec.trainer.checkpoint.read_model_manifest`)."""
+    (:func:`streamrec.trainer.model.checkpoint_dirs.read_model_manifest`)."""
     found: dict[str, Checkpoint] = {}
     if not model_path.is_dir():
         return found

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_checks import agreement
-from streamrec.trainer.checkpoint import write_manifest
+from streamrec.trainer.model.checkpoint_dirs import write_manifest
 
 DAY = "20190720"
 #: 6 passes a day (240-minute splits), a checkpoint every 3.

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, FileConverter, TableOptions
-from streamrec.embedding_store import checkpoint as ckpt
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
-from streamrec.embedding_store.save_manifests import read_manifest
+from streamrec.embedding_store.persistence import save_load as ckpt
+from streamrec.embedding_store.persistence.manifests import read_manifest
 
 TABLES = [
     TableOptions(
@@ -243,7 +243,7 @@ CRASH_CHILD = """
 import os, signal, sys
 import numpy as np
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store import checkpoint as ckpt
+from streamrec.embedding_store.persistence import save_load as ckpt
 store = EmbeddingStore([TableOptions(name="user", dim=5, embedx_threshold=0)])
 store.pull("user", np.arange(5000))
 real, n = ckpt.save_npy, []

@@ -18,8 +18,8 @@ from streamrec.embedding_store import (
     StoreEmbeddingBags,
     TableOptions,
 )
-from streamrec.embedding_store.routing import MAX_REQUEST_ROW_BYTES, request_cuts
-from streamrec.embedding_store.stats import sum_stats
+from streamrec.embedding_store.service.routing import MAX_REQUEST_ROW_BYTES, request_cuts
+from streamrec.embedding_store.service.stats import sum_stats
 from streamrec.errors import BadRequest
 from streamrec.ragged import RaggedTensor
 

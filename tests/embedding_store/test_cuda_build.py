@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from streamrec.embedding_store import cuda_ext, cuda_lib
 from streamrec.embedding_store.errors import TierUnavailable
-from streamrec.embedding_store.tier import table_params
+from streamrec.embedding_store.tiers import cuda_ext, cuda_lib
+from streamrec.embedding_store.tiers.table_tier import table_params
 from streamrec.store_schema import (
     TableOptions,
 )

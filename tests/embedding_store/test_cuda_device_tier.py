@@ -15,8 +15,8 @@ from streamrec.embedding_store.errors import (
     NonFiniteGradient,
     TierUnavailable,
 )
-from streamrec.embedding_store.host_tier import HostTable
-from streamrec.embedding_store.tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
+from streamrec.embedding_store.tiers.host_table import HostTable
+from streamrec.embedding_store.tiers.table_tier import SELECT_ALL, SELECT_BASE, SELECT_DELTA
 from streamrec.store_schema import TableOptions
 
 TOL = {"rtol": 1e-6, "atol": 1e-7}
@@ -24,7 +24,7 @@ TOL = {"rtol": 1e-6, "atol": 1e-7}
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 def test_without_a_gpu_the_device_table_is_unavailable() -> None:
-    from streamrec.embedding_store.device_tier import DeviceTable
+    from streamrec.embedding_store.tiers.device_table import DeviceTable
 
     with pytest.raises(TierUnavailable, match="needs a CUDA GPU"):
         DeviceTable(TableOptions(name="t", dim=4))
@@ -45,7 +45,7 @@ def device(request: pytest.FixtureRequest) -> str:
 
 
 def tables(device: str, capacity: int | None = None, **kw: Any) -> tuple[HostTable, Any]:
-    from streamrec.embedding_store.device_tier import DeviceTable
+    from streamrec.embedding_store.tiers.device_table import DeviceTable
 
     options = TableOptions(name="t", dim=8, embedx_threshold=2.0, **kw)
     return HostTable(options, 3, capacity), DeviceTable(options, 3, capacity, device=device)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import streamrec.embedding_store._C as _C
 import torch
-from streamrec.embedding_store import cuda_ext
-from streamrec.embedding_store.tier import table_params
+from streamrec.embedding_store.tiers import cuda_ext
+from streamrec.embedding_store.tiers.table_tier import table_params
 from streamrec.store_schema import SgdRuleParam, TableOptions
 
 pytestmark = pytest.mark.gpu

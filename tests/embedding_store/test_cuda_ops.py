@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import streamrec.embedding_store._C as _C
 import torch
-from streamrec.embedding_store import cuda_ext
-from streamrec.embedding_store.tier import table_params
+from streamrec.embedding_store.tiers import cuda_ext
+from streamrec.embedding_store.tiers.table_tier import table_params
 from streamrec.store_schema import (
     NormalInitializer,
     SgdRuleParam,
@@ -36,8 +36,13 @@ DEVICES = [
     ),
 ]
 
-RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule",
-         "TorchAdaGradSGDRule"]
+RULES = [
+    "SparseNaiveSGDRule",
+    "SparseAdaGradSGDRule",
+    "StdAdaGradSGDRule",
+    "SparseAdamSGDRule",
+    "TorchAdaGradSGDRule",
+]
 #: float tolerance of optimizer results (same formulas, no fused multiply-add on either side)
 TOL = {"rtol": 1e-6, "atol": 1e-7}
 

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from streamrec.embedding_store import cuda_lib
+from streamrec.embedding_store.tiers import cuda_lib
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -17,17 +17,23 @@ from typing import Any
 
 import pytest
 import torch
-from streamrec.embedding_store import EmbeddingStore, cuda_ext, unique_groups
+from streamrec.embedding_store import EmbeddingStore, unique_groups
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput, NonFiniteGradient
-from streamrec.embedding_store.tier import SELECT_ALL
+from streamrec.embedding_store.tiers import cuda_ext
+from streamrec.embedding_store.tiers.table_tier import SELECT_ALL
 from streamrec.store_schema import TableOptions
 
 pytestmark = pytest.mark.gpu
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]
-RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "StdAdaGradSGDRule", "SparseAdamSGDRule",
-         "TorchAdaGradSGDRule"]
+RULES = [
+    "SparseNaiveSGDRule",
+    "SparseAdaGradSGDRule",
+    "StdAdaGradSGDRule",
+    "SparseAdamSGDRule",
+    "TorchAdaGradSGDRule",
+]
 DIM = 8
 
 
@@ -324,7 +330,7 @@ def test_update_sums_a_group_the_same_wherever_it_lies(ops: cuda_ext.CudaOps) ->
     """A hot row's repeats summed in pieces counted from the group's start: the rows come out
     the same bits whatever precedes the group (absent positions sort first), so a block gives
     each table what its own call gives."""
-    from streamrec.embedding_store.tier import table_params
+    from streamrec.embedding_store.tiers.table_tier import table_params
 
     opts = TableOptions(name="t", dim=DIM, embedx_threshold=0)
     p = cuda_ext.TableParams.of(table_params(opts, seed=1))

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.device_cache import CachedTable, SlotMap, cache_slots
 from streamrec.embedding_store.errors import TierUnavailable
-from streamrec.embedding_store.host_tier import HostTable
-from streamrec.embedding_store.tier import SELECT_ALL
+from streamrec.embedding_store.tiers.cached_table import CachedTable, SlotMap, cache_slots
+from streamrec.embedding_store.tiers.host_table import HostTable
+from streamrec.embedding_store.tiers.table_tier import SELECT_ALL
 from streamrec.errors import BadRequest
 
 needs_gpu = pytest.mark.skipif(

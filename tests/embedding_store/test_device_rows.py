@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from streamrec.embedding_store import cuda_ext
-from streamrec.embedding_store.device_rows import RowChunks, chunk_shift
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
-from streamrec.embedding_store.host_tier import HostTable
-from streamrec.embedding_store.tier import SELECT_ALL
+from streamrec.embedding_store.tiers import cuda_ext
+from streamrec.embedding_store.tiers.device_rows import RowChunks, chunk_shift
+from streamrec.embedding_store.tiers.host_table import HostTable
+from streamrec.embedding_store.tiers.table_tier import SELECT_ALL
 from streamrec.store_schema import TableOptions
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -28,7 +28,7 @@ def device(request: pytest.FixtureRequest) -> str:
 
 
 def device_table(device: str, chunk_rows: int, capacity: int | None = None) -> Any:
-    from streamrec.embedding_store.device_tier import DeviceTable
+    from streamrec.embedding_store.tiers.device_table import DeviceTable
 
     return DeviceTable(OPTIONS, 3, capacity, device=device, chunk_rows=chunk_rows)
 
@@ -175,6 +175,6 @@ def test_rows_full_and_capacity_refusals_with_chunks(device: str) -> None:
 
 
 def _params() -> cuda_ext.TableParams:
-    from streamrec.embedding_store.tier import table_params
+    from streamrec.embedding_store.tiers.table_tier import table_params
 
     return cuda_ext.TableParams.of(table_params(OPTIONS, 3), pad=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from streamrec.embedding_store.device_staging import MIN_BYTES, Staging
+from streamrec.embedding_store.tiers.device_staging import MIN_BYTES, Staging
 from streamrec.store_schema import TableOptions
 
 needs_gpu = pytest.mark.skipif(
@@ -92,7 +92,7 @@ def test_the_push_path_reads_back_only_the_miss_count_and_the_expansions(
     """On the CPU build: a steady-state push (every key present) calls .item() twice (the
     miss count, the rows expanded) and .cpu() never; nothing is staged (the inputs are on the
     device already)."""
-    from streamrec.embedding_store.device_tier import DeviceTable
+    from streamrec.embedding_store.tiers.device_table import DeviceTable
 
     table = DeviceTable(TableOptions(name="t", dim=8), 3, device="cpu")
     keys = torch.arange(500) * 7919
@@ -115,7 +115,7 @@ def test_the_push_path_reads_back_only_the_miss_count_and_the_expansions(
 @pytest.mark.gpu
 @needs_gpu
 def test_on_a_gpu_host_inputs_go_through_pinned_buffers_reused_every_step() -> None:
-    from streamrec.embedding_store.device_tier import DeviceTable
+    from streamrec.embedding_store.tiers.device_table import DeviceTable
 
     table = DeviceTable(TableOptions(name="t", dim=8), 3, device="cuda")
     keys = torch.arange(2000) * 7919

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.device_tier import DeviceTable
 from streamrec.embedding_store.errors import TierUnavailable
+from streamrec.embedding_store.tiers.device_table import DeviceTable
 from streamrec.errors import BadRequest
 from streamrec.process import bin_path, free_port
 
@@ -136,7 +136,7 @@ def trainer_config(tier: str | None) -> object:
 @no_gpu
 def test_trainer_in_process_device_store_needs_a_gpu() -> None:
     from streamrec.trainer.errors import ConfigError
-    from streamrec.trainer.store import build_table_options, make_store
+    from streamrec.trainer.store_tables import build_table_options, make_store
 
     config = trainer_config("device")
     with pytest.raises(ConfigError, match="store.tier is 'device'.*needs a CUDA GPU"):
@@ -145,7 +145,7 @@ def test_trainer_in_process_device_store_needs_a_gpu() -> None:
 
 def test_trainer_in_process_host_store_is_unchanged() -> None:
     from streamrec.trainer.sparse import SparseTables
-    from streamrec.trainer.store import build_table_options, make_store
+    from streamrec.trainer.store_tables import build_table_options, make_store
 
     config = trainer_config(None)
     store = make_store(config, build_table_options(config))  # type: ignore[arg-type]
@@ -211,7 +211,7 @@ def test_shard_process_serves_the_device_tier_and_the_gpu_cache(
 def test_trainer_sparse_tables_pull_cuda_tensors_from_an_in_process_gpu_store(
     cache: bool,
 ) -> None:
-    from streamrec.trainer.batches import Batch
+    from streamrec.trainer.data.batches import Batch
     from streamrec.trainer.sparse import SparseTables
 
     names = ["a", "b"]

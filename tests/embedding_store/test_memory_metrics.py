@@ -11,7 +11,7 @@ import pytest
 import torch
 from servers import scrape_metrics
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
-from streamrec.embedding_store.metrics import memory_limit_bytes, resident_bytes
+from streamrec.embedding_store.service.metrics import memory_limit_bytes, resident_bytes
 
 TABLES = [
     {

@@ -22,7 +22,7 @@ from streamrec.embedding_store.errors import (
     ShardRestarted,
     UnknownNamespace,
 )
-from streamrec.embedding_store.namespaces import MAX_TABLES, check_namespace
+from streamrec.embedding_store.service.namespaces import MAX_TABLES, check_namespace
 from streamrec.errors import BadRequest, RemoteError
 from streamrec.keyhash import shard_of
 from streamrec.store_schema import TableOptions

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import redis
 from servers import RedisServer, free_port
-from streamrec.embedding_store.redis_converter import RedisConverter
+from streamrec.embedding_store.persistence.redis_converter import RedisConverter
 from streamrec.errors import BadRequest, NotFound
 
 

@@ -25,10 +25,10 @@ from streamrec.embedding_store import (
     LocalShards,
     TableOptions,
 )
-from streamrec.embedding_store import reshard as reshard_mod
-from streamrec.embedding_store.config import shard_dir_name
 from streamrec.embedding_store.errors import CheckpointError
-from streamrec.embedding_store.tier import SELECT_ALL
+from streamrec.embedding_store.persistence import reshard as reshard_mod
+from streamrec.embedding_store.persistence.manifests import shard_dir_name
+from streamrec.embedding_store.tiers.table_tier import SELECT_ALL
 from streamrec.keyhash import shard_of
 from test_service import reference_store, write_tables
 from test_sharded_saves import keys_of, saved_rows

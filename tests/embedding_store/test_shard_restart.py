@@ -16,13 +16,13 @@ import torch
 from streamrec import wire
 from streamrec.embedding_store import EmbeddingStore, EmbeddingStoreClient, LocalShards
 from streamrec.embedding_store.errors import ShardRestarted
-from streamrec.embedding_store.incarnation import (
+from streamrec.embedding_store.service.handlers import StoreService
+from streamrec.embedding_store.service.incarnation import (
     EXPECT_FIELD,
     REPLY_FIELD,
     Incarnations,
     new_incarnation,
 )
-from streamrec.embedding_store.service import StoreService
 from streamrec.errors import BadRequest
 from streamrec.keyhash import shard_of
 from streamrec.process import free_port

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import streamrec.embedding_store.reshard as reshard
-import streamrec.embedding_store.ssd_tier as ssd_tier
+import streamrec.embedding_store.persistence.reshard as reshard
+import streamrec.embedding_store.tiers.ssd_table as ssd_tier
 import torch
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.converters import NpyWriter
-from streamrec.embedding_store.ssd_file import RowFile
+from streamrec.embedding_store.persistence.converters import NpyWriter
+from streamrec.embedding_store.tiers.ssd_file import RowFile
 
 T = TableOptions(
     name="t",
@@ -61,7 +61,7 @@ def test_bulk_creation_equals_host_with_cached_filed_and_repeated_keys(
     keys = np.concatenate([new, new[:500], early[::7]])
     rng.shuffle(keys)
     tier = ssd.tier("t")
-    cached = tier.cache_rows - tier._n_free
+    cached = tier.cache.cached_rows()
     bulk = []
     creating = tier._pull_creating
     monkeypatch.setattr(tier, "_pull_creating", lambda *a: bulk.append(1) or creating(*a))
@@ -71,7 +71,7 @@ def test_bulk_creation_equals_host_with_cached_filed_and_repeated_keys(
     assert ssd.size("t") == host.size("t") == len(np.unique(np.concatenate([early, new])))
     # created on file, around the cache: the cache holds what it held
     assert ssd.stats()["tables"]["t"]["rows_created"] - created == len(np.unique(new))
-    assert tier.cache_rows - tier._n_free == cached
+    assert tier.cache.cached_rows() == cached
     assert_same_rows(ssd, host, np.concatenate([early, new]))
     # the rows train alike afterwards (read back from the file through the cache)
     grads = rng.normal(0, 1, (2000, 8)).astype(np.float32)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.embedding_store.metrics import _families
-from streamrec.embedding_store.ssd_file import LOAD, CompactIndex, RowFile, file_backed_bytes
+from streamrec.embedding_store.service.metrics import _families
+from streamrec.embedding_store.tiers.ssd_file import LOAD, CompactIndex, RowFile, file_backed_bytes
 
 T = TableOptions(
     name="t",

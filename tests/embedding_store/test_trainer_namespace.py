@@ -8,7 +8,7 @@ import pytest
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import LocalShards
 from streamrec.errors import BadRequest
-from streamrec.trainer.store import build_table_options, make_store
+from streamrec.trainer.store_tables import build_table_options, make_store
 
 
 @pytest.fixture(scope="module")

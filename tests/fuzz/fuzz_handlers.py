@@ -29,16 +29,17 @@ with atheris.instrument_imports(
         "streamrec.sampler.server",
         "streamrec.sampler.table",
         "streamrec.sampler.columns",
-        "streamrec.embedding_store.service",
-        "streamrec.embedding_store.checkpoint",
-        "streamrec.embedding_store.save_manifests",
+        "streamrec.embedding_store.service.handlers",
+        "streamrec.embedding_store.service.saves",
+        "streamrec.embedding_store.persistence.save_load",
+        "streamrec.embedding_store.persistence.manifests",
         "streamrec.embedding_store.disk",
     ]
 ):
     from streamrec import wire
-    from streamrec.embedding_store.config import ShardConfig
-    from streamrec.embedding_store.server import Shard
-    from streamrec.embedding_store.service import OPS
+    from streamrec.embedding_store.service.config import ShardConfig
+    from streamrec.embedding_store.service.handlers import OPS
+    from streamrec.embedding_store.service.server import Shard
     from streamrec.errors import BadRequest
     from streamrec.keyhash import shard_of
     from streamrec.sampler.config import ServerConfig

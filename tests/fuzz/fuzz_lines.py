@@ -1,4 +1,4 @@
-"""atheris target: the Criteo and generated line parsers of :mod:`streamrec.trainer.data`.
+"""atheris target: the Criteo and generated line parsers of :mod:`streamrec.trainer.data.reader`.
 
 An input picks the format and the slot count, then either raw bytes or lines of fuzzed
 tab-separated tokens (numbers, hex, signs, dots, CR, NUL, empty fields), and goes through
@@ -24,8 +24,11 @@ import tempfile
 import atheris
 import torch
 
-with atheris.instrument_imports(include=["streamrec.trainer.data", "streamrec.trainer.batches"]):
-    from streamrec.trainer import batches, data
+with atheris.instrument_imports(
+    include=["streamrec.trainer.data.reader", "streamrec.trainer.data.batches"]
+):
+    from streamrec.trainer.data import batches
+    from streamrec.trainer.data import reader as data
 from streamrec.trainer.errors import DataError
 
 TOKENS = [

@@ -1,4 +1,4 @@
-"""atheris target: the slot text parsers of :mod:`streamrec.trainer.feature_data`.
+"""atheris target: the slot text parsers of :mod:`streamrec.trainer.data.feature_data`.
 
 An input picks a schema (0 to 3 dense features, 1 to 3 sparse ones), then either raw bytes
 or lines of fuzzed tokens (``name:value`` of the schema's names and others, numbers, string
@@ -24,11 +24,11 @@ import torch
 from streamrec.control.feature_schema import FeatureSchema
 
 with atheris.instrument_imports(
-    include=["streamrec.trainer.feature_data", "streamrec.trainer.batches"]
+    include=["streamrec.trainer.data.feature_data", "streamrec.trainer.data.batches"]
 ):
-    from streamrec.trainer import feature_data
-from streamrec.trainer.batches import Batch, ParseStats
-from streamrec.trainer.data import GZIP_MAGIC, read_file
+    from streamrec.trainer.data import feature_data
+from streamrec.trainer.data.batches import Batch, ParseStats
+from streamrec.trainer.data.reader import GZIP_MAGIC, read_file
 from streamrec.trainer.errors import DataError
 
 NAMES = ["y", "d0", "d1", "d2", "s0", "s1", "s2", "other", "Y", "s", ""]

@@ -18,8 +18,8 @@ from streamrec.launcher.__main__ import build_parser, check_args
 from streamrec.launcher.errors import StackError
 from streamrec.launcher.serving import SERVING
 from streamrec.launcher.stack import Stack
-from streamrec.trainer.agent_cli import build_parser as agent_parser
-from streamrec.trainer.agent_cli import job_guard
+from streamrec.trainer.agent.cli import build_parser as agent_parser
+from streamrec.trainer.agent.cli import job_guard
 
 
 def stack_in(tmp_path: Path, *flags: str, out: io.StringIO | None = None) -> Stack:

@@ -17,8 +17,8 @@ from streamrec.control.redis_io import PASSWORD_FILE_ENV, with_password
 from streamrec.launcher import commands
 from streamrec.launcher.__main__ import build_parser
 from streamrec.launcher.stack import Stack
-from streamrec.trainer.agent_cli import build_parser as agent_parser
-from streamrec.trainer.agent_cli import job_guard
+from streamrec.trainer.agent.cli import build_parser as agent_parser
+from streamrec.trainer.agent.cli import job_guard
 
 
 def flag_values(cmd: list[str], flag: str) -> list[str]:
@@ -35,7 +35,7 @@ def test_trainers_and_api_are_given_the_runs_roots_sampler_and_shards(tmp_path: 
     assert flag_values(trainer, "--model-root") == [str(stack.run / "models")]
     assert flag_values(trainer, "--data-root") == [str(stack.run / "data")]
     assert flag_values(trainer, "--sampler-endpoint") == [stack.sampler_endpoint]
-    # the peer token goes to the run's shards only (streamrec.trainer.job_guard)
+    # the peer token goes to the run's shards only (streamrec.trainer.agent.job_guard)
     assert stack.store_endpoints
     assert flag_values(trainer, "--store-endpoint") == stack.store_endpoints
     agent = trainer[trainer.index("streamrec.trainer.agent") + 1 :]

@@ -55,7 +55,7 @@ def exported_metric_names() -> set[str]:
     built from other run-time values are not counted, so an alert may not rely on them.
     """
     names: set[str] = set()
-    for path in sorted(ROOT.glob("services/*/metrics.py")):
+    for path in sorted(ROOT.glob("services/**/metrics.py")):
         text = path.read_text(encoding="utf-8")
         prefix = re.search(r'^PREFIX = "(\w+)"', text, re.MULTILINE)
         if prefix:

@@ -1,7 +1,7 @@
 """The committed Grafana dashboards: generated from code, well-formed, and querying real metrics.
 
 Every panel's PromQL is parsed by promtool (as a recording rule), and every metric it names
-must be declared in some ``services/*/metrics.py``.
+must be declared in some ``services/**/metrics.py``.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _metric_names(expr: str) -> set[str]:
 def _metric_sources() -> list[tuple[str, str]]:
     """(source text, its ``PREFIX`` value or "") of every service's metrics module."""
     sources = []
-    for path in sorted((REPO / "services").glob("*/metrics.py")):
+    for path in sorted((REPO / "services").glob("**/metrics.py")):
         text = path.read_text(encoding="utf-8")
         prefix = re.search(r'^PREFIX\s*=\s*"([^"]+)"', text, re.M)
         sources.append((text, prefix.group(1) if prefix else ""))
@@ -207,7 +207,7 @@ def test_every_metric_is_declared_by_a_service(name):
         for metric in _metric_names(expr)
         if not BUILT_IN.match(metric) and not _declared(metric, sources)
     }
-    assert not undeclared, f"{name}: no services/*/metrics.py declares {sorted(undeclared)}"
+    assert not undeclared, f"{name}: no services/**/metrics.py declares {sorted(undeclared)}"
 
 
 @pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool is not installed")

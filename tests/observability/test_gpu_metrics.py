@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from streamrec.embedding_store.metrics import PREFIX, StoreMetrics
+from streamrec.embedding_store.service.metrics import PREFIX, StoreMetrics
 
 
 def gpu_samples(metrics: StoreMetrics) -> dict[str, float]:

@@ -37,7 +37,7 @@ STREAMREC_SANITIZE=address,undefined MAX_JOBS=${MAX_JOBS:-2} \
 echo "building the sanitized CPU build of the CUDA kernels (log: build/sanitize/cuda-cpu.log)"
 export STREAMREC_CUDA_CPU_LIB=$OUT/libstreamrec_cuda_cpu.so
 "$PY" - >"$OUT/cuda-cpu.log" 2>&1 <<'EOF' || { tail -50 "$OUT/cuda-cpu.log"; exit 1; }
-from streamrec.embedding_store import cuda_lib
+from streamrec.embedding_store.tiers import cuda_lib
 
 # -fno-sanitize=null: Thrust binds references to null pointers of its stateless system tags
 # by design (thrust/detail/reference.h); a real null access is still ASan's SEGV report

@@ -167,7 +167,7 @@ def test_a_group_of_another_size_fails_the_job(client, roots, redis_server, tmp_
 def test_shards_of_another_tier_fail_the_job(client, roots, redis_server, tmp_path):
     from streamrec.control.trainer_config import TrainerConfig
     from streamrec.embedding_store import LocalShards
-    from streamrec.trainer.store import build_table_options
+    from streamrec.trainer.store_tables import build_table_options
 
     tables = build_table_options(TrainerConfig.parse(SMALL_MODEL))
     (tmp_path / "tables.json").write_text(
@@ -350,9 +350,9 @@ def test_a_failure_in_one_rank_moves_the_two_rank_job_on_fast(
     pass 2 is retried from checkpoint 1 and the job succeeds, each pass recorded once, well
     within the time rank 0 used to wait in a gloo collective (600 s)."""
     from streamrec.control.trainer_config import TrainerConfig
+    from streamrec.datagen.planted import StreamParams, generate
     from streamrec.embedding_store import LocalShards
-    from streamrec.trainer.datagen import StreamParams, generate
-    from streamrec.trainer.store import build_table_options
+    from streamrec.trainer.store_tables import build_table_options
 
     data, model = roots["data"] / fault, roots["model"] / fault
     # two files a split: rank r reads part-0000r

@@ -7,7 +7,7 @@ import pytest
 from agent_helpers import datagen, run_agent, small_job, started_job
 from servers import wait_for
 from streamrec.process import stop_process
-from streamrec.trainer.model_owner import claim
+from streamrec.trainer.model.model_owner import claim
 
 
 @pytest.mark.slow

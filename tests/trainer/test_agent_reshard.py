@@ -44,7 +44,7 @@ def test_a_job_goes_on_from_its_checkpoint_after_the_store_went_from_2_to_3_shar
 ):
     from streamrec.control.trainer_config import TrainerConfig
     from streamrec.embedding_store import EmbeddingStore, EmbeddingStoreClient, LocalShards
-    from streamrec.trainer.store import build_table_options
+    from streamrec.trainer.store_tables import build_table_options
 
     template = f"ipc://{tempfile.gettempdir()}/streamrec-reshard-{uuid.uuid4().hex[:8]}-{{shard}}"
     endpoints = [template.format(shard=k) for k in range(3)]

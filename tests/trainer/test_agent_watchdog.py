@@ -11,13 +11,13 @@ import time
 import pytest
 from streamrec.layout import PassSpec
 from streamrec.trainer import distributed as ddp
-from streamrec.trainer.agent_steps import Op, SpecialLoad, Step, decode, encode
+from streamrec.trainer.agent.liveness import STUCK_EXIT
+from streamrec.trainer.agent.steps import Op, SpecialLoad, Step, decode, encode
 from streamrec.trainer.errors import LineageLost, error_class
-from streamrec.trainer.liveness import STUCK_EXIT
 
 STUCK = textwrap.dedent("""
     import sys, time
-    from streamrec.trainer.liveness import Watchdog
+    from streamrec.trainer.agent.liveness import Watchdog
     t0 = time.monotonic()
     busy = float(sys.argv[1])
     dog = Watchdog(0.5, lambda: t0 if busy else None, lambda: t0)
@@ -40,7 +40,7 @@ def test_a_rank_busy_without_progress_exits(busy, code):
 
 SIGTERMED = textwrap.dedent("""
     import sys, time
-    from streamrec.trainer.liveness import handle_sigterm
+    from streamrec.trainer.agent.liveness import handle_sigterm
     handle_sigterm(float(sys.argv[1]))
     hangs = sys.argv[2] == "1"
     ready = False

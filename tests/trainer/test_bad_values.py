@@ -16,14 +16,14 @@ import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.control.reports import ErrorClass
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.batches import MAX_LINE_BYTES, OVERLONG, Batch, ParseStats
-from streamrec.trainer.data import _parse_chunk_numpy, iter_batches, parse_chunk, read_file
-from streamrec.trainer.errors import DataError, error_class
-from streamrec.trainer.feature_data import (
+from streamrec.trainer.data.batches import MAX_LINE_BYTES, OVERLONG, Batch, ParseStats
+from streamrec.trainer.data.feature_data import (
     MAX_NUMBER_BYTES,
     _parse_slot_chunk_numpy,
     parse_slot_chunk,
 )
+from streamrec.trainer.data.reader import _parse_chunk_numpy, iter_batches, parse_chunk, read_file
+from streamrec.trainer.errors import DataError, error_class
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import SLOTS, write_stream
 

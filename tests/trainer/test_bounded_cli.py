@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import yaml
-from streamrec.launcher import report, stack
+from streamrec.launcher import report
 from streamrec.pass_line import PASS_HEADER, pass_row
 from trainer_helpers import small_config, write_stream
 
@@ -105,7 +105,7 @@ def test_end_split_flag_and_a_fixed_end(tmp_path):
 def test_the_pass_line_is_the_demos():
     record = {"day": "20190720", "pass_id": 3, "samples": 1000, "predict_auc": 0.61}
     record |= {"train_auc": 0.64, "best_auc": None, "logloss": 0.67, "seconds": 2.25}
-    assert stack.PASS_HEADER is PASS_HEADER and report.pass_row is pass_row  # the demo's rows
+    assert report.PASS_HEADER is PASS_HEADER and report.pass_row is pass_row  # the demo's rows
     assert pass_row(record).split() == [
         "20190720",
         "3",

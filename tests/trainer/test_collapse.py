@@ -1,4 +1,4 @@
-"""The collapse rule of a pass's predictions (streamrec.trainer.evaluation) on known inputs:
+"""The collapse rule of a pass's predictions (streamrec.trainer.model.evaluation) on known inputs:
 a saturated or constant model is collapsed, healthy predictions at any click rate are not."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from streamrec.trainer.evaluation import (
+from streamrec.trainer.model.evaluation import (
     COLLAPSE_MIN_ROWS,
     AucAccumulator,
     AucResult,

@@ -17,13 +17,13 @@ import torch
 from in_process import run_main
 from streamrec import layout
 from streamrec.control.trainer_config import TrainerConfig
+from streamrec.datagen.__main__ import main as datagen_main
+from streamrec.datagen.criteo_layout import LineReader
+from streamrec.datagen.split_files import split_at
 from streamrec.process import bin_path
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.criteo_layout import LineReader
-from streamrec.trainer.data import CRITEO_SLOTS, NUM_DENSE, read_file
-from streamrec.trainer.datagen import main as datagen_main
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import CRITEO_SLOTS, NUM_DENSE, read_file
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.split_files import split_at
 
 DONE = "to.hadoop.done"
 FIELDS = 1 + NUM_DENSE + CRITEO_SLOTS

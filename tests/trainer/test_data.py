@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import _parse_chunk_numpy, iter_batches, parse_chunk, read_file
-from streamrec.trainer.datagen import PlantedStream, StreamParams
+from streamrec.datagen.planted import PlantedStream, StreamParams
+from streamrec.datagen.text_lines import to_criteo_text, to_generated_text
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import _parse_chunk_numpy, iter_batches, parse_chunk, read_file
 from streamrec.trainer.errors import DataError
-from streamrec.trainer.text_lines import to_criteo_text, to_generated_text
 
 # Lines in the Criteo Kaggle train.txt format: empty integer and categorical fields, a
 # negative integer, trailing empty categoricals.

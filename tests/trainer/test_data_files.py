@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import MAX_LINE_BYTES, iter_batches, read_file
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import MAX_LINE_BYTES, iter_batches, read_file
 from streamrec.trainer.errors import DataError
 
 SLOTS = 2

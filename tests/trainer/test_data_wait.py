@@ -13,9 +13,9 @@ from agent_helpers import SMALL_MODEL, datagen, small_job, started_job
 from servers import wait_for
 from streamrec import layout
 from streamrec.control.reports import ErrorClass
-from streamrec.trainer.datagen import StreamParams, generate
+from streamrec.datagen.planted import StreamParams, generate
+from streamrec.trainer.data.run_plan import DataWait
 from streamrec.trainer.errors import BadSplits, error_class
-from streamrec.trainer.run_plan import DataWait
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import SLOTS, small_config
 
@@ -85,7 +85,7 @@ def test_a_job_whose_next_pass_does_not_land_fails_and_frees_its_group(
 ):
     """The job's model.runner.data_wait_timeout_second, stored by the API, is kept by the
     agent (in this process, the real trainer) while the API waits for pass 2 to land."""
-    from streamrec.trainer.agent_loop import Agent  # lazy: the model stack
+    from streamrec.trainer.agent.loop import Agent  # lazy: the model stack
 
     data, model = roots["data"] / "late", roots["model"] / "late"
     datagen(data, max_splits=1)  # pass 1 of 2 landed

@@ -5,10 +5,11 @@ import json
 import numpy as np
 import torch
 from streamrec import layout
-from streamrec.trainer.data import parse_chunk
-from streamrec.trainer.datagen import PlantedStream, StreamParams, main
-from streamrec.trainer.evaluation import AucAccumulator
-from streamrec.trainer.randgen import generate_bags, generate_batch
+from streamrec.datagen.__main__ import main
+from streamrec.datagen.planted import PlantedStream, StreamParams
+from streamrec.datagen.randgen import generate_bags, generate_batch
+from streamrec.trainer.data.reader import parse_chunk
+from streamrec.trainer.model.evaluation import AucAccumulator
 
 
 def test_cli_writes_the_streaming_layout_with_donefiles(tmp_path, capsys):

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
-from streamrec.trainer.dense_norm import CLIP, VAR_FLOOR, DenseNorm
-from streamrec.trainer.export import Predictor, export_serving
-from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
+from streamrec.trainer.model.dense_norm import CLIP, VAR_FLOOR, DenseNorm
+from streamrec.trainer.model.dlrm import DLRMDense
+from streamrec.trainer.model.export import Predictor, export_serving
 from streamrec.trainer.runner import OnlineTrainer
 
 DAYS = ("20190720", "20190721")

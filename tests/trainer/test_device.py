@@ -15,8 +15,8 @@ import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.trainer.device import resolve_device
 from streamrec.trainer.errors import ConfigError
+from streamrec.trainer.model.staging import Staging
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.staging import Staging
 from trainer_helpers import small_config
 
 ROOT = Path(__file__).resolve().parents[2]

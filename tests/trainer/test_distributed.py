@@ -13,13 +13,13 @@ import pytest
 import torch
 import yaml
 from servers import torchrun_command
+from streamrec.datagen.planted import StreamParams, generate
 from streamrec.embedding_store import LocalShards
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
-from streamrec.trainer.datagen import StreamParams, generate
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.trainer.errors import ConfigError
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.store import build_table_options
+from streamrec.trainer.store_tables import build_table_options
 from trainer_helpers import SLOTS, small_config
 
 HERE = Path(__file__).parent

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import rankdata
-from streamrec.trainer.evaluation import AucAccumulator
+from streamrec.trainer.model.evaluation import AucAccumulator
 
 
 def exact_auc(p, y):

@@ -20,8 +20,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from in_process import run_main
+from streamrec.datagen.__main__ import main as datagen_main
 from streamrec.process import bin_path
-from streamrec.trainer.datagen import main as datagen_main
 
 DONE = "to.hadoop.done"
 T0 = int(dt.datetime(2024, 3, 5, 10, 0, tzinfo=dt.UTC).timestamp())
@@ -293,7 +293,7 @@ def test_an_unknown_log_format_exits_2_through_the_script(tmp_path):
 MEASURE = textwrap.dedent(
     """
     import json, sys
-    from streamrec.trainer.event_layout import lay_out_events
+    from streamrec.datagen.event_layout import lay_out_events
 
     def high_water():
         for line in open("/proc/self/status"):
@@ -577,7 +577,7 @@ def test_slot_text_floats_read_back_by_the_slot_reader(tmp_path):
     (0.012345678901234568) come out of --format slot as numbers the slot reader takes:
     every line well-formed, each value the float32 of the log's."""
     from streamrec.control.feature_schema import FeatureSchema
-    from streamrec.trainer.feature_data import parse_slot_chunk
+    from streamrec.trainer.data.feature_data import parse_slot_chunk
 
     x = [1.5e-7, 123456789.123, -0.1, 0.012345678901234568, 1e16, -2.5e-9, 0.1, 0.0, 1e-5]
     y = [3.0e-8, 1e10, -0.1, 0.3333333, 7.0, 1.2345678e-4, 16777217.0, -0.0, 2.5e-7]
@@ -617,7 +617,7 @@ def test_a_missing_float_is_written_as_nan_and_read_back_missing(tmp_path):
     the line lack a dense feature: malformed); the reader keeps it as NaN, a missing value
     the model's normalizer takes for the mean."""
     from streamrec.control.feature_schema import FeatureSchema
-    from streamrec.trainer.feature_data import parse_slot_chunk
+    from streamrec.trainer.data.feature_data import parse_slot_chunk
 
     table = pa.table(
         {

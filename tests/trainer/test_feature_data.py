@@ -18,11 +18,11 @@ from streamrec.control.trainer_config import TrainerConfig
 from streamrec.keyhash import string_key, string_keys
 from streamrec.ragged import RaggedTensor
 from streamrec.trainer.__main__ import main
-from streamrec.trainer.batches import Batch, ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import Batch, ParseStats
+from streamrec.trainer.data.feature_data import parse_slot_chunk, read_parquet
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.trainer.errors import DataError
-from streamrec.trainer.export import Predictor, export_serving
-from streamrec.trainer.feature_data import parse_slot_chunk, read_parquet
+from streamrec.trainer.model.export import Predictor, export_serving
 from streamrec.trainer.runner import OnlineTrainer
 from streamrec.trainer.sparse import SparseTables
 from test_sparse import DIM, make_store

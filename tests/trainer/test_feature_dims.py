@@ -11,11 +11,11 @@ import pytest
 import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.trainer.batches import Batch, ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import Batch, ParseStats
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.trainer.errors import ModelShapeError
-from streamrec.trainer.export import Predictor
-from streamrec.trainer.model import DLRMDense
+from streamrec.trainer.model.dlrm import DLRMDense
+from streamrec.trainer.model.export import Predictor
 from streamrec.trainer.runner import OnlineTrainer
 from streamrec.trainer.sparse import SparseTables
 from test_feature_data import SHARED, schema_config, write_planted

@@ -132,7 +132,7 @@ def test_a_kill_at_any_point_leaves_rest_and_the_model_agreeing(
 ):
     from streamrec.control.trainer_config import TrainerConfig
     from streamrec.embedding_store import LocalShards
-    from streamrec.trainer.store import build_table_options
+    from streamrec.trainer.store_tables import build_table_options
 
     data = roots["data"] / f"kill-{point}-{victim}"
     model = roots["model"] / f"kill-{point}-{victim}"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from streamrec.trainer import _C
-from streamrec.trainer.batches import MAX_LINE_BYTES, Batch, ParseStats
-from streamrec.trainer.data import NUM_DENSE, _parse_chunk_numpy, parse_chunk
+from streamrec.trainer.data.batches import MAX_LINE_BYTES, Batch, ParseStats
+from streamrec.trainer.data.reader import NUM_DENSE, _parse_chunk_numpy, parse_chunk
 
 S_GEN = 3  # slots of the generated lines here (Criteo lines have 26)
 

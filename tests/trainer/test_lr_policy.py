@@ -3,7 +3,7 @@
 import pytest
 import torch
 from streamrec.trainer.errors import ConfigError
-from streamrec.trainer.lr_policy import LRPolicyScheduler
+from streamrec.trainer.model.lr_policy import LRPolicyScheduler
 
 
 class ReferenceScheduler:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 from streamrec.trainer.errors import ModelShapeError
-from streamrec.trainer.losses import make_loss
-from streamrec.trainer.model import DLRM, DLRMDense, interaction_size
+from streamrec.trainer.model.dlrm import DLRM, DLRMDense, interaction_size
+from streamrec.trainer.model.losses import make_loss
 
 
 def numpy_forward(model: DLRMDense, dense_x: np.ndarray, ly: list[np.ndarray]) -> np.ndarray:

@@ -15,9 +15,9 @@ import pytest
 from servers import tmpfs
 from streamrec import layout
 from streamrec.errors import BadRequest
-from streamrec.trainer.checkpoint import read_checkpoint
 from streamrec.trainer.errors import ModelDirTaken, PassFailed
-from streamrec.trainer.model_owner import OWNER_NAME, claim
+from streamrec.trainer.model.checkpoint_dirs import read_checkpoint
+from streamrec.trainer.model.model_owner import OWNER_NAME, claim
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import small_config
 

@@ -53,6 +53,14 @@ def big_dense_job(name: str, data: Path, model: Path, normalize: bool) -> dict:
         "sparse": [{"name": "user_id"}],
     }
     body["data"] |= {"data_format": "parquet", "schema": schema}
+    # PaddleRec's sparse rule, the trainer's default before torch's Adagrad: under it the raw
+    # 1e6 kills the model on its first pass; torch's larger first steps on the user rows can
+    # keep a few rows apart (the saturation is what is under test here, not the rule)
+    rule = {"name": "StdAdaGradSGDRule", "learning_rate": 0.05, "initial_g2sum": 3.0}
+    body.setdefault("store", {})["table_parameters"] = {
+        "embed_sgd_param": rule,
+        "embedx_sgd_param": rule,
+    }
     body["model"] = {
         "runner": {"train_batch_size": 128},
         "hyper_parameters": {

@@ -19,9 +19,9 @@ import torch
 import yaml
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards
-from streamrec.trainer.export import Predictor
+from streamrec.trainer.model.export import Predictor
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.store import build_table_options
+from streamrec.trainer.store_tables import build_table_options
 from trainer_helpers import small_config, write_stream
 
 LAST = ("20190720", 2)

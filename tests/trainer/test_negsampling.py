@@ -11,8 +11,8 @@ import torch
 from item_tables import day_items, write_item_table
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import small_config
 

@@ -162,7 +162,7 @@ def test_the_trainer_starts_no_sampler_at_the_deployments_address(short_dir, mon
     start: the trainer waits for it there, never starts one of its own."""
     from streamrec.control.trainer_config import NegativeSamplingConfig
     from streamrec.sampler.errors import SamplerUnavailable
-    from streamrec.trainer.negsampling import NegativeSampler
+    from streamrec.trainer.data.negsampling import NegativeSampler
 
     sock = short_dir / "deployment.sock"
     monkeypatch.setenv("STREAMREC_SAMPLER_ENDPOINT", f"ipc://{sock}")

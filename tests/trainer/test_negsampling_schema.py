@@ -17,10 +17,10 @@ import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.sampler import LocalRpcDataSampler
 from streamrec.sampler.client import stop_server
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.negsampling import ItemSide
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.trainer.errors import ConfigError, DataError
-from streamrec.trainer.negsampling import ItemSide
 from streamrec.trainer.runner import OnlineTrainer
 from test_feature_data import schema_config
 
@@ -190,7 +190,7 @@ def test_negatives_of_a_schema_job_pack_list_features(tmp_path, short_dir):
 
 
 def test_a_table_without_an_item_feature_column_is_named(tmp_path, short_dir):
-    from streamrec.trainer.negsampling import NegativeSampler
+    from streamrec.trainer.data.negsampling import NegativeSampler
 
     write_stream(tmp_path / "data", samples=100)
     ids, _ = catalog()

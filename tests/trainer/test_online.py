@@ -10,7 +10,7 @@ import redis
 from servers import RedisServer, free_port
 from streamrec.embedding_store import FileConverter, RedisConverter
 from streamrec.errors import BadRequest
-from streamrec.trainer.online import export_online
+from streamrec.trainer.model.online import export_online
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import small_config
 
@@ -88,7 +88,7 @@ def test_online_needs_a_redis_url(stream, tmp_path):
 def test_a_sharded_store_is_published_partition_by_partition(stream, tmp_path, redis_url):
     """Store service shards save their own files; each shard's rows go to its partition."""
     from streamrec.embedding_store import LocalShards
-    from streamrec.trainer.store import build_table_options
+    from streamrec.trainer.store_tables import build_table_options
 
     prefix = "t-sharded"
     cfg = small_config(stream, tmp_path / "model", end_day="20190720")

@@ -99,7 +99,7 @@ def day(roots) -> Path:
 def tables_file(path: Path) -> Path:
     from agent_helpers import SMALL_MODEL
     from streamrec.control.trainer_config import TrainerConfig
-    from streamrec.trainer.store import build_table_options
+    from streamrec.trainer.store_tables import build_table_options
 
     tables = build_table_options(TrainerConfig.parse(SMALL_MODEL))
     path.write_text(json.dumps({"tables": [t.model_dump(mode="json") for t in tables]}))

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.model import DLRMDense
-from streamrec.trainer.precision import compute_in, cpu_flags, resolve
+from streamrec.trainer.model.dlrm import DLRMDense
+from streamrec.trainer.model.precision import compute_in, cpu_flags, resolve
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import small_config
 

@@ -12,9 +12,9 @@ import torch
 import yaml
 from in_process import run_main
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
-from streamrec.trainer.datagen import main as datagen_main
+from streamrec.datagen.__main__ import main as datagen_main
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
 
 
 def datagen(*args: str) -> subprocess.CompletedProcess:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from streamrec import layout
 from streamrec.control.trainer_config import RunnerConfig, TrainerConfig
+from streamrec.datagen.split_files import mark_split_done
 from streamrec.errors import BadRequest
-from streamrec.trainer.run_plan import plan_run
-from streamrec.trainer.split_files import mark_split_done
+from streamrec.trainer.data.run_plan import plan_run
 
 
 def runner(**kw) -> RunnerConfig:

@@ -15,11 +15,11 @@ import torch
 from prometheus_client import REGISTRY
 from servers import wait_for
 from streamrec import layout
-from streamrec.trainer.batches import ParseStats
-from streamrec.trainer.data import iter_batches
-from streamrec.trainer.datagen import StreamParams, generate
+from streamrec.datagen.planted import StreamParams, generate
+from streamrec.trainer.data.batches import ParseStats
+from streamrec.trainer.data.reader import iter_batches
 from streamrec.trainer.errors import CheckpointError, ConfigError, DataError
-from streamrec.trainer.evaluation import AucAccumulator
+from streamrec.trainer.model.evaluation import AucAccumulator
 from streamrec.trainer.runner import OnlineTrainer
 from trainer_helpers import SLOTS, small_config, write_stream
 
@@ -209,7 +209,7 @@ def test_corrupt_checkpoint_is_refused(stream, tmp_path):
 
 
 def test_export_and_predict(stream, tmp_path):
-    from streamrec.trainer.export import Predictor
+    from streamrec.trainer.model.export import Predictor
 
     cfg = small_config(stream, tmp_path / "m", end_day="20190720")
     with OnlineTrainer(cfg) as t:

@@ -14,7 +14,7 @@ from streamrec.embedding_store import LocalShards
 from streamrec.process import free_port, spawn, stop_process
 from streamrec.trainer.errors import PassFailed
 from streamrec.trainer.runner import OnlineTrainer
-from streamrec.trainer.store import build_table_options
+from streamrec.trainer.store_tables import build_table_options
 from trainer_helpers import small_config
 
 HERE = Path(__file__).parent

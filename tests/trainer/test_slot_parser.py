@@ -15,9 +15,9 @@ import torch
 from streamrec.control.feature_schema import FeatureSchema
 from streamrec.keyhash import string_key
 from streamrec.trainer import _C
-from streamrec.trainer.batches import MAX_LINE_BYTES, Batch, ParseStats
-from streamrec.trainer.data import iter_batches
-from streamrec.trainer.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
+from streamrec.trainer.data.batches import MAX_LINE_BYTES, Batch, ParseStats
+from streamrec.trainer.data.feature_data import _parse_slot_chunk_numpy, parse_slot_chunk
+from streamrec.trainer.data.reader import iter_batches
 
 SCHEMA = FeatureSchema(
     label="click",

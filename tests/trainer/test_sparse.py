@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from streamrec.embedding_store import EmbeddingStore, StoreEmbeddingBags, TableOptions
-from streamrec.trainer.batches import Batch
+from streamrec.trainer.data.batches import Batch
 from streamrec.trainer.errors import ModelShapeError
 from streamrec.trainer.sparse import SparseTables
 

@@ -1,4 +1,4 @@
-"""Pinned staging (streamrec.trainer.staging): a batch's host tensors to the dense model's
+"""Pinned staging (streamrec.trainer.model.staging): a batch's host tensors to the dense model's
 device through buffers reused every step, the rows' gradient back to the host.
 
 The logic runs on the CPU with the staging forced on (``stage=True, pin=False``: the same
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from streamrec.trainer.staging import MIN_BYTES, Staging
+from streamrec.trainer.model.staging import MIN_BYTES, Staging
 
 CPU = torch.device("cpu")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")

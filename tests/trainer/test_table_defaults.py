@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from streamrec.control.trainer_config import TrainerConfig
 from streamrec.embedding_store import EmbeddingStore, TableOptions
-from streamrec.trainer.store import build_table_options
+from streamrec.trainer.store_tables import build_table_options
 
 DIM = 16
 #: One gradient of a row, from tiny to large (a hot key's gradient summed over a batch).

@@ -16,9 +16,9 @@ import redis
 import yaml
 from doc_blocks import blocks_for
 from servers import RedisServer, free_port
+from streamrec.datagen.planted import PlantedStream, StreamParams
+from streamrec.datagen.text_lines import to_criteo_text
 from streamrec.embedding_store import FileConverter, RedisConverter
-from streamrec.trainer.datagen import PlantedStream, StreamParams
-from streamrec.trainer.text_lines import to_criteo_text
 
 
 def walkthrough_commands() -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrec.control.trainer_config import TrainerConfig
-from streamrec.trainer.datagen import StreamParams, generate
+from streamrec.datagen.planted import StreamParams, generate
 
 SLOTS = 4
 

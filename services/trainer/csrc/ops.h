@@ -2,13 +2,13 @@
 // slot text parser (parse_slot, at the end).
 //
 // One pass over a chunk of tab-separated lines (Criteo or the generator's format, see
-// streamrec/trainer/data.py), single-threaded on purpose: it runs on the trainer's prefetch
+// streamrec/trainer/data/reader.py), single-threaded on purpose: it runs on the trainer's prefetch
 // thread beside the model's own threads, and the binding releases the GIL for the whole parse.
 //
 //     criteo     label  I1..I13  C1..C{S}          C: hex, at most 16 digits, empty: no key
 //     generated  label  p_true  I1..I13  C1..C{S}  C: decimal ints, empty: no key
 //
-// The rules are those of data.py's numpy reference parser (_parse_chunk_numpy), byte for byte:
+// The rules are those of data/reader.py's numpy reference parser (_parse_chunk_numpy), byte for byte:
 // a line ends at '\n' with one '\r' before it stripped; an empty line is blank (skipped, not
 // counted, but numbered); a line needs exactly ncols fields; 'int' fields are an optional '-'
 // then decimal digits, at most 19 bytes, at most 2**63-1, empty reads 0; a bad field makes
@@ -28,7 +28,7 @@ constexpr int64_t kNumDense = 13;
 // good line; the caller keeps the first `rows` of each.
 struct LineOutputs {
   float* dense;     // (capacity, 13) float32: max(int, 0) as float32; the caller applies
-                    // log1p (numpy's, see data.py)
+                    // log1p (numpy's, see data/reader.py)
   float* labels;    // (capacity,) float32 in {0, 1}
   int64_t* keys;    // (capacity, S) int64, 0 where absent
   bool* present;    // (capacity, S) whether each key is present
@@ -65,7 +65,7 @@ LineCounts parse_lines(const uint8_t* data, int64_t nbytes, bool generated, int6
                        int64_t max_line_bytes, const LineOutputs& out);
 
 // --- parse_slot.cpp ---
-// PaddleRec slot text (streamrec/trainer/feature_data.py): one sample a line, `name:value`
+// PaddleRec slot text (streamrec/trainer/data/feature_data.py): one sample a line, `name:value`
 // tokens split by ' ', '\t' or '\r', a list feature repeating its name, in any order:
 //
 //     click:1 age:0.31 user_id:17 genres:5 genres:9

@@ -5,7 +5,7 @@
 // keeps) fragments the free space, and a buffer then comes from fresh heap top: a page fault
 // per 4 KiB, measured at 6,250 faults and ~4 ms per buffer on this project's 2-core VM. Here a
 // large buffer is a mapping of its own that goes back to a small free list when its tensor
-// dies, and the next request of a size it fits takes it, pages already mapped. bindings.cpp
+// dies, and the next request of a size it fits takes it, pages already mapped. bind_checks.cpp
 // wraps a block as a tensor whose deleter gives it back.
 #include <sys/mman.h>
 

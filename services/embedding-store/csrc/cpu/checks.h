@@ -2,7 +2,7 @@
 // the table, sizes whose arithmetic cannot overflow. Each raises OpError (RuntimeError in
 // Python) naming the op and the offending value, before the op writes anything; none costs
 // more than one pass over the ids. The checks of the tensors themselves (dtype, shape,
-// contiguity, alignment) are made where they are unwrapped, in bindings.cpp.
+// contiguity, alignment) are made where they are unwrapped, in the binding files (bind.h).
 #pragma once
 
 #include <atomic>

@@ -1,9 +1,9 @@
 // The whole API of the sparse-table operations (streamrec.embedding_store._C), as free
 // functions over plain arrays (views.h), named after HierarchicalKV (find, find_or_insert,
 // insert_or_assign). The CUDA extension (csrc/cuda/streamrec_cuda.h) implements the same ops;
-// the row math and the probe rules both run are written once, in csrc/shared. bindings.cpp,
-// the only file that sees tensors, checks each tensor argument (dtype, shape, contiguity,
-// alignment), allocates the outputs the ops write and keeps each op's Python signature.
+// the row math and the probe rules both run are written once, in csrc/shared. The binding
+// files (bindings.cpp, bind_*.cpp), the only ones that see tensors, check each tensor argument
+// (dtype, shape, contiguity, alignment), allocate the outputs the ops write and keep each op's Python signature.
 //
 // Hash index: open addressing with linear probing over one (capacity, 2) int64 matrix of
 // [key, row] slots; row == -1 marks an empty slot, a row < 0 never matches a key (the CUDA
@@ -15,7 +15,7 @@
 // (errors.h; RuntimeError in Python) naming the op and the value: a full index (no empty slot
 // for a new key; the index is left as it was), a row id outside the table, params not
 // finalized, a size that overflows int64. Inputs an op only reads may start at any byte (a
-// message's arrays): the binding file hands a misaligned one over as an aligned copy; arrays
+// message's arrays): the binding files hand a misaligned one over as an aligned copy; arrays
 // an op writes must be aligned. One file per op or op family, named in each section below;
 // the value checks they share are in checks.h, the index's probing in index_probe.h.
 //

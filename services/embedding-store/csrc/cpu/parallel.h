@@ -1,7 +1,7 @@
 // The ops' parallel loops. They run on the intra-op threads of the tensor library that loads
 // the extension (its parallel_for: the team size the Python side sets, serial inside another
-// parallel region, OpenMP underneath), so the two functions below are defined in bindings.cpp,
-// the one file that sees that library; the ops call them through these plain signatures.
+// parallel region, OpenMP underneath), so the two functions below are defined in bind_checks.cpp,
+// with the binding files, the only ones that see that library; the ops call them through these plain signatures.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Plain views of the arrays the ops take. The binding file checks each tensor (dtype, shape,
-// contiguity, alignment) and hands the ops its pointer and sizes; nothing here owns memory.
+// Plain views of the arrays the ops take. The binding files (bind.h) check each tensor (dtype,
+// shape, contiguity, alignment) and hand the ops its pointer and sizes; nothing here owns memory.
 #pragma once
 
 #include <cstdint>

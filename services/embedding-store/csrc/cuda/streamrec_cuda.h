@@ -1,5 +1,5 @@
 // The whole C API of the CUDA extension: the sparse-table ops of csrc/cpu/ops.h over
-// raw device pointers, for Python's ctypes (services/embedding-store/cuda_ext.py). One kernel
+// raw device pointers, for Python's ctypes (services/embedding-store/tiers/cuda_ext.py). One kernel
 // family per .cu file; this header is the contract (HierarchicalKV's style: argument structs
 // with a comment per field, every pointer with its shape and memory space, the stream last).
 //
