@@ -279,32 +279,57 @@ class PassRecords:
         return list(watched(self.r, body, key))
 
     def rewind_to_group(
-        self, job_id: str, plan: list[PassSpec], resumed: str | None, why: str
-    ) -> list[str]:
+        self,
+        job_id: str,
+        plan: list[PassSpec],
+        resumed: str | None,
+        why: str,
+        restart: Callable[[int], Restart],
+    ) -> tuple[list[str], Restart | None]:
         """A trainer group (re)started at ``resumed`` (its ``started`` report's
         ``resumed_from``: the checkpoint it loaded, None: a fresh model): the passes the job
         counts done after it are not in the model the job goes on from, so they are rolled
         back, the pass in flight (if any) dropped from the work stream and the cursor put
-        after ``resumed``. Returns the rolled back passes ([]: the group is where the job
-        is)."""
+        after ``resumed``. Passes to roll back mean the group that trained them is gone: an
+        infrastructure restart, ``restart(n)`` for the ``n``-th in a row (counted, backoff,
+        a ``restart`` event, in the same transaction). A restart already seen another way
+        (a requeue of the pass in flight) rewound the job first and leaves nothing to roll
+        back here, so it is counted once. Returns the rolled back passes ([]: the group is
+        where the job is) and the restart (None with [])."""
         key = keys.job(job_id)
 
-        def body(pipe: redis.client.Pipeline) -> list[str]:
+        def body(pipe: redis.client.Pipeline) -> tuple[list[str], Restart | None]:
             f = JobRecord.from_fields(redis_io.hgetall(pipe, key))
             if f.state not in (JobState.RUNNING, JobState.STOPPING):
                 pipe.multi()
-                return []
+                return [], None
             cursor = resume_cursor(plan, resumed or "")
             rolled = self.done_after(job_id, plan, cursor)
             pipe.multi()
             if not rolled:
-                return []
-            redis_io.hset(pipe, key, JobRecord.patch(cursor=cursor, in_flight=None))
+                return [], None
+            out = restart(f.restarts + 1)
+            fields = JobRecord.patch(
+                cursor=cursor,
+                in_flight=None,
+                restarts=out.n,
+                not_before=time.time() + out.backoff_s,
+            )
+            redis_io.hset(pipe, key, fields)
+            pipe.hincrby(key, JobField.RESTARTS_TOTAL, 1)
             queue_work_reset(pipe, job_id)
             queue_rollback(pipe, job_id, rolled, resumed or "", why)
-            return rolled
+            append_event(
+                pipe,
+                job_id,
+                "restart",
+                f"trainer group restart {out.n} in a row ({why}, passes trained after it "
+                f"lost); next pass in {out.backoff_s:.1f} s",
+                {"restarts": out.n, "backoff_s": out.backoff_s},
+            )
+            return list(rolled), out
 
-        return list(watched(self.r, body, key))
+        return watched(self.r, body, key)
 
 
 def queue_rollback(

@@ -19,7 +19,7 @@ from streamrec.api.errors import ApiError
 from streamrec.api.lineage import job_plan
 from streamrec.api.metrics import ApiMetrics
 from streamrec.api.models import stored_spec
-from streamrec.api.pass_records import RequeueCause
+from streamrec.api.pass_records import RequeueCause, Restart
 from streamrec.api.repo import Repo
 from streamrec.api.state import JobAction, JobState, PassState, TriggerState
 from streamrec.control import keys
@@ -67,6 +67,10 @@ class ReportApplier:
         requeue: the scheduler's ``requeue(job_id, job, reason, cause, skip=)`` (a failed
             pass goes back from the last checkpoint, or fails the job).
         ack_work: acknowledges the pass in flight on the job's work stream.
+        restart: the scheduler's ``_restart(job, n)``: the ``n``-th infrastructure restart
+            in a row of the job's group and its backoff.
+        restart_budget: the scheduler's ``_restart_budget(job)``: the restarts in a row the
+            job may have.
     """
 
     def __init__(
@@ -75,6 +79,8 @@ class ReportApplier:
         metrics: ApiMetrics,
         requeue: Requeuer,
         ack_work: Callable[[str], None],
+        restart: Callable[[JobRecord, int], Restart],
+        restart_budget: Callable[[JobRecord], int],
     ) -> None:
         self.repo = repo
         self.passes = repo.passes
@@ -82,6 +88,8 @@ class ReportApplier:
         self.metrics = metrics
         self._requeue = requeue
         self._ack_work = ack_work
+        self._restart = restart
+        self._restart_budget = restart_budget
         #: ``_on_<kind>`` for every report kind (streamrec.control.channel.ReportKind).
         self._handlers: dict[ReportKind, Callable[[str, Any], None]] = {
             kind: getattr(self, f"_on_{kind.value}") for kind in ReportKind
@@ -149,7 +157,9 @@ class ReportApplier:
     def _on_started(self, job_id: str, report: Started) -> None:
         """A group is up for the job, its model at ``resumed_from``: the passes done after
         that are not in the model the job goes on from (a group restarted after a kill
-        between a pass's report and its checkpoint): rolled back and trained again."""
+        between a pass's report and its checkpoint): rolled back and trained again. That
+        is an infrastructure restart (the metric, the budget), even when nothing else saw
+        it (no pass in flight)."""
         message = f"trainer group up: {report.ranks} rank(s)"
         if report.resharded:
             message += f"; checkpoint {report.resumed_from} resharded {report.resharded} shards"
@@ -157,17 +167,30 @@ class ReportApplier:
         resumed = report.resumed_from
         if resumed:
             keys.parse_pass_key(resumed)  # a malformed key is a bad report
-        spec = self.repo.job_record(job_id).spec
-        if not spec:
+        job = self.repo.job_record(job_id)
+        if not job.spec:
             return
-        rolled = self.passes.rewind_to_group(
+        why = f"a trainer group started from {resumed or 'a fresh model'}"
+        rolled, restart = self.passes.rewind_to_group(
             job_id,
-            job_plan(stored_spec(spec)),
+            job_plan(stored_spec(job.spec)),
             resumed,
-            f"a trainer group started from {resumed or 'a fresh model'}",
+            why,
+            lambda n: self._restart(job, n),
         )
         if rolled:
             self.metrics.passes_requeued.labels(job_id).inc(len(rolled))
+        if restart is None:
+            return
+        self.metrics.group_restarts.labels(job_id).inc()
+        budget = self._restart_budget(job)
+        if restart.n > budget:
+            msg = (
+                f"{why}; restart budget spent ({restart.n} restarts in a row, "
+                f"resources.restart_budget {budget})"
+            )
+            self.repo.set_error(job_id, msg)
+            self.repo.change_state(job_id, JobAction.FAIL, reason=msg)
 
     def _stale(self, job_id: str, report: Claimed | PassDone | PassFailed | Released) -> bool:
         """A report about an earlier attempt of a pass that was handed out again."""

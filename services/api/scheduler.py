@@ -81,7 +81,14 @@ class Scheduler:
         self.lease = repo.lease(self.owner)
         self.gauges = RunningJobGauges(repo, metrics)
         self.pool = PoolScheduler(repo, metrics, gone_after_s=3 * settings.heartbeat_ttl_s)
-        self.reports = ReportApplier(repo, metrics, self.requeue, repo.work.settle)
+        self.reports = ReportApplier(
+            repo,
+            metrics,
+            self.requeue,
+            repo.work.settle,
+            restart=self._restart,
+            restart_budget=self._restart_budget,
+        )
 
     # ---- thread -----------------------------------------------------------------------
     def start(self) -> None:

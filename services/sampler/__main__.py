@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--seed", type=int, help="seed of the random streams")
     serve.add_argument("--auth-token-file", help="file holding the peer token")
     serve.add_argument(
-        "--idle-exit-s", type=float, help="exit after this long without a request (0: never)"
+        "--idle-exit-s",
+        type=float,
+        help="exit after this long with no client connected and no request (0: never)",
     )
     serve.add_argument(
         "--insecure-no-auth",

@@ -73,8 +73,9 @@ class ServerConfig(StrictConfig):
         auth_token_file: the peer token file requests must match (``None``:
             ``$STREAMREC_AUTH_TOKEN_FILE``, else the per-user file; see :mod:`streamrec.auth`).
         insecure_no_auth: serve requests without a token (local development only).
-        idle_exit_s: exit after this long without a request (0: never, the default; a
-            client that auto-starts a server asks for ``AUTO_START_IDLE_EXIT_S``).
+        idle_exit_s: exit after this long with no client connected and no request (0: never,
+            the default; a client that auto-starts a server asks for
+            ``AUTO_START_IDLE_EXIT_S``).
     """
 
     endpoint: str = Field(default_factory=default_endpoint)

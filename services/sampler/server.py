@@ -40,6 +40,7 @@ from streamrec.sampler import metrics
 from streamrec.sampler.columns import decode_columns, encode_columns
 from streamrec.sampler.config import ServerConfig, lock_base
 from streamrec.sampler.errors import NoTable, SamplerError, TagMismatch
+from streamrec.sampler.presence import ClientPresence
 from streamrec.sampler.table import NegativeTable, Tags
 from streamrec.wire import Arrays, Handler, Meta, RpcServer
 
@@ -86,6 +87,7 @@ class SamplerServer:
         }
         metrics.start(self.handlers)
         self.rpc: RpcServer | None = None
+        self._presence: ClientPresence | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -116,12 +118,17 @@ class SamplerServer:
             max_message_bytes=self.config.max_message_bytes,
             on_request=self._observe,
             token=self.config.auth_token(),
-        ).start()
+        )
+        # watched before the proxy thread owns the socket (ZeroMQ sockets are not thread-safe)
+        self._presence = ClientPresence(self.rpc.frontend).start()
+        self.rpc.start()
         return self
 
     def stop(self) -> None:
         if self.rpc is not None:
             self.rpc.stop()
+            if self._presence is not None:
+                self._presence.stop()
             if self.config.endpoint.startswith("ipc://"):
                 Path(self.config.endpoint[len("ipc://") :]).unlink(missing_ok=True)
         if self._lock_file is not None:
@@ -144,9 +151,12 @@ class SamplerServer:
         return run
 
     def idle_seconds(self) -> float:
-        """Seconds since the last request ended; 0 while one is in flight."""
+        """Seconds since the last request ended and the last client left, the smaller; 0
+        while a request is in flight or a client is connected (``presence.py``)."""
         with self._activity:
-            return 0.0 if self._busy else time.monotonic() - self._last_request
+            quiet = 0.0 if self._busy else time.monotonic() - self._last_request
+        absent = self._presence.absent_seconds() if self._presence is not None else quiet
+        return min(quiet, absent)
 
     @property
     def endpoint(self) -> str:
@@ -371,7 +381,7 @@ def serve(config: ServerConfig) -> None:
     try:
         while not stop.wait(0.5):
             if idle_exit and server.idle_seconds() > idle_exit:
-                log.info("no request for %.0f s (idle_exit_s): exiting", idle_exit)
+                log.info("no client for %.0f s (idle_exit_s): exiting", idle_exit)
                 break
     finally:
         server.stop()

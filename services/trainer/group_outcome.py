@@ -73,7 +73,10 @@ def share_pass_outcome(
         failed = [ddp.RankOutcome(rank, own, tuple(marks), str(failure))]
     if not failed:
         return
-    kind = first_class([class_of(o.code) for o in failed])
+    # this rank's own error counts too, a GroupError included (it carries the class of a
+    # failure it heard of): the text names the class error_class gives the raised error
+    own_kind = [error_class(failure)] if failure is not None else []
+    kind = first_class([class_of(o.code) for o in failed] + own_kind)
     bad = tuple(s for i, s in enumerate(spec.splits) if any(o.marks[i] for o in failed))
     text = "; ".join(f"rank {o.rank}: {o.message}" for o in failed)
     cls = BadSplits if kind == ErrorClass.DATA else PassFailed

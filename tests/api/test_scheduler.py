@@ -562,3 +562,135 @@ def test_a_stuck_group_is_seen_and_its_pass_handed_out_again(client, roots, redi
     assert client.get(f"/v1/jobs/{job_id}/passes/20190720/1").json()["failures"] == 0
     assert client.get(f"/v1/jobs/{job_id}").json()["restarts"] == 1  # infrastructure
     ch.close()
+
+
+def group_restarts(client, job_id: str) -> float:
+    """``streamrec_api_group_restarts_total`` of the job (0 before its first restart)."""
+    prefix = f'streamrec_api_group_restarts_total{{job_id="{job_id}"}} '
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[1])
+    return 0.0
+
+
+def events_of(client, job_id: str, kind: str) -> list[dict]:
+    events = client.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+    return [e for e in events if e["type"] == kind]
+
+
+def test_a_restart_seen_only_through_started_counts_in_the_metric_and_the_budget(
+    client, roots, redis_server
+):
+    """A group killed after pass 2's ``pass_done`` (no checkpoint holds pass 2) with no pass
+    in flight: its successor's ``started`` report (``resumed_from`` pass 1) is the only sign
+    of the restart. Rolling pass 2 back, it is an infrastructure restart: counted in the
+    crash-loop alert's metric and against the restart budget (1 here: one more death in a
+    row fails the job)."""
+    job_id = start_job(client, roots, "seen", {"restart_budget": 1, "restart_backoff_s": 0})
+    for s in SPLITS[:2]:  # pass 3 is not ready: nothing is in flight after pass 2
+        land_split(roots["data"] / "seen", "20190720", s)
+    g1 = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    g1.heartbeat()
+    for pid in (1, 2):
+        item = g1.take_pass(block_ms=5000)
+        assert item.spec.pass_id == pid
+        finish(g1, item)
+        if pid == 1:
+            g1.report("checkpoint", day="20190720", pass_id=1, path="/m/20190720/1")
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 2)
+    g1.clear_heartbeat()
+    g1.close()  # killed; torchrun starts the group again, which loads checkpoint 1
+    g2 = TrainerChannel(redis_server.url, job_id, "g2", heartbeat_ttl_s=30)
+    g2.report("started", ranks=2, group="g1", resumed_from="20190720/1")
+    wait_for(lambda: events_of(client, job_id, "rollback"), what="pass 2 rolled back")
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert (job["state"], job["restarts"], job["restarts_total"]) == ("running", 1, 1), job
+    assert group_restarts(client, job_id) == 1
+    assert len(events_of(client, job_id, "restart")) == 1
+    # the restarted group takes pass 2 again and dies holding it: a second restart in a
+    # row, past the budget
+    g2.heartbeat()
+    item = g2.take_pass(block_ms=5000)
+    assert item.spec.pass_id == 2 and item.resume_from == "20190720/1"
+    g3 = TrainerChannel(redis_server.url, job_id, "g3", heartbeat_ttl_s=30)
+    g3.heartbeat()
+    job = wait_for(
+        lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["state"] == "failed" and j,
+        what="failed",
+    )
+    assert "restart budget spent" in job["error"] and job["restarts_total"] == 2, job
+    assert group_restarts(client, job_id) == 2
+    g2.close()
+    g3.close()
+
+
+def test_a_restart_seen_through_started_and_another_way_counts_once(client, roots, redis_server):
+    """A group that dies holding pass 3 after pass 2's ``pass_done`` (checkpoint 1 only) is
+    seen twice: by its successor's ``started`` (pass 2 rolled back) and by the successor's
+    heartbeat (the pass's holder replaced). One restart, counted once, whichever comes
+    first."""
+    job_id = start_job(client, roots, "once", {"restart_backoff_s": 0})
+    for s in SPLITS:
+        land_split(roots["data"] / "once", "20190720", s)
+    g1 = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    g1.heartbeat()
+    for pid in (1, 2):
+        item = g1.take_pass(block_ms=5000)
+        finish(g1, item)
+        if pid == 1:
+            g1.report("checkpoint", day="20190720", pass_id=1, path="/m/20190720/1")
+    assert g1.take_pass(block_ms=5000).spec.pass_id == 3  # then g1 dies holding it
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 2)
+    # the started report first, then the heartbeat
+    g2 = TrainerChannel(redis_server.url, job_id, "g2", heartbeat_ttl_s=30)
+    g2.report("started", ranks=2, group="g1", resumed_from="20190720/1")
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 1)
+    g2.heartbeat()
+    item = g2.take_pass(block_ms=5000)
+    assert (item.spec.pass_id, item.resume_from) == (2, "20190720/1")
+    seen = ticks(client)
+    wait_for(lambda: ticks(client) >= seen + 2, what="2 more scheduler ticks")
+    assert client.get(f"/v1/jobs/{job_id}").json()["restarts_total"] == 1
+    assert group_restarts(client, job_id) == 1
+    assert len(events_of(client, job_id, "restart")) == 1
+    finish(g2, item)
+    assert g2.take_pass(block_ms=5000).spec.pass_id == 3  # then g2 dies holding it
+    # the heartbeat first (the pass in flight requeued), then the started report
+    g3 = TrainerChannel(redis_server.url, job_id, "g3", heartbeat_ttl_s=30)
+    g3.heartbeat()
+    wait_for(lambda: len(events_of(client, job_id, "restart")) == 2, what="second restart")
+    g3.report("started", ranks=2, group="g1", resumed_from="20190720/1")
+    item = g3.take_pass(block_ms=5000)
+    assert (item.spec.pass_id, item.resume_from) == (2, "20190720/1")
+    seen = ticks(client)
+    wait_for(lambda: ticks(client) >= seen + 2, what="2 more scheduler ticks")
+    assert client.get(f"/v1/jobs/{job_id}").json()["restarts_total"] == 2
+    assert group_restarts(client, job_id) == 2
+    assert len(events_of(client, job_id, "restart")) == 2
+    for c in (g1, g2, g3):
+        c.close()
+
+
+def test_a_restart_seen_only_through_started_past_the_budget_fails_the_job(
+    client, roots, redis_server
+):
+    """With ``restart_budget`` 0, a restart seen only through ``started`` fails the job,
+    saying the budget is spent."""
+    job_id = start_job(client, roots, "spent", {"restart_budget": 0, "restart_backoff_s": 0})
+    for s in SPLITS[:2]:
+        land_split(roots["data"] / "spent", "20190720", s)
+    g1 = TrainerChannel(redis_server.url, job_id, "g1", heartbeat_ttl_s=30)
+    g1.heartbeat()
+    for pid in (1, 2):
+        finish(g1, g1.take_pass(block_ms=5000))
+        if pid == 1:
+            g1.report("checkpoint", day="20190720", pass_id=1, path="/m/20190720/1")
+    wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["passes_done"] == 2)
+    g1.report("started", ranks=2, group="g1", resumed_from="20190720/1")
+    job = wait_for(
+        lambda: (j := client.get(f"/v1/jobs/{job_id}").json())["state"] == "failed" and j,
+        what="failed",
+    )
+    assert "restart budget spent (1 restarts in a row" in job["error"], job
+    assert job["restarts_total"] == 1 and group_restarts(client, job_id) == 1
+    g1.close()

@@ -151,17 +151,45 @@ def test_an_auto_started_server_exits_when_idle(short_dir, monkeypatch):
             assert client.sample_ids(POS, 2, CATS).numel() == 6
             time.sleep(0.6)
         assert not gone(pid)
+        client.close()  # its last client gone, the server is idle from now on
         wait_for(lambda: gone(pid), 20, 0.1, what="the idle server's exit")
         assert time.monotonic() - t0 >= 2.0
         assert not Path(endpoint[6:]).exists()  # it removed its socket
-        # a client that comes back later gets a new server, and its table back
-        assert client.sample_ids(POS, 2, CATS).numel() == 6
-        assert client.server_pid != pid and client.recoveries == 1
+        # a client that comes later gets a new server
+        later = LocalRpcDataSampler(*TAGS, endpoint=endpoint)
+        assert later.server_pid != pid
+        later.reload(small_table())
+        assert later.sample_ids(POS, 2, CATS).numel() == 6
+        later.close()
+        stop_server(later.server_pid)
     finally:
         client.close()
         stop_server(pid)
-        if client.server_pid:
-            stop_server(client.server_pid)
+
+
+@pytest.mark.timeout(60)
+def test_a_connected_quiet_client_keeps_an_idle_server_up_until_it_closes(short_dir, monkeypatch):
+    """The idle exit counts connected clients, not requests: a client connected but quiet
+    for three idle periods keeps its server up; once it closes, the server exits after the
+    idle time."""
+    monkeypatch.setenv("STREAMREC_SAMPLER_IDLE_EXIT_S", "1")
+    endpoint = f"ipc://{short_dir}/quiet.sock"
+    client = LocalRpcDataSampler(*TAGS, endpoint=endpoint)
+    pid = client.server_pid
+    try:
+        client.reload(small_table())
+        quiet_until = time.monotonic() + 3.5
+        while time.monotonic() < quiet_until:  # no request: only the connection
+            assert not gone(pid), "the server exited with a client connected"
+            time.sleep(0.1)
+        closed = time.monotonic()
+        client.close()
+        wait_for(lambda: gone(pid), 20, 0.05, what="the server's exit after its client left")
+        assert time.monotonic() - closed >= 1.0
+        assert not Path(endpoint[6:]).exists()  # it removed its socket
+    finally:
+        client.close()
+        stop_server(pid)
 
 
 @pytest.mark.timeout(60)

@@ -92,3 +92,23 @@ def test_a_phase_outside_a_pass_raises_the_ranks_own_error():
     with pytest.raises(RpcTimeout) as err:
         agree(own, "a save")
     assert err.value is own
+
+
+def test_a_failed_pass_text_names_the_class_it_is_classed_as(monkeypatch):
+    """Rank 0 only heard of a sampler failure on a peer (a GroupError of class infra) while
+    another peer failed transient: the pass is classed infra (the error's chain), and its text
+    says so, not "(transient)"."""
+    from streamrec.trainer import distributed as ddp
+
+    def exchanged(code: int, marks: list[int], message: str = "") -> list[ddp.RankOutcome]:
+        transient = code_of(ErrorClass.TRANSIENT)
+        mine, theirs = ddp.RankOutcome(0, code, tuple(marks), message), (0,) * len(marks)
+        return [mine, ddp.RankOutcome(2, transient, theirs, "OSError: disk")]
+
+    monkeypatch.setattr(ddp, "exchange_outcomes", exchanged)
+    heard = GroupError("rank 1: SamplerUnavailable: no sampler server answers", ErrorClass.INFRA)
+    with pytest.raises(PassFailed) as err:
+        share_pass_outcome(0, SPEC, heard, [])
+    assert error_class(err.value) == ErrorClass.INFRA
+    assert err.value.kind == ErrorClass.INFRA
+    assert "failed (infra)" in str(err.value), str(err.value)
