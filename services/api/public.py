@@ -6,7 +6,7 @@ The request bodies (``JobCreate``, ``TriggerCreate``) are in :mod:`streamrec.api
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 from streamrec.api.models import ExportMode, JobCreate, TriggerKind, stored_spec
@@ -165,75 +165,41 @@ class HealthPublic(BaseModel):
 
 
 # ---- from the stored records ----------------------------------------------------------
+Shown = TypeVar("Shown", bound=BaseModel)
+
+
+def _from_record(model: type[Shown], rec: object, **shown: Any) -> Shown:
+    """``model`` with each field the attribute of ``rec`` of that name, but those in ``shown``
+    (the REST models show a record's fields under their names)."""
+    return model.model_validate({name: getattr(rec, name) for name in model.model_fields} | shown)
+
+
 def job_public(rec: JobRecord) -> JobPublic:
     """A job's record as REST shows it (``waiting_for`` only while it runs with no pass in
     flight)."""
     waits = rec.state == JobState.RUNNING and not rec.in_flight
-    return JobPublic(
-        id=rec.id,
-        name=rec.name,
-        state=rec.state,
+    return _from_record(
+        JobPublic,
+        rec,
         spec=stored_spec(rec.spec),
-        created_at=rec.created_at,
-        updated_at=rec.updated_at,
-        passes_total=rec.passes_total,
-        passes_done=rec.passes_done,
-        in_flight=rec.in_flight,
         waiting_for=rec.waiting_for if waits else None,
-        last_checkpoint=rec.last_checkpoint,
-        error=rec.error,
-        trainers=rec.trainers,
-        group=rec.group,
-        last_group=rec.last_group,
-        restarts=rec.restarts,
-        restarts_total=rec.restarts_total,
     )
 
 
 def pass_public(rec: PassRecord) -> PassPublic:
     """A pass record as REST shows it."""
-    return PassPublic(
-        day=rec.day,
-        pass_id=rec.pass_id,
-        splits=list(rec.splits),
-        state=rec.state,
-        attempts=rec.attempts,
-        failures=rec.failures,
-        resume_from=rec.resume_from,
-        skipped_splits=list(rec.skipped_splits),
-        predict_auc=rec.predict_auc,
-        train_auc=rec.train_auc,
-        logloss=rec.logloss,
-        best_auc=rec.best_auc,
-        samples=rec.samples,
-        malformed_lines=rec.malformed_lines,
-        seconds=rec.seconds,
-        predict_top_share=rec.predict_top_share,
-        predict_collapsed=rec.predict_collapsed,
-        train_top_share=rec.train_top_share,
-        train_collapsed=rec.train_collapsed,
-        predictions_collapsed=rec.predictions_collapsed,
-        batch_size=rec.batch_size,
-        ranks=rec.ranks,
-        queued_at=rec.queued_at,
-        started_at=rec.started_at,
-        finished_at=rec.finished_at,
-        error=rec.error,
+    return _from_record(
+        PassPublic, rec, splits=list(rec.splits), skipped_splits=list(rec.skipped_splits)
     )
 
 
 def trigger_public(rec: TriggerRecord) -> TriggerPublic:
     """A trigger record as REST shows it (a result that is no JSON object: ``{"value": ...}``)."""
     result: Any = json.loads(rec.result) if rec.result else None
-    return TriggerPublic(
-        id=rec.id,
-        kind=rec.kind,
-        mode=rec.mode,
-        state=rec.state,
-        created_at=rec.created_at,
-        finished_at=rec.finished_at,
+    return _from_record(
+        TriggerPublic,
+        rec,
         result=result if isinstance(result, dict) or result is None else {"value": result},
-        error=rec.error,
     )
 
 

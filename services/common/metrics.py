@@ -32,17 +32,8 @@ LATENCY_BUCKETS = (
 
 #: Durations of whole units of work, 100 ms to 6 h: a pass (hourly data: minutes to hours),
 #: a checkpoint save or load (many GiB over NFS), a sampler table reload. LATENCY_BUCKETS
-#: would put them all in +Inf past 60 s.
-DURATION_BUCKETS = (
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
+#: would put them all in +Inf past 60 s. Up to 60 s its steps, then minutes to hours.
+DURATION_BUCKETS = LATENCY_BUCKETS[LATENCY_BUCKETS.index(0.1) :] + (
     120.0,
     300.0,
     600.0,

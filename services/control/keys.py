@@ -24,6 +24,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 PREFIX = "streamrec"
 JOBS = f"{PREFIX}:jobs"
 #: job id -> resolved ``checkpoint.model_save_path`` of every live job (one model path, one job)
@@ -49,10 +51,6 @@ def job(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}"
 
 
-def passes(job_id: str) -> str:
-    return f"{job(job_id)}:passes"
-
-
 def pass_key(day: str, pass_id: int) -> str:
     """The name of a pass inside a job: ``"20190720/3"``."""
     return f"{day}/{pass_id}"
@@ -62,32 +60,27 @@ def pass_record(job_id: str, day: str, pass_id: int) -> str:
     return f"{job(job_id)}:pass:{pass_key(day, pass_id)}"
 
 
-def work(job_id: str) -> str:
-    return f"{job(job_id)}:work"
-
-
-def commands(job_id: str) -> str:
-    return f"{job(job_id)}:commands"
-
-
-def reports(job_id: str) -> str:
-    return f"{job(job_id)}:reports"
-
-
-def events(job_id: str) -> str:
-    return f"{job(job_id)}:events"
-
-
-def triggers(job_id: str) -> str:
-    return f"{job(job_id)}:triggers"
-
-
 def trigger(job_id: str, trigger_id: str) -> str:
     return f"{job(job_id)}:trigger:{trigger_id}"
 
 
-def heartbeat(job_id: str) -> str:
-    return f"{job(job_id)}:heartbeat"
+def _job_part(part: str) -> Callable[[str], str]:
+    """The function naming a job's fixed-name key ``part``: ``streamrec:job:<id>:<part>``."""
+
+    def key(job_id: str) -> str:
+        return f"{job(job_id)}:{part}"
+
+    key.__name__ = key.__qualname__ = part
+    return key
+
+
+passes = _job_part("passes")
+work = _job_part("work")
+commands = _job_part("commands")
+reports = _job_part("reports")
+events = _job_part("events")
+triggers = _job_part("triggers")
+heartbeat = _job_part("heartbeat")
 
 
 def pool_group(name: str) -> str:
@@ -102,13 +95,5 @@ def parse_pass_key(key: str) -> tuple[str, int]:
 
 def all_job_keys(job_id: str) -> list[str]:
     """Fixed-name keys of a job (pass and trigger records are listed from their indexes)."""
-    return [
-        job(job_id),
-        passes(job_id),
-        work(job_id),
-        commands(job_id),
-        reports(job_id),
-        events(job_id),
-        triggers(job_id),
-        heartbeat(job_id),
-    ]
+    parts = (passes, work, commands, reports, events, triggers, heartbeat)
+    return [job(job_id), *(key(job_id) for key in parts)]

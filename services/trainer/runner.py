@@ -397,6 +397,19 @@ class OnlineTrainer(ModelSaves):
             self.clean = False
             raise
 
+    def _rows_together(
+        self, spec: layout.PassSpec, files: list[Path], phase: Callable[[], int]
+    ) -> None:
+        """Runs a phase of ``spec`` that reads ``files`` (predicting or training); its rows
+        become :attr:`last_rows`; then every rank learns every rank's outcome
+        (:meth:`_together`)."""
+        failure: Exception | None = None
+        try:
+            self.last_rows = phase()
+        except Exception as exc:
+            failure = exc
+        self._together(spec, failure, files)
+
     def run_pass(
         self, spec: layout.PassSpec, skip: tuple[str, ...] = (), checkpoint: bool = False
     ) -> dict[str, Any]:
@@ -418,24 +431,15 @@ class OnlineTrainer(ModelSaves):
         pred, best, train = AucAccumulator(), AucAccumulator(), AucAccumulator()
         pstats, tstats = ParseStats(), ParseStats()
         predict_s = 0.0
-        failure: Exception | None = None
         if r.predict_before_train:
-            try:
-                self.last_rows = self.predict_files(files, pred, best, pstats)
-            except Exception as exc:
-                failure = exc
-            self._together(spec, failure, files)
+            self._rows_together(spec, files, lambda: self.predict_files(files, pred, best, pstats))
             predict_s = time.monotonic() - started
         t_train = time.monotonic()
         ns = self.config.negative_sampling
         # the rule counts the stream's rows: a predicted row with negatives is sample_size
         rows = self.last_rows // ns.sample_size if ns.enabled and self.last_rows else self.last_rows
         batch_size = self.batch_size(rows)
-        try:
-            self.last_rows = self.train_files(files, train, tstats, batch_size)
-        except Exception as exc:
-            failure = exc
-        self._together(spec, failure, files)
+        self._rows_together(spec, files, lambda: self.train_files(files, train, tstats, batch_size))
         train_s = time.monotonic() - t_train
         counts = torch.tensor([tstats.lines, tstats.malformed, len(files)], dtype=torch.float64)
         norm = self.dense.dense_norm
@@ -484,6 +488,7 @@ class OnlineTrainer(ModelSaves):
         }
         self.last_pass = (spec.day, spec.pass_id)
         self.phase = "save"
+        failure: Exception | None = None
         try:
             written = self._save_due(spec, checkpoint)
             record["checkpoint"] = str(written) if written is not None else None

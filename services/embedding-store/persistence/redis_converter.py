@@ -188,17 +188,7 @@ class RedisConverter(Converter):
                 self.redis.delete(staging)
         else:
             with self.redis.pipeline(transaction=True) as p:
-                for i in range(0, len(fields), self.chunk_rows):
-                    p.hset(
-                        live,
-                        mapping=dict(
-                            zip(
-                                fields[i : i + self.chunk_rows],
-                                rows[i : i + self.chunk_rows],
-                                strict=True,
-                            )
-                        ),
-                    )
+                self._queue_rows(p, live, fields, rows)
                 p.hset(meta_key, mapping=meta)
                 p.sadd(self.key(table, "tags"), tag)
                 p.execute()
@@ -207,20 +197,32 @@ class RedisConverter(Converter):
         self, key: str, fields: list[str], rows: list[bytes], transaction: bool, ttl: int | None
     ) -> None:
         with self.redis.pipeline(transaction=transaction) as p:
-            for i in range(0, len(fields), self.chunk_rows):
-                p.hset(
-                    key,
-                    mapping=dict(
-                        zip(
-                            fields[i : i + self.chunk_rows],
-                            rows[i : i + self.chunk_rows],
-                            strict=True,
-                        )
-                    ),
-                )
-                if ttl is not None and i == 0:
-                    p.expire(key, ttl)
+            self._queue_rows(p, key, fields, rows, ttl)
             p.execute()
+
+    def _queue_rows(
+        self,
+        p: Any,
+        key: str,
+        fields: list[str],
+        rows: list[bytes],
+        ttl: int | None = None,
+    ) -> None:
+        """Queues on ``p`` the HSETs of ``rows`` under ``fields`` into hash ``key``,
+        ``chunk_rows`` at a time (the first followed by an EXPIRE ``ttl`` when given)."""
+        for i in range(0, len(fields), self.chunk_rows):
+            p.hset(
+                key,
+                mapping=dict(
+                    zip(
+                        fields[i : i + self.chunk_rows],
+                        rows[i : i + self.chunk_rows],
+                        strict=True,
+                    )
+                ),
+            )
+            if ttl is not None and i == 0:
+                p.expire(key, ttl)
 
     def read_rows(self, table: str, tag: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Every row serving reads for ``table``, over all partitions (deconverter).

@@ -372,14 +372,8 @@ class EmbeddingStoreClient(ShardsAdmin):
         """:meth:`push` of several tables in one request per shard (``push_many`` op).
 
         Every table's part is checked (dtypes, shapes, NaN/Inf) before anything is sent, so a
-        bad one pushes nothing to any table.
-
-        Args:
-            tables: T table names.
-            keys: T arrays (n_t,) int64.
-            grads: T arrays (n_t, dim_t) float32.
-            shows: None, or T arrays (n_t,) float32 (or None: 1 per occurrence).
-            clicks: None, or T arrays (n_t,) float32 (or None: 0).
+        bad one pushes nothing to any table. Arguments as the in-process store's
+        (:meth:`EmbeddingStore.push_many`): T table names, then T arrays of each.
         """
         count = check_aligned(tables, keys=keys, grads=grads, shows=shows, clicks=clicks)
         shows = [None] * count if shows is None else shows

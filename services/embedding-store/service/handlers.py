@@ -70,10 +70,11 @@ The handlers run on the worker threads of :class:`~streamrec.wire.RpcServer` (wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -310,6 +311,23 @@ class StoreService:
             if arr is not None and not np.isfinite(arr).all():
                 raise NonFiniteGradient(f"array {name!r}: holds NaN or Inf; nothing was written")
 
+    def _shows_clicks(self, arrays: Arrays, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """A push's optional ``shows`` and ``clicks``, (n,) float32 each, checked finite."""
+        shows = self._array(arrays, "shows", np.float32, (n,), required=False)
+        clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
+        self._check_finite(shows=shows, clicks=clicks)
+        return shows, clicks
+
+    @contextlib.contextmanager
+    def _timed(self, kind: str, namespace: str, table: str, n: int) -> Iterator[None]:
+        """Records the block, when it returns, as ``table``'s part of ``n`` keys of a pull or
+        push (:meth:`_on_table`)."""
+        started = time.perf_counter()
+        yield
+        record = self._on_table(kind, namespace)
+        if record is not None:
+            record(table, n, time.perf_counter() - started)
+
     def _on_table(self, kind: str, namespace: str) -> TableHook | None:
         """Records a table's part of a pull or push (``kind``) in the per-table metrics of
         ``namespace``: (table, keys, seconds); also the store's hook of pull_many/push_many."""
@@ -376,11 +394,8 @@ class StoreService:
         table, _dim = self._table(store, meta)
         create = self._create(meta)
         keys = self._keys(arrays)
-        started = time.perf_counter()
-        values = store.pull(table, keys, create=create)
-        record = self._on_table("pull", ns)
-        if record is not None:
-            record(table, keys.size, time.perf_counter() - started)
+        with self._timed("pull", ns, table, keys.size):
+            values = store.pull(table, keys, create=create)
         return {}, {"values": values.numpy()}
 
     def op_push(
@@ -390,14 +405,9 @@ class StoreService:
         keys = self._keys(arrays)
         n = keys.size
         grads = self._array(arrays, "grads", np.float32, (n, dim))
-        shows = self._array(arrays, "shows", np.float32, (n,), required=False)
-        clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
-        self._check_finite(shows=shows, clicks=clicks)
-        started = time.perf_counter()
-        store.push(table, keys, grads, shows=shows, clicks=clicks)
-        record = self._on_table("push", ns)
-        if record is not None:
-            record(table, n, time.perf_counter() - started)
+        shows, clicks = self._shows_clicks(arrays, n)
+        with self._timed("push", ns, table, n):
+            store.push(table, keys, grads, shows=shows, clicks=clicks)
         return {}, {}
 
     def op_pull_many(
@@ -421,9 +431,7 @@ class StoreService:
         counts = self._counts(arrays, names, n)
         sizes = counts * dims
         grads = self._array(arrays, "grads", np.float32, (int(sizes.sum()),))
-        shows = self._array(arrays, "shows", np.float32, (n,), required=False)
-        clicks = self._array(arrays, "clicks", np.float32, (n,), required=False)
-        self._check_finite(shows=shows, clicks=clicks)
+        shows, clicks = self._shows_clicks(arrays, n)
         assert grads is not None
         grad_parts = [
             g.reshape(c, d) for g, c, d in zip(_split(grads, sizes), counts, dims, strict=True)

@@ -63,49 +63,36 @@ def publish_dir(
     version key; returns the version's fields (``seq`` among them). The serving Redis's
     password comes from ``$STREAMREC_ONLINE_REDIS_PASSWORD_FILE`` (``redis_io.serving_url``);
     a Redis that cannot be reached or refuses is an :class:`OnlinePublishError` naming it."""
+    from streamrec.embedding_store import FileConverter, RedisConverter
+
     try:
-        return _publish_dir(
-            redis_io.serving_url(redis_url), prefix, directory, tables, mode, tag, info
-        )
+        url = redis_io.serving_url(redis_url)
+        rows = 0
+        conv = None
+        for d, shard_id, num_shards in shard_saves(directory / SPARSE_NAME):
+            files = FileConverter(d)
+            conv = RedisConverter(url, prefix, shard_id, num_shards)
+            try:
+                for table in tables:
+                    keys, values = files.read_rows(table, mode)
+                    conv.write_rows(table, keys, values, SaveMode(mode), tag)
+                    rows += int(keys.size)
+            finally:
+                conv.redis.close()
+        assert conv is not None
+        version = {**info, "tag": tag, "mode": mode, "tables": len(tables), "rows": rows}
+        version["unix"] = f"{time.time():.3f}"
+        conv = RedisConverter(url, prefix)
+        try:
+            version["seq"] = conv.publish_version(version)
+        finally:
+            conv.redis.close()
+        return version
     except redis.RedisError as exc:  # one line naming the Redis, not a client traceback
         raise OnlinePublishError(
             f"serving Redis {redis_io.redacted(redis_url)}: {type(exc).__name__}: {exc} "
             f"(the {mode} save is written in {directory}, not published)"
         ) from None
-
-
-def _publish_dir(
-    redis_url: str,
-    prefix: str,
-    directory: Path,
-    tables: list[str],
-    mode: str,
-    tag: str,
-    info: dict[str, Any],
-) -> dict[str, Any]:
-    from streamrec.embedding_store import FileConverter, RedisConverter
-
-    rows = 0
-    conv = None
-    for d, shard_id, num_shards in shard_saves(directory / SPARSE_NAME):
-        files = FileConverter(d)
-        conv = RedisConverter(redis_url, prefix, shard_id, num_shards)
-        try:
-            for table in tables:
-                keys, values = files.read_rows(table, mode)
-                conv.write_rows(table, keys, values, SaveMode(mode), tag)
-                rows += int(keys.size)
-        finally:
-            conv.redis.close()
-    assert conv is not None
-    version = {**info, "tag": tag, "mode": mode, "tables": len(tables), "rows": rows}
-    version["unix"] = f"{time.time():.3f}"
-    conv = RedisConverter(redis_url, prefix)
-    try:
-        version["seq"] = conv.publish_version(version)
-    finally:
-        conv.redis.close()
-    return version
 
 
 def publish_save(
