@@ -14,11 +14,11 @@ emptied, its rows were the old count's).
 The shards are at stable addresses (``commands.store_endpoints``: shard k's depends on k
 only), so the job, which lists the M shards it was created with, and the trainers, which
 trust the N of this run, agree on the first min(M, N): the agent goes on with the N
-(``streamrec.trainer.job_guard.JobGuard.shards_now``) and its warm start loads the job's last
-checkpoint resharded M -> N (``streamrec.embedding_store.reshard``). A stopped or failed job
-is started again over REST; a job the earlier stack left running goes to a group of the
-pool, as after a group's death; datagen runs again only when splits are missing (it writes
-the same bytes: the same seed).
+(``streamrec.trainer.agent.job_guard.JobGuard.shards_now``) and its warm start loads the
+job's last checkpoint resharded M -> N (``streamrec.embedding_store.persistence.reshard``). A
+stopped or failed job is started again over REST; a job the earlier stack left running goes
+to a group of the pool, as after a group's death; datagen runs again only when splits are
+missing (it writes the same bytes: the same seed).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def write_manifest(directory: Path, info: dict[str, Any]) -> Path:
 
 def read_model_manifest(directory: Path) -> dict[str, Any]:
     """Reads and verifies a model directory's manifest (the trainer's, not the store's
-    :func:`streamrec.embedding_store.save_manifests.read_manifest`); raises CheckpointError
+    :func:`streamrec.embedding_store.persistence.manifests.read_manifest`); raises CheckpointError
     naming the first mismatch."""
     path = directory / MANIFEST_NAME
     try:
