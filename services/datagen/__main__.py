@@ -24,6 +24,11 @@ from streamrec.datagen.layout_flags import add_job_out_flag, check_layout_flags,
 from streamrec.layout import parse_day, split_names
 
 
+def _add_inputs(ap: argparse.ArgumentParser, flag: str, metavar: str, help: str) -> None:
+    """Adds a layout's required input files, one or more after ``flag``."""
+    ap.add_argument(flag, nargs="+", required=True, metavar=metavar, help=help)
+
+
 def main_from_criteo(argv: list[str]) -> int:
     """``streamrec-datagen --from-criteo FILE [FILE ...]``: real Criteo files into the layout
     (:mod:`.criteo_layout`); the planted stream's own flags are refused."""
@@ -37,13 +42,7 @@ def main_from_criteo(argv: list[str]) -> int:
         "--samples-per-split; its later parts may be empty files). A file's last line without "
         "a newline gets one.",
     )
-    ap.add_argument(
-        "--from-criteo",
-        nargs="+",
-        required=True,
-        metavar="FILE",
-        help="read in order; plain or gzip (by its magic bytes)",
-    )
+    _add_inputs(ap, "--from-criteo", "FILE", "read in order; plain or gzip (by its magic bytes)")
     ap.add_argument("--out", required=True, help="data root (train_data_dir)")
     ap.add_argument("--start-day", required=True, help="YYYYMMDD of the first split")
     ap.add_argument("--split-interval", type=int, default=60, help="minutes per split")
@@ -197,12 +196,11 @@ def main_from_events(argv: list[str]) -> int:
         "pooling: sum|mean, table?}] of int or string ids or lists of them. "
         "services/trainer/README.md: 'Walk-through: your own data over REST'.",
     )
-    ap.add_argument(
+    _add_inputs(
+        ap,
         "--from-events",
-        nargs="+",
-        required=True,
-        metavar="LOG",
-        help="event logs: Parquet (by its magic bytes), .csv, .json/.jsonl/.ndjson",
+        "LOG",
+        "event logs: Parquet (by its magic bytes), .csv, .json/.jsonl/.ndjson",
     )
     ap.add_argument("--time-column", required=True, help="the column holding each event's time")
     ap.add_argument("--out", required=True, help="data root (train_data_dir)")

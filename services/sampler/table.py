@@ -459,86 +459,72 @@ class NegativeTable:
             np.arange(len(rows)) // FALLBACK_ROWS
         )
         chunks = np.split(np.arange(len(rows)), np.flatnonzero(cuts) + 1)
+        all_rows = rows
         for chunk in chunks:
-            self._exact_chunk(
-                at, rows[chunk], group, own_slot, banned, offsets, result_slots, put_back, rng
-            )
-
-    def _exact_chunk(
-        self,
-        at: AliasTable,
-        rows: np.ndarray,
-        group: np.ndarray,
-        own_slot: np.ndarray,
-        banned: np.ndarray | None,
-        offsets: np.ndarray,
-        result_slots: np.ndarray,
-        put_back: bool,
-        rng: np.random.Generator,
-    ) -> None:
-        g = group.take(rows)
-        size = at.count.take(g)
-        cand = ragged_arange(at.start.take(g), size)  # candidate slots, per positive
-        owner = np.repeat(np.arange(len(rows)), size)
-        ok = np.ones(len(cand), bool)
-        if banned is not None:
-            ok &= ~banned.take(cand)
-        else:
-            ok &= cand != own_slot.take(rows).take(owner)
-        # Empty slots of each positive, and (put_back=False) items it already holds.
-        slot_lo, slot_hi = offsets.take(rows), offsets.take(rows + 1)
-        mine = ragged_arange(slot_lo, slot_hi - slot_lo)
-        mine_owner = np.repeat(np.arange(len(rows)), slot_hi - slot_lo)
-        held = result_slots.take(mine)
-        empty = held < 0
-        if not put_back:
-            m = len(at.row)
-            have = np.sort(mine_owner[~empty] * m + held[~empty])
-            if len(have):
-                keys = owner * m + cand
-                pos = np.minimum(np.searchsorted(have, keys), len(have) - 1)
-                ok &= have.take(pos) != keys
-        need = np.bincount(mine_owner[empty], minlength=len(rows))
-        empty_slots = mine[empty]
-        w = np.where(ok, at.weight.take(cand), 0.0)
-        if put_back:
-            # Inverse CDF over each positive's allowed items.
-            cum = np.cumsum(w)
-            seg_end = np.cumsum(size)
-            seg_start = seg_end - size
-            base = np.where(seg_start > 0, cum[np.maximum(seg_start - 1, 0)], 0.0)
-            tot = cum[np.maximum(seg_end - 1, 0)] - base
-            tot[size == 0] = 0.0
-            has = tot > 0
-            who = np.repeat(np.arange(len(rows)), need)
-            fill = has.take(who)
-            target = base.take(who) + rng.random(len(who)) * tot.take(who)
-            idx = np.searchsorted(cum, target, side="right")
-            # rounding at the very end of a segment: step back to its last allowed item
-            last_ok = np.maximum.accumulate(np.where(w > 0, np.arange(len(w)), -1))
-            idx = np.minimum(idx, np.maximum(seg_end.take(who) - 1, 0))
-            idx = last_ok.take(idx) if len(idx) else idx
-            chosen = np.where(fill, cand.take(np.maximum(idx, 0)) if len(cand) else -1, -1)
-            result_slots[empty_slots] = chosen
-            return
-        # Without replacement: the smallest Exp(1)/w keys per positive (Efraimidis-Spirakis).
-        keys = np.full(len(cand), np.inf)
-        keys[ok] = rng.standard_exponential(int(ok.sum())) / w[ok]
-        # Sort by key, then stably by positive: radix sort on uint16 (chunks hold < 2**16).
-        order = np.argsort(keys)
-        order = order[np.argsort(owner.astype(np.uint16).take(order), kind="stable")]
-        rank = np.arange(len(order)) - np.repeat(np.cumsum(size) - size, size)
-        sorted_owner = owner[order]
-        take = (rank < need.take(sorted_owner)) & np.isfinite(keys[order])
-        picked_owner = sorted_owner[take]
-        picked = cand[order][take]
-        # Place the picks into each positive's empty slots, in order.
-        first_empty = np.cumsum(need) - need
-        k = np.arange(len(picked)) - (
-            np.cumsum(np.bincount(picked_owner, minlength=len(rows)))
-            - np.bincount(picked_owner, minlength=len(rows))
-        ).take(picked_owner)
-        result_slots[empty_slots.take(first_empty.take(picked_owner) + k)] = picked
+            rows = all_rows[chunk]
+            g = group.take(rows)
+            size = at.count.take(g)
+            cand = ragged_arange(at.start.take(g), size)  # candidate slots, per positive
+            owner = np.repeat(np.arange(len(rows)), size)
+            ok = np.ones(len(cand), bool)
+            if banned is not None:
+                ok &= ~banned.take(cand)
+            else:
+                ok &= cand != own_slot.take(rows).take(owner)
+            # Empty slots of each positive, and (put_back=False) items it already holds.
+            slot_lo, slot_hi = offsets.take(rows), offsets.take(rows + 1)
+            mine = ragged_arange(slot_lo, slot_hi - slot_lo)
+            mine_owner = np.repeat(np.arange(len(rows)), slot_hi - slot_lo)
+            held = result_slots.take(mine)
+            empty = held < 0
+            if not put_back:
+                m = len(at.row)
+                have = np.sort(mine_owner[~empty] * m + held[~empty])
+                if len(have):
+                    keys = owner * m + cand
+                    pos = np.minimum(np.searchsorted(have, keys), len(have) - 1)
+                    ok &= have.take(pos) != keys
+            need = np.bincount(mine_owner[empty], minlength=len(rows))
+            empty_slots = mine[empty]
+            w = np.where(ok, at.weight.take(cand), 0.0)
+            if put_back:
+                # Inverse CDF over each positive's allowed items.
+                cum = np.cumsum(w)
+                seg_end = np.cumsum(size)
+                seg_start = seg_end - size
+                base = np.where(seg_start > 0, cum[np.maximum(seg_start - 1, 0)], 0.0)
+                tot = cum[np.maximum(seg_end - 1, 0)] - base
+                tot[size == 0] = 0.0
+                has = tot > 0
+                who = np.repeat(np.arange(len(rows)), need)
+                fill = has.take(who)
+                target = base.take(who) + rng.random(len(who)) * tot.take(who)
+                idx = np.searchsorted(cum, target, side="right")
+                # rounding at the very end of a segment: step back to its last allowed item
+                last_ok = np.maximum.accumulate(np.where(w > 0, np.arange(len(w)), -1))
+                idx = np.minimum(idx, np.maximum(seg_end.take(who) - 1, 0))
+                idx = last_ok.take(idx) if len(idx) else idx
+                chosen = np.where(fill, cand.take(np.maximum(idx, 0)) if len(cand) else -1, -1)
+                result_slots[empty_slots] = chosen
+                continue
+            # Without replacement: the smallest Exp(1)/w keys per positive (Efraimidis-Spirakis).
+            keys = np.full(len(cand), np.inf)
+            keys[ok] = rng.standard_exponential(int(ok.sum())) / w[ok]
+            # Sort by key, then stably by positive: radix sort on uint16 (chunks hold < 2**16).
+            order = np.argsort(keys)
+            order = order[np.argsort(owner.astype(np.uint16).take(order), kind="stable")]
+            rank = np.arange(len(order)) - np.repeat(np.cumsum(size) - size, size)
+            sorted_owner = owner[order]
+            take = (rank < need.take(sorted_owner)) & np.isfinite(keys[order])
+            picked_owner = sorted_owner[take]
+            picked = cand[order][take]
+            # Place the picks into each positive's empty slots, in order.
+            first_empty = np.cumsum(need) - need
+            k = np.arange(len(picked)) - (
+                np.cumsum(np.bincount(picked_owner, minlength=len(rows)))
+                - np.bincount(picked_owner, minlength=len(rows))
+            ).take(picked_owner)
+            result_slots[empty_slots.take(first_empty.take(picked_owner) + k)] = picked
 
 
 def _group_sizes(at: AliasTable, group: np.ndarray) -> np.ndarray:

@@ -74,7 +74,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -148,9 +148,8 @@ class StoreService:
         shard_id: K, this shard's index.
         num_shards: N, the number of shards.
         metrics: where to count requests; None counts nothing.
-        redis_url: the serving Redis for saves with ``converter: "redis"`` (None: refused).
-        redis_prefix: prefix of this store's keys in that Redis.
-        model_roots: the directories ``save``/``load`` paths must lie under (none: refused).
+        saves: the save and load ops; None: this shard's with no Redis and no model roots
+            (saves to Redis and every ``save``/``load`` path refused).
         incarnation: this shard process's id, sent in every reply; None draws a new one.
         namespaces: the shard's namespaces, ``store`` their default one; None: only the
             default one (``create_tables`` then adds tables to it only).
@@ -162,9 +161,7 @@ class StoreService:
         shard_id: int,
         num_shards: int,
         metrics: StoreMetrics | None = None,
-        redis_url: str | None = None,
-        redis_prefix: str = "streamrec:emb",
-        model_roots: Sequence[str | os.PathLike[str]] = (),
+        saves: ShardSaves | None = None,
         incarnation: int | None = None,
         namespaces: Namespaces | None = None,
     ) -> None:
@@ -179,7 +176,7 @@ class StoreService:
         self.num_shards = num_shards
         self.metrics = metrics
         #: the save and load ops (saves.py)
-        self.saves = ShardSaves(shard_id, num_shards, metrics, redis_url, redis_prefix, model_roots)
+        self.saves = saves if saves is not None else ShardSaves(shard_id, num_shards, metrics)
         self.incarnation = new_incarnation() if incarnation is None else incarnation
 
     def handlers(self) -> dict[str, Handler]:

@@ -16,6 +16,7 @@ from streamrec.embedding_store.service.config import ShardConfig
 from streamrec.embedding_store.service.handlers import StoreService
 from streamrec.embedding_store.service.metrics import StoreMetrics
 from streamrec.embedding_store.service.namespaces import DEFAULT_NAMESPACE, Namespaces
+from streamrec.embedding_store.service.saves import ShardSaves
 from streamrec.store_schema import TableOptions
 from streamrec.wire import RpcServer
 
@@ -68,9 +69,14 @@ class Shard:
             config.shard_id,
             config.num_shards,
             self.metrics,
-            redis_url=config.redis_url,
-            redis_prefix=config.redis_prefix,
-            model_roots=config.model_roots,
+            saves=ShardSaves(
+                config.shard_id,
+                config.num_shards,
+                self.metrics,
+                redis_url=config.redis_url,
+                redis_prefix=config.redis_prefix,
+                model_roots=config.model_roots,
+            ),
             namespaces=self.namespaces,
         )
         self.server = RpcServer(

@@ -36,6 +36,8 @@ from streamrec.store_schema import TableOptions
 _BULK_CREATE = 1 << 18
 #: keys probed to tell a bulk load (keys mostly new) from a large read of rows on file
 _SAMPLE = 4096
+#: shows, clicks (m,) float32 of a push's keys, for admission by score
+_Counts = tuple[torch.Tensor, torch.Tensor]
 
 
 class SsdTable(TableTier):
@@ -104,16 +106,11 @@ class SsdTable(TableTier):
 
     # -- the table's rows through the cache -----------------------------------------------
     def _fill(
-        self,
-        keys: torch.Tensor,
-        create: bool,
-        admit: bool = True,
-        shows: torch.Tensor | None = None,
-        clicks: torch.Tensor | None = None,
+        self, keys: torch.Tensor, create: bool, admit: bool = True, counts: _Counts | None = None
     ) -> torch.Tensor:
         """Cache rows (m,) int64 (pinned) of ``keys`` (m,) int64, unique and not cached:
         read from the file, or created when ``create`` (subject to admission when ``admit``;
-        shows, clicks (m,) of a push for admission by score); -1 for keys left absent."""
+        ``counts`` the shows, clicks of a push for admission by score); -1 for keys left absent."""
         slots = self.file.index.find(keys)
         on_file = slots >= 0
         new = ~on_file if create else torch.zeros_like(on_file)
@@ -122,8 +119,8 @@ class SsdTable(TableTier):
                 self.options,
                 self._rng,
                 int(new.sum()),
-                None if shows is None else shows[new],
-                None if clicks is None else clicks[new],
+                None if counts is None else counts[0][new],
+                None if counts is None else counts[1][new],
             )
             if mask is not None:
                 self.counters["rows_refused"] += int((~mask).sum())
@@ -141,15 +138,10 @@ class SsdTable(TableTier):
         return out
 
     def _rows_of(
-        self,
-        keys: torch.Tensor,
-        create: bool,
-        admit: bool = True,
-        shows: torch.Tensor | None = None,
-        clicks: torch.Tensor | None = None,
+        self, keys: torch.Tensor, create: bool, admit: bool = True, counts: _Counts | None = None
     ) -> torch.Tensor:
         """Cache rows (m,) int64 of ``keys`` (m,) int64 unique, pinned, brought in as
-        :meth:`_fill` does (shows, clicks (m,) or None); -1 for keys left absent."""
+        :meth:`_fill` does (``counts`` as there); -1 for keys left absent."""
         rows, misses = self.cache.find_count(keys)
         self.cache.mark(rows, REF_PINNED)
         if misses:
@@ -158,8 +150,7 @@ class SsdTable(TableTier):
                 keys[miss],
                 create,
                 admit,
-                None if shows is None else shows[miss],
-                None if clicks is None else clicks[miss],
+                None if counts is None else (counts[0][miss], counts[1][miss]),
             )
         return rows
 
@@ -282,7 +273,7 @@ class SsdTable(TableTier):
                 return False  # the caller sums repeated keys (admission needs their sums)
             if keys.numel() > self.cache_rows // 2:
                 for sl in self.cache.slices(keys.numel()):
-                    r = self._rows_of(keys[sl], True, True, shows[sl], clicks[sl])
+                    r = self._rows_of(keys[sl], True, True, (shows[sl], clicks[sl]))
                     self._push_rows(
                         r, grads[sl].contiguous(), shows[sl].contiguous(), clicks[sl].contiguous()
                     )
@@ -290,7 +281,7 @@ class SsdTable(TableTier):
                 return True
             self.cache.mark(rows, REF_PINNED)
             miss = rows < 0
-            rows[miss] = self._fill(keys[miss], True, True, shows[miss], clicks[miss])
+            rows[miss] = self._fill(keys[miss], True, True, (shows[miss], clicks[miss]))
             self._push_rows(rows, grads, shows, clicks)
             self.cache.unpin(rows)
             return True
