@@ -141,6 +141,24 @@ def healthy(url: str) -> bool:
         return False
 
 
+#: A saturated model's pass record as the trainer writes it (runner.py's record and its
+#: ``collapse_figures``): every row at 1.0, AUC 0.5.
+SATURATED_PASS: dict[str, Any] = {
+    "samples": 1500,
+    "seconds": 0.5,
+    "predict_auc": 0.5,
+    "train_auc": 0.5,
+    "logloss": 20.1,
+    "predicted_ctr": 1.0,
+    "actual_ctr": 0.26,
+    "predict_top_share": 1.0,
+    "predict_collapsed": True,
+    "train_top_share": 1.0,
+    "train_collapsed": True,
+    "predictions_collapsed": True,
+}
+
+
 def report_pass(redis_url: str, job_id: str, record: dict[str, Any]) -> str:
     """As a trainer would: takes the pass handed out and reports it done with ``record``;
     returns its key (``day/pass_id``)."""

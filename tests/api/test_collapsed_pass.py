@@ -5,27 +5,12 @@ pass sets it 0 with no event, and deleting the job drops it."""
 
 from __future__ import annotations
 
-from api_helpers import job_body, land_split, report_pass
+from api_helpers import SATURATED_PASS, job_body, land_split, report_pass
 from servers import parse_metrics, wait_for
 
 GAUGE = "streamrec_api_pass_predictions_collapsed"
 
-#: A saturated model's record (the issue's: every row at 1.0, AUC 0.5), its collapse figures
-#: as the trainer's ``collapse_figures`` writes them.
-SATURATED = {
-    "samples": 1500,
-    "seconds": 0.5,
-    "predict_auc": 0.5,
-    "train_auc": 0.5,
-    "logloss": 20.1,
-    "predicted_ctr": 1.0,
-    "actual_ctr": 0.26,
-    "predict_top_share": 1.0,
-    "predict_collapsed": True,
-    "train_top_share": 1.0,
-    "train_collapsed": True,
-    "predictions_collapsed": True,
-}
+SATURATED = SATURATED_PASS
 HEALTHY = {
     **SATURATED,
     "predict_auc": 0.71,

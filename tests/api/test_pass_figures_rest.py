@@ -6,25 +6,11 @@ trainer's) shows None."""
 
 from __future__ import annotations
 
-from api_helpers import job_body, land_split, report_pass
+from api_helpers import SATURATED_PASS, job_body, land_split, report_pass
 from servers import wait_for
 
-#: A stalled model's pass as the trainer writes it (runner.py's record, collapse_figures).
-STALLED = {
-    "samples": 1500,
-    "seconds": 0.5,
-    "predict_auc": 0.5,
-    "train_auc": 0.5,
-    "logloss": 20.1,
-    "predicted_ctr": 1.0,
-    "actual_ctr": 0.26,
-    "predict_top_share": 1.0,
-    "predict_collapsed": True,
-    "train_top_share": 0.995,
-    "train_collapsed": True,
-    "predictions_collapsed": True,
-    "batch_size": 32,
-}
+#: A stalled model's pass as the trainer writes it, with the training batch size.
+STALLED = {**SATURATED_PASS, "train_top_share": 0.995, "batch_size": 32}
 SHOWN = (
     "predict_top_share",
     "predict_collapsed",
