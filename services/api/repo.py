@@ -48,7 +48,6 @@ from streamrec.api.spec_checks import (
     SpecPolicy,
     check_spec,
     model_path_clash,
-    resolve_under,
     trainer_config,
 )
 from streamrec.api.state import (
@@ -115,25 +114,7 @@ class Repo:
     # ---- jobs -------------------------------------------------------------------------
     def create_job(self, spec: JobCreate) -> JobPublic:
         """Stores a new job in state ``created`` with its streams and consumer groups."""
-        check_spec(spec, self.policy)
-        data_dir = resolve_under(
-            "data.train_data_dir", spec.data.train_data_dir, self.policy.data_roots
-        )
-        model_root = resolve_under(
-            "checkpoint.model_save_path", spec.checkpoint.model_save_path, self.policy.model_roots
-        )
-        spec = spec.model_copy(deep=True)
-        spec.data.train_data_dir = str(data_dir)
-        spec.checkpoint.model_save_path = str(model_root)
-        sampling = spec.model.get("negative_sampling")
-        if isinstance(sampling, dict) and isinstance(sampling.get("table_path"), str):
-            sampling["table_path"] = str(
-                resolve_under(
-                    "model.negative_sampling.table_path",
-                    sampling["table_path"],
-                    self.policy.data_roots,
-                )
-            )
+        spec = check_spec(spec, self.policy)  # a copy, its paths resolved
         if spec.data.end_split == END_LANDED:  # stored as the split it is now: a fixed plan
             end = spec.data.landed_end()
             if end is None:

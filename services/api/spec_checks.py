@@ -294,9 +294,12 @@ def table_problems(spec: JobCreate) -> list[Problem]:
     return out
 
 
-def check_spec(spec: JobCreate, policy: SpecPolicy) -> None:
-    """Every check above; one :class:`SpecInvalid` listing all the problems found."""
+def check_spec(spec: JobCreate, policy: SpecPolicy) -> JobCreate:
+    """Every check above; one :class:`SpecInvalid` listing all the problems found. Returns a
+    copy of ``spec`` with its paths resolved as checked (links and ``..``): the paths are
+    resolved once, here, and the job stores what was checked."""
     problems: list[Problem] = []
+    resolved: dict[str, str] = {}
     for name, value, roots in (
         ("data.train_data_dir", spec.data.train_data_dir, policy.data_roots),
         ("checkpoint.model_save_path", spec.checkpoint.model_save_path, policy.model_roots),
@@ -309,7 +312,7 @@ def check_spec(spec: JobCreate, policy: SpecPolicy) -> None:
         if not isinstance(value, str):
             continue
         try:
-            resolve_under(name, value, roots)
+            resolved[name] = str(resolve_under(name, value, roots))
         except SpecInvalid as exc:
             problems.extend(exc.problems())
     problems += endpoint_problems(spec, policy)
@@ -317,6 +320,13 @@ def check_spec(spec: JobCreate, policy: SpecPolicy) -> None:
     problems += table_problems(spec)
     if problems:
         raise SpecInvalid(problems)
+    out = spec.model_copy(deep=True)
+    out.data.train_data_dir = resolved["data.train_data_dir"]
+    out.checkpoint.model_save_path = resolved["checkpoint.model_save_path"]
+    table_path = resolved.get("model.negative_sampling.table_path")
+    if table_path is not None:
+        out.model["negative_sampling"]["table_path"] = table_path
+    return out
 
 
 def model_path_clash(path: str, others: Mapping[str, str]) -> ModelPathTaken | None:

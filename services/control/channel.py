@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -23,8 +24,9 @@ from streamrec.control.commands import Command, CommandType
 from streamrec.control.records import JobField
 from streamrec.control.reports import Report, ReportKind, encode_report, report_from_data
 from streamrec.control.states import TERMINAL_STATES
+from streamrec.control.trainer_config import TrainerConfig
 from streamrec.control.work import WorkItem
-from streamrec.errors import NotFound
+from streamrec.errors import BadRequest, NotFound
 
 __all__ = [
     "TERMINAL_STATES",
@@ -82,16 +84,26 @@ class TrainerChannel:
             raise NotFound(f"job {self.job_id!r} not found")
         return fields
 
-    def trainer_config(self) -> dict[str, Any]:
-        """The trainer config the job implies (``streamrec.control.trainer_config.TrainerConfig``
-        shape), computed and validated by the API when the job was created."""
+    def trainer_config(self, runner_overrides: Mapping[str, Any] | None = None) -> TrainerConfig:
+        """The trainer config the job implies, computed and validated by the API when the job
+        was created, validated again here (Redis is not trusted more than a REST body);
+        ``runner_overrides`` (the agent's flags) are written over its runner section first."""
         raw = self.job().get("trainer_config")
         if not raw:
             raise NotFound(
                 f"job {self.job_id!r} has no trainer config (created by an older API): "
                 f"create it again"
             )
-        return json.loads(raw)
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise BadRequest(
+                f"job {self.job_id!r}: its trainer_config is not JSON: {exc}"
+            ) from None
+        if runner_overrides and isinstance(data, dict):
+            runner = data.get("runner")
+            data["runner"] = {**(runner if isinstance(runner, dict) else {}), **runner_overrides}
+        return TrainerConfig.parse(data, source=f"job {self.job_id}")
 
     def state(self) -> str:
         return self.job()[JobField.STATE]

@@ -162,12 +162,7 @@ class Agent:
     # ---- set-up ------------------------------------------------------------------------
     def config(self) -> TrainerConfig:
         """The job's trainer config (every rank reads it; only rank 0 takes work)."""
-        data = self.channel.trainer_config()
-        if self.runner_overrides:
-            runner = data.get("runner")
-            data = {**data, "runner": {**(runner if isinstance(runner, dict) else {})}}
-            data["runner"].update(self.runner_overrides)
-        config = TrainerConfig.parse(data, source=f"job {self.job_id}")
+        config = self.channel.trainer_config(self.runner_overrides)
         shards = self.guard.shards_now(config.store.endpoints, _shard_count)
         if shards is not None:
             log.warning(
