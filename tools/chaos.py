@@ -1,19 +1,24 @@
-"""Chaos run: kill -9 of the stack's services at random for as long as asked, then the verdict.
+"""Chaos run: kills and freezes of the stack's services at random for as long as asked, then
+the verdict.
 
 On a `streamrec up --keep-running` stack in ``--run-dir`` (one trainer group of 2 ranks, 2
 store shards) a job over REST, its data landing one split every ``--pass-seconds`` for
-``--minutes`` (the job cannot finish sooner), ``--checkpoint-per-pass``; meanwhile a kill -9
+``--minutes`` (the job cannot finish sooner), ``--checkpoint-per-pass``; meanwhile a fault
 of one of ``--kinds`` every ``--interval`` seconds (for ``--pass-done-share`` of them, after
 that, the instant the next ``pass_done`` report of a pass no checkpoint holds lands in
-Redis), each kind once first, in a seeded order. Then the same job without faults over the
-same data, and a summary: kills and recoveries per kind (kill -> the end of the first pass
-handed out after it), the longest time without a pass done, whether REST, ``passes.jsonl``
+Redis), each kind killed once first, in a seeded order. A fault is a kill -9, or for
+``--freeze-share`` of them a freeze (SIGSTOP, SIGCONT ``--freeze-seconds`` later); for
+``--double-share`` of them a second fault of another kind follows within a second. Then the
+same job without faults over the same data, and a summary: faults and recoveries per kind
+and way (the fault -> the end of the first pass handed out after it), the longest time
+without a pass done, whether REST, ``passes.jsonl``
 and the checkpoints agree pass by pass (every row in ``RUN/chaos-passes.txt``, the failing
 ones printed) and the mean predict AUC against the no-fault run. Exit code 0: the job
 succeeded and all agree; 1: not; 2: bad arguments.
 
     .venv/bin/python tools/chaos.py --minutes 5 --seed 7
     .venv/bin/python tools/chaos.py --minutes 30 --interval 20 60 --run-dir /tmp/chaos
+    .venv/bin/python tools/chaos.py --minutes 120 --freeze-share 0.5 --double-share 0.2
 
 The code is shared with ``tests/e2e/test_chaos.py`` (``tests/e2e/chaos_harness.py``,
 ``tests/e2e/chaos_checks.py``).
@@ -41,7 +46,7 @@ START_DAY = "20190720"  # `streamrec up`'s
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="chaos.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=5.0, help="how long the kills go on")
+    p.add_argument("--minutes", type=float, default=5.0, help="how long the faults go on")
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
     p.add_argument("--run-dir", type=Path, default=Path(".run/chaos"))
     p.add_argument(
@@ -50,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs=2,
         default=(20.0, 60.0),
         metavar=("MIN", "MAX"),
-        help="seconds between two kills (uniform)",
+        help="seconds between two faults (uniform)",
     )
     p.add_argument(
         "--kinds",
@@ -61,7 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--pass-done-share",
         type=float,
         default=0.4,
-        help="share of the kills made, after the interval, the instant a pass_done report lands",
+        help="share of the faults made, after the interval, the instant a pass_done report lands",
+    )
+    p.add_argument(
+        "--freeze-share", type=float, default=0.0, help="share of the faults that are freezes"
+    )
+    p.add_argument(
+        "--freeze-seconds",
+        type=float,
+        nargs=2,
+        default=(5.0, 60.0),
+        metavar=("MIN", "MAX"),
+        help="how long a freeze lasts (uniform)",
+    )
+    p.add_argument(
+        "--double-share",
+        type=float,
+        default=0.0,
+        help="share of the faults followed within a second by one of another kind",
     )
     p.add_argument("--checkpoint-per-pass", type=int, default=4)
     p.add_argument(
@@ -88,11 +110,17 @@ def check(args: argparse.Namespace) -> tuple[str, ...]:
     for flag in ("checkpoint_per_pass", "samples_per_split"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    lo, hi = args.interval
-    if not 0 <= lo <= hi:
-        raise ValueError(f"--interval must be 0 <= MIN <= MAX, got {lo} {hi}")
-    if not 0 <= args.pass_done_share <= 1:
-        raise ValueError(f"--pass-done-share must be in [0, 1], got {args.pass_done_share}")
+    for flag in ("interval", "freeze_seconds"):
+        lo, hi = getattr(args, flag)
+        if not 0 <= lo <= hi:
+            raise ValueError(f"--{flag.replace('_', '-')} must be 0 <= MIN <= MAX, got {lo} {hi}")
+    for flag in ("pass_done_share", "freeze_share", "double_share"):
+        if not 0 <= getattr(args, flag) <= 1:
+            raise ValueError(
+                f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}"
+            )
+    if args.double_share and len(kinds) < 2:
+        raise ValueError(f"--double-share needs two --kinds at least, got {args.kinds!r}")
     return kinds
 
 
@@ -116,14 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     days, end_day, end_split = job_end(passes)
     run = args.run_dir.resolve()
     print(
-        f"chaos: seed {seed}; {args.minutes:g} min of kills every {args.interval[0]:g}-"
+        f"chaos: seed {seed}; {args.minutes:g} min of faults every {args.interval[0]:g}-"
         f"{args.interval[1]:g}s of {', '.join(kinds)}; a job of {passes} passes (a split "
         f"lands every {args.pass_seconds:g}s), checkpoint_per_pass {args.checkpoint_per_pass}; "
         f"run directory {run}",
         flush=True,
     )
     schedule = Schedule(
-        seed, kinds, (args.interval[0], args.interval[1]), args.pass_done_share, False
+        seed,
+        kinds,
+        (args.interval[0], args.interval[1]),
+        args.pass_done_share,
+        freeze_share=args.freeze_share,
+        freeze_s=(args.freeze_seconds[0], args.freeze_seconds[1]),
+        double_share=args.double_share,
     )
     stack = Stack.up(
         run,
@@ -146,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         window = {"end_day": end_day, "end_split": end_split}
         job_id = stack.submit(template, "chaos", args.checkpoint_per_pass, **window)
         t0 = stack.job(job_id)["created_at"]
-        kills = run_chaos(
+        faults = run_chaos(
             stack, job_id, schedule, args.minutes * 60, say=lambda s: print(s, flush=True)
         )
-        print(f"kills over at t+{time.time() - t0:.0f}s; waiting for the job's end", flush=True)
+        print(f"faults over at t+{time.time() - t0:.0f}s; waiting for the job's end", flush=True)
         job = stack.wait_state(job_id, passes * args.pass_seconds + 1800)
         passes_rest, events = stack.passes(job_id), stack.events(job_id)
-        for line in summary(kills, job, events, t0):
+        for line in summary(faults, job, events, t0):
             print(line)
         baseline, base_auc = None, None
         if not args.no_baseline:

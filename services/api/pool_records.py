@@ -6,7 +6,6 @@ rules are :mod:`~streamrec.api.pool`'s.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,7 +44,9 @@ class PoolRecords:
 
     def assign(self, job_id: str, name: str) -> None:
         """Gives the job to group ``name``, with the job's standing and its event."""
-        a = pool.Assignment(job_id, uuid.uuid4().hex[:12])
+        # the token is the assignment's generation: it only grows, so a store shard can
+        # refuse the writes of a group that lost the job to a later one (store generations.py)
+        a = pool.Assignment(job_id, str(self.r.incr(keys.POOL_GENERATION)))
         with self.r.pipeline() as pipe:
             pipe.hset(keys.POOL_ASSIGNMENTS, name, a.encode())
             # last_group: kept when the job ends (and "group" is cleared), to say who ran it

@@ -45,6 +45,10 @@ RULE_ALIASES = {
 RULE_KINDS = {name: i for i, name in enumerate(RULE_NAMES)}
 
 TIERS = ("host", "ssd", "device")
+#: A table's row dtype (TableOptions.dtype) and its number in the C++ and CUDA cores
+#: (csrc/shared/row_layout.h RowDtype).
+RowDtype = Literal["fp32", "fp16", "bf16"]
+ROW_DTYPES: dict[str, int] = {"fp32": 0, "fp16": 1, "bf16": 2}
 #: What a store namespace may be called (a job's tables live in the namespace of its id;
 #: the trainer config's ``store.namespace``).
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -170,6 +174,15 @@ class TableOptions(StrictConfig):
     #: with probability min(1, score / admission_score), the score of the show/click it
     #: carries (so clicked keys get in first); refused keys read as zeros. None: off.
     admission_score: float | None = Field(None, gt=0.0)
+    #: How the rows hold their weights and optimizer state: ``fp32``, or ``fp16`` / ``bf16``
+    #: (16-bit values, two per 32-bit word: about half the bytes a row, in RAM, in the ssd
+    #: tier's file and cache). A push steps a compact row in float32 and rounds the result
+    #: stochastically (unbiased: many small updates are not lost); pulls, exports and
+    #: predict see float32. Tiers host and ssd store every dtype; tier device and the GPU
+    #: cache refuse fp16 and bf16.
+    #: fp16 and bf16 hold the state of the naive and AdaGrad rules; SparseAdamSGDRule's is
+    #: refused (its beta powers and second moment need float32).
+    dtype: RowDtype = "fp32"
     #: Rows allocated and mapped when the table is made (HierarchicalKV's init_capacity):
     #: a table expected to hold about this many rows then never copies itself to grow nor
     #: faults fresh pages while creating rows (first writes to fresh memory cost ~2 s/GiB on
@@ -197,6 +210,25 @@ class TableOptions(StrictConfig):
             raise ValueError(
                 f"table {self.name!r}: dim must be 1 + embedx_dim, got dim={self.dim}, "
                 f"embedx_dim={self.embedx_dim}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dtype_fits_rules(self) -> TableOptions:
+        # Adam's state does not survive 16 bits: its bias-correction powers start at beta1,
+        # beta2 (0.999 is 1.0 in bf16: no step at all) and its second moment (1 - beta2) g^2
+        # underflows fp16 for small gradients while the first moment does not (m / sqrt(v)
+        # explodes).
+        adam = [
+            part
+            for part, sgd in (("embed", self.embed_sgd_param), ("embedx", self.embedx_sgd_param))
+            if sgd.name == "SparseAdamSGDRule"
+        ]
+        if self.dtype != "fp32" and adam:
+            raise ValueError(
+                f"table {self.name!r}: dtype {self.dtype!r} cannot hold SparseAdamSGDRule's "
+                f"state ({', '.join(adam)}_sgd_param: its beta powers and second moment need "
+                "float32); use dtype 'fp32' or an AdaGrad rule"
             )
         return self
 

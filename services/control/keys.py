@@ -19,6 +19,7 @@
     streamrec:pool:groups                   set    names of the trainer groups that joined the pool
     streamrec:pool:group:<name>             string a pooled group's registration (JSON), with TTL
     streamrec:pool:assignments              hash   group name -> "<job id>:<token>" (its job)
+    streamrec:pool:generation               string the last assignment's token (INCR)
     streamrec:pool:drops                    list   deleted jobs' store namespaces to free (JSON)
 """
 
@@ -33,6 +34,9 @@ MODEL_PATHS = f"{PREFIX}:jobs:model_paths"
 SCHEDULER_LOCK = f"{PREFIX}:scheduler:lock"
 POOL_GROUPS = f"{PREFIX}:pool:groups"
 POOL_ASSIGNMENTS = f"{PREFIX}:pool:assignments"
+#: Counter of the pool's assignments: each assignment's token (its generation, which the
+#: store shards fence on) is the next value.
+POOL_GENERATION = f"{PREFIX}:pool:generation"
 POOL_DROPS = f"{PREFIX}:pool:drops"
 
 #: Consumer group of the trainers on a job's work and command streams.

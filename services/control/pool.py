@@ -10,7 +10,10 @@ the scheduler clears the assignment and the group waits for the next one. A grou
 failed, was stopped or could not start clears its registration's job at once; a registration
 that still names an ended job (:func:`ended_jobs`) counts as free all the same. The token changes
 with every assignment, so a group that finished a job never mistakes the same job started
-again for the one it finished (or the other way round).
+again for the one it finished (or the other way round). It is the assignment's generation,
+the next value of one counter (``keys.POOL_GENERATION``): the group's store requests carry it,
+and the shards refuse a group that lost its job to a later assignment (a group that froze
+and woke up after its job went elsewhere).
 
 Deleting a job frees its rows in the store: the API queues the job's store namespace
 (``keys.POOL_DROPS``) and the first idle group drops it on the shards (the groups hold the
@@ -54,6 +57,12 @@ class Assignment:
 
     job_id: str
     token: str
+
+    @property
+    def generation(self) -> int | None:
+        """The assignment's generation: its token, drawn from ``keys.POOL_GENERATION`` (only
+        grows over every assignment); None for a token that is not one (an older API's)."""
+        return int(self.token) if self.token.isdigit() and len(self.token) < 19 else None
 
     def encode(self) -> str:
         return f"{self.job_id}:{self.token}"

@@ -52,6 +52,10 @@ class StoreConfig(StoreFields):
     #: jobs share no rows; None: the shards' default namespace (their ``--tables``). The
     #: pattern is the store's own (``streamrec.store_schema.NAMESPACE_PATTERN``).
     namespace: str | None = Field(None, pattern=NAMESPACE_PATTERN)
+    #: The pooled trainer group's assignment generation (set by the group, never by a job):
+    #: sent with the namespace, so a group that lost the job to a newer assignment is refused
+    #: by the shards (``streamrec.embedding_store.service.generations``); None: not fenced.
+    generation: int | None = Field(None, ge=0, le=2**63 - 1, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -168,7 +172,9 @@ class OnlineConfig(StrictConfig):
     redis_url: str | None = None
     #: Prefix of every key written (the converter's key layout, see the trainer README).
     prefix: str = Field("streamrec:emb", min_length=1, max_length=200)
-    #: Which saves are published.
+    #: Which saves are published. A delta is taken only on the version it was saved after
+    #: (the previous base or delta): with "delta" alone, the deltas after the first
+    #: unpublished base are refused until a base is published (``export`` mode online).
     modes: list[OnlineSave] = Field(default_factory=lambda: list(get_args(OnlineSave)))
 
     @field_validator("redis_url")

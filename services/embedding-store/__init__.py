@@ -22,10 +22,17 @@ if os.environ.get("STREAMREC_SIMD", "") not in ("", "portable"):
     )
 
 from streamrec.embedding_store.dedup import unique_groups, unique_keys
-from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
+from streamrec.embedding_store.deletes import DeleteReason
+from streamrec.embedding_store.errors import (
+    ShardRestarted,
+    StaleGeneration,
+    UnknownNamespace,
+    VersionConflict,
+)
 from streamrec.embedding_store.module import PulledBatch, StoreEmbeddingBags
 from streamrec.embedding_store.persistence.converters import Converter, FileConverter
 from streamrec.embedding_store.persistence.redis_converter import RedisConverter
+from streamrec.embedding_store.persistence.versions import SaveVersion
 from streamrec.embedding_store.service.client import EmbeddingStoreClient
 from streamrec.embedding_store.service.local_shards import LocalShards
 from streamrec.embedding_store.service.shard_link import shard_count
@@ -42,6 +49,7 @@ from streamrec.store_schema import (
 
 __all__ = [
     "Converter",
+    "DeleteReason",
     "EmbeddingStore",
     "RedisConverter",
     "EmbeddingStoreClient",
@@ -49,14 +57,17 @@ __all__ = [
     "LocalShards",
     "NormalInitializer",
     "PulledBatch",
+    "SaveVersion",
     "SgdRuleParam",
     "ShardRestarted",
     "SparseStore",
+    "StaleGeneration",
     "StoreEmbeddingBags",
     "StoreOptions",
     "TableOptions",
     "UniformInitializer",
     "UnknownNamespace",
+    "VersionConflict",
     "ZerosInitializer",
     "shard_count",
     "unique_groups",

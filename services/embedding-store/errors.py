@@ -93,7 +93,24 @@ class UnknownNamespace(ShardRestarted):
     code = "unknown_namespace"
 
 
+class StaleGeneration(EmbeddingStoreError):
+    """A request of a trainer group's generation older than the newest its namespace has
+    seen: the group lost its job to a newer assignment, nothing was done
+    (:mod:`~streamrec.embedding_store.service.generations`)."""
+
+    code = "stale_generation"
+
+
 class TableConflict(BadRequest):
     """``create_tables`` named a table its namespace already holds with other options."""
 
     code = "table_conflict"
+
+
+class VersionConflict(CheckpointError):
+    """A delta refused because it does not apply on the version loaded or served: applied
+    twice, out of order, or after a base it does not follow. The message names the delta's
+    ``model_version`` and ``applies_on`` and the version held
+    (:mod:`~streamrec.embedding_store.persistence.versions`)."""
+
+    code = "version_conflict"

@@ -15,7 +15,12 @@ Semantics (PaddleRec's CtrCommonAccessor, docs/design-notes.md):
   the next push on). ``shows`` defaults to 1 per occurrence, ``clicks`` to 0.
 - ``advance_day`` adds one unseen day to every row; ``shrink`` decays show/click by
   ``show_click_decay_rate`` and deletes rows with score < ``delete_threshold`` or unseen
-  days > ``delete_after_unseen_days``.
+  days > ``delete_after_unseen_days``; ``erase`` deletes given keys. Every deleted key is
+  recorded until the next base or delta save, which carries it to serving
+  (:mod:`~streamrec.embedding_store.deletes`), and counted by reason (``stats()``).
+- ``model_version``: the last base or delta saved or loaded
+  (:mod:`~streamrec.embedding_store.persistence.versions`); a delta loads only on the version
+  it was saved after.
 
 Thread safety: each table has a reader-writer lock (:mod:`~streamrec.embedding_store.locks`);
 pulls of present keys share it, pushes, creation, shrink, save and load hold it alone. The
@@ -37,6 +42,7 @@ import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store import lookup as lookups
 from streamrec.embedding_store.dedup import unique_keys
+from streamrec.embedding_store.deletes import DeletedKeys, DeleteReason
 from streamrec.embedding_store.errors import (
     InvalidInput,
     StoreClosed,
@@ -125,6 +131,12 @@ class EmbeddingStore(BlockRows):
         self._tiers: dict[str, TableTier] = {}
         self._locks: dict[str, RWLock] = {}
         self._counts: dict[str, dict[str, int]] = {}
+        #: keys deleted since the last base/delta save, per table (deletes.py)
+        self._deleted: dict[str, DeletedKeys] = {}
+        #: rows deleted per table and reason (DeleteReason values), under _count_lock
+        self._deleted_rows: dict[str, dict[str, int]] = {}
+        #: the last base or delta saved or loaded (persistence/versions.py); 0: none
+        self.model_version = 0
         self._count_lock = threading.Lock()
         self._push_defaults = PushDefaults()  # the shows and clicks of a push sending none
         #: the block ops of device tables, per device (device_block.py)
@@ -163,6 +175,8 @@ class EmbeddingStore(BlockRows):
                 self._locks[t.name] = RWLock()
                 with self._count_lock:
                     self._counts[t.name] = {"pull_keys": 0, "push_keys": 0}
+                    self._deleted_rows[t.name] = {}
+                self._deleted[t.name] = DeletedKeys()
                 self._tables[t.name] = t
                 self._tiers[t.name] = made[t.name]
 
@@ -455,8 +469,36 @@ class EmbeddingStore(BlockRows):
         with self._admin:
             for name, tier in self._each_tier():
                 with self._locks[name].write():
-                    out[name] = tier.shrink()
+                    gone = tier.shrink()
+                    self._deleted[name].add(gone)
+                out[name] = int(gone.numel())
+                self.count_deleted(name, DeleteReason.SHRINK, out[name])
         return out
+
+    def erase(self, table: str, keys: Any) -> int:
+        """Deletes the rows of ``keys`` (n,) int64 (absent ones and repeats ignored), recorded
+        for the next delta as a shrink's deletes are; returns the rows deleted."""
+        tier = self.tier(table)
+        keys, _ = unique_keys(as_keys(keys))
+        with self._locks[table].write():
+            gone = tier.erase(keys)
+            self._deleted[table].add(gone)
+        self.count_deleted(table, DeleteReason.ERASE, int(gone.numel()))
+        return int(gone.numel())
+
+    def deleted_keys(self, table: str) -> DeletedKeys:
+        """The keys of ``table`` deleted since the last base or delta save; read or change
+        it only under :meth:`exclusive` (saves and loads do)."""
+        self.tier(table)
+        return self._deleted[table]
+
+    def count_deleted(self, table: str, reason: DeleteReason, rows: int) -> None:
+        """Counts ``rows`` deleted from ``table`` for ``reason`` (``stats()``,
+        ``rows_deleted_by_reason``)."""
+        if rows:
+            with self._count_lock:
+                by_reason = self._deleted_rows[table]
+                by_reason[reason.value] = by_reason.get(reason.value, 0) + rows
 
     def _each_tier(self) -> list[tuple[str, TableTier]]:
         if self._closed:
@@ -466,12 +508,14 @@ class EmbeddingStore(BlockRows):
     def stats(self) -> dict[str, Any]:
         """JSON-able statistics.
 
-        Keys: ``tier``, ``day``, ``rows`` (total), ``bytes`` (tier -> bytes allocated),
-        ``tables``: name -> {``rows``, ``bytes`` (tier -> bytes), ``rows_by_tier`` (tier ->
-        rows), ``rows_created``, ``rows_expanded``, ``rows_deleted``, ``rows_refused``
-        (admission), ``cache_hits``, ``cache_misses``, ``cache_hit_rate`` (ssd tier; the host
-        tier has no cache and reports 1.0), ``cache_rows_max`` (ssd), ``pull_keys``,
-        ``push_keys``}.
+        Keys: ``tier``, ``day``, ``model_version``, ``rows`` (total), ``bytes`` (tier ->
+        bytes allocated), ``tables``: name -> {``rows``, ``bytes`` (tier -> bytes),
+        ``rows_by_tier`` (tier -> rows), ``rows_created``, ``rows_expanded``,
+        ``rows_deleted`` (by shrink), ``rows_deleted_by_reason`` (reason -> rows,
+        :class:`DeleteReason` values: shrink, erase, delta_load), ``deletes_pending`` (keys
+        the next delta carries), ``rows_refused`` (admission), ``cache_hits``,
+        ``cache_misses``, ``cache_hit_rate`` (ssd tier; the host tier has no cache and
+        reports 1.0), ``cache_rows_max`` (ssd), ``pull_keys``, ``push_keys``}.
         """
         tables: dict[str, Any] = {}
         total_bytes: dict[str, int] = {}
@@ -479,8 +523,10 @@ class EmbeddingStore(BlockRows):
             with self._locks[name].read():
                 s = tier.stats()
             s = dict(s)
+            s["deletes_pending"] = len(self._deleted[name])
             with self._count_lock:
                 s.update(self._counts[name])
+                s["rows_deleted_by_reason"] = dict(self._deleted_rows[name])
             looked = s["cache_hits"] + s["cache_misses"]
             s["cache_hit_rate"] = (s["cache_hits"] / looked) if looked else 1.0
             s.setdefault("rows_by_tier", {self.options.tier: s["rows"]})
@@ -490,6 +536,7 @@ class EmbeddingStore(BlockRows):
         return {
             "tier": self.options.tier,
             "day": self._day,
+            "model_version": self.model_version,
             "rows": sum(t["rows"] for t in tables.values()),
             "bytes": total_bytes,
             "tables": tables,

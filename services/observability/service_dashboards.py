@@ -175,7 +175,28 @@ def embedding_store() -> dashboard.Dashboard:
                 (rate(f"{p}_rows_created_total", "table"), "created {{table}}"),
                 (rate(f"{p}_rows_refused_total", "table"), "refused {{table}}"),
             ],
-            "Rows deleted by shrink, created by first use, refused by admission, per second.",
+            "Rows deleted (every reason), created by first use, refused by admission, per second.",
+            min_value=0,
+        ),
+        series(
+            "Rows deleted by reason",
+            "ops",
+            [
+                (
+                    rate(f"{p}_rows_deleted_total", "table, reason"),
+                    "{{reason}} {{table}}",
+                ),
+            ],
+            "Rows deleted per second by table and reason: shrink (the day-end shrink), erase,"
+            " delta_load (a loaded delta's deletes), namespace_drop (a job's namespace"
+            " dropped). The next delta carries each deleted key to serving.",
+            min_value=0,
+        ),
+        series(
+            "Live rows per table",
+            "short",
+            [(f"sum by (table) ({p}_table_rows)", "{{table}}")],
+            "Rows each table holds now, every shard and tier together.",
             min_value=0,
         ),
         series(
@@ -202,7 +223,7 @@ def embedding_store() -> dashboard.Dashboard:
         "streamrec-embedding-store",
         "StreamRec / Embedding store",
         "Rows per table and tier, host and GPU memory, cache hit rate, pull/push latency and"
-        " keys/s, errors, shrink and checkpoints.",
+        " keys/s, errors, rows deleted by reason and live rows per table, and checkpoints.",
         False,
         panels,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from streamrec.control.reports import ErrorClass, Phase
 from streamrec.embedding_store import ShardRestarted
 from streamrec.errors import BadRequest, RpcTimeout, ServiceUnavailable, StreamRecError
@@ -48,6 +50,14 @@ class OnlinePublishError(TrainerError):
     was published; the message names the URL (password hidden) and the save, written."""
 
     code = "online_publish_failed"
+
+
+class ServingOutOfStep(OnlinePublishError):
+    """The serving Redis refused a delta: it does not hold the version the delta applies on
+    (the trainer went back to an older checkpoint, or a publish failed half-way). The
+    trainer publishes a base of the model as it is now instead (``online.publish_save``)."""
+
+    code = "serving_out_of_step"
 
 
 class GroupError(TrainerError):
@@ -112,6 +122,21 @@ STORE_LOST: tuple[type[BaseException], ...] = (ShardRestarted, LineageLost)
 #: Errors of an unreachable service (a shard or the sampler down or restarting, or a sampler
 #: that refuses the peer token: started by someone else).
 UNREACHABLE: tuple[type[BaseException], ...] = (RpcTimeout, ServiceUnavailable)
+#: errnos of a full disk or quota (the model directory's filesystem, or a shard's).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: The store's error code for a save into a full disk (``embedding_store.disk``).
+DISK_FULL_CODE = "no_space"
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full disk: the disk's state, not the pass's, so ``infra`` (a
+    restart with backoff and budget, no failed attempt): the job goes on once space is
+    freed instead of failing on its second full save."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return True
+    return getattr(exc, "code", None) == DISK_FULL_CODE
+
+
 #: The classes from the most to the least telling: a group's class is its failed ranks' first.
 PRECEDENCE = (ErrorClass.DATA, ErrorClass.STORE_LOST, ErrorClass.INFRA, ErrorClass.TRANSIENT)
 
@@ -124,7 +149,7 @@ def own_class(exc: BaseException) -> ErrorClass:
         return exc.error_class
     if isinstance(exc, STORE_LOST):
         return ErrorClass.STORE_LOST
-    if isinstance(exc, UNREACHABLE):
+    if isinstance(exc, UNREACHABLE) or disk_full(exc):
         return ErrorClass.INFRA
     return ErrorClass.TRANSIENT
 
@@ -138,7 +163,8 @@ def error_class(exc: BaseException) -> ErrorClass:
     """What kind of failure a pass had, for the control plane, from the types of ``exc``
     and its causes: ``data`` (the pass's own: ``data.on_bad_split``), ``store_lost`` (a
     shard lost the job's rows: the job goes back to a consistent start), ``infra`` (a shard
-    or the sampler unreachable: a restart with backoff, no failed attempt) or ``transient``
+    or the sampler unreachable, a full disk: a restart with backoff, no failed attempt) or
+    ``transient``
     (retried once from the checkpoint). Other ranks' failures arrive as a
     :class:`PassFailed` or :class:`GroupError` carrying their class."""
     found = []

@@ -518,6 +518,7 @@ class OnlineTrainer(ModelSaves):
             self.label,
             self.config.runner.feature_schema,
             lambda failure: self._together(spec, failure, files),
+            self.config.distributed.timeout_s,
         )
 
     def passes_todo(self) -> list[layout.PassSpec]:

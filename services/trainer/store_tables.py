@@ -84,7 +84,11 @@ def make_store(config: TrainerConfig, tables: list[TableOptions]) -> SparseStore
         from streamrec.embedding_store import EmbeddingStoreClient
 
         store = EmbeddingStoreClient(
-            sc.endpoints, tables, timeout_s=sc.timeout_s, namespace=sc.namespace
+            sc.endpoints,
+            tables,
+            timeout_s=sc.timeout_s,
+            namespace=sc.namespace,
+            generation=sc.generation,
         )
     else:
         from streamrec.embedding_store import EmbeddingStore

@@ -1,13 +1,15 @@
-"""Chaos on a real `streamrec up --keep-running` stack: kill -9 of every kind of service at
-seeded random moments while a job runs over REST, then the verdict of :mod:`chaos_checks`.
+"""Chaos on a real `streamrec up --keep-running` stack: kill -9 or freeze (SIGSTOP, then
+SIGCONT seconds later) of every kind of service at seeded random moments while a job runs
+over REST, alone or two faults within a second, then the verdict of :mod:`chaos_checks`.
 
-Shared by ``tests/e2e/test_chaos.py`` (bounded, a kill of each kind) and ``tools/chaos.py``
-(as long as asked). The stack's demo job is stopped and deleted at once (its model path,
+Shared by ``tests/e2e/test_chaos.py`` (bounded, a kill of each kind),
+``tests/e2e/test_chaos_freeze.py`` (a freeze of each kind and a double fault; both through
+:func:`run_and_judge`) and ``tools/chaos.py`` (as long as asked). The stack's demo job is stopped and deleted at once (its model path,
 ``RUN/models``, would hold every other job's); the chaos job is the demo's spec with its
 own model path and ``checkpoint_per_pass``; the no-fault job, the same spec again, runs
 after it on the same data (same seed) for the steps each pass adds and the AUC.
 
-Kinds and what a kill of each takes down (pids from ``RUN/stack.json``)::
+Kinds and what a fault of each takes down (pids from ``RUN/stack.json``)::
 
     trainer-rank    one rank of the job's torchrun group (torchrun restarts the group)
     trainer-group   the torchrun process and all its ranks (the launcher restarts it)
@@ -15,10 +17,16 @@ Kinds and what a kill of each takes down (pids from ``RUN/stack.json``)::
                     empty, starts the groups: the job goes back to its last checkpoint)
     redis, api, sampler   that process (restarted at the same address)
 
-Moments: a random delay in the interval after the previous kill (or its recovery), then for
-a share of the kills the instant the next ``pass_done`` report of a pass no checkpoint holds
+A freeze stops the same processes with SIGSTOP and continues them after its thaw delay (a
+timer; the run's end continues any still frozen): no socket closes and no process exits, the
+peers must notice the silence by their heartbeats and timeouts, and the thawed process must
+not write into what the rest did meanwhile.
+
+Moments: a random delay in the interval after the previous fault (or its recovery), then for
+a share of the faults the instant the next ``pass_done`` report of a pass no checkpoint holds
 lands on the job's report stream in Redis (the window where a group that dies has trained
-passes the last checkpoint lacks).
+passes the last checkpoint lacks). A double fault is a second fault of another kind within a
+second of the first.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import random
 import signal
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,26 +47,38 @@ from typing import Any
 
 import httpx
 import redis
+from chaos_checks import agreement, kept_records, mean_predict_auc, read_records
 from servers import wait_for
 from stack_helpers import STREAMREC, Output, child_pids, start_stack, stderr_log, trainer_rank
 from streamrec.control import keys, redis_io
 from streamrec.process import descendants, pid_alive, stop_process
 
-#: Every kind of service a chaos run kills.
+#: Every kind of service a chaos run faults.
 KINDS = ("trainer-rank", "trainer-group", "store", "redis", "api", "sampler")
 TRAINER_KINDS = ("trainer-rank", "trainer-group")
 TERMINAL = ("succeeded", "failed", "stopped")
 
 
+#: How a fault takes its victims down.
+HOWS = ("kill", "freeze")
+
+
 @dataclass
-class Kill:
-    """One kill -9: what, which pids, when (wall clock) and at which moment."""
+class Fault:
+    """One fault: what, which pids, how (kill -9, or a freeze thawed ``thaw_s`` later), when
+    (wall clock) and at which moment."""
 
     kind: str
     victim: str
     pids: list[int]
     at: float
     moment: str
+    how: str = "kill"
+    thaw_s: float = 0.0
+
+    def describe(self) -> str:
+        what = "kill -9" if self.how == "kill" else f"freeze {self.thaw_s:.0f}s"
+        return f"{what} {self.victim} (pids {self.pids}) after {self.moment}"
 
 
 class Stack:
@@ -228,7 +249,7 @@ def next_pass_done(
 
 # ---- kills --------------------------------------------------------------------------------
 def victims(stack: Stack, kind: str, index: int) -> tuple[str, list[int]] | None:
-    """The processes a kill of ``kind`` takes down now (None: not up, e.g. restarting);
+    """The processes a fault of ``kind`` takes down now (None: not up, e.g. restarting);
     ``index`` picks the rank or the shard."""
     try:
         pids = child_pids(stack.run)
@@ -251,30 +272,79 @@ def victims(stack: Stack, kind: str, index: int) -> tuple[str, list[int]] | None
     return (name, [pid]) if pid_alive(pid) else None
 
 
-def kill(stack: Stack, kind: str, rng: random.Random, moment: str) -> Kill:
-    """Kill -9 of ``kind`` (waiting, at most a minute, for one to be up)."""
-    index = rng.randrange(stack.ranks if kind == "trainer-rank" else stack.shards)
-    found = wait_for(lambda: victims(stack, kind, index), 60, 0.1, what=f"a {kind} to kill")
+class Thaws:
+    """The freezes' pending SIGCONTs (timers); :meth:`all_now` continues what is still frozen."""
+
+    def __init__(self) -> None:
+        self._timers: list[tuple[threading.Timer, list[int]]] = []
+
+    def later(self, pids: list[int], after_s: float) -> None:
+        timer = threading.Timer(after_s, _signal_all, (pids, signal.SIGCONT))
+        timer.daemon = True
+        timer.start()
+        self._timers.append((timer, pids))
+
+    def all_now(self) -> None:
+        for timer, pids in self._timers:
+            timer.cancel()
+            _signal_all(pids, signal.SIGCONT)
+        self._timers.clear()
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:  # torchrun first: it must not act on the ranks it sees stop or die
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def inject(stack: Stack, shot: Shot, rng: random.Random, moment: str, thaws: Thaws) -> Fault:
+    """The fault of ``shot`` (waiting, at most a minute, for a victim to be up)."""
+    index = rng.randrange(stack.ranks if shot.kind == "trainer-rank" else stack.shards)
+    found = wait_for(
+        lambda: victims(stack, shot.kind, index), 60, 0.1, what=f"a {shot.kind} to fault"
+    )
     name, pids = found
     at = time.time()
-    for pid in pids:  # torchrun first: it must not restart the ranks it sees die
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return Kill(kind, name, pids, at, moment)
+    if shot.how == "kill":
+        _signal_all(pids, signal.SIGKILL)
+    else:
+        _signal_all(pids, signal.SIGSTOP)
+        thaws.later(pids, shot.thaw_s)
+    return Fault(shot.kind, name, pids, at, moment, shot.how, shot.thaw_s)
+
+
+@dataclass
+class Shot:
+    """A planned fault: its kind, the delay before it, whether it waits for a ``pass_done``,
+    how, and for a double fault the second one (its delay under a second)."""
+
+    kind: str
+    delay: float
+    on_done: bool
+    how: str = "kill"
+    thaw_s: float = 0.0
+    partner: Shot | None = None
 
 
 @dataclass
 class Schedule:
-    """What to kill when: every kind of ``kinds`` once first (shuffled), then at random.
+    """What to fault when: every kind of ``kinds`` once per way of ``first`` (shuffled), then
+    ``doubles_first`` double faults, then at random.
 
     Args:
         seed: the random source of the kinds, victims, moments and delays.
-        kinds: the kinds to kill (each of KINDS).
-        interval: (min, max) seconds from the previous kill (or its recovery, with
+        kinds: the kinds to fault (each of KINDS).
+        interval: (min, max) seconds from the previous fault (or its recovery, with
             ``wait_recovery``) to the next.
-        pass_done_share: the share of kills made, after that, at the next ``pass_done``
+        pass_done_share: the share of faults made, after that, at the next ``pass_done``
             report (at least one trainer kill is, when a trainer kind is in ``kinds``).
-        wait_recovery: the next kill only once a pass handed out after this one is done.
+        wait_recovery: the next fault only once a pass handed out after this one is done.
+        freeze_share: the share of the random faults that are freezes (the rest kills).
+        freeze_s: (min, max) seconds a freeze lasts.
+        double_share: the share of the random faults followed, within a second, by a second
+            fault of another kind.
+        first: the ways (of HOWS) every kind is faulted once, in order, before the random ones.
+        doubles_first: double faults right after those.
     """
 
     seed: int
@@ -282,28 +352,61 @@ class Schedule:
     interval: tuple[float, float] = (2.0, 6.0)
     pass_done_share: float = 0.4
     wait_recovery: bool = False
+    freeze_share: float = 0.0
+    freeze_s: tuple[float, float] = (5.0, 60.0)
+    double_share: float = 0.0
+    first: tuple[str, ...] = ("kill",)
+    doubles_first: int = 0
 
     def __post_init__(self) -> None:
         bad = [k for k in self.kinds if k not in KINDS]
         if bad or not self.kinds:
             raise ValueError(f"kinds must be some of {KINDS}, got {list(self.kinds)}")
-        lo, hi = self.interval
-        if not 0 <= lo <= hi:
-            raise ValueError(f"interval must be 0 <= min <= max, got {self.interval}")
-        if not 0 <= self.pass_done_share <= 1:
-            raise ValueError(f"pass_done_share must be in [0, 1], got {self.pass_done_share}")
+        for name, (lo, hi) in (("interval", self.interval), ("freeze_s", self.freeze_s)):
+            if not 0 <= lo <= hi:
+                raise ValueError(f"{name} must be 0 <= min <= max, got {(lo, hi)}")
+        for name in ("pass_done_share", "freeze_share", "double_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if any(how not in HOWS for how in self.first):
+            raise ValueError(f"first must be ways of {HOWS}, got {list(self.first)}")
+        if self.doubles_first and len(self.kinds) < 2:
+            raise ValueError(f"a double fault needs two kinds, got {list(self.kinds)}")
 
-    def plan(self, rng: random.Random) -> Iterator[tuple[str, float, bool]]:
-        """(kind, delay in seconds, then at a pass_done report or not), for ever."""
-        first = list(self.kinds)
-        rng.shuffle(first)
-        trainers = [i for i, k in enumerate(first) if k in TRAINER_KINDS]
+    def _shot(self, rng: random.Random, kind: str, how: str, on_done: bool) -> Shot:
+        thaw = round(rng.uniform(*self.freeze_s), 1) if how == "freeze" else 0.0
+        return Shot(kind, round(rng.uniform(*self.interval), 2), on_done, how, thaw)
+
+    def _double(self, rng: random.Random, shot: Shot) -> Shot:
+        other = rng.choice([k for k in self.kinds if k != shot.kind])
+        how = "freeze" if rng.random() < self.freeze_share else "kill"
+        partner = self._shot(rng, other, how, False)
+        partner.delay = round(rng.uniform(0.0, 1.0), 2)
+        shot.partner = partner
+        return shot
+
+    def plan(self, rng: random.Random) -> Iterator[Shot]:
+        """The shots, for ever."""
+        first: list[tuple[str, str]] = []
+        for how in self.first:
+            round_ = list(self.kinds)
+            rng.shuffle(round_)
+            first += [(kind, how) for kind in round_]
+        trainers = [i for i, (k, h) in enumerate(first) if k in TRAINER_KINDS and h == "kill"]
         forced = rng.choice(trainers) if trainers else None
         n = 0
         while True:
-            kind = first[n] if n < len(first) else rng.choice(self.kinds)
             on_done = n == forced or rng.random() < self.pass_done_share
-            yield kind, round(rng.uniform(*self.interval), 2), on_done
+            if n < len(first):
+                yield self._shot(rng, *first[n], on_done)
+            else:
+                kind = rng.choice(self.kinds)
+                how = "freeze" if rng.random() < self.freeze_share else "kill"
+                shot = self._shot(rng, kind, how, on_done)
+                doubles = n < len(first) + self.doubles_first
+                if doubles or rng.random() < self.double_share:
+                    shot = self._double(rng, shot)
+                yield shot
             n += 1
 
 
@@ -322,16 +425,18 @@ def run_chaos(
     job_id: str,
     schedule: Schedule,
     seconds: float,
-    min_kills: int = 0,
+    min_faults: int = 0,
     say: Callable[[str], None] = print,
-) -> list[Kill]:
-    """Kills by ``schedule`` while the job runs, for ``seconds`` (at least ``min_kills``
-    kills are tried before that ends it); returns the kills."""
+) -> list[Fault]:
+    """Faults by ``schedule`` while the job runs, for ``seconds`` (at least ``min_faults``
+    shots are tried before that ends it); returns the faults. Nothing is left frozen."""
     rng = random.Random(schedule.seed)
     cpp = int(stack.job(job_id)["spec"]["checkpoint"].get("checkpoint_per_pass") or 1)
     r = stack.redis()
     t0 = time.time()
-    kills: list[Kill] = []
+    faults: list[Fault] = []
+    shots = 0
+    thaws = Thaws()
     state = {"ended": False, "checked": 0.0}
 
     def ended() -> bool:
@@ -341,35 +446,97 @@ def run_chaos(
         return bool(state["ended"])
 
     def over() -> bool:
-        return ended() or (len(kills) >= min_kills and time.time() - t0 > seconds)
+        return ended() or (shots >= min_faults and time.time() - t0 > seconds)
+
+    def fire(shot: Shot, moment: str) -> Fault:
+        f = inject(stack, shot, rng, moment, thaws)
+        faults.append(f)
+        say(f"  t+{f.at - t0:6.1f}s {f.describe()}")
+        return f
 
     try:
-        for kind, delay, on_done in schedule.plan(rng):
-            at = time.monotonic() + delay
-            wait_for(lambda at=at: time.monotonic() >= at or over(), delay + 120, 0.05)
+        for shot in schedule.plan(rng):
+            at = time.monotonic() + shot.delay
+            wait_for(lambda at=at: time.monotonic() >= at or over(), shot.delay + 120, 0.05)
             if over():
                 break
-            moment = f"{delay:.1f}s"
-            if on_done:
+            moment = f"{shot.delay:.1f}s"
+            if shot.on_done:
                 # then a pass_done of a pass no checkpoint holds (pass_id % cpp != 0)
                 got = next_pass_done(r, job_id, lambda pid: pid % cpp != 0, over)
                 if got is None:
                     break
                 moment += f", at pass_done {got}"
-            k = kill(stack, kind, rng, moment)
-            kills.append(k)
-            say(f"  t+{k.at - t0:6.1f}s kill -9 {k.victim} (pids {k.pids}) after {k.moment}")
-            if schedule.wait_recovery:
+            f = fire(shot, moment)
+            if shot.partner is not None:
+                time.sleep(shot.partner.delay)
+                fire(shot.partner, f"{shot.partner.delay:.2f}s after {f.kind}")
+            shots += 1
+            if schedule.wait_recovery:  # a pass handed out after the last thaw, done
+                since = max(x.at + x.thaw_s for x in faults[-(2 if shot.partner else 1) :])
                 wait_for(
-                    lambda k=k: done_after(stack, job_id, k.at) or ended(),
-                    240,
+                    lambda since=since: done_after(stack, job_id, since) or ended(),
+                    240 + since - time.time(),
                     0.3,
-                    what=f"a pass done after the kill of {k.victim}",
+                    what=f"a pass done after the {f.describe()}",
                     detail=stack.detail,
                 )
     finally:
+        thaws.all_now()
         r.close()
-    return kills
+    return faults
+
+
+# ---- the suite's run ---------------------------------------------------------------------
+#: The suite's chaos job checkpoints every 3 passes (tests/e2e/test_chaos*.py).
+SUITE_CHECKPOINT_PER_PASS = 3
+
+
+def run_and_judge(
+    tmp_path: Path, schedule: Schedule, min_faults: int, split_interval: int
+) -> list[Fault]:
+    """The suite's chaos run: the chaos job (``checkpoint_per_pass`` 3, a pass per
+    ``split_interval`` minutes of a day) under ``schedule`` on a fresh stack, then the no-fault
+    job over the same data and the verdict of :mod:`chaos_checks` (asserted); returns the
+    faults made."""
+    stack = Stack.up(
+        tmp_path / "run",
+        "--trainers",
+        "2",
+        "--store-shards",
+        "2",
+        "--max-restarts",
+        "50",
+        "--timeout-s",
+        "600",
+        split_interval=split_interval,
+        samples=300,
+    )
+    try:
+        template = stack.drop_demo()
+        job_id = stack.submit(template, "chaos", SUITE_CHECKPOINT_PER_PASS)
+        wait_for(lambda: done_after(stack, job_id, 0), 90, 0.3, what="a first pass done")
+        t0 = stack.job(job_id)["created_at"]
+        faults = run_chaos(stack, job_id, schedule, seconds=0, min_faults=min_faults)
+        job = stack.wait_state(job_id, 150)
+        passes, events = stack.passes(job_id), stack.events(job_id)
+        for line in summary(faults, job, events, t0):
+            print(line)
+        # the same data without faults: the steps each pass adds, the AUC
+        base_id = stack.submit(template, "nofault", SUITE_CHECKPOINT_PER_PASS)
+        base = stack.wait_state(base_id, 120)
+        assert base["state"] == "succeeded", base
+        baseline = kept_records(read_records(stack.model_path(base)))
+        verdict = agreement(job, passes, events, stack.model_path(job), baseline)
+        for line in verdict.report(every_row=True):
+            print(line)
+        chaos_auc, base_auc = mean_predict_auc(passes), mean_predict_auc(stack.passes(base_id))
+        print(f"mean predict AUC: chaos {chaos_auc}, no faults {base_auc}")
+        assert job["state"] == "succeeded", job
+        assert verdict.ok, "\n".join(verdict.report())
+        return faults
+    finally:
+        stack.down()
 
 
 # ---- what the events say ------------------------------------------------------------------
@@ -390,7 +557,8 @@ def pass_events(
 
 
 def recovery_s(kill_at: float, events: list[dict[str, Any]]) -> float | None:
-    """Kill -> the end of the first pass handed out after it (a whole pass included)."""
+    """A fault's start -> the end of the first pass handed out after it (a whole pass
+    included)."""
     handed, done = pass_events(events)
     for ts, key in done:
         if ts <= kill_at:
@@ -410,29 +578,35 @@ def longest_gap(events: list[dict[str, Any]], start: float) -> tuple[float, floa
 
 
 def summary(
-    kills: list[Kill],
+    faults: list[Fault],
     job: dict[str, Any],
     events: list[dict[str, Any]],
     t0: float,
 ) -> list[str]:
-    """Kills and recoveries per kind, the longest gap without a pass done, the rollbacks."""
-    lines = [f"kills: {len(kills)} in {(max((k.at for k in kills), default=t0) - t0):.0f}s"]
+    """Faults and recoveries (from the fault's start) per kind and way, the double faults, the
+    longest gap without a pass done, the rollbacks."""
+    end = max((f.at for f in faults), default=t0)
+    doubles = sum(1 for a, b in zip(faults, faults[1:], strict=False) if 0 <= b.at - a.at < 1.0)
+    lines = [f"faults: {len(faults)} in {end - t0:.0f}s ({doubles} within a second of another)"]
     for kind in KINDS:
-        mine = [k for k in kills if k.kind == kind]
-        if not mine:
-            continue
-        rec = [recovery_s(k.at, events) for k in mine]
-        got = [s for s in rec if s is not None]
-        figures = (
-            f"recovery min {min(got):.1f}s median {statistics.median(got):.1f}s max {max(got):.1f}s"
-            if got
-            else "no recovery seen"
-        )
-        lost = len(rec) - len(got)
-        lines.append(
-            f"  {kind:<14} {len(mine):>3} kill(s) ({sum('pass_done' in k.moment for k in mine)} at "
-            f"pass_done)  {figures}" + (f"  ({lost} without a pass done after)" if lost else "")
-        )
+        for how in HOWS:
+            mine = [f for f in faults if f.kind == kind and f.how == how]
+            if not mine:
+                continue
+            rec = [recovery_s(f.at, events) for f in mine]
+            got = [s for s in rec if s is not None]
+            figures = (
+                f"recovery min {min(got):.1f}s median {statistics.median(got):.1f}s "
+                f"max {max(got):.1f}s"
+                if got
+                else "no recovery seen"
+            )
+            lost = len(rec) - len(got)
+            at_done = sum("pass_done" in f.moment for f in mine)
+            lines.append(
+                f"  {kind:<14} {how:<6} {len(mine):>3} ({at_done} at pass_done)  {figures}"
+                + (f"  ({lost} without a pass done after)" if lost else "")
+            )
     gap, at = longest_gap(events, t0)
     lines.append(f"longest gap without a pass done: {gap:.1f}s (from t+{at - t0:.1f}s)")
     rolled = [e for e in events if e["type"] == "rollback"]

@@ -84,6 +84,8 @@ def test_checkpoint_round_trip_restores_rows_state_and_day(tmp_path) -> None:
         "user.rows.npy",
         "item.keys.npy",
         "item.rows.npy",
+        "user.deleted.npy",  # the keys deleted since the last base/delta: none yet
+        "item.deleted.npy",
     }
     assert read_manifest(tmp_path / "ck") == manifest
     other = EmbeddingStore(TABLES)

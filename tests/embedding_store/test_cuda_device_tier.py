@@ -111,7 +111,8 @@ def test_day_shrink_export_and_dirty_marks_match_the_host_tier(device: str) -> N
     assert torch.equal(
         host.export(SELECT_DELTA)[0].sort().values, table.export(SELECT_DELTA)[0].sort().values
     )
-    assert table.shrink() == host.shrink() > 0
+    gone = table.shrink()  # the keys deleted: the same rows as the host tier's
+    assert torch.equal(gone.sort().values, host.shrink().sort().values) and gone.numel() > 0
     same_contents(host, table)
     # after compaction the index finds every kept key
     torch.testing.assert_close(table.pull(fresh, False), host.pull(fresh, False), **TOL)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamrec.control.reports import ErrorClass
 from streamrec.embedding_store import ShardRestarted, UnknownNamespace
-from streamrec.errors import RpcTimeout, ServiceUnavailable
+from streamrec.errors import RemoteError, RpcTimeout, ServiceUnavailable
 from streamrec.layout import PassSpec
 from streamrec.sampler.errors import SamplerRefused, SamplerUnavailable
 from streamrec.trainer.errors import (
@@ -36,7 +36,11 @@ SPEC = PassSpec("20190720", 1, ("0000", "0005"))
         (SamplerRefused("their token"), ErrorClass.INFRA),
         (PassFailed("p", ErrorClass.DATA, ("0000",)), ErrorClass.DATA),
         (GroupError("rank 1: ...", ErrorClass.INFRA), ErrorClass.INFRA),
-        (OSError(28, "No space left on device"), ErrorClass.TRANSIENT),
+        # a full disk is the disk's state: a restart with backoff, not a failed attempt
+        (OSError(28, "No space left on device"), ErrorClass.INFRA),
+        (OSError(122, "Disk quota exceeded"), ErrorClass.INFRA),
+        (RemoteError("no_space", "shard 0: no space left"), ErrorClass.INFRA),
+        (OSError(5, "Input/output error"), ErrorClass.TRANSIENT),
         # a message that quotes a type name is only text
         (RuntimeError("ShardRestarted: RpcTimeout: quoted"), ErrorClass.TRANSIENT),
         (GroupError("rank 1: ShardRestarted: quoted"), ErrorClass.TRANSIENT),

@@ -122,6 +122,43 @@ def test_a_sampler_killed_mid_pass_is_ridden_out_every_pass_done_once(stream, tm
 
 
 @pytest.mark.timeout(120)
+def test_a_sampler_gone_longer_than_the_group_can_wait_fails_the_pass_naming_it_in_time(
+    stream, tmp_path, short_dir
+):
+    """A rank waits for its sampler within the group's collective timeout (the other ranks
+    wait for it in the step's all-reduce): a sampler still gone then fails the pass as an
+    infrastructure failure naming the sampler, before a collective could time out and fail
+    it as a lost peer."""
+    endpoint = f"ipc://{short_dir}/sampler.sock"
+    cfg, _ = negatives_config(stream, tmp_path, endpoint, train_batch_size=16)
+    cfg = cfg.model_copy(
+        update={"distributed": cfg.distributed.model_copy(update={"timeout_s": 5.0})}
+    )
+    server = start_sampler(short_dir)
+    t = OnlineTrainer(cfg)
+    killed_at: list[float] = []
+
+    def operator() -> None:
+        wait_for(lambda: t.step >= 5, 120, 0.01, what="step 5")
+        os.kill(server.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    thread = threading.Thread(target=operator, daemon=True)
+    try:
+        thread.start()
+        with pytest.raises(PassFailed) as err:
+            t.run_pass(t.passes_todo()[0])
+        failed_after = time.monotonic() - killed_at[0]
+        assert error_class(err.value) == "infra", err.value
+        assert endpoint in str(err.value) and "reconnect_timeout_s=4s" in str(err.value)
+        assert 3.5 < failed_after < cfg.distributed.timeout_s, failed_after
+    finally:
+        thread.join(timeout=30)
+        t.close()
+        stop_process(server)
+
+
+@pytest.mark.timeout(120)
 def test_a_sampler_refusing_the_token_fails_the_pass_as_infrastructure_naming_it(
     stream, tmp_path, short_dir
 ):

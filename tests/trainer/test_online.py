@@ -119,3 +119,78 @@ def test_a_sharded_store_is_published_partition_by_partition(stream, tmp_path, r
                 for p in parts:
                     p.redis.close()
             assert t.last_online["rows"] == total
+
+
+def test_a_delta_publishes_the_stores_deletes_and_a_replay_is_refused(tmp_path, redis_url):
+    """Rows a shrink deleted leave the serving Redis with the next delta; the same delta
+    published again is refused, naming both versions."""
+    from streamrec.embedding_store import EmbeddingStore, TableOptions
+    from streamrec.trainer.errors import OnlinePublishError
+    from streamrec.trainer.model.online import publish_dir
+
+    options = TableOptions(
+        name="user",
+        dim=4,
+        embedx_threshold=0,
+        base_threshold=0,
+        delta_threshold=0,
+        delta_keep_days=1000,
+        delete_threshold=0,
+        delete_after_unseen_days=1,
+    )
+    store = EmbeddingStore([options])
+    keys = np.arange(50, dtype=np.int64)
+    store.push("user", keys, np.ones((50, 4), np.float32))
+    store.save(str(tmp_path / "base" / "sparse"), "base")
+    prefix = "t-deletes"
+    publish_dir(redis_url, prefix, tmp_path / "base", ["user"], "base", "d/base", {})
+    assert len(served(redis_url, prefix, "user")) == 50
+    store.advance_day()
+    store.advance_day()
+    store.push("user", keys[:20], np.ones((20, 4), np.float32))
+    assert store.shrink() == {"user": 30}
+    store.save(str(tmp_path / "delta" / "sparse"), "delta")
+    out = publish_dir(redis_url, prefix, tmp_path / "delta", ["user"], "delta", "d/delta_1", {})
+    assert out["model_version"] == 2
+    rows = served(redis_url, prefix, "user")
+    assert sorted(rows) == list(range(20))  # the 30 deleted keys are gone from serving
+    want = store.pull("user", keys[:20], create=False).numpy()
+    np.testing.assert_array_equal(np.stack([rows[k] for k in range(20)]), want)
+    with pytest.raises(OnlinePublishError, match="VersionConflict.*already applied"):
+        publish_dir(redis_url, prefix, tmp_path / "delta", ["user"], "delta", "d/delta_1", {})
+
+
+def test_a_delta_serving_refuses_after_a_rollback_is_published_as_a_base(
+    stream, tmp_path, redis_url
+):
+    """The trainer goes back to an older checkpoint (a group restart): its next delta does
+    not apply on what serving holds (a later version). The pass does not fail: a base of the
+    model as it is now is written and published instead, and serving holds the store's rows."""
+    prefix = "t-rollback"
+    cfg = small_config(
+        stream,
+        tmp_path / "model",
+        end_day="20190720",
+        save_delta_frequency=1,
+        checkpoint_per_pass=1,
+    )
+    cfg = cfg.model_copy(
+        update={"online": cfg.online.model_copy(update={"redis_url": redis_url, "prefix": prefix})}
+    )
+    with OnlineTrainer(cfg) as t:
+        t.run()  # delta_1, then the day's base: serving holds the base's version
+        conv = RedisConverter(redis_url, prefix)
+        served_before = conv.served_model_version(cfg.table_names[0])
+        t.load_checkpoint("20190720", 1)  # back to pass 1: an older model_version
+        out = t.save_model("delta", "20190720", 2)
+        assert out == tmp_path / "model" / "20190720" / "delta_2"
+        assert t.last_online is not None and t.last_online["mode"] == "base"
+        assert t.last_online["tag"] == "20190720/base"
+        assert conv.served_model_version(cfg.table_names[0]) > served_before
+        for table in cfg.table_names:
+            rows = served(redis_url, prefix, table)
+            keys = np.array(sorted(rows), dtype=np.int64)
+            np.testing.assert_array_equal(
+                np.stack([rows[k] for k in keys]), t.store.pull(table, keys, create=False).numpy()
+            )
+        conv.redis.close()

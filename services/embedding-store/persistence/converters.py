@@ -9,6 +9,11 @@ File format (one pair per table and tag, numpy ``.npy`` v1, read with
 
     <root>/<table>.<tag>.keys.npy     (n,) int64      feature ids (uint64 bit pattern kept)
     <root>/<table>.<tag>.values.npy   (n, dim) float32 weights: column 0 embed, 1.. embedx
+    <root>/<table>.<tag>.deleted.npy  (d,) int64      a delta's: keys deleted since the
+                                                      previous base or delta (deletes.py)
+
+A delta's rows are set and its deleted keys removed; the two sets are disjoint (a key
+deleted and made again since is written, not deleted).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 from streamrec.embedding_store.disk import pread_into
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
+from streamrec.embedding_store.persistence.versions import SaveVersion
 from streamrec.save_modes import SaveMode
 
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -34,7 +40,14 @@ class Converter(ABC):
 
     @abstractmethod
     def write_rows(
-        self, table: str, keys: np.ndarray, values: np.ndarray, mode: SaveMode, tag: str
+        self,
+        table: str,
+        keys: np.ndarray,
+        values: np.ndarray,
+        mode: SaveMode,
+        tag: str,
+        deleted: np.ndarray | None = None,
+        version: SaveVersion | None = None,
     ) -> None:
         """Stores rows.
 
@@ -45,15 +58,43 @@ class Converter(ABC):
             mode: base or delta (a base replaces what the table had under earlier tags;
                 a delta adds to it).
             tag: names this save (e.g. "base", "delta_3").
+            deleted: a delta's: (d,) int64 keys deleted since the previous base or delta,
+                none of them in ``keys`` (None: none); a base carries none.
+            version: the save's version (None: unversioned, nothing checked).
         """
 
     @abstractmethod
     def read_rows(self, table: str, tag: str) -> tuple[np.ndarray, np.ndarray]:
         """The rows written under ``tag``: keys (n,) int64 and values (n, dim) float32."""
 
+    def read_deleted(self, table: str, tag: str) -> np.ndarray:
+        """The keys (d,) int64 a delta written under ``tag`` deleted; none by default (a
+        converter that keeps only the current state has applied them already)."""
+        return np.zeros(0, dtype=np.int64)
+
     def describe(self) -> str:
         """One line for the manifest."""
         return type(self).__name__
+
+
+def check_deleted(
+    table: str, mode: SaveMode, deleted: np.ndarray | None, keys: np.ndarray
+) -> np.ndarray:
+    """``deleted`` as (d,) int64 (None: none). Raises InvalidInput unless it is (d,) int64,
+    empty for a base, and disjoint from the rows' ``keys`` (n,) int64."""
+    if deleted is None:
+        return np.zeros(0, dtype=np.int64)
+    if not isinstance(deleted, np.ndarray) or deleted.dtype != np.int64 or deleted.ndim != 1:
+        got = f"{deleted.dtype} {deleted.shape}" if isinstance(deleted, np.ndarray) else deleted
+        raise InvalidInput(f"table {table!r}: deleted must be (d,) int64 keys, got {got}")
+    if deleted.size and mode != SaveMode.DELTA:
+        raise InvalidInput(
+            f"table {table!r}: a {mode} save carries no deleted keys (got {deleted.size}): a "
+            f"base replaces what serving holds, only a delta deletes"
+        )
+    if deleted.size and np.isin(deleted, keys).any():
+        raise InvalidInput(f"table {table!r}: keys both written and deleted by one delta")
+    return deleted
 
 
 def check_rows(table: str, keys: np.ndarray, values: np.ndarray) -> None:
@@ -85,6 +126,19 @@ def load_npy(path: Path) -> np.ndarray:
         raise CheckpointError(f"missing file {path}") from exc
     except (ValueError, OSError, EOFError) as exc:
         raise CheckpointError(f"{path}: not a readable .npy file: {exc}") from exc
+
+
+def load_deleted(path: Path) -> np.ndarray:
+    """Deleted keys (d,) int64 saved by :func:`save_npy` at ``path``; none when there is no
+    such file (saves made before deletes were recorded)."""
+    if not path.exists():
+        return np.zeros(0, dtype=np.int64)
+    keys = load_npy(path)
+    if keys.dtype != np.int64 or keys.ndim != 1:
+        raise CheckpointError(
+            f"{path}: deleted keys must be (d,) int64, got {keys.dtype} {keys.shape}"
+        )
+    return keys
 
 
 class NpyWriter:
@@ -196,14 +250,33 @@ class FileConverter(Converter):
             raise InvalidInput(f"tag must match {_TAG.pattern}, got {tag!r}")
         return self.root / f"{table}.{tag}.keys.npy", self.root / f"{table}.{tag}.values.npy"
 
+    def deleted_path(self, table: str, tag: str) -> Path:
+        """The .npy file of the keys a delta of ``table`` saved as ``tag`` deleted."""
+        return self.paths(table, tag)[0].with_name(f"{table}.{tag}.deleted.npy")
+
     def write_rows(
-        self, table: str, keys: np.ndarray, values: np.ndarray, mode: SaveMode, tag: str
+        self,
+        table: str,
+        keys: np.ndarray,
+        values: np.ndarray,
+        mode: SaveMode,
+        tag: str,
+        deleted: np.ndarray | None = None,
+        version: SaveVersion | None = None,
     ) -> None:
         check_rows(table, keys, values)
+        deleted = check_deleted(table, mode, deleted, keys)
         kp, vp = self.paths(table, tag)
         self.root.mkdir(parents=True, exist_ok=True)
         save_npy(kp, keys)
         save_npy(vp, values)
+        if mode == SaveMode.DELTA:  # the version is the manifest's (save_load.py)
+            save_npy(self.deleted_path(table, tag), deleted)
+
+    def read_deleted(self, table: str, tag: str) -> np.ndarray:
+        """The keys a delta deleted; none for a save without the file (a base, or a delta
+        saved before deletes were carried)."""
+        return load_deleted(self.deleted_path(table, tag))
 
     def read_rows(self, table: str, tag: str) -> tuple[np.ndarray, np.ndarray]:
         kp, vp = self.paths(table, tag)

@@ -1,34 +1,49 @@
 """The manifests of a store's saves: what a save directory holds and the checks before a load.
 
 A save directory (:mod:`~streamrec.embedding_store.persistence.save_load` writes it) ends with
-``MANIFEST.json``: format, version, mode, day, tables (options, rows, dim, width), files
-(sha256, bytes), converter, extra. A shard service's save is one such directory per shard,
-``<path>/shard-K-of-N/``. Both the full load (checkpoint) and the resharding one (reshard)
-read a save through these: :func:`saved_parts` (the directories of one save),
-:func:`read_manifest` (one directory's manifest, every file's size and sha256 checked),
-:func:`check_one_save` (the parts are one save) and :func:`check_table` (a saved table fits
-the store's). None of them changes a store.
+``MANIFEST.json``: format, version, mode, day, ``model_version`` and ``applies_on``
+(:mod:`~streamrec.embedding_store.persistence.versions`), tables (options, rows, dim, width,
+deleted), files (sha256, bytes), converter, extra. A shard service's save is one such
+directory per shard, ``<path>/shard-K-of-N/``. Both the full load (checkpoint) and the
+resharding one (reshard) read a save through these: :func:`saved_parts` (the directories of
+one save), :func:`read_manifest` (one directory's manifest, every file's size and sha256
+checked), :func:`check_one_save` (the parts are one save) and :func:`check_table` (a saved
+table fits the store's). None of them changes a store.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
-from streamrec.save_modes import parse_save_mode
+from streamrec.embedding_store.persistence.versions import check_parts_agree, check_version_fields
+from streamrec.embedding_store.tiers import row_codec
+from streamrec.save_modes import FULL_MODES, parse_save_mode
+from streamrec.store_schema import ROW_DTYPES
 
 if TYPE_CHECKING:
+    import torch
     from streamrec.embedding_store.persistence.tables import TablesOnTiers
     from streamrec.embedding_store.tiers.table_tier import TableTier
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 FORMAT = "streamrec-embedding-store"
 VERSION = 1
+
+
+def deleted_file(table: str) -> str:
+    """The file of a checkpoint or batch save that holds ``table``'s keys deleted since the
+    store's last base or delta (:mod:`~streamrec.embedding_store.deletes`): loaded back, the
+    store's next delta still carries them."""
+    return f"{table}.deleted.npy"
 
 
 def shard_dir_name(shard_id: int, num_shards: int) -> str:
@@ -90,6 +105,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     tables = manifest.get("tables")
     if not isinstance(files, dict) or not isinstance(tables, dict):
         raise CheckpointError(f"{mpath}: files and tables must be mappings")
+    check_version_fields(path, manifest)
     for name, meta in files.items():
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
             raise CheckpointError(f"{mpath}: file name {name!r} is not a plain file name")
@@ -144,7 +160,8 @@ def saved_parts(path: str | os.PathLike[str]) -> list[Path]:
 
 def check_one_save(parts: list[Path], manifests: list[dict[str, Any]]) -> None:
     """Raises CheckpointError unless the verified ``parts`` of a save (their ``manifests``)
-    are one save: one mode, one set of tables."""
+    are one save: one mode, one set of tables, and for a base or delta one version
+    (:class:`~streamrec.embedding_store.errors.VersionConflict` otherwise)."""
     manifest = manifests[0]
     for part, other in zip(parts[1:], manifests[1:], strict=True):
         if other["mode"] != manifest["mode"] or set(other["tables"]) != set(manifest["tables"]):
@@ -153,6 +170,8 @@ def check_one_save(parts: list[Path], manifests: list[dict[str, Any]]) -> None:
                 f"{str(parts[0])!r} a {manifest['mode']} save of {sorted(manifest['tables'])}: "
                 f"not one save"
             )
+    if manifest["mode"] not in FULL_MODES:
+        check_parts_agree(parts, manifests)
 
 
 def check_table(store: TablesOnTiers, path: Path, name: str, meta: Any, full: bool) -> TableTier:
@@ -172,8 +191,57 @@ def check_table(store: TablesOnTiers, path: Path, name: str, meta: Any, full: bo
             f"{tier.dim} in this store"
         )
     if full:
-        _check_same_layout(path, name, meta, tier.options.model_dump(mode="json"), tier.width)
+        width = row_codec.row_width(saved_dtype(path, name, meta), tier.payload)
+        _check_same_layout(path, name, meta, tier.options.model_dump(mode="json"), width)
     return tier
+
+
+def saved_dtype(path: Path, name: str, meta: dict[str, Any]) -> str:
+    """The row dtype (``TableOptions.dtype``) table ``name`` of the save at ``path`` was saved
+    with (its manifest entry ``meta``; saves made before compact rows name none: fp32)."""
+    options = meta.get("options")
+    dtype = (options if isinstance(options, dict) else {}).get("dtype", "fp32")
+    if dtype not in ROW_DTYPES:
+        raise CheckpointError(
+            f"{str(path)!r}: table {name!r} was saved with dtype {dtype!r}, not one of "
+            f"{', '.join(ROW_DTYPES)}"
+        )
+    return dtype
+
+
+def check_rows_finite(
+    path: Path, name: str, meta: dict[str, Any], tier: TableTier, rows: torch.Tensor
+) -> None:
+    """Raises CheckpointError when full rows (m, saved width) float32 of table ``name`` hold
+    NaN or Inf: the header and the payload decoded from the dtype they were saved in."""
+    if not row_codec.finite(rows, saved_dtype(path, name, meta), tier.payload):
+        raise CheckpointError(f"{str(path)!r}: table {name!r} holds NaN or Inf")
+
+
+def rows_for_tier(
+    path: Path, name: str, meta: dict[str, Any], tier: TableTier, rows: torch.Tensor
+) -> torch.Tensor:
+    """Full rows (m, saved width) float32 of table ``name`` as rows of ``tier``'s dtype
+    (m, tier.width): as they are, or decoded and encoded to nearest where the save's dtype
+    differs (:func:`log_conversion` says so)."""
+    src = saved_dtype(path, name, meta)
+    if src == tier.options.dtype:
+        return rows
+    return row_codec.convert(rows, src, tier.options.dtype, tier.payload)
+
+
+def log_conversion(path: Path, name: str, meta: dict[str, Any], tier: TableTier) -> None:
+    """One log line when table ``name`` of the save at ``path`` loads into a table of
+    another dtype (its rows converted)."""
+    src = saved_dtype(path, name, meta)
+    if src != tier.options.dtype:
+        log.info(
+            "table %r: loading rows saved as %s into a table of dtype %s (converted) from %s",
+            name,
+            src,
+            tier.options.dtype,
+            path,
+        )
 
 
 def _check_same_layout(
@@ -192,4 +260,16 @@ def _check_same_layout(
     if meta.get("width") != width:
         raise CheckpointError(
             f"{str(path)!r}: table {name!r} rows have width {meta.get('width')!r}, expected {width}"
+        )
+
+
+def check_deleted_count(path: Path, name: str, meta: dict[str, Any], deleted: Any) -> None:
+    """Raises CheckpointError unless table ``name``'s deleted keys (d,) read from the save at
+    ``path`` are as many as its manifest entry ``meta`` says (saves made before deletes were
+    recorded say nothing: not checked)."""
+    want = meta.get("deleted")
+    if want is not None and want != deleted.shape[0]:
+        raise CheckpointError(
+            f"{str(path)!r}: table {name!r} has {deleted.shape[0]} deleted keys, the manifest "
+            f"says {want!r}"
         )

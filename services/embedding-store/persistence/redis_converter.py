@@ -6,13 +6,23 @@ only::
 
     {prefix}:{table}:rows:{K}-of-{N}    hash   field = key as decimal uint64 (the feasign)
                                                value = dim float32, little-endian (4*dim bytes)
-    {prefix}:{table}:meta:{K}-of-{N}    hash   dim, tag (last applied), base_tag, mode
+    {prefix}:{table}:meta:{K}-of-{N}    hash   dim, tag (last applied), base_tag, mode,
+                                               version (the model_version it holds)
     {prefix}:{table}:tags:{K}-of-{N}    set    tags applied since (and with) the last base
 
 - ``base`` replaces the partition atomically: rows go into a staging hash (with a TTL, so a
   crash leaves no garbage for long), then one MULTI/EXEC renames it over the live hash and
-  updates the meta. A reader sees the old base or the new one, never a mix.
-- ``delta`` updates rows on top (one MULTI/EXEC, so a reader never sees half a delta).
+  updates the meta. A reader sees the old base or the new one, never a mix. A base is
+  whole, so it is taken whatever version the partition holds (after a trainer restarted
+  from an older checkpoint, its next base is what brings serving back in step).
+- ``delta`` updates rows on top and deletes the keys it carries as deleted (HSETs, HDELs and
+  the meta in one MULTI/EXEC, so a reader never sees half a delta). A versioned delta
+  (:class:`~streamrec.embedding_store.persistence.versions.SaveVersion`) is checked in the
+  same transaction (WATCH on the meta key): unless its ``applies_on`` is the version the
+  partition holds (0 before any versioned save) it is refused with both versions named
+  (:class:`~streamrec.embedding_store.errors.VersionConflict`): a delta written twice, out
+  of order, or after a publish that failed half-way (serving then waits for the next base).
+  :meth:`served_model_version` reads the partition's version.
 - :meth:`read_rows` returns exactly what serving reads (every row of every partition): the
   last base with every delta written after it, whichever of their tags is asked for (Redis
   keeps only the current state); a tag never written since the last base is NotFound.
@@ -20,10 +30,12 @@ only::
 
 One key per prefix says which model is served, for readers to watch (poll ``seq`` or
 SUBSCRIBE to the channel of the same name); the trainer bumps it after every table of a
-base or delta is written (:meth:`RedisConverter.publish_version`)::
+base or delta is written (:meth:`RedisConverter.publish_version`; :meth:`served_version`
+reads it)::
 
     {prefix}:version                    hash   seq (1, 2, ...), tag, mode, day, pass_id,
-                                               tables, rows, unix; PUBLISHed as JSON too
+                                               model_version, tables, rows, unix; PUBLISHed
+                                               as JSON too
 
 ``checkpoint`` and ``batch`` saves are not serving models; they are refused here (use the
 file converter). The store calls :meth:`write_rows` once per table per save.
@@ -36,8 +48,10 @@ import uuid
 from typing import Any, cast
 
 import numpy as np
-from streamrec.embedding_store.errors import InvalidInput
-from streamrec.embedding_store.persistence.converters import Converter
+from redis.exceptions import WatchError
+from streamrec.embedding_store.errors import InvalidInput, VersionConflict
+from streamrec.embedding_store.persistence.converters import Converter, check_deleted
+from streamrec.embedding_store.persistence.versions import APPLIES_ON, MODEL_VERSION, SaveVersion
 from streamrec.errors import BadRequest, NotFound
 from streamrec.keyhash import shard_of
 from streamrec.save_modes import SERVING_MODES, SaveMode, parse_save_mode
@@ -126,7 +140,14 @@ class RedisConverter(Converter):
     # -- converter ---------------------------------------------------------------------
 
     def write_rows(
-        self, table: str, keys: np.ndarray, values: np.ndarray, mode: SaveMode, tag: str
+        self,
+        table: str,
+        keys: np.ndarray,
+        values: np.ndarray,
+        mode: SaveMode,
+        tag: str,
+        deleted: np.ndarray | None = None,
+        version: SaveVersion | None = None,
     ) -> None:
         """Publishes rows for serving.
 
@@ -136,6 +157,12 @@ class RedisConverter(Converter):
             values: (n, dim) float32.
             mode: base (replace the partition atomically) or delta (update on top).
             tag: names the model, e.g. "20190720/base" or "20190720/delta_3".
+            deleted: a delta's keys (d,) int64 to delete (HDEL, in the delta's transaction).
+            version: the save's version, kept in the meta; a delta is refused unless it
+                applies on the partition's (None: unversioned, not checked).
+
+        Raises:
+            VersionConflict: a delta that does not apply on the partition's version.
         """
         mode = parse_save_mode(mode, "mode", InvalidInput)
         if mode not in SERVING_MODES:
@@ -157,6 +184,9 @@ class RedisConverter(Converter):
             raise InvalidInput(f"values of table {table!r}: hold NaN or Inf; nothing was written")
         if np.unique(keys).size != keys.size:
             raise InvalidInput(f"keys of table {table!r}: duplicates; each key once per write")
+        gone = _encode_fields(
+            check_deleted(table, mode, None if deleted is None else np.asarray(deleted), keys)
+        )
         dim = int(values.shape[1])
         meta_key = self.key(table, "meta")
         old_dim = self.redis.hget(meta_key, "dim")
@@ -168,7 +198,9 @@ class RedisConverter(Converter):
         fields = _encode_fields(keys)
         rows = _encode_rows(values) if keys.size else []
         live = self.key(table, "rows")
-        meta = {"dim": dim, "tag": tag, "mode": mode}
+        meta: dict[str, str | int] = {"dim": dim, "tag": tag, "mode": mode}
+        if version is not None:
+            meta["version"] = version.number
         if mode == SaveMode.BASE:
             meta["base_tag"] = tag
             staging = f"{self.key(table, 'staging')}:{uuid.uuid4().hex}"
@@ -187,11 +219,51 @@ class RedisConverter(Converter):
             finally:
                 self.redis.delete(staging)
         else:
-            with self.redis.pipeline(transaction=True) as p:
-                self._queue_rows(p, live, fields, rows)
-                p.hset(meta_key, mapping=meta)
-                p.sadd(self.key(table, "tags"), tag)
-                p.execute()
+            self._write_delta(table, fields, rows, gone, meta, version)
+
+    def _write_delta(
+        self,
+        table: str,
+        fields: list[str],
+        rows: list[bytes],
+        gone: list[str],
+        meta: dict[str, str | int],
+        version: SaveVersion | None,
+    ) -> None:
+        """A delta's HSETs, HDELs and meta in one MULTI/EXEC; a versioned one only if the
+        partition still holds the version it applies on (WATCH on the meta key: a writer
+        that changed it meanwhile makes the check run again)."""
+        meta_key, live = self.key(table, "meta"), self.key(table, "rows")
+        with self.redis.pipeline(transaction=True) as p:
+            while True:
+                try:
+                    if version is not None:
+                        p.watch(meta_key)
+                        self._check_applies(table, version, p.hget(meta_key, "version"))
+                        p.multi()
+                    self._queue_rows(p, live, fields, rows)
+                    for i in range(0, len(gone), self.chunk_rows):
+                        p.hdel(live, *gone[i : i + self.chunk_rows])
+                    p.hset(meta_key, mapping=meta)
+                    p.sadd(self.key(table, "tags"), str(meta["tag"]))
+                    p.execute()
+                    return
+                except WatchError:
+                    continue
+
+    def _check_applies(self, table: str, version: SaveVersion, held: bytes | None) -> None:
+        """Raises VersionConflict unless the delta ``version`` applies on ``held``, the
+        partition's version (None: none versioned yet, 0)."""
+        served = 0 if held is None else int(held)
+        if version.applies_on == served:
+            return
+        why = "already applied" if version.number <= served else "out of order (one is missing)"
+        raise VersionConflict(
+            f"table {table!r} partition {self.shard_id}-of-{self.num_shards} under prefix "
+            f"{self.prefix!r}: delta {MODEL_VERSION}={version.number} has {APPLIES_ON}="
+            f"{version.applies_on}, the partition serves {MODEL_VERSION}={served}: {why}; "
+            f"nothing was written (publish a base to bring serving in step)"
+        )
 
     def _hset_chunks(
         self, key: str, fields: list[str], rows: list[bytes], transaction: bool, ttl: int | None
@@ -323,3 +395,11 @@ class RedisConverter(Converter):
         """The tag last applied to this converter's partition of ``table`` (None if none)."""
         tag = self.redis.hget(self.key(table, "meta"), "tag")
         return None if tag is None else tag.decode()
+
+    def served_model_version(self, table: str) -> int | None:
+        """The ``model_version`` this converter's partition of ``table`` holds: 0 for rows
+        written unversioned, None when nothing is served."""
+        meta = self.redis.hmget(self.key(table, "meta"), ["dim", "version"])
+        if meta[0] is None:
+            return None
+        return 0 if meta[1] is None else int(meta[1])

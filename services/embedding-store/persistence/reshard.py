@@ -18,8 +18,10 @@ mode and one set of tables, each table's dim, width and optimizers against this 
 key in the part of the shard that saved it (so the parts are disjoint), the rows kept finite,
 their number within the tier's capacity. The second imports the kept rows chunk by chunk
 under the table's write lock: checkpoint/batch replace the table's rows (and the day: the
-latest part's), base/delta set the weights of their keys over what the store holds (load the
-base, then each delta in order). Base/delta rows are read from the parts' files: a save sent
+latest part's; the deletes record: this shard's keys of it), base/delta set the weights of
+their keys over what the store holds (load the base, then each delta in order: a delta also
+removes this shard's keys of its deletes, and applies only on the store's version,
+:mod:`.versions`). Base/delta rows are read from the parts' files: a save sent
 to a serving Redis loads only into the shards that saved it.
 """
 
@@ -34,14 +36,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from streamrec.embedding_store.deletes import DeleteReason
 from streamrec.embedding_store.errors import CheckpointError, InvalidInput
-from streamrec.embedding_store.persistence.converters import Converter, FileConverter, NpyReader
+from streamrec.embedding_store.persistence.converters import (
+    Converter,
+    FileConverter,
+    NpyReader,
+    load_deleted,
+)
 from streamrec.embedding_store.persistence.manifests import (
+    check_deleted_count,
     check_one_save,
+    check_rows_finite,
     check_table,
+    deleted_file,
+    log_conversion,
     read_manifest,
+    rows_for_tier,
+    saved_dtype,
     saved_parts,
 )
+from streamrec.embedding_store.persistence.versions import SaveVersion, check_applies, held_version
+from streamrec.embedding_store.tiers import row_codec
 from streamrec.keyhash import shard_of
 from streamrec.save_modes import FULL_MODES
 
@@ -68,6 +84,14 @@ def _files(part: Path, name: str, mode: str) -> tuple[Path, Path]:
     if mode in FULL_MODES:
         return part / f"{name}.keys.npy", part / f"{name}.rows.npy"
     return FileConverter(part).paths(name, mode)
+
+
+def _deleted(part: Path, name: str, mode: str) -> np.ndarray:
+    """The deleted keys (d,) int64 of table ``name`` in ``part``: a checkpoint's record, a
+    delta's deletes (none for a base)."""
+    if mode in FULL_MODES:
+        return load_deleted(part / deleted_file(name))
+    return FileConverter(part).read_deleted(name, mode)
 
 
 def _chunks(
@@ -123,17 +147,29 @@ def load_resharded(
     check_one_save(parts, manifests)
     mode, saved = manifests[0]["mode"], len(parts)
     full = mode in FULL_MODES
+    check_applies(path, SaveVersion.of_manifest(manifests[0]), store.model_version)
     kept, read = _check_parts(store, parts, manifests, shard_id, num_shards)
     for name, rows in kept.items():
+        deleted = np.concatenate([_deleted(part, name, mode) for part in parts])
+        deleted_t = torch.from_numpy(deleted[shard_of(deleted, num_shards) == shard_id])
         with store.exclusive(name) as tier:
             if full:
                 tier.reset()
-            for part in parts:
+                store.deleted_keys(name).replace(deleted_t)
+            elif deleted_t.numel():
+                gone = tier.erase(torch.unique(deleted_t))
+                store.count_deleted(name, DeleteReason.DELTA_LOAD, int(gone.numel()))
+            for part, manifest in zip(parts, manifests, strict=True):
+                meta = manifest["tables"][name]
+                if full:
+                    log_conversion(part, name, meta, tier)
                 keys, values = (_mapped(f) for f in _files(part, name, mode))
                 for _start, k, mask, v in _chunks(keys, values, shard_id, num_shards):
                     if not mask.any():
                         continue
                     k_t, v_t = torch.from_numpy(k[mask]), torch.from_numpy(v)
+                    if full:
+                        v_t = rows_for_tier(part, name, meta, tier, v_t)
                     (tier.import_rows if full else tier.import_weights)(k_t, v_t)
                 del keys, values
             if full and tier.size() != rows:
@@ -143,6 +179,9 @@ def load_resharded(
                 )
     if full:
         store.day = max(int(m.get("day", 0)) for m in manifests)
+    held = held_version(manifests)
+    if held is not None:
+        store.model_version = held
     seconds = time.perf_counter() - started
     log.info(
         "loaded %s save %s of %d shard(s) into shard %d of %d (resharded %d -> %d): %s rows "
@@ -182,7 +221,8 @@ def _check_parts(
     for j, (part, manifest) in enumerate(zip(parts, manifests, strict=True)):
         for name, meta in manifest["tables"].items():
             tier = check_table(store, part, name, meta, full)
-            width = tier.width if full else tier.dim
+            width = row_codec.row_width(saved_dtype(part, name, meta), tier.payload)
+            width = width if full else tier.dim
             keys, values = (_mapped(f) for f in _files(part, name, mode))
             if (
                 keys.dtype != np.int64
@@ -205,10 +245,14 @@ def _check_parts(
                         f"belongs to shard {int(shard_of(k[bad : bad + 1], len(parts))[0])} of "
                         f"{len(parts)}, not to this part"
                     )
-                if not np.isfinite(v).all():
+                if full:  # rows as saved: a compact row's values decoded first
+                    check_rows_finite(part, name, meta, tier, torch.from_numpy(v))
+                elif not np.isfinite(v).all():
                     raise CheckpointError(f"{str(part)!r}: table {name!r} holds NaN or Inf")
                 count += int(mask.sum())
-            read += keys.nbytes + values.nbytes
+            deleted = _deleted(part, name, mode)
+            check_deleted_count(part, name, meta, deleted)
+            read += keys.nbytes + values.nbytes + deleted.nbytes
             kept[name] = kept.get(name, 0) + count
             del keys, values
     for name, rows in kept.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from streamrec.embedding_store.deletes import DeletedKeys, DeleteReason
 from streamrec.embedding_store.tiers.table_tier import TableTier
 from streamrec.store_schema import StoreOptions, TableOptions
 
@@ -19,6 +20,8 @@ class TablesOnTiers(Protocol):
 
     #: days advanced (a full load sets the saved one)
     day: int
+    #: the last base or delta saved or loaded (persistence/versions.py); 0: none
+    model_version: int
 
     @property
     def tables(self) -> dict[str, TableOptions]:
@@ -36,4 +39,13 @@ class TablesOnTiers(Protocol):
 
     def exclusive(self, table: str) -> AbstractContextManager[TableTier]:
         """``table``'s tier under the table's write lock (rows exported or imported)."""
+        ...
+
+    def deleted_keys(self, table: str) -> DeletedKeys:
+        """Keys of ``table`` deleted since the last base or delta save (under
+        :meth:`exclusive`)."""
+        ...
+
+    def count_deleted(self, table: str, reason: DeleteReason, rows: int) -> None:
+        """Counts ``rows`` deleted from ``table`` for ``reason``."""
         ...

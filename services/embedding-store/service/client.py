@@ -93,6 +93,9 @@ class EmbeddingStoreClient(ShardsAdmin):
             id); with ``tables`` they are created there on every shard (idempotent; other
             options for a name held: ``TableConflict``); without, the namespace must exist.
             None: the default namespace (the shards' ``--tables``).
+        generation: the trainer group's assignment (a pool member's; only grows), sent with
+            the namespace: once a shard has seen a newer one there, this client's requests
+            are refused (``StaleGeneration``). None: not fenced.
 
     Example:
         >>> store = EmbeddingStoreClient(["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"])
@@ -113,8 +116,13 @@ class EmbeddingStoreClient(ShardsAdmin):
         dedup: str = "auto",
         auth_token_file: str | os.PathLike[str] | None = None,
         namespace: str | None = None,
+        generation: int | None = None,
     ) -> None:
         self.namespace = check_namespace(namespace, "namespace")
+        if generation is not None and (
+            isinstance(generation, bool) or not isinstance(generation, int) or generation < 0
+        ):
+            raise BadRequest(f"generation must be an integer >= 0 or None, got {generation!r}")
         self._created: list[TableOptions] = []  # what create_tables made, made again on load
         if not endpoints:
             raise BadRequest("endpoints: at least one shard endpoint is needed, got []")
@@ -135,6 +143,7 @@ class EmbeddingStoreClient(ShardsAdmin):
             max_message_bytes,
             load_token(auth_token_file),
             self.namespace,
+            generation,
         )
         try:
             self._tables = self._check_shards(tables, check)

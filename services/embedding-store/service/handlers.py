@@ -39,6 +39,11 @@ with ``expect_incarnation`` set to another id is refused (``shard_restarted``) b
 touches the store: the shard restarted empty
 (:mod:`~streamrec.embedding_store.service.incarnation`).
 
+A namespaced request may carry ``generation``, its trainer group's assignment (only grows):
+one older than the newest its namespace has seen on this shard is refused
+(``stale_generation``) before it touches the store, a group that lost its job to another
+(:mod:`~streamrec.embedding_store.service.generations`).
+
 ``pull_many``/``push_many`` carry several tables in one request (the trainer's one request
 per shard and batch): table t owns ``counts[t]`` keys of the concatenated ``keys`` (and of
 ``shows``/``clicks``) and ``counts[t] * dim_t`` values of the flattened ``grads``/``values``::
@@ -85,6 +90,7 @@ from streamrec.embedding_store.errors import (
     UnknownTable,
     WrongShard,
 )
+from streamrec.embedding_store.service.generations import GenerationFence
 from streamrec.embedding_store.service.incarnation import (
     REPLY_FIELD,
     check_request,
@@ -178,6 +184,8 @@ class StoreService:
         #: the save and load ops (saves.py)
         self.saves = saves if saves is not None else ShardSaves(shard_id, num_shards, metrics)
         self.incarnation = new_incarnation() if incarnation is None else incarnation
+        #: the newest trainer-group generation per namespace (generations.py)
+        self.fence = GenerationFence()
 
     def handlers(self) -> dict[str, Handler]:
         """Op name -> handler: the op checked against this incarnation, its reply stamped."""
@@ -201,6 +209,7 @@ class StoreService:
             # the namespace first: a shard restarted empty holds none of the job's
             namespace, store = of(meta)
             check_request(op, meta, self.incarnation)
+            self.fence.check(op, namespace, meta)
             out, out_arrays = handler(namespace, store, meta, arrays)
             return {**out, REPLY_FIELD: self.incarnation}, out_arrays
 
@@ -376,6 +385,7 @@ class StoreService:
     def op_drop_tables(self, meta: Meta, arrays: Arrays) -> tuple[Meta, Arrays]:
         namespace = check_namespace(meta.get("namespace"))
         dropped = self.namespaces.drop(namespace)
+        self.fence.forget(namespace)
         if self.metrics is not None:
             self.metrics.forget_namespace(namespace)
         return {"dropped": dropped}, {}

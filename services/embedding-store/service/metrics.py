@@ -4,6 +4,13 @@ Request-side figures (keys, latency, save/load durations, errors) are counted by
 as requests go by. Store-side figures (rows per table and tier, bytes per tier, cache hits and
 hit rate, rows created/expanded/deleted/refused) are read from ``store.stats()`` at scrape
 time by :class:`StoreCollector`, so they are never stale and cost nothing between scrapes.
+
+Deleted rows (``rows_deleted_total``) carry a ``reason`` (:class:`~streamrec.embedding_store.
+deletes.DeleteReason`): ``shrink``, ``erase`` and ``delta_load`` per namespace and table (0
+until one happens), and ``namespace_drop`` under ``namespace="*"``: the rows of every
+dropped namespace, per table (a dropped namespace's own series go with it). ``table_rows``
+is the rows each table holds, every tier together; ``model_version`` the last base or delta
+each namespace saved or loaded.
 Every per-table series carries the ``namespace`` holding the table (``""``: the default one,
 :mod:`~streamrec.embedding_store.service.namespaces`); a dropped namespace's series go with it.
 
@@ -28,6 +35,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from streamrec.embedding_store.deletes import DeleteReason
 from streamrec.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -38,7 +46,6 @@ PREFIX = "streamrec_embedding_store"
 _TABLE_COUNTERS = {
     "rows_created": ("rows_created_total", "Rows created (first pull or push of a key)"),
     "rows_expanded": ("rows_expanded_total", "Rows whose embedx part was expanded"),
-    "rows_deleted": ("rows_deleted_total", "Rows deleted by shrink"),
     "rows_refused": ("rows_refused_total", "New keys refused by probabilistic admission"),
     "cache_hits": ("cache_hits_total", "Lookups served from the RAM cache (ssd tier)"),
     "cache_misses": ("cache_misses_total", "Lookups that went to the files (ssd tier)"),
@@ -51,29 +58,71 @@ _TABLE_COUNTERS = {
 }
 
 
+#: The ``namespace`` label of the rows deleted by namespace drops (no namespace's name).
+DROPPED_NAMESPACES = "*"
+#: The reasons counted per namespace and table (a drop is counted apart).
+_TABLE_REASONS = tuple(r for r in DeleteReason if r != DeleteReason.NAMESPACE_DROP)
+
+
 class StoreCollector(Collector):
     """Turns ``stats()`` of each namespace's store into gauges and counters at scrape time.
 
     Args:
         stats: returns namespace -> its store's stats dict (see ``EmbeddingStore.stats``).
         shard: label value naming this shard (``K-of-N``).
+        dropped: returns table -> rows freed by namespace drops (``Namespaces.dropped_rows``);
+            None: no drops counted.
     """
 
-    def __init__(self, stats: Callable[[], dict[str, dict[str, Any]]], shard: str) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, dict[str, Any]]],
+        shard: str,
+        dropped: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         self._stats = stats
         self._shard = shard
+        self._dropped = dropped
 
     def collect(self) -> Iterator[Any]:
         try:
             stats = self._stats()
+            dropped = self._dropped() if self._dropped is not None else {}
         except Exception:  # a scrape must never take the shard down
             log.exception("store stats failed during a metrics scrape")
             return
         yield from _families(stats, self._shard)
+        yield _deleted_family(stats, dropped, self._shard)
 
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _deleted_family(
+    by_namespace: dict[str, dict[str, Any]], dropped: dict[str, int], shard: str
+) -> CounterMetricFamily:
+    """``rows_deleted_total`` by namespace, table and reason (see the module doc)."""
+    family = CounterMetricFamily(
+        f"{PREFIX}_rows_deleted_total",  # the family drops "_total", the sample has it
+        "Rows deleted, by reason: shrink, erase, delta_load (a loaded delta's deletes), "
+        "namespace_drop (namespace '*': every dropped namespace's rows)",
+        labels=["shard", "namespace", "table", "reason"],
+    )
+    for namespace, stats in by_namespace.items():
+        for name, table in (stats.get("tables") or {}).items():
+            if not isinstance(table, dict):
+                continue
+            by_reason = table.get("rows_deleted_by_reason")
+            by_reason = by_reason if isinstance(by_reason, dict) else {}
+            for reason in _TABLE_REASONS:
+                n = _num(by_reason.get(reason.value, 0))
+                family.add_metric([shard, str(namespace), str(name), reason.value], n or 0.0)
+    for name, n in dropped.items():
+        family.add_metric(
+            [shard, DROPPED_NAMESPACES, str(name), DeleteReason.NAMESPACE_DROP.value], float(n)
+        )
+    return family
 
 
 def _families(by_namespace: dict[str, dict[str, Any]], shard: str) -> Iterator[Any]:
@@ -81,6 +130,16 @@ def _families(by_namespace: dict[str, dict[str, Any]], shard: str) -> Iterator[A
         f"{PREFIX}_rows",
         "Rows per namespace, table and tier",
         labels=["shard", "namespace", "table", "tier"],
+    )
+    table_rows = GaugeMetricFamily(
+        f"{PREFIX}_table_rows",
+        "Rows each table holds (its live keys), every tier together",
+        labels=["shard", "namespace", "table"],
+    )
+    model_version = GaugeMetricFamily(
+        f"{PREFIX}_model_version",
+        "The last base or delta each namespace's store saved or loaded (0: none)",
+        labels=["shard", "namespace"],
     )
     tier_bytes = GaugeMetricFamily(
         f"{PREFIX}_tier_bytes", "Bytes held per tier", labels=["shard", "tier"]
@@ -101,10 +160,16 @@ def _families(by_namespace: dict[str, dict[str, Any]], shard: str) -> Iterator[A
     total_bytes: dict[str, float] = {}
     for namespace, stats in by_namespace.items():
         tier = str(stats.get("tier", "host"))
+        version = _num(stats.get("model_version"))
+        if version is not None:
+            model_version.add_metric([shard, str(namespace)], version)
         for name, table in (stats.get("tables") or {}).items():
             if not isinstance(table, dict):
                 continue
             labels = [shard, str(namespace), str(name)]
+            live = _num(table.get("rows"))
+            if live is not None:
+                table_rows.add_metric(labels, live)
             by_tier = table.get("rows_by_tier")
             if not isinstance(by_tier, dict):
                 by_tier = {tier: table.get("rows")}
@@ -131,6 +196,8 @@ def _families(by_namespace: dict[str, dict[str, Any]], shard: str) -> Iterator[A
     for t, b in total_bytes.items():
         tier_bytes.add_metric([shard, t], b)
     yield rows
+    yield table_rows
+    yield model_version
     yield tier_bytes
     yield hit_rate
     yield from counters.values()
@@ -263,9 +330,15 @@ class StoreMetrics:
         stats: namespace -> its store's stats (read at scrape time,
             ``Namespaces.stats``); None reads none.
         shard: label value naming this shard (``K-of-N``).
+        dropped: table -> rows freed by namespace drops (``Namespaces.dropped_rows``).
     """
 
-    def __init__(self, stats: Callable[[], dict[str, dict[str, Any]]] | None, shard: str) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], dict[str, dict[str, Any]]] | None,
+        shard: str,
+        dropped: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.shard = shard
         r = self.registry
@@ -322,7 +395,7 @@ class StoreMetrics:
             registry=r,
         )
         if stats is not None:
-            r.register(StoreCollector(stats, shard))
+            r.register(StoreCollector(stats, shard, dropped))
         # (kind, namespace, table) -> that table's series: ``labels()`` is a locked lookup,
         # too slow for every table of every request; tables are the namespaces' own and a
         # dropped namespace's go (forget_namespace), so this stays bounded

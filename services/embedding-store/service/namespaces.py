@@ -19,6 +19,16 @@ it is (rows kept), a new name is added, a name held with other options is refuse
 (:class:`~streamrec.embedding_store.errors.TableConflict`, naming the table and both dims).
 Names match :data:`NAMESPACE_PATTERN`; a shard holds at most ``max_namespaces`` besides the
 default one, and a namespace at most :data:`MAX_TABLES` tables.
+
+What a drop means for serving: a namespace is a job's training state, and dropping it ends
+that state; it deletes none of what the job published. Its saves stay on disk and its
+serving Redis keeps answering with the last base and deltas written (the job's model, as
+it was), until someone writes a new base under that prefix or clears it. The drop carries
+no deletes to serving (there is no store left to save a delta from; a namespace made again
+under the name starts at ``model_version`` 0, so its deltas are refused by a Redis that
+serves the old job until it publishes a base). The rows it frees are counted as deleted,
+reason ``namespace_drop`` (:meth:`Namespaces.dropped_rows`, summed over the dropped
+namespaces per table: job ids come and go, a series each would grow without bound).
 """
 
 from __future__ import annotations
@@ -119,6 +129,8 @@ class Namespaces:
         self._make = make
         self.max_namespaces = max_namespaces
         self._lock = threading.Lock()  # serialises create and drop
+        #: rows freed by drops, per table name, over every namespace dropped
+        self._dropped_rows: dict[str, int] = {}
 
     @property
     def default(self) -> EmbeddingStore:
@@ -203,7 +215,16 @@ class Namespaces:
             self._stores = {n: s for n, s in self._stores.items() if n != namespace}
         rows = {name: int(store.size(name)) for name in store.tables}
         store.close()  # waits for calls in flight on its tables; later ones: unknown
+        with self._lock:
+            for name, n in rows.items():
+                self._dropped_rows[name] = self._dropped_rows.get(name, 0) + n
         return rows
+
+    def dropped_rows(self) -> dict[str, int]:
+        """Rows freed by namespace drops since the shard started, per table name (summed over
+        every namespace dropped): the ``namespace_drop`` deletes of the metrics."""
+        with self._lock:
+            return dict(self._dropped_rows)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Namespace -> its store's ``stats()`` (what the metrics read at scrape time)."""

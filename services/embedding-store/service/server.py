@@ -63,7 +63,7 @@ class Shard:
             self.store, lambda ns, tables: build_store(config, ns, tables), config.max_namespaces
         )
         label = f"{config.shard_id}-of-{config.num_shards}"
-        self.metrics = StoreMetrics(self.namespaces.stats, label)
+        self.metrics = StoreMetrics(self.namespaces.stats, label, self.namespaces.dropped_rows)
         self.service = StoreService(
             self.store,
             config.shard_id,

@@ -20,7 +20,8 @@ answers its next data op (pull, push, shrink, advance_day, save) with
 ``size``, ``stats`` and ``load`` run. A full :meth:`EmbeddingStoreClient.load` (a checkpoint)
 takes the new incarnation, as :meth:`EmbeddingStoreClient.accept_restarts` does.
 
-Namespaces: every request but ``ping`` carries the client's namespace.
+Namespaces: every request but ``ping`` carries the client's namespace, and with it the
+client's generation when it has one (a shard refuses an older one: ``StaleGeneration``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import threading
 import weakref
 
 from streamrec.auth import load_token
-from streamrec.embedding_store.errors import ShardRestarted, UnknownNamespace
+from streamrec.embedding_store.errors import ShardRestarted, StaleGeneration, UnknownNamespace
+from streamrec.embedding_store.service.generations import GENERATION_FIELD
 from streamrec.embedding_store.service.incarnation import Incarnations, restarted_message
 from streamrec.errors import BadRequest, RemoteError
 from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES, Arrays, Meta, RpcClient
@@ -59,6 +61,8 @@ class ShardLink:
         max_message_bytes: cap on one message each way.
         token: the shards' peer token.
         namespace: sent with every request but ``ping`` ("" sends none).
+        generation: the trainer group's assignment, sent with the namespace (None: none;
+            :mod:`~streamrec.embedding_store.service.generations`).
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class ShardLink:
         max_message_bytes: int,
         token: str,
         namespace: str,
+        generation: int | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.namespace = namespace
@@ -75,6 +80,8 @@ class ShardLink:
         self.max_message_bytes = max_message_bytes
         # added to every request but ping (one dict merge per request, nothing per key)
         self._ns_meta: Meta = {"namespace": namespace} if namespace else {}
+        if namespace and generation is not None:
+            self._ns_meta[GENERATION_FIELD] = generation
         self._token = token
         self._local = threading.local()
         # weak: the sockets of a thread that ended go with its threading.local storage
@@ -145,6 +152,10 @@ class ShardLink:
                     f"({failure.remote_message}); reload the job's last checkpoint "
                     f"(EmbeddingStoreClient.load makes its tables again) or call "
                     f"accept_restarts() to go on with fresh rows"
+                )
+            elif isinstance(failure, RemoteError) and failure.code == StaleGeneration.code:
+                failure = StaleGeneration(
+                    f"shard {shard} ({self.endpoints[shard]}): {failure.remote_message}"
                 )
             elif isinstance(failure, RemoteError) and failure.code == ShardRestarted.code:
                 failure = ShardRestarted(

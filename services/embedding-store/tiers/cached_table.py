@@ -202,6 +202,12 @@ class CachedTable(TableTier):
         # the backing table's layout, parameters and counters, not a second copy of them
         self.options, self.params = backing.options, backing.params
         self.dim, self.width, self.counters = backing.dim, backing.width, backing.counters
+        self.payload = backing.payload
+        if self.options.dtype != "fp32":
+            raise InvalidInput(
+                f"table {self.options.name!r}: dtype {self.options.dtype!r} is not supported "
+                "by the GPU cache (gpu_cache_budget_mb); it caches fp32 rows only"
+            )
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise TierUnavailable(
@@ -338,9 +344,13 @@ class CachedTable(TableTier):
         self.flush(clear=True)
         self.backing.advance_day()
 
-    def shrink(self) -> int:
+    def shrink(self) -> torch.Tensor:
         self.flush(clear=True)
         return self.backing.shrink()
+
+    def erase(self, keys: torch.Tensor) -> torch.Tensor:
+        self.flush(clear=True)
+        return self.backing.erase(keys)
 
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.flush()

@@ -162,6 +162,8 @@ class TableParams(_Struct):
         *[(name, ctypes.c_double) for name in TABLE_SCALARS],
         ("seed", ctypes.c_uint64),
         ("stride", ctypes.c_int64),
+        ("dtype", ctypes.c_int64),
+        ("round_step", ctypes.c_uint64),
     ]
 
     @classmethod
@@ -170,7 +172,8 @@ class TableParams(_Struct):
         padded to a multiple of 4 floats (16 bytes: the gather loads 4 weights at once)."""
         out = cls()
         out.stride = -(-p.width // 4) * 4 if pad else p.width
-        for name in ("dim", "width", "embed_state", "embedx_state", "seed", *TABLE_SCALARS):
+        names = ("dim", "width", "embed_state", "embedx_state", "seed", "dtype", "round_step")
+        for name in (*names, *TABLE_SCALARS):
             setattr(out, name, getattr(p, name))
         for part in ("embed", "embedx"):
             rule, src = getattr(out, f"{part}_rule"), getattr(p, f"{part}_rule")

@@ -444,14 +444,31 @@ class DeviceTable(TableTier):
         self._ops.advance_day(self._rows, self._size, self._gp)
 
     @_ordered
-    def shrink(self) -> int:
+    def shrink(self) -> torch.Tensor:
         keep = self._ops.shrink(self._rows, self._size, self._gp)
-        idx = keep.nonzero().squeeze(1)
-        deleted = self._size - idx.numel()
-        if deleted:
-            self._compact(idx)
-        self.counters["rows_deleted"] += deleted
-        return deleted
+        gone = self._keys_of((~keep).nonzero().squeeze(1))
+        if gone.numel():
+            self._compact(keep.nonzero().squeeze(1))
+        self.counters["rows_deleted"] += gone.numel()
+        return gone
+
+    @_ordered
+    def erase(self, keys: torch.Tensor) -> torch.Tensor:
+        rows = self._ops.read(self._ops.find(self._slots, self._cuda(keys, torch.int64)), "erase")
+        present = rows >= 0
+        gone = keys.cpu()[present].clone()
+        if gone.numel():
+            keep = torch.ones(self._size, dtype=torch.bool)
+            keep[rows[present]] = False
+            self._compact(keep.nonzero().squeeze(1).to(self.device))
+        return gone
+
+    def _keys_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The keys (m,) int64 on the CPU of rows ``ids`` (m,) int64 on the device."""
+        keys = torch.empty(ids.numel(), dtype=torch.int64, device=self.device)
+        if ids.numel():
+            self._ops.read_rows(self._rows, ids, 0, 1, self._gp, out_keys=keys)
+        return self._ops.read(keys, "shrink")
 
     @_ordered
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:

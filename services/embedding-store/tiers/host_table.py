@@ -19,6 +19,7 @@ from collections import deque
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
+from streamrec.embedding_store.tiers import row_codec
 from streamrec.embedding_store.tiers.prefault import Prefaulter
 from streamrec.embedding_store.tiers.table_tier import (
     MAX_LOAD,
@@ -27,7 +28,7 @@ from streamrec.embedding_store.tiers.table_tier import (
     admission_mask,
     index_slots,
 )
-from streamrec.store_schema import TableOptions
+from streamrec.store_schema import ROW_DTYPES, TableOptions
 
 #: pulls whose rows a host table keeps for the pushes after them (HostTable._remember)
 _RECENT_PULLS = 8
@@ -47,6 +48,7 @@ class HostTable(TableTier):
     concurrent_reads = True
     kind = "host"
     block_group = "host"
+    dtypes = tuple(ROW_DTYPES)
 
     def __init__(
         self,
@@ -273,14 +275,13 @@ class HostTable(TableTier):
     def advance_day(self) -> None:
         _C.advance_day(self._data, self._size)
 
-    def shrink(self) -> int:
+    def shrink(self) -> torch.Tensor:
         keep = _C.shrink(self._data, self._size, self.params)
-        idx = keep.nonzero().squeeze(1)
-        deleted = self._size - idx.numel()
-        if deleted:
-            self._compact(idx)
-        self.counters["rows_deleted"] += deleted
-        return deleted
+        gone = self._row_keys[: self._size][~keep[: self._size]]
+        if gone.numel():
+            self._compact(keep.nonzero().squeeze(1))
+        self.counters["rows_deleted"] += gone.numel()
+        return gone
 
     def _compact(self, idx: torch.Tensor) -> None:
         """Keeps rows ``idx`` (m,) int64, ascending, renumbered 0..m-1."""
@@ -293,18 +294,15 @@ class HostTable(TableTier):
         self._generation += 1
         self._rebuild_index(max(m, self._init_rows))
 
-    def erase(self, keys: torch.Tensor) -> int:
-        """Removes keys (absent ones ignored); returns the rows removed."""
+    def erase(self, keys: torch.Tensor) -> torch.Tensor:
         rows = self.find(keys)
-        rows = rows[rows >= 0]
-        if rows.numel() == 0:
-            return 0
+        present = rows >= 0
+        if not bool(present.any()):
+            return keys[:0].clone()
         keep = torch.ones(self._size, dtype=torch.bool)
-        keep[rows] = False
-        idx = keep.nonzero().squeeze(1)
-        removed = self._size - idx.numel()
-        self._compact(idx)
-        return removed
+        keep[rows[present]] = False
+        self._compact(keep.nonzero().squeeze(1))
+        return keys[present].clone()
 
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
         mask = _C.select_rows(self._data, self._size, select, self.params)
@@ -359,7 +357,9 @@ class HostTable(TableTier):
                 f"got {tuple(values.shape)}"
             )
         rows = self.find_or_insert(keys)
-        self._data[rows, _C.EMBED_W : _C.EMBED_W + self.dim] = values.to(torch.float32)
+        block = self._data[rows]
+        row_codec.encode_(block, self.options.dtype, _C.EMBED_W, values.to(torch.float32))
+        self._data[rows] = block
         expanded = (values[:, 1:] != 0).any(dim=1).to(torch.int64) * _C.FLAG_EXPANDED
         flags = self._data[rows, _C.FLAGS].to(torch.int64) | expanded
         self._data[rows, _C.FLAGS] = flags.to(torch.float32)
@@ -414,6 +414,7 @@ class HostTable(TableTier):
     ) -> None:
         """The fused update of ``rows`` (n,) int64, all present (repeats summed in index
         order): grads (n, dim), shows and clicks (n,) float32, contiguous."""
+        self.params.round_step += 1  # a compact row's stochastic rounding: new bits per push
         self.counters["rows_expanded"] += _C.update(
             self._data, self._row_keys, rows, grads, shows, clicks, self.params
         )
@@ -480,6 +481,8 @@ def push_block(
                 r = tier._create(k, r, s, c, misses=misses)
         rows.append(r)
     # after every creation: a table's rows may have moved to a larger tensor
+    for tier in tiers:
+        tier.params.round_step += 1
     expanded = _C.update_tables(
         [t._data for t in tiers], [t._row_keys for t in tiers], rows, grads, shows, clicks,
         [t.params for t in tiers],

@@ -21,6 +21,7 @@ from typing import Any
 import streamrec.embedding_store._C as _C
 import torch
 from streamrec.embedding_store.errors import CapacityExceeded, InvalidInput
+from streamrec.embedding_store.tiers import row_codec
 from streamrec.embedding_store.tiers.ssd_cache import (
     REF_KEEP,
     REF_PINNED,
@@ -30,7 +31,7 @@ from streamrec.embedding_store.tiers.ssd_cache import (
 )
 from streamrec.embedding_store.tiers.ssd_file import KEY_WORDS, MAX_SLOTS, RowFile
 from streamrec.embedding_store.tiers.table_tier import TableTier, admission_mask
-from streamrec.store_schema import TableOptions
+from streamrec.store_schema import ROW_DTYPES, TableOptions
 
 #: a pull creating at least this many rows creates them on file, around the cache (a bulk load)
 _BULK_CREATE = 1 << 18
@@ -58,6 +59,7 @@ class SsdTable(TableTier):
     """
 
     kind = "ssd"
+    dtypes = tuple(ROW_DTYPES)
     streams_rows = True
     capacity: int  # required by this tier
 
@@ -262,15 +264,16 @@ class SsdTable(TableTier):
         self.file.write(rows, keys, torch.arange(n), self.file.append(keys))
         self._total += n
         self.counters["rows_created"] += n
-        return rows[:, _C.EMBED_W : _C.EMBED_W + self.dim]
+        return self.weights_of(rows)
 
     def push(
         self, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> bool:
         rows, n_miss = self.cache.recent_rows(keys)
+        if n_miss and _C.unique(keys)[0].numel() != keys.numel():
+            return False  # the caller sums repeated keys (admission needs their sums)
+        self.params.round_step += 1  # a compact row's stochastic rounding: new bits per push
         if n_miss:
-            if _C.unique(keys)[0].numel() != keys.numel():
-                return False  # the caller sums repeated keys (admission needs their sums)
             if keys.numel() > self.cache_rows // 2:
                 for sl in self.cache.slices(keys.numel()):
                     r = self._rows_of(keys[sl], True, True, (shows[sl], clicks[sl]))
@@ -342,21 +345,34 @@ class SsdTable(TableTier):
         for _a, chunk in self.file.chunks():
             chunk[:, KEY_WORDS + _C.UNSEEN] += 1
 
-    def shrink(self) -> int:
+    def shrink(self) -> torch.Tensor:
         self.cache.flush(clear=True)
-        deleted = 0
+        deleted = [torch.zeros(0, dtype=torch.int64)]
         for a, chunk in self.file.chunks():
             rows = chunk[:, KEY_WORDS:].contiguous()
             keep = _C.shrink(rows, rows.shape[0], self.params)
             chunk[:, KEY_WORDS:] = rows
             gone = (self.file.live(chunk) & ~keep).nonzero().squeeze(1)
             if gone.numel():
-                self.file.index.erase(self.file.keys_of(chunk)[gone])
+                keys = self.file.keys_of(chunk)[gone]
+                self.file.index.erase(keys)
                 self.file.free(gone + a)
-                deleted += gone.numel()
-        self._total -= deleted
-        self.counters["rows_deleted"] += deleted
-        return deleted
+                deleted.append(keys.clone())
+        out = torch.cat(deleted)
+        self._total -= out.numel()
+        self.counters["rows_deleted"] += out.numel()
+        return out
+
+    def erase(self, keys: torch.Tensor) -> torch.Tensor:
+        self.cache.flush(clear=True)  # every row on file: erasing is the file's alone
+        slots = self.file.index.find(keys)
+        present = slots >= 0
+        gone = keys[present].clone()
+        if gone.numel():
+            self.file.index.erase(gone)
+            self.file.free(slots[present])
+            self._total -= gone.numel()
+        return gone
 
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.cache.flush(clear=False)
@@ -439,7 +455,9 @@ class SsdTable(TableTier):
         for sl in self.cache.slices(keys.numel()):
             rows = self._rows_of(keys[sl], True, admit=False)
             v = values[sl].to(torch.float32)
-            self.cache.data[rows, _C.EMBED_W : _C.EMBED_W + self.dim] = v
+            block = self.cache.data[rows]
+            row_codec.encode_(block, self.options.dtype, _C.EMBED_W, v)
+            self.cache.data[rows] = block
             expanded = (v[:, 1:] != 0).any(dim=1).to(torch.int64) * _C.FLAG_EXPANDED
             flags = self.cache.data[rows, _C.FLAGS].to(torch.int64) | expanded
             self.cache.data[rows, _C.FLAGS] = flags.to(torch.float32)

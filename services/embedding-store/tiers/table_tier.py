@@ -11,9 +11,12 @@ ssd table's hot rows cached on a GPU).
 Tiers are not thread-safe; :class:`~streamrec.embedding_store.store.EmbeddingStore` locks
 each table (readers share, writers are exclusive).
 
-Row layout (see ``csrc/cpu/table_params.h``)::
+Row layout (see ``csrc/shared/row_layout.h``)::
 
     [show, click, unseen_days, flags, embed_w, embedx_w (dim-1), embed_state, embedx_state]
+
+with the payload after the four header words held as 16-bit values two per word in a table
+of ``dtype`` fp16 or bf16 (:mod:`~streamrec.embedding_store.tiers.row_codec`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from typing import Any
 
 import streamrec.embedding_store._C as _C
 import torch
-from streamrec.store_schema import TableOptions
+from streamrec.embedding_store.errors import InvalidInput
+from streamrec.embedding_store.tiers import row_codec
+from streamrec.store_schema import ROW_DTYPES, TableOptions
 
 #: Save selections (csrc select_rows modes).
 SELECT_ALL, SELECT_BASE, SELECT_DELTA = 0, 1, 2
@@ -84,6 +89,7 @@ def table_params(options: TableOptions, seed: int = 0) -> _C.TableParams:
         setattr(p, name, float(getattr(options, name)))
     digest = hashlib.blake2b(options.name.encode(), digest_size=8).digest()
     p.seed = (int.from_bytes(digest, "little") ^ (seed * 0x9E3779B97F4A7C15)) % 2**64
+    p.dtype = ROW_DTYPES[options.dtype]
     p.finalize()
     return p
 
@@ -122,6 +128,8 @@ class TableTier(ABC):
     concurrent_reads: bool = False
     #: The tier's name in ``stats()["rows_by_tier"]``: ``"host"``, ``"ssd"`` or ``"device"``.
     kind: str = ""
+    #: The row dtypes (``TableOptions.dtype``) the tier stores; a table of another is refused.
+    dtypes: tuple[str, ...] = ("fp32",)
     #: Most rows the table may hold (None: unbounded); a load of more is refused up front.
     capacity: int | None = None
     #: Tables whose tiers name the same group (and device) run a block of tables in one call
@@ -141,6 +149,13 @@ class TableTier(ABC):
         self.params = table_params(options, seed)
         self.dim = options.checked_dim()
         self.width = int(self.params.width)
+        #: values after a row's four header words: dim weights, then the optimizer state
+        self.payload = int(self.params.payload)
+        if options.dtype not in self.dtypes:
+            raise InvalidInput(
+                f"table {options.name!r}: dtype {options.dtype!r} is not supported by tier "
+                f"{self.kind!r} (it stores {', '.join(self.dtypes)})"
+            )
         self.counters = {
             "rows_created": 0,
             "rows_expanded": 0,
@@ -181,6 +196,11 @@ class TableTier(ABC):
     def inspect(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-key statistics (see EmbeddingStore.inspect)."""
 
+    def weights_of(self, full: torch.Tensor) -> torch.Tensor:
+        """The weights (m, dim) float32 of full rows (m, width) float32 of this table (an
+        export's, a checkpoint's): decoded where the table's dtype is compact."""
+        return row_codec.weights(full, self.options.dtype, self.dim)
+
     def _stats_of(self, rows: torch.Tensor, full: torch.Tensor) -> dict[str, torch.Tensor]:
         """Statistics from full rows (n, width) of which rows >= 0 are present."""
         present = rows >= 0
@@ -200,8 +220,14 @@ class TableTier(ABC):
     def advance_day(self) -> None: ...
 
     @abstractmethod
-    def shrink(self) -> int:
-        """Decays show/click, deletes rows (see TableOptions); returns the rows deleted."""
+    def shrink(self) -> torch.Tensor:
+        """Decays show/click, deletes rows (see TableOptions); returns the keys deleted,
+        (d,) int64 on the CPU (what the store records for the next delta)."""
+
+    @abstractmethod
+    def erase(self, keys: torch.Tensor) -> torch.Tensor:
+        """Deletes the rows of ``keys`` (n,) int64 unique (absent ones ignored); returns the
+        keys whose rows were deleted, (d,) int64 on the CPU."""
 
     @abstractmethod
     def export(self, select: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,6 +102,10 @@ class Agent:
         serve_metrics: False when the process already serves /metrics (a pooled group's
             rank serves it for its whole life, not per job).
         group: the pooled group's name (None: a group pinned to this job).
+        still_assigned: rank 0 of a pooled group: whether the pool still gives it this job.
+        generation: a pooled group's assignment generation (only grows), sent with every
+            store request: a shard refuses it once a newer group wrote there, so a group that
+            froze and lost its job cannot write into the new group's rows (None: not fenced).
     """
 
     def __init__(
@@ -118,8 +122,10 @@ class Agent:
         group: str | None = None,
         guard: JobGuard | None = None,
         still_assigned: Callable[[], bool] | None = None,
+        generation: int | None = None,
     ) -> None:
         self.rank, self.world = ddp.env_world()
+        self.generation = generation
         #: rank 0 of a pooled group: whether the control plane still gives it this job (a
         #: group back from a restart after its job went to another must not train it too)
         self.still_assigned = still_assigned
@@ -173,7 +179,10 @@ class Agent:
             store = config.store.model_copy(update={"endpoints": shards})
             config = config.model_copy(update={"store": store})
         self.guard.check(config)  # Redis is not trusted more than a REST body
-        return config
+        # the assignment's generation, never the job's (a job naming one would fence its
+        # own groups out): set here only, None for a pinned group
+        store = config.store.model_copy(update={"generation": self.generation})
+        return config.model_copy(update={"store": store})
 
     def start(self) -> None:
         from streamrec.trainer.runner import OnlineTrainer  # lazy: the model stack, slow to load

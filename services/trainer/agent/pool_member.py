@@ -209,6 +209,7 @@ class PoolMember:
                     serve_metrics=False,
                     group=self.name,
                     still_assigned=self._holds(a),
+                    generation=a.generation,
                     **self.agent_args,
                 )
                 try:

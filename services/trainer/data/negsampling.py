@@ -49,9 +49,24 @@ from streamrec.trainer.errors import ConfigError, DataError, PassFailed
 if TYPE_CHECKING:
     from streamrec.control.feature_schema import FeatureSchema
 
-#: How long a pass waits for its node's sampler to be back after it died (the launcher, the
-#: DaemonSet or this node's auto-start brings it back in seconds).
+#: The longest a pass waits for its node's sampler to be back after it died (the launcher,
+#: the DaemonSet or this node's auto-start brings it back in seconds).
 RECONNECT_TIMEOUT_S = 60.0
+#: The share of the group's collective timeout (``distributed.timeout_s``) a rank may spend
+#: waiting for its sampler: the other ranks wait for it in the step's all-reduce, so a
+#: longer wait would time their collective out and fail the pass as a lost peer, not a lost
+#: sampler (see :func:`sampler_wait_s`).
+SAMPLER_WAIT_SHARE = 0.8
+
+
+def sampler_wait_s(collective_timeout_s: float) -> float:
+    """How long a rank waits for its sampler to come back: ``RECONNECT_TIMEOUT_S``, within
+    ``SAMPLER_WAIT_SHARE`` of the collective timeout. A sampler back within it is ridden out
+    (the pass goes on, no failure counted); one that is not fails the pass as an
+    infrastructure failure naming the sampler, before the others' collective gives up."""
+    return min(RECONNECT_TIMEOUT_S, SAMPLER_WAIT_SHARE * collective_timeout_s)
+
+
 #: The batch's own columns beside the features: no feature name starts with ``#``.
 DENSE, PRESENT, LABEL = "#dense", "#present", "#label"
 
@@ -107,6 +122,8 @@ class NegativeSampler:
         load: load ``table_path`` into the sampler now (local rank 0 of each node); every
             rank names it for a sampler that restarts (the first to find it empty loads it).
         rank: this rank's ``rank`` label of the metrics.
+        reconnect_timeout_s: how long a call waits for a sampler that died to be back
+            (:func:`sampler_wait_s` of the group's collective timeout).
 
     The sampler's address: ``endpoint``, else ``$STREAMREC_SAMPLER_ENDPOINT`` (the stack's or
     the node's DaemonSet: whoever runs it restarts it), else the per-user socket, where a
@@ -120,6 +137,7 @@ class NegativeSampler:
         load: bool = False,
         rank: str = "0",
         schema: FeatureSchema | None = None,
+        reconnect_timeout_s: float = RECONNECT_TIMEOUT_S,
     ) -> None:
         from streamrec.sampler import ENDPOINT_ENV, MISSING_ITEM_ID, LocalRpcDataSampler
 
@@ -143,7 +161,7 @@ class NegativeSampler:
             endpoint=config.endpoint,
             # a sampler back within this is ridden out mid-pass; the control plane calls a
             # group without progress for trainer_stuck_s (120 s) stuck
-            reconnect_timeout_s=RECONNECT_TIMEOUT_S,
+            reconnect_timeout_s=reconnect_timeout_s,
             # a server is started only at this node's own default address: one at an address
             # the job chose would serve (and outlive) whoever named it, and one at the
             # deployment's address ($STREAMREC_SAMPLER_ENDPOINT) is its to start
@@ -279,6 +297,7 @@ def reach_sampler(
     rank: str,
     schema: FeatureSchema | None,
     together: Callable[[Exception | None], None],
+    collective_timeout_s: float,
 ) -> NegativeSampler:
     """Every rank's client of its node's sampler: local rank 0 of each node loads the table
     (``config.reload``), then the others connect. ``together(failure)`` exchanges every
@@ -286,7 +305,8 @@ def reach_sampler(
     of them alike. Made in a pass, not at start: a sampler that is not there or refuses the
     token fails the pass as infrastructure (a restart with backoff and budget, then the job
     fails naming it), never a group start retried for ever. A failure on any rank leaves
-    every rank without a client."""
+    every rank without a client. A sampler that dies later is waited for
+    :func:`sampler_wait_s` of ``collective_timeout_s``."""
     loader = config.reload and int(os.environ.get("LOCAL_RANK", "0")) == 0
     sampler: NegativeSampler | None = None
     try:
@@ -294,7 +314,8 @@ def reach_sampler(
             failure: Exception | None = None
             if loader == loaders_turn:
                 try:
-                    sampler = NegativeSampler(config, num_slots, loader, rank, schema)
+                    wait_s = sampler_wait_s(collective_timeout_s)
+                    sampler = NegativeSampler(config, num_slots, loader, rank, schema, wait_s)
                 except Exception as exc:
                     failure = exc
             together(failure)

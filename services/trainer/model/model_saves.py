@@ -147,22 +147,30 @@ class ModelSaves:
         self.progress_at = time.monotonic()  # a save is one long step: its start is progress
         failure = None
         if self.rank == 0:
-            info = {
-                "day": day,
-                "pass_id": pass_id,
-                "step": self.step,
-                "world_size": self.world,
-                "tables": self.config.table_names,
-                "job_id": self.job_id,
-            }
             try:
-                claim(self.model_root, self.job_id)
-                ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
+                self.write_here(mode, day, pass_id)
             except Exception as exc:
                 failure = exc
         agree(failure, f"{mode} save to {directory}")
         self.progress_at = time.monotonic()
         m.SAVE_SECONDS.labels(self.label, mode.value).observe(time.monotonic() - started)
+        return directory
+
+    def write_here(self, mode: SaveMode, day: str, pass_id: int | None) -> Path:
+        """Rank 0's part of a save (dense + store, manifest last), no collective: what
+        :meth:`_write` runs on rank 0, and a base written on rank 0 alone when serving
+        refused a delta (``online.publish_save``)."""
+        directory = ckpt.model_dir(self.model_root, mode, day, pass_id)
+        info = {
+            "day": day,
+            "pass_id": pass_id,
+            "step": self.step,
+            "world_size": self.world,
+            "tables": self.config.table_names,
+            "job_id": self.job_id,
+        }
+        claim(self.model_root, self.job_id)
+        ckpt.write_model(directory, self.dense_state(), self.store, mode, info)
         return directory
 
     def save_checkpoint(self, day: str, pass_id: int) -> Path:

@@ -48,8 +48,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("delta_threshold", &TableParams::delta_threshold)
       .def_readwrite("delta_keep_days", &TableParams::delta_keep_days)
       .def_readwrite("seed", &TableParams::seed)
+      .def_readwrite("dtype", &TableParams::dtype)
+      .def_readwrite("round_step", &TableParams::round_step)
       .def_readonly("embed_state", &TableParams::embed_state)
       .def_readonly("embedx_state", &TableParams::embedx_state)
+      .def_readonly("payload", &TableParams::payload)
       .def_readonly("width", &TableParams::width)
       .def("finalize", &TableParams::finalize);
 
@@ -60,6 +63,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("EMBED_W") = kEmbedW;
   m.attr("FLAG_EXPANDED") = kFlagExpanded;
   m.attr("FLAG_DIRTY") = kFlagDirty;
+  m.attr("DTYPE_FP32") = static_cast<int64_t>(kFp32);
+  m.attr("DTYPE_FP16") = static_cast<int64_t>(kFp16);
+  m.attr("DTYPE_BF16") = static_cast<int64_t>(kBf16);
 
   bind::bind_index(m);
   bind::bind_rows(m);

@@ -25,7 +25,7 @@ void gather(Matrix<const float> data, Span<const int64_t> rows, const TableParam
     for (int64_t i = b; i < e; ++i) {
       if (i + 8 < e && row_in(r[i + 8], R)) prefetch_lines(d + r[i + 8] * width + kEmbedW, 4 * dim);
       if (row_in(r[i], R)) {
-        copy_floats(o + i * dim, d + r[i] * width + kEmbedW, dim);
+        read_weights(o + i * dim, d + r[i] * width, p);
       } else {
         if (r[i] >= 0) bad = std::min(bad, i);
         std::memset(o + i * dim, 0, sizeof(float) * dim);

@@ -79,7 +79,7 @@ int64_t find_gather(Matrix<const int64_t> slots, Span<const int64_t> keys,
       }
       const int64_t ri = r[i];
       if (row_in(ri, R)) {
-        copy_floats(o + i * dim, d + ri * width + kEmbedW, dim);
+        read_weights(o + i * dim, d + ri * width, p);
       } else {
         if (ri >= 0) bad = std::min(bad, i);
         if (zero_misses || ri >= 0) std::memset(o + i * dim, 0, sizeof(float) * dim);

@@ -175,7 +175,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
         if (with_out) {
           if (row - first >= kCopyLag) {
             const int64_t old = lag[row % kCopyLag];
-            std::memcpy(o + old * dim, d + r[old] * width + kEmbedW, sizeof(float) * dim);
+            read_weights(o + old * dim, d + r[old] * width, p);
           }
           lag[row % kCopyLag] = i;
         }
@@ -184,7 +184,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
       if (with_out)
         for (int64_t q = std::max(first, row - kCopyLag); q < row; ++q) {
           const int64_t old = lag[q % kCopyLag];
-          std::memcpy(o + old * dim, d + r[old] * width + kEmbedW, sizeof(float) * dim);
+          read_weights(o + old * dim, d + r[old] * width, p);
         }
     }
   });
@@ -206,7 +206,7 @@ int64_t insert_init(const InsertInitArgs& a, const TableParams& p) {
         atomic_min(outside, j);
         continue;
       }
-      if (with_out) std::memcpy(o + i * dim, d + r[i] * width + kEmbedW, sizeof(float) * dim);
+      if (with_out) read_weights(o + i * dim, d + r[i] * width, p);
     }
   });
   const int64_t bad = outside.load();

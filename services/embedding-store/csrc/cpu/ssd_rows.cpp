@@ -196,7 +196,7 @@ void init_records(Matrix<float> records, Span<const int64_t> keys, const TablePa
       std::memcpy(rec, keys.data + i, sizeof(int64_t));
       init_row(rec + 2, keys.data[i], p, expand);
       if (out != nullptr)
-        std::memcpy(out + i * p.dim, rec + 2 + kEmbedW, sizeof(float) * p.dim);
+        read_weights(out + i * p.dim, rec + 2, p);
     }
   });
 }

@@ -23,17 +23,22 @@ void TableParams::finalize() {
   const int64_t ws1 = state_width(embed_rule.kind, 1);
   const int64_t ws2 = state_width(embedx_rule.kind, dim - 1);
   if (ws1 < 0 || ws2 < 0) throw std::invalid_argument("unknown optimizer rule kind");
+  if (row_width(dtype, 0) < 0)
+    throw std::invalid_argument("unknown row dtype " + std::to_string(dtype) +
+                                " (0 fp32, 1 fp16, 2 bf16)");
   embed_state = kEmbedW + dim;
   embedx_state = embed_state + ws1;
-  width = embedx_state + ws2;
+  payload = dim + ws1 + ws2;
+  width = row_width(dtype, payload);
 }
 
 bool TableParams::finalized() const {
   if (dim < 1 || dim > kMaxDim) return false;
   const int64_t ws1 = state_width(embed_rule.kind, 1);
   const int64_t ws2 = state_width(embedx_rule.kind, dim - 1);
-  return ws1 >= 0 && ws2 >= 0 && embed_state == kEmbedW + dim &&
-         embedx_state == embed_state + ws1 && width == embedx_state + ws2;
+  return ws1 >= 0 && ws2 >= 0 && row_width(dtype, 0) >= 0 && embed_state == kEmbedW + dim &&
+         embedx_state == embed_state + ws1 && payload == dim + ws1 + ws2 &&
+         width == row_width(dtype, payload);
 }
 
 }  // namespace streamrec

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../shared/row_layout.h"
+#include "../shared/row_codec.h"
 
 namespace streamrec {
 
@@ -44,15 +44,19 @@ struct TableParams {
   double delta_threshold = 0.25;
   double delta_keep_days = 16.0;
   uint64_t seed = 0;  // initializer seed (store seed mixed with the table name)
+  int64_t dtype = kFp32;  // RowDtype of the payload (weights and optimizer state)
+  uint64_t round_step = 0;  // push counter: stochastic rounding's salt (bumped per push call)
 
   // Derived by finalize().
   int64_t embed_state = 0;   // first column of the embed optimizer state
   int64_t embedx_state = 0;  // first column of the embedx optimizer state
-  int64_t width = 0;         // floats per row
+  int64_t payload = 0;       // values after the header: dim weights, then optimizer state
+  int64_t width = 0;         // 32-bit words per row: row_width(dtype, payload)
 
-  // Computes the derived columns; throws on a bad value (std::invalid_argument, ValueError in
-  // Python), including a dim whose row width overflows int64. Every op taking TableParams
-  // checks finalized() first: params changed after finalize() are refused, not misread.
+  // Computes the derived columns and width; throws on a bad value, an unknown dtype too
+  // (std::invalid_argument, ValueError in Python), including a dim whose row width overflows
+  // int64. Every op taking TableParams checks finalized() first: params changed after
+  // finalize() are refused, not misread.
   void finalize();
   // Whether the derived columns are those finalize() gives for the current dim and rules.
   bool finalized() const;
@@ -84,6 +88,14 @@ inline void copy_floats(float* dst, const float* src, int64_t count) {
   int64_t c = 0;
   for (; c + 16 <= count; c += 16) std::memcpy(dst + c, src + c, 16 * sizeof(float));
   if (c < count) std::memcpy(dst + c, src + c, sizeof(float) * (count - c));
+}
+
+// The dim weights of a row as float32 into out (dim,): copied, or decoded from a compact row.
+inline void read_weights(float* out, const float* row, const TableParams& p) {
+  if (p.dtype == kFp32)
+    copy_floats(out, row + kEmbedW, p.dim);
+  else
+    decode_cols(out, row, kEmbedW, p.dim, p.dtype);
 }
 
 // Whether none of count floats is NaN or Inf: those are the floats whose exponent bits are

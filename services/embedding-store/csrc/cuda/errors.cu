@@ -67,7 +67,8 @@ int check_params(const StreamrecTableParams* p, const char* op) {
   STREAMREC_CUDA_REQUIRE(
       kinds && p->dim >= 1 && p->embed_state == kEmbedW + p->dim &&
           p->embedx_state == p->embed_state + state_width(p->embed_rule.kind, 1) &&
-          p->width == p->embedx_state + state_width(p->embedx_rule.kind, p->dim - 1),
+          p->width == row_width(p->dtype, p->dim + state_width(p->embed_rule.kind, 1) +
+                                              state_width(p->embedx_rule.kind, p->dim - 1)),
       "%s: params not finalized (dim %lld, width %lld): finalize them after every change", op,
       static_cast<long long>(p->dim), static_cast<long long>(p->width));
   STREAMREC_CUDA_REQUIRE(p->stride >= p->width, "%s: params stride %lld is below the width %lld",

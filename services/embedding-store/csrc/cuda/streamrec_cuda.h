@@ -127,6 +127,8 @@ typedef struct {
   int64_t stride;                   // floats from one row's start to the next's, >= width: the
                                     // device tier pads rows to a multiple of 4 (16 bytes), so
                                     // the weights (from column 4) load as float4
+  int64_t dtype;                    // RowDtype: 0 fp32, 1 fp16, 2 bf16 (row_layout.h)
+  uint64_t round_step;              // push counter: stochastic rounding's salt (row_codec.h)
 } StreamrecTableParams;
 
 // ---- a table's rows: fixed-size chunks of 2^shift rows ----

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "row_layout.h"
+#include "row_codec.h"
 
 namespace streamrec {
 
@@ -127,10 +127,10 @@ STREAMREC_HD inline void init_state(float* st, const Rule& rp, int64_t d) {
   }
 }
 
-// One new row: every column written once (row creation is bound by its stores).
+// One new fp32 row: every column written once (row creation is bound by its stores).
 template <class Pairs, class P>
-STREAMREC_HD inline void init_row(float* row, int64_t key, const P& p, bool expand,
-                                  const Pairs& pairs) {
+STREAMREC_HD inline void init_row_f32(float* row, int64_t key, const P& p, bool expand,
+                                      const Pairs& pairs) {
   row[kShow] = row[kClick] = row[kUnseen] = 0.0f;
   row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
   draw_weights(row + kEmbedW, row_stream(p.seed, key), p, expand, pairs);
@@ -173,9 +173,16 @@ STREAMREC_HD inline float initial_state(const Rule& rp, int64_t d, int64_t c) {
   return 0.0f;
 }
 
+// init_row_lanes' lanes when one thread creates the row.
+struct OneLane {
+  STREAMREC_HD int64_t first() const { return 0; }
+  STREAMREC_HD int64_t step() const { return 1; }
+  STREAMREC_HD bool leader() const { return true; }
+};
+
 // init_row by cooperating lanes (Lanes: first(), step(), leader(), as update_row's): lane k
 // writes columns first() + k step() of each part, the leader the header. The caller syncs
-// the lanes before anything reads the row.
+// the lanes before anything reads the row. A compact row's values are rounded to nearest.
 template <class P, class Lanes>
 STREAMREC_HD inline void init_row_lanes(float* row, int64_t key, const P& p, bool expand,
                                         const Lanes& lanes) {
@@ -184,14 +191,29 @@ STREAMREC_HD inline void init_row_lanes(float* row, int64_t key, const P& p, boo
     row[kFlags] = static_cast<float>(kFlagDirty | (expand ? kFlagExpanded : 0));
   }
   const uint64_t stream = row_stream(p.seed, key);
-  for (int64_t c = lanes.first(); c < p.dim; c += lanes.step())
-    row[kEmbedW + c] = initial_weight(stream, p, expand, c);
-  const int64_t w1 = state_width(p.embed_rule.kind, 1);
-  for (int64_t c = lanes.first(); c < w1; c += lanes.step())
-    row[p.embed_state + c] = initial_state(p.embed_rule, 1, c);
-  const int64_t wx = state_width(p.embedx_rule.kind, p.dim - 1);
-  for (int64_t c = lanes.first(); c < wx; c += lanes.step())
-    row[p.embedx_state + c] = initial_state(p.embedx_rule, p.dim - 1, c);
+  with_cols(p.dtype, row, 0, [&](const auto& cols) {
+    for (int64_t c = lanes.first(); c < p.dim; c += lanes.step())
+      cols.put(kEmbedW + c, initial_weight(stream, p, expand, c));
+    const int64_t w1 = state_width(p.embed_rule.kind, 1);
+    for (int64_t c = lanes.first(); c < w1; c += lanes.step())
+      cols.put(p.embed_state + c, initial_state(p.embed_rule, 1, c));
+    const int64_t wx = state_width(p.embedx_rule.kind, p.dim - 1);
+    for (int64_t c = lanes.first(); c < wx; c += lanes.step())
+      cols.put(p.embedx_state + c, initial_state(p.embedx_rule, p.dim - 1, c));
+  });
+}
+
+// One new row: every column written once (row creation is bound by its stores). An fp32 row
+// draws its uniform weights a pair at a time through pairs (vectorised on the CPU), a compact
+// one a column at a time (the same values), rounded to nearest.
+template <class Pairs, class P>
+STREAMREC_HD inline void init_row(float* row, int64_t key, const P& p, bool expand,
+                                  const Pairs& pairs) {
+  if (p.dtype == kFp32) {
+    init_row_f32(row, key, p, expand, pairs);
+  } else {
+    init_row_lanes(row, key, p, expand, OneLane{});
+  }
 }
 
 // draw_weights by cooperating lanes, into out[0 .. dim).
@@ -202,10 +224,26 @@ STREAMREC_HD inline void draw_weights_lanes(float* out, uint64_t stream, const P
     out[c] = initial_weight(stream, p, expand, c);
 }
 
+// The embedx weights of an expanding row (payload view cols of row, row_codec.h): an fp32
+// row's drawn a pair at a time through pairs, a compact row's a column at a time (the same
+// values) and rounded to nearest.
+template <class Pairs, class P>
+STREAMREC_HD inline void init_embedx_cols(float* row, const F32Cols&, int64_t key, const P& p,
+                                          const Pairs& pairs) {
+  draw_columns(p.embedx_init, row_stream(p.seed, key), 1, p.dim, row + kEmbedW, pairs);
+}
+
+template <class Pairs, class P, int64_t Dtype>
+STREAMREC_HD inline void init_embedx_cols(float*, const HalfCols<Dtype>& cols, int64_t key,
+                                          const P& p, const Pairs&) {
+  const uint64_t stream = row_stream(p.seed, key);
+  for (int64_t c = 1; c < p.dim; ++c) cols.put(kEmbedW + c, draw_column(p.embedx_init, stream, c));
+}
+
 // The embedx weights of an expanding row.
 template <class Pairs, class P>
 STREAMREC_HD inline void init_embedx(float* row, int64_t key, const P& p, const Pairs& pairs) {
-  draw_columns(p.embedx_init, row_stream(p.seed, key), 1, p.dim, row + kEmbedW, pairs);
+  with_cols(p.dtype, row, 0, [&](const auto& cols) { init_embedx_cols(row, cols, key, p, pairs); });
 }
 
 }  // namespace streamrec

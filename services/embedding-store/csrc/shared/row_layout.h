@@ -6,10 +6,20 @@
 //   [show, click, unseen_days, flags, embed_w (1), embedx_w (dim-1), embed_state, embedx_state]
 //    0     1      2            3      4           5 ..                ...
 //
-// so the weights a pull returns are the contiguous columns [kEmbedW, kEmbedW + dim).
+// so the weights a pull returns are the columns [kEmbedW, kEmbedW + dim).
 // flags (a small integer held in a float): bit 0 = embedx expanded, bit 1 = changed since the
 // last base/delta save. The optimizer state width depends on the rule (see state_width).
 // A separate (rows_capacity,) int64 array `row_keys` holds each row's key.
+//
+// Compact rows (a table's dtype, RowDtype): the four header words stay float32; the payload
+// after them (the dim weights, then the optimizer state) is held as 16-bit values of the
+// dtype (fp16 or bf16), two per 32-bit word, element e of the payload in the low half of word
+// kEmbedW + e / 2 when e is even, the high half when odd (little-endian: byte 4 kEmbedW + 2 e
+// of the row). A row is then kEmbedW + ceil(payload / 2) words (row_width), about half the
+// bytes; the column numbers (kEmbedW, embed_state, embedx_state) keep their fp32 meaning as
+// the payload element's number plus kEmbedW. The state is kept in the dtype too; a rule step
+// decodes to float32, computes as for an fp32 row and encodes with stochastic rounding (see
+// row_codec.h); a new row's values and imported weights are encoded round-to-nearest.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +39,10 @@ constexpr int kFlagDirty = 2;
 // Sparse optimizer rules of PaddleRec's CtrCommonAccessor.
 enum RuleKind : int64_t { kNaive = 0, kAdaGrad = 1, kStdAdaGrad = 2, kAdam = 3, kTorchAdaGrad = 4 };
 
+// Storage types of a row's payload (TableOptions.dtype): fp32 is the layout above word for
+// word; fp16 and bf16 pack two payload values per word.
+enum RowDtype : int64_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };
+
 // Initializers: zeros, uniform [a, b), normal (mean a, std b).
 enum InitKind : int64_t { kZeros = 0, kUniform = 1, kNormal = 2 };
 
@@ -40,6 +54,17 @@ STREAMREC_HD inline int64_t state_width(int64_t kind, int64_t dim) {
     case kStdAdaGrad: return dim;                  // one g2sum per weight
     case kAdam: return dim > 0 ? 2 * dim + 2 : 0;  // gsum, g2sum, beta1_pow, beta2_pow
     case kTorchAdaGrad: return dim;                // one g2sum per weight
+    default: return -1;
+  }
+}
+
+// Words of a row whose payload (weights and optimizer state) is `payload` values of dtype;
+// -1 for an unknown dtype.
+STREAMREC_HD inline int64_t row_width(int64_t dtype, int64_t payload) {
+  switch (dtype) {
+    case kFp32: return kEmbedW + payload;
+    case kFp16:
+    case kBf16: return kEmbedW + (payload + 1) / 2;
     default: return -1;
   }
 }

@@ -58,11 +58,12 @@ struct SerialLanes {
 };
 
 // One rule step on d weights w with state st and gradient g, columns split by lanes (every
-// lane of a row calls it; column i's math does not depend on the split). g never overlaps the
-// row (__restrict__), so the weights' loop vectorises.
-template <class Rule, class Lanes = SerialLanes>
-STREAMREC_HD inline void apply_rule(float* w, float* st, const float* __restrict__ g, int64_t d,
-                                    const Rule& rp, const Lanes& lanes = Lanes{}) {
+// lane of a row calls it; column i's math does not depend on the split). w and st are column
+// views (row_codec.h): each value is read as float32, stepped in float32 and written once, so
+// an fp32 row and a compact one run the same math. g never overlaps the row (__restrict__).
+template <class Rule, class Cols, class Lanes = SerialLanes>
+STREAMREC_HD inline void apply_rule(const Cols& w, const Cols& st, const float* __restrict__ g,
+                                    int64_t d, const Rule& rp, const Lanes& lanes = Lanes{}) {
   // no weights, no state columns (a dim-1 table's embedx part): writing st would land
   // outside the row (the next row's show)
   if (d <= 0) return;
@@ -70,51 +71,55 @@ STREAMREC_HD inline void apply_rule(float* w, float* st, const float* __restrict
   const int64_t i0 = lanes.first(), di = lanes.step();
   switch (rp.kind) {
     case kNaive:
-      for (int64_t i = i0; i < d; i += di) w[i] = clip(w[i] - lr * g[i], rp);
+      for (int64_t i = i0; i < d; i += di) w.set(i, clip(w.get(i) - lr * g[i], rp));
       break;
     case kAdaGrad: {
       const double ig2 = rp.initial_g2sum;
-      const float ratio = static_cast<float>(rp.learning_rate * sqrt(ig2 / (ig2 + st[0])));
-      for (int64_t i = i0; i < d; i += di) w[i] = clip(w[i] - ratio * g[i], rp);
+      const float g2sum = st.get(0);
+      const float ratio = static_cast<float>(rp.learning_rate * sqrt(ig2 / (ig2 + g2sum)));
+      for (int64_t i = i0; i < d; i += di) w.set(i, clip(w.get(i) - ratio * g[i], rp));
       const double squares = lanes.sum_of_squares(g, d);
       lanes.sync();  // every lane read st[0]
-      if (lanes.leader()) st[0] += static_cast<float>(squares / d);
+      if (lanes.leader()) st.set(0, g2sum + static_cast<float>(squares / d));
       break;
     }
     case kStdAdaGrad: {
       const double ig2 = rp.initial_g2sum;
       for (int64_t i = i0; i < d; i += di) {
-        const float ratio = static_cast<float>(rp.learning_rate * sqrt(ig2 / (ig2 + st[i])));
-        w[i] = clip(w[i] - ratio * g[i], rp);
-        st[i] += g[i] * g[i];
+        const float g2sum = st.get(i);
+        const float ratio = static_cast<float>(rp.learning_rate * sqrt(ig2 / (ig2 + g2sum)));
+        w.set(i, clip(w.get(i) - ratio * g[i], rp));
+        st.set(i, g2sum + g[i] * g[i]);
       }
       break;
     }
     case kTorchAdaGrad: {  // torch.optim.Adagrad: the accumulator takes g before the step
       const float eps = static_cast<float>(rp.epsilon);
       for (int64_t i = i0; i < d; i += di) {
-        st[i] += g[i] * g[i];
-        w[i] = clip(w[i] - lr * g[i] / (sqrtf(st[i]) + eps), rp);
+        const float g2sum = st.get(i) + g[i] * g[i];
+        st.set(i, g2sum);
+        w.set(i, clip(w.get(i) - lr * g[i] / (sqrtf(g2sum) + eps), rp));
       }
       break;
     }
     case kAdam: {
-      float* gsum = st;
-      float* g2sum = st + d;
-      float& b1p = st[2 * d];
-      float& b2p = st[2 * d + 1];
+      const Cols gsum = st;
+      const Cols g2sum = st.at(d);
+      const float b1p = st.get(2 * d), b2p = st.get(2 * d + 1);
       const float b1 = static_cast<float>(rp.beta1), b2 = static_cast<float>(rp.beta2);
       const float eps = static_cast<float>(rp.epsilon);
       const float alr = lr * sqrtf(1.0f - b2p) / (1.0f - b1p);
       for (int64_t i = i0; i < d; i += di) {
-        gsum[i] = b1 * gsum[i] + (1.0f - b1) * g[i];
-        g2sum[i] = b2 * g2sum[i] + (1.0f - b2) * g[i] * g[i];
-        w[i] = clip(w[i] - alr * (gsum[i] / (sqrtf(g2sum[i]) + eps)), rp);
+        const float m = b1 * gsum.get(i) + (1.0f - b1) * g[i];
+        const float v = b2 * g2sum.get(i) + (1.0f - b2) * g[i] * g[i];
+        gsum.set(i, m);
+        g2sum.set(i, v);
+        w.set(i, clip(w.get(i) - alr * (m / (sqrtf(v) + eps)), rp));
       }
       lanes.sync();  // every lane read b1p and b2p
       if (lanes.leader()) {
-        b1p *= b1;
-        b2p *= b2;
+        st.set(2 * d, b1p * b1);
+        st.set(2 * d + 1, b2p * b2);
       }
       break;
     }
@@ -122,22 +127,20 @@ STREAMREC_HD inline void apply_rule(float* w, float* st, const float* __restrict
   }
 }
 
-// One row's step on row w: statistics, the embed rule, the embedx rule or the expansion.
-// The row's key (*key) is read only when the row expands (a random load per row otherwise).
-// Returns 1 when the row expanded (to every lane). Every lane reads the row's scalars; the
-// leader alone writes them, after a sync.
-template <class Pairs, class P, class Lanes = SerialLanes>
-STREAMREC_HD inline int update_row(float* w, const int64_t* key, const float* g, float show,
-                                   float click, const P& p, const Pairs& pairs,
-                                   const Lanes& lanes = Lanes{}) {
+// update_row on the payload view cols of row w (row_codec.h).
+template <class Cols, class Pairs, class P, class Lanes>
+STREAMREC_HD inline int update_row_cols(float* w, const Cols& cols, const int64_t* key,
+                                        const float* g, float show, float click, const P& p,
+                                        const Pairs& pairs, const Lanes& lanes) {
   const float new_show = w[kShow] + show, new_click = w[kClick] + click;
   int flags = static_cast<int>(w[kFlags]) | kFlagDirty;
   int expanded = 0;
-  apply_rule(w + kEmbedW, w + p.embed_state, g, 1, p.embed_rule, lanes);
+  apply_rule(cols.at(kEmbedW), cols.at(p.embed_state), g, 1, p.embed_rule, lanes);
   if (flags & kFlagExpanded) {
-    apply_rule(w + kEmbedW + 1, w + p.embedx_state, g + 1, p.dim - 1, p.embedx_rule, lanes);
+    apply_rule(cols.at(kEmbedW + 1), cols.at(p.embedx_state), g + 1, p.dim - 1, p.embedx_rule,
+               lanes);
   } else if (score(p, new_show, new_click) >= p.embedx_threshold) {
-    if (lanes.leader()) init_embedx(w, *key, p, pairs);  // once in a row's life
+    if (lanes.leader()) init_embedx_cols(w, cols, *key, p, pairs);  // once in a row's life
     flags |= kFlagExpanded;
     expanded = 1;
   }
@@ -149,6 +152,23 @@ STREAMREC_HD inline int update_row(float* w, const int64_t* key, const float* g,
     w[kFlags] = static_cast<float>(flags);
   }
   return expanded;
+}
+
+// One row's step on row w: statistics, the embed rule, the embedx rule or the expansion.
+// The row's key (*key) is read only when the row expands or the row is compact (its
+// stochastic rounding's salt, with the table's push counter p.round_step). Returns 1 when
+// the row expanded (to every lane). Every lane reads the row's scalars; the leader alone
+// writes them, after a sync.
+template <class Pairs, class P, class Lanes = SerialLanes>
+STREAMREC_HD inline int update_row(float* w, const int64_t* key, const float* g, float show,
+                                   float click, const P& p, const Pairs& pairs,
+                                   const Lanes& lanes = Lanes{}) {
+  if (p.dtype == kFp32)
+    return update_row_cols(w, f32_cols(w), key, g, show, click, p, pairs, lanes);
+  const uint64_t salt = round_salt(*key, p.round_step);
+  if (p.dtype == kFp16)
+    return update_row_cols(w, half_cols<kFp16>(w, salt), key, g, show, click, p, pairs, lanes);
+  return update_row_cols(w, half_cols<kBf16>(w, salt), key, g, show, click, p, pairs, lanes);
 }
 
 // ---- whole-table passes, per row ----
