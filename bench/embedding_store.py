@@ -11,7 +11,9 @@ Figures:
    >= 2.0x, service >= 1.0x. For in-process AdaGrad, the bytes the step moves per second as a
    share of the measured memory bandwidth.
 3. RAM bytes per row (dim 16, AdaGrad) against the minimum: key 8 + weights 4*dim + AdaGrad
-   state 2*4 (one g2sum per part) + show/click 2*4.
+   state 2*4 (one g2sum per part) + show/click 2*4. Then fp16 and bf16 tables (``dtype``)
+   beside fp32 at dims 16 and 64 (torch Adagrad): the row's bytes and pull + push
+   throughput, each as a ratio to fp32's in the same run.
 4. ssd tier with a table 4x its cache budget: throughput and hit rate, against the host tier
    on the same ids.
 5. the trainer's shape: pull + naive SGD push of 106,496 ids a step (setup b's 26 slots x 2
@@ -162,7 +164,9 @@ def baseline(rule: str, dim: int, batches: list[np.ndarray]) -> float:
     return idx[0].numel() / timed(step, len(batches) - 1)
 
 
-def table(name: str, dim: int, rule: str, init_capacity: int = 0) -> TableOptions:
+def table(
+    name: str, dim: int, rule: str, init_capacity: int = 0, dtype: str = "fp32"
+) -> TableOptions:
     sgd = {"name": rule, "learning_rate": 0.05, "initial_range": 0.01}
     return TableOptions.parse(
         {
@@ -172,6 +176,7 @@ def table(name: str, dim: int, rule: str, init_capacity: int = 0) -> TableOption
             "embed_sgd_param": sgd,
             "embedx_sgd_param": sgd,
             "init_capacity": init_capacity,
+            "dtype": dtype,
         }
     )
 
@@ -379,6 +384,36 @@ def bench_bytes_per_row(rows: int) -> None:
             )
 
 
+def bench_compact_rows(args: argparse.Namespace) -> None:
+    """Row bytes and pull + push throughput of fp16 and bf16 tables beside fp32's, in the
+    same run: dims 16 and 64 under the trainer's default rule (torch Adagrad: one state
+    value per weight), uniform ids over 1M keys, presized."""
+    n, steps = args.ids, args.steps
+    rng = np.random.default_rng(5)
+    batches = [
+        mix64(rng.integers(0, 1_000_000, n).astype(np.uint64)).view(np.int64)
+        for _ in range(steps + 1)
+    ]
+    distinct = distinct_keys(batches)
+    for dim in (16, 64):
+        grads = torch.full((n, dim), 1e-3)
+        fp32: tuple[float, float] | None = None
+        for dtype in ("fp32", "fp16", "bf16"):
+            store = EmbeddingStore([table("t", dim, "torch_adagrad", distinct, dtype)])
+            rate = n / timed(store_step(store, "t", batches, grads), steps)
+            row_bytes = 4.0 * store.tier("t").width  # the row's words (key and index apart)
+            store.close()
+            fp32 = fp32 or (row_bytes, rate)
+            figure(f"row bytes dim{dim} torch_adagrad {dtype}", row_bytes, "B/row", fp32[0], "fp32")
+            figure(
+                f"pull+push dim{dim} torch_adagrad {dtype} ({n:,} ids)",
+                rate / 1e3,
+                "k lookups/s",
+                fp32[1] / 1e3,
+                "fp32",
+            )
+
+
 def bench_ssd(args: argparse.Namespace, tmp: Path) -> None:
     dim, n, steps = 16, args.ids, args.steps
     budget_mb = args.ssd_cache_mb
@@ -461,7 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = {
             "transport": lambda: transport_round_trip(Path(tmp)),
             "speed": lambda: bench_speed(args, bandwidth, Path(tmp)),
-            "bytes-per-row": lambda: bench_bytes_per_row(rows_for_bytes),
+            "bytes-per-row": lambda: (
+                bench_bytes_per_row(rows_for_bytes),
+                bench_compact_rows(args),
+            ),
             "ssd-tier": lambda: bench_ssd(args, Path(tmp)),
             "trainer-shape": lambda: bench_trainer_shape(args, bandwidth),
         }

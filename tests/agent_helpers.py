@@ -53,6 +53,21 @@ def alive(agent: subprocess.Popen, log: Path) -> None:
         raise AssertionError(f"agent exited {agent.returncode}: {log.read_text()[-3000:]}")
 
 
+def land_day(out: Path) -> None:
+    """A day of 6 splits of 240 minutes, 400 planted samples each (6 short passes)."""
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "streamrec-datagen"),
+            *("--out", str(out), "--start-day", "20190720", "--days", "1"),
+            *("--split-interval", "240", "--samples-per-split", "400"),
+            *("--slots", "4", "--vocab", "200", "--seed", "7"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
 def run_agent(
     redis_url: str, job_id: str, log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import alive, finished, run_agent, small_job, started_job
+from agent_helpers import alive, finished, land_day, run_agent, small_job, started_job
 from servers import tmpfs, wait_for
 from streamrec.process import stop_process
 
@@ -26,21 +24,6 @@ DAY = "20190720"
 PASSES = 6
 #: How long the disk stays full.
 FULL_S = 12.0
-
-
-def land_day(out: Path) -> None:
-    """6 splits of 240 minutes, 400 planted samples each."""
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "streamrec-datagen"),
-            *("--out", str(out), "--start-day", DAY, "--days", "1"),
-            *("--split-interval", "240", "--samples-per-split", "400"),
-            *("--slots", "4", "--vocab", "200", "--seed", "7"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
 
 
 def fill(root: Path) -> Path:

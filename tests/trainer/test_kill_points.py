@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import SMALL_MODEL, agent_args, small_job, started_job
+from agent_helpers import SMALL_MODEL, agent_args, land_day, small_job, started_job
 from api_helpers import TEST_STORE_ENDPOINT
 from servers import wait_for
 from streamrec.process import spawn, stop_process
@@ -36,21 +36,6 @@ POINTS = {
     "pause_after_pass_log": 3,
     "pause_in_save": 2,
 }
-
-
-def land_day(out: Path) -> None:
-    """6 splits of 240 minutes, 400 planted samples each."""
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "streamrec-datagen"),
-            *("--out", str(out), "--start-day", DAY, "--days", "1"),
-            *("--split-interval", "240", "--samples-per-split", "400"),
-            *("--slots", "4", "--vocab", "200", "--seed", "7"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
 
 
 def group_command(redis_url: str, job_id: str, ranks: int) -> list[str]:
