@@ -4,10 +4,11 @@ over REST, alone or two faults within a second, then the verdict of :mod:`chaos_
 
 Shared by ``tests/e2e/test_chaos.py`` (bounded, a kill of each kind),
 ``tests/e2e/test_chaos_freeze.py`` (a freeze of each kind and a double fault; both through
-:func:`run_and_judge`) and ``tools/chaos.py`` (as long as asked). The stack's demo job is stopped and deleted at once (its model path,
-``RUN/models``, would hold every other job's); the chaos job is the demo's spec with its
-own model path and ``checkpoint_per_pass``; the no-fault job, the same spec again, runs
-after it on the same data (same seed) for the steps each pass adds and the AUC.
+:func:`run_and_judge`) and ``tools/chaos.py`` (as long as asked). The stack's demo job is
+stopped and deleted at once (its model path, ``RUN/models``, would hold every other job's);
+the chaos job is the demo's spec with its own model path and ``checkpoint_per_pass``; the
+no-fault job, the same spec again, runs after it on the same data (same seed) for the steps
+each pass adds and the AUC.
 
 Kinds and what a fault of each takes down (pids from ``RUN/stack.json``)::
 
