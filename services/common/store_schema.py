@@ -178,8 +178,8 @@ class TableOptions(StrictConfig):
     #: (16-bit values, two per 32-bit word: about half the bytes a row, in RAM, in the ssd
     #: tier's file and cache). A push steps a compact row in float32 and rounds the result
     #: stochastically (unbiased: many small updates are not lost); pulls, exports and
-    #: predict see float32. Tiers host and ssd store every dtype; tier device and the GPU
-    #: cache refuse fp16 and bf16.
+    #: predict see float32. Every tier (host, ssd, device and the GPU cache) stores every
+    #: dtype.
     #: fp16 and bf16 hold the state of the naive and AdaGrad rules; SparseAdamSGDRule's is
     #: refused (its beta powers and second moment need float32).
     dtype: RowDtype = "fp32"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from streamrec.embedding_store import _C, EmbeddingStore, SgdRuleParam, TableOptions
-from streamrec.embedding_store.errors import CheckpointError, InvalidInput
+from streamrec.embedding_store.errors import CheckpointError
 from streamrec.embedding_store.tiers import row_codec
 from streamrec.embedding_store.tiers.cached_table import CachedTable
 from streamrec.embedding_store.tiers.device_table import DeviceTable
@@ -125,11 +125,14 @@ def test_compact_rows_refuse_adam(dtype: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", COMPACT)
-def test_tiers_without_compact_rows_refuse_the_dtype(dtype: str) -> None:
-    with pytest.raises(InvalidInput, match=f"dtype '{dtype}' is not supported by tier 'device'"):
-        DeviceTable(table(dtype), 0, device="cpu")
-    with pytest.raises(InvalidInput, match="not supported by the GPU cache"):
-        CachedTable(HostTable(table(dtype), 0), 1.0, device="cpu")
+def test_every_tier_takes_the_compact_dtypes(dtype: str) -> None:
+    """The device tier and the GPU cache store compact rows too (their kernels' CPU build
+    here; bit for bit against the host tier in test_cuda_device_tier.py)."""
+    device = DeviceTable(table(dtype), 0, device="cpu")
+    cached = CachedTable(HostTable(table(dtype), 0), 1.0, device="cpu")
+    assert device.width == cached.width == HostTable(table(dtype), 0).width
+    for tier in (device, cached):
+        tier.close()
 
 
 # -- saves and loads ---------------------------------------------------------------------

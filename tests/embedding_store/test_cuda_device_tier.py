@@ -246,3 +246,167 @@ def test_a_tables_ops_run_in_call_order_whichever_stream_calls() -> None:
     same_contents(host, table)
     delta = [t.export(SELECT_DELTA)[0].sort().values for t in (host, table)]
     assert torch.equal(delta[0], delta[1])
+
+
+# -- compact rows (dtype fp16 / bf16): the host tier's words, bit for bit ------------------
+COMPACT = ["fp16", "bf16"]
+COMPACT_RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule"]
+
+
+def compact_options(dtype: str, rule: str, dim: int = 8, name: str = "t") -> TableOptions:
+    sgd = {"name": rule}
+    return TableOptions(
+        name=name, dim=dim, dtype=dtype, embedx_threshold=2.0, embed_sgd_param=sgd,
+        embedx_sgd_param=sgd,
+    )  # fmt: skip
+
+
+def same_words(host: Any, device: Any) -> None:
+    """Both tables hold the same keys and the same rows bit for bit: the header words and the
+    payload's 16-bit values (not the pad half after an odd payload, which neither tier's
+    initializer writes: its bits are whatever the new rows' memory held)."""
+    hk, hr = host.export(SELECT_ALL)
+    dk, dr = device.export(SELECT_ALL)
+    ho, do = torch.argsort(hk), torch.argsort(dk)
+    assert torch.equal(hk[ho], dk[do])
+    hr, dr = hr[ho], dr[do]
+    assert torch.equal(dr[:, :4].view(torch.int32), hr[:, :4].view(torch.int32))
+    payload = host.payload
+    halves = [r[:, 4:].contiguous().view(torch.int16)[:, :payload] for r in (hr, dr)]
+    assert torch.equal(halves[1], halves[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [8, 9, 16])
+@pytest.mark.parametrize("rule", COMPACT_RULES)
+@pytest.mark.parametrize("dtype", COMPACT)
+def test_compact_pulls_and_pushes_are_the_host_tiers_bit_for_bit(
+    device: str, dtype: str, rule: str, dim: int
+) -> None:
+    from streamrec.embedding_store.tiers.device_table import DeviceTable
+
+    options = compact_options(dtype, rule, dim)
+    host, table = HostTable(options, 3), DeviceTable(options, 3, device=device)
+    assert table.width == host.width < 4 + dim  # compact: fewer words than an fp32 row
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        keys = keys_of(3000, 2500, seed=step)  # new keys every step: growth past 1024 rows
+        assert torch.equal(table.pull(keys, True), host.pull(keys, True))
+        grads = torch.randn((keys.numel(), dim), generator=g) * 0.1
+        shows = torch.rand(keys.numel(), generator=g) * 2
+        clicks = shows * torch.rand(keys.numel(), generator=g)
+        assert table.push(keys, grads, shows, clicks) and host.push(keys, grads, shows, clicks)
+    same_words(host, table)
+    assert table.counters["rows_expanded"] == host.counters["rows_expanded"] > 0
+    for name, value in host.inspect(keys).items():
+        assert torch.equal(table.inspect(keys)[name], value)
+    assert torch.equal(table.pull(keys, False), host.pull(keys, False))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", COMPACT)
+def test_compact_imports_and_exports_are_the_host_tiers_bit_for_bit(
+    device: str, dtype: str
+) -> None:
+    from streamrec.embedding_store.tiers.device_table import DeviceTable
+
+    options = compact_options(dtype, "SparseAdaGradSGDRule", dim=9)
+    host = HostTable(options, 3)
+    keys = keys_of(1500, 1500, seed=7).unique()
+    host.pull(keys, True)
+    host.push(keys, torch.randn((keys.numel(), 9)) * 0.1, torch.ones(keys.numel()) * 3,
+              torch.ones(keys.numel()))  # fmt: skip
+    k, rows = host.export(SELECT_ALL)
+    table = DeviceTable(options, 3, device=device)
+    table.import_rows(k, rows)  # the words as stored
+    same_words(host, table)
+    # weights encoded to nearest as the host tier does: fp16 saturating, embedx zeros kept
+    values = torch.randn((k.numel(), 9)) * 100
+    values[::3, 1:] = 0
+    values[1, 2], values[2, 3] = 1e6, -1e6
+    other_host, other_device = HostTable(options, 3), DeviceTable(options, 3, device=device)
+    for t in (other_host, other_device, host, table):
+        t.import_weights(k, values)
+    same_words(other_host, other_device)
+    same_words(host, table)
+    assert torch.equal(table.pull(k, False), host.pull(k, False))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", COMPACT)
+def test_compact_store_blocks_and_checkpoints_match_the_host_tier(
+    device: str, dtype: str, tmp_path: Any
+) -> None:
+    """Two compact tables through the store (the device tier's block pulls and pushes, a
+    push counter per table as the host tier's), then checkpoints loaded across tiers."""
+    from streamrec.embedding_store import EmbeddingStore
+
+    options = [compact_options(dtype, "SparseAdaGradSGDRule", 8, name) for name in ("a", "b")]
+    on_device = EmbeddingStore(options, seed=3, tier="device", device=device)
+    host = EmbeddingStore(options, seed=3)
+    g = torch.Generator().manual_seed(4)
+    for step in range(3):
+        keys = {name: keys_of(2000, 1500, seed=10 * step + i) for i, name in enumerate("ab")}
+        for s in (on_device, host):
+            for name in "ab":
+                s.pull(name, keys[name])
+        for name in "ab":
+            grads = torch.randn((keys[name].numel(), 8), generator=g) * 0.1
+            ones = torch.ones(keys[name].numel())
+            for s in (on_device, host):
+                s.push(name, keys[name], grads, ones * 3, ones)
+    for step in range(3):  # blocks: one pull and one push of both tables a step
+        both = [keys_of(1500, 1200, seed=50 + step), keys_of(1000, 900, seed=60 + step)]
+        counts, flat = [k.numel() for k in both], torch.cat(both)
+        pulled = [s.pull_rows(["a", "b"], flat, counts).cpu() for s in (on_device, host)]
+        assert torch.equal(pulled[0], pulled[1])
+        grads = torch.randn((flat.numel(), 8), generator=g) * 0.1
+        shows = torch.rand(flat.numel(), generator=g) * 3
+        for s in (on_device, host):
+            s.push_rows(["a", "b"], flat, counts, grads, shows, shows * 0.5)
+        keys = {"a": torch.cat([keys["a"], both[0]]), "b": torch.cat([keys["b"], both[1]])}
+    small = [keys["a"][:50], keys["b"][:40]]
+    flat = torch.cat(small)
+    for _ in range(4):  # no growth, the same descriptor: each push still draws new bits
+        grads = torch.randn((flat.numel(), 8), generator=g) * 0.1
+        for s in (on_device, host):
+            s.push_rows(["a", "b"], flat, [50, 40], grads)
+    for name in "ab":
+        assert torch.equal(
+            on_device.pull(name, keys[name], create=False), host.pull(name, keys[name], False)
+        )
+    on_device.save(str(tmp_path / "from-device"), "checkpoint")
+    host.save(str(tmp_path / "from-host"), "checkpoint")
+    loaded_host = EmbeddingStore(options, seed=3)
+    loaded_device = EmbeddingStore(options, seed=3, tier="device", device=device)
+    loaded_host.load(str(tmp_path / "from-device"))
+    loaded_device.load(str(tmp_path / "from-host"))
+    for name in "ab":
+        want = host.pull(name, keys[name], False)
+        for s in (loaded_host, loaded_device):
+            assert torch.equal(s.pull(name, keys[name], create=False), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rule", COMPACT_RULES)
+@pytest.mark.parametrize("dtype", COMPACT)
+def test_a_compact_gpu_cache_is_the_host_tier_bit_for_bit(
+    device: str, dtype: str, rule: str
+) -> None:
+    """A GPU cache of compact rows (gather decoding, pushes on the cached rows with the
+    backing table's push counter) in front of a host table, against a host table alone."""
+    from streamrec.embedding_store.tiers.cached_table import CachedTable
+
+    options = compact_options(dtype, rule, dim=9)
+    host, cached = HostTable(options, 3), CachedTable(HostTable(options, 3), 1.0, device=device)
+    g = torch.Generator().manual_seed(2)
+    for step in range(4):
+        keys = keys_of(400, 400, seed=70 + step % 2).unique()  # cached from the second pull on
+        assert torch.equal(cached.pull(keys, True).cpu(), host.pull(keys, True))
+        grads = torch.randn((keys.numel(), 9), generator=g) * 0.1
+        shows = torch.rand(keys.numel(), generator=g) * 3
+        for t in (cached, host):
+            assert t.push(keys, grads, shows, shows * 0.5)
+    assert cached.gpu_counters["gpu_cache_hits"] > 0
+    assert torch.equal(cached.pull(keys, False).cpu(), host.pull(keys, False))
+    same_words(host, cached)

@@ -380,3 +380,78 @@ def test_a_dim_1_push_writes_only_its_own_rows(ops: cuda_ext.CudaOps, rule: str)
     after = data.cpu()
     assert bool(after.isfinite().all())
     assert torch.equal(after[1::2], before[1::2])  # the rows not pushed: untouched
+
+
+# -- compact rows (TableOptions.dtype fp16 / bf16): the kernels decode and encode as the CPU core
+COMPACT = ["fp16", "bf16"]
+COMPACT_RULES = ["SparseNaiveSGDRule", "SparseAdaGradSGDRule", "TorchAdaGradSGDRule"]
+
+
+def compact_params(dtype: str, rule: str, dim: int) -> tuple[Any, cuda_ext.TableParams]:
+    """(CPU TableParams, the C API's struct) of a table of rows of dtype."""
+    sgd = SgdRuleParam(name=rule, weight_bounds=(-0.5, 0.5))
+    options = TableOptions(
+        name="t", dim=dim, dtype=dtype, embed_sgd_param=sgd, embedx_sgd_param=sgd,
+        embedx_threshold=2.0,
+    )  # fmt: skip
+    p = table_params(options, seed=7)
+    return p, cuda_ext.TableParams.of(p)
+
+
+@pytest.mark.parametrize("dim", [8, 9])
+@pytest.mark.parametrize("dtype", COMPACT)
+def test_compact_rows_created_gathered_and_pooled_match_the_cpu(
+    ops: cuda_ext.CudaOps, dtype: str, dim: int
+) -> None:
+    """New rows encoded to nearest, word for word the CPU core's (an odd payload's pad half
+    included); the gather decodes them to the CPU core's float32 weights."""
+    p, gp = compact_params(dtype, "SparseAdaGradSGDRule", dim)
+    keys = sample_keys(1000, 400, seed=dim)
+    _, cpu_rows, cpu_data, _ = cpu_table(keys, p, 512)
+    _, found, gpu_data, _, _ = gpu_table(ops, keys, gp, 512)
+    cpu_by_key, gpu_by_key = by_key(keys, cpu_rows, cpu_data), by_key(keys, found, gpu_data)
+    assert all(torch.equal(gpu_by_key[k], v) for k, v in cpu_by_key.items())
+    rows = cpu_rows.clone()
+    rows[::13] = -1
+    dev_data = cpu_data.to(ops.device, copy=True)
+    want = _C.gather(cpu_data, rows, p)
+    assert want.abs().sum() > 0
+    assert torch.equal(ops.gather(dev_data, rows.to(ops.device, copy=True), gp).cpu(), want)
+    offsets = torch.tensor([0, 0, 5, 6, 300, 1000])
+    for mean in (False, True):
+        pooled = ops.gather_pooled(
+            dev_data, rows.to(ops.device, copy=True), offsets.to(ops.device, copy=True), gp, mean
+        ).cpu()
+        bags = torch.nn.functional.embedding_bag(
+            torch.arange(rows.numel()), want, offsets, mode="mean" if mean else "sum",
+            include_last_offset=True,
+        )  # fmt: skip
+        torch.testing.assert_close(pooled, bags, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rule", COMPACT_RULES)
+@pytest.mark.parametrize("dim", [2, 9, 33])
+@pytest.mark.parametrize("dtype", COMPACT)
+def test_compact_update_is_bit_identical_to_the_cpu_core(
+    ops: cuda_ext.CudaOps, dtype: str, dim: int, rule: str
+) -> None:
+    """The push on compact rows (decode, the float32 step, stochastic rounding from the key,
+    the column and round_step) writes the CPU core's words exactly, step after step."""
+    p, gp = compact_params(dtype, rule, dim)
+    keys = sample_keys(600, 300, seed=dim)
+    _, cpu_rows, cpu_data, cpu_row_keys = cpu_table(keys, p, 512)
+    dev_data, dev_keys = cpu_data.to(ops.device, copy=True), cpu_row_keys.to(ops.device, copy=True)
+    g = torch.Generator().manual_seed(dim)
+    for step in range(1, 4):
+        p.round_step = gp.round_step = step
+        grads = torch.randn((cpu_rows.numel(), dim), generator=g) * 0.1
+        shows = torch.rand(cpu_rows.numel(), generator=g) * 2
+        before = cpu_data.clone()
+        want = _C.update(cpu_data, cpu_row_keys, cpu_rows, grads, shows, shows * 0.5, p)
+        got = ops.update(
+            dev_data, dev_keys, *(t.to(ops.device, copy=True) for t in (cpu_rows, grads)),
+            shows.to(ops.device, copy=True), (shows * 0.5).to(ops.device, copy=True), gp,
+        )  # fmt: skip
+        assert got == want
+        assert not torch.equal(cpu_data, before)
+        assert torch.equal(dev_data.cpu(), cpu_data)

@@ -157,6 +157,10 @@ class _RowOps:
         """Weights (n, dim) float32 of ``rows`` (n,) int64 of ``data``; -1 reads zeros."""
         return self.cuda.gather(data, rows.contiguous(), self._gp)
 
+    def set_round_step(self, step: int) -> None:
+        """The push counter of the update's stochastic rounding (a compact row's)."""
+        self._gp.round_step = step
+
     def update(
         self,
         data: torch.Tensor,
@@ -203,11 +207,6 @@ class CachedTable(TableTier):
         self.options, self.params = backing.options, backing.params
         self.dim, self.width, self.counters = backing.dim, backing.width, backing.counters
         self.payload = backing.payload
-        if self.options.dtype != "fp32":
-            raise InvalidInput(
-                f"table {self.options.name!r}: dtype {self.options.dtype!r} is not supported "
-                "by the GPU cache (gpu_cache_budget_mb); it caches fp32 rows only"
-            )
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise TierUnavailable(
@@ -314,6 +313,11 @@ class CachedTable(TableTier):
 
             def dev(name: str, t: torch.Tensor) -> torch.Tensor:
                 return self._staging.to_device(name, t[on], torch.float32)
+
+            # a compact row's stochastic rounding: new bits per push (the backing table's
+            # counter, which its own pushes bump too)
+            self.params.round_step += 1
+            self._ops.set_round_step(self.params.round_step)
 
             self.counters["rows_expanded"] += self._ops.update(
                 self.data,

@@ -156,6 +156,8 @@ class DeviceBlocks:
         n = keys.numel()
         distinct, part_table = _distinct(tables)
         caller = self._begin(distinct, tables, counts)
+        for table in distinct:
+            table.note_push()  # before the descriptor: a compact table's holds round_step
         args = self._args(ops, distinct, part_table, counts, n, dim)
         k = self._to_device(ops, "push_keys", keys, torch.int64)
         g = self._to_device(ops, "grads", grads, torch.float32)

@@ -8,6 +8,11 @@ CUDA hash index, all CUDA tensors; rows ``[0, size)`` are in use. Keys, gradient
 cross the interface as CPU tensors (the store's contract); the rows never leave the GPU except
 for ``export``, ``inspect`` and the weights a pull returns.
 
+Compact rows (``dtype`` fp16 / bf16) are the host tier's words: the gather decodes their
+weights, a push rounds stochastically with the same bits as the host tier (the table's push
+counter ``round_step``, bumped once per push as there), imported weights are encoded by
+:mod:`~streamrec.embedding_store.tiers.row_codec` as there.
+
 Differences from the host tier, by design: new rows are numbered by an atomic counter (a
 table's row order differs from the host tier's; keys, weights and statistics do not), and
 admission (``admission_score``, ``admission_probability``) is refused by name until the
@@ -52,12 +57,12 @@ from streamrec.embedding_store.errors import (
     InvalidInput,
     NonFiniteGradient,
 )
-from streamrec.embedding_store.tiers import cuda_ext
+from streamrec.embedding_store.tiers import cuda_ext, row_codec
 from streamrec.embedding_store.tiers.device_rows import RowChunks, chunk_shift
 from streamrec.embedding_store.tiers.device_staging import Staging, aligned
 from streamrec.embedding_store.tiers.table_tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
 from streamrec.errors import StreamRecError
-from streamrec.store_schema import TableOptions
+from streamrec.store_schema import ROW_DTYPES, TableOptions
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -105,6 +110,7 @@ class DeviceTable(TableTier):
 
     kind = "device"
     block_group = "device"
+    dtypes = tuple(ROW_DTYPES)
 
     def __init__(
         self,
@@ -275,6 +281,15 @@ class DeviceTable(TableTier):
         """Keys sent to block creation so far (what :meth:`note_size` compares)."""
         return self._issued
 
+    def note_push(self) -> None:
+        """Before a push of this table (alone or in a block): a compact row's stochastic
+        rounding draws new bits (the push counter ``round_step``, bumped as the host tier
+        does). A compact table's block descriptor holds the counter, so it is made again."""
+        self.params.round_step += 1
+        self._gp.round_step = self.params.round_step
+        if self.options.dtype != "fp32":
+            self.generation += 1
+
     def block_entry(self) -> cuda_ext.BlockTable:
         """This table as a block's descriptor (valid until :attr:`generation` changes)."""
         rows = self._rows.struct()
@@ -403,6 +418,7 @@ class DeviceTable(TableTier):
     ) -> bool:
         rows, created = self._find_or_create(self._cuda(keys, torch.int64, "keys"), "creating")
         self.counters["rows_created"] += created
+        self.note_push()
         self.counters["rows_expanded"] += self._ops.update(
             self._rows,
             None,
@@ -501,7 +517,12 @@ class DeviceTable(TableTier):
             )
         rows, _ = self._find_or_create(self._cuda(keys, torch.int64), "loading")
         v = self._cuda(values, torch.float32)
-        self._ops.write_rows(self._rows, rows, _C.EMBED_W, v, self._gp)
+        if self.options.dtype == "fp32":
+            self._ops.write_rows(self._rows, rows, _C.EMBED_W, v, self._gp)
+        else:  # encoded as the host tier does (row_codec, to nearest), whole rows rewritten
+            full = self._ops.read_rows(self._rows, rows, 0, self.width, self._gp)
+            row_codec.encode_(full, self.options.dtype, _C.EMBED_W, v)
+            self._ops.write_rows(self._rows, rows, 0, full, self._gp)
         expanded = (v[:, 1:] != 0).any(dim=1).to(torch.int64) * _C.FLAG_EXPANDED
         flags = self._ops.read_rows(self._rows, rows, _C.FLAGS, 1, self._gp).to(torch.int64)
         flags |= expanded[:, None]

@@ -200,6 +200,10 @@ STREAMREC_HD inline void init_row_lanes(float* row, int64_t key, const P& p, boo
     const int64_t wx = state_width(p.embedx_rule.kind, p.dim - 1);
     for (int64_t c = lanes.first(); c < wx; c += lanes.step())
       cols.put(p.embedx_state + c, initial_state(p.embedx_rule, p.dim - 1, c));
+    // an odd payload leaves the last word's high half unused: zeros, not the memory's old
+    // bytes (they reach checkpoint files)
+    const int64_t payload = p.embedx_state + wx - kEmbedW;
+    if (p.dtype != kFp32 && (payload & 1) && lanes.leader()) store16(row, payload, 0);
   });
 }
 
