@@ -14,6 +14,8 @@ cache budget's).
     .venv/bin/python bench/ssd_tier.py --rows 10_000_000
     .venv/bin/python bench/ssd_tier.py --rows 30_000_000 --cache-share 0.125
     .venv/bin/python bench/ssd_tier.py --rows 30_000_000 --tiers ssd --cold
+    .venv/bin/python bench/ssd_tier.py --rows 30_000_000 --tiers ssd --dtype fp16
+        (the same cache bytes as fp32's: more rows fit; compare the hit rates)
     .venv/bin/python bench/ssd_tier.py --rows 300_000_000 --tiers ssd --checkpoint --dir D
         (file ~29 GB, its checkpoint ~29 GB more)
 """
@@ -79,7 +81,7 @@ class PeakMemory:
         return {k: v / 2**20 for k, v in self.peak.items()}  # GiB
 
 
-def table() -> TableOptions:
+def table(dtype: str = "fp32") -> TableOptions:
     sgd = {"name": "adagrad", "learning_rate": 0.05, "initial_range": 0.01}
     return TableOptions.parse(
         {
@@ -88,6 +90,7 @@ def table() -> TableOptions:
             "embedx_threshold": 0,
             "embed_sgd_param": sgd,
             "embedx_sgd_param": sgd,
+            "dtype": dtype,
         }
     )
 
@@ -131,6 +134,7 @@ def checkpoint_round_trip(store: EmbeddingStore, rows: int, cache_mb: float, pat
     a fresh ssd-tier store and checks a sample of 100,000 rows bit identical; seconds, GB/s
     and the peak RssAnon/RssFile rise (GiB) of the save and of the load."""
     out: dict = {}
+    options = list(store.tables.values())
     ck = Path(path) / "checkpoint"
     sample = keys_of(np.random.default_rng(3).integers(0, rows, 100_000))
     for what in ("save", "load"):
@@ -138,7 +142,7 @@ def checkpoint_round_trip(store: EmbeddingStore, rows: int, cache_mb: float, pat
             want = store.inspect("t", sample)
             store.close()
             kw = {"persistent_path": str(Path(path) / "loaded"), "cache_budget_mb": cache_mb}
-            store = EmbeddingStore([table()], tier="ssd", capacity=rows, **kw)
+            store = EmbeddingStore(options, tier="ssd", capacity=rows, **kw)
         base = memory_kib()
         mem = PeakMemory(every=0.02)
         t = time.perf_counter()
@@ -175,6 +179,7 @@ def serve_tier(
     path: str,
     cold: bool = False,
     checkpoint: bool = False,
+    dtype: str = "fp32",
 ) -> None:
     """One tier in this (fresh) process: creates the table (creation rows/s), warms it, then
     runs one step of the stream per "step" message (its seconds back) until "done" (its
@@ -185,7 +190,7 @@ def serve_tier(
     kw = {}
     if tier == "ssd":
         kw = {"persistent_path": path, "cache_budget_mb": cache_mb, "capacity": rows}
-    store = EmbeddingStore([table()], tier=tier, **kw)
+    store = EmbeddingStore([table(dtype)], tier=tier, **kw)
     chunk = 1 << 20
     t = time.perf_counter()
     for a in range(0, rows, chunk):
@@ -266,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="after the steps: save the ssd table, load it into a fresh ssd store, compare",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="the table's row dtype; the cache budget stays that of fp32 rows (--cache-share)",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--tiers", default="host,ssd")
     p.add_argument("--dir", default=None, help="directory of the ssd file (default: a temp)")
@@ -290,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                     tmp,
                     args.cold,
                     args.checkpoint,
+                    args.dtype,
                 ),
             )
             proc.start()
@@ -315,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(tiers) == 2:  # the second tier's speed over the first's, step by step
             results[tiers[1]]["ratio_median"] = float(np.median(ratios))
     print(
-        f"{args.rows:,} rows dim {DIM} adagrad, {LOOKUPS:,} lookups/step, ssd cache "
-        f"{cache_mb:,.0f} MiB ({args.cache_share:g} of the rows)"
+        f"{args.rows:,} rows dim {DIM} adagrad {args.dtype}, {LOOKUPS:,} lookups/step, ssd cache "
+        f"{cache_mb:,.0f} MiB"
+        + ("" if args.cache_mb else f" ({args.cache_share:g} of the fp32 rows)")
     )
     for tier, r in results.items():
         line = (
