@@ -62,7 +62,7 @@ from streamrec.embedding_store.tiers.device_rows import RowChunks, chunk_shift
 from streamrec.embedding_store.tiers.device_staging import Staging, aligned
 from streamrec.embedding_store.tiers.table_tier import MAX_LOAD, MIN_ROWS, TableTier, index_slots
 from streamrec.errors import StreamRecError
-from streamrec.store_schema import ROW_DTYPES, TableOptions
+from streamrec.store_schema import TableOptions
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -110,7 +110,6 @@ class DeviceTable(TableTier):
 
     kind = "device"
     block_group = "device"
-    dtypes = tuple(ROW_DTYPES)
 
     def __init__(
         self,

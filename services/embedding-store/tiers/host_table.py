@@ -28,7 +28,7 @@ from streamrec.embedding_store.tiers.table_tier import (
     admission_mask,
     index_slots,
 )
-from streamrec.store_schema import ROW_DTYPES, TableOptions
+from streamrec.store_schema import TableOptions
 
 #: pulls whose rows a host table keeps for the pushes after them (HostTable._remember)
 _RECENT_PULLS = 8
@@ -48,7 +48,6 @@ class HostTable(TableTier):
     concurrent_reads = True
     kind = "host"
     block_group = "host"
-    dtypes = tuple(ROW_DTYPES)
 
     def __init__(
         self,

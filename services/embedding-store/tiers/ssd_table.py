@@ -31,7 +31,7 @@ from streamrec.embedding_store.tiers.ssd_cache import (
 )
 from streamrec.embedding_store.tiers.ssd_file import KEY_WORDS, MAX_SLOTS, RowFile
 from streamrec.embedding_store.tiers.table_tier import TableTier, admission_mask
-from streamrec.store_schema import ROW_DTYPES, TableOptions
+from streamrec.store_schema import TableOptions
 
 #: a pull creating at least this many rows creates them on file, around the cache (a bulk load)
 _BULK_CREATE = 1 << 18
@@ -59,7 +59,6 @@ class SsdTable(TableTier):
     """
 
     kind = "ssd"
-    dtypes = tuple(ROW_DTYPES)
     streams_rows = True
     capacity: int  # required by this tier
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import streamrec.embedding_store._C as _C
 import torch
-from streamrec.embedding_store.errors import InvalidInput
 from streamrec.embedding_store.tiers import row_codec
 from streamrec.store_schema import ROW_DTYPES, TableOptions
 
@@ -128,8 +127,6 @@ class TableTier(ABC):
     concurrent_reads: bool = False
     #: The tier's name in ``stats()["rows_by_tier"]``: ``"host"``, ``"ssd"`` or ``"device"``.
     kind: str = ""
-    #: The row dtypes (``TableOptions.dtype``) the tier stores; a table of another is refused.
-    dtypes: tuple[str, ...] = ("fp32",)
     #: Most rows the table may hold (None: unbounded); a load of more is refused up front.
     capacity: int | None = None
     #: Tables whose tiers name the same group (and device) run a block of tables in one call
@@ -151,11 +148,6 @@ class TableTier(ABC):
         self.width = int(self.params.width)
         #: values after a row's four header words: dim weights, then the optimizer state
         self.payload = int(self.params.payload)
-        if options.dtype not in self.dtypes:
-            raise InvalidInput(
-                f"table {options.name!r}: dtype {options.dtype!r} is not supported by tier "
-                f"{self.kind!r} (it stores {', '.join(self.dtypes)})"
-            )
         self.counters = {
             "rows_created": 0,
             "rows_expanded": 0,
