@@ -406,6 +406,7 @@ JOB_OWNED: dict[tuple[str, str], str] = {
     ("store", "endpoints"): "store.endpoints",
     ("store", "tier"): "store.tier",
     ("store", "namespace"): "the job id (each job's tables are its own in the store)",
+    ("store", "generation"): "trainer group that runs it (its pool assignment's generation)",
     ("negative_sampling", "enabled"): "sampler.neg_num",
     ("negative_sampling", "sample_size"): "sampler.neg_num",
     ("negative_sampling", "endpoint"): "sampler.endpoint",

@@ -137,6 +137,7 @@ def test_sampler_store_and_resources_reach_the_trainer_config():
         ({"runner": {"reader_type": "criteo"}}, "set by the job's data.data_format"),
         ({"store": {"endpoints": []}}, "model.store.endpoints is set by the job's store.endpoints"),
         ({"store": {"tier": "host"}}, "model.store.tier is set by the job's store.tier"),
+        ({"store": {"generation": 7}}, "model.store.generation is set by the job's trainer group"),
         ({"negative_sampling": {"sample_size": 3}}, "set by the job's sampler.neg_num"),
         ({"negative_sampling": {"enabled": True}}, "set by the job's sampler.neg_num"),
         ({"negative_sampling": {"endpoint": "ipc:///x"}}, "set by the job's sampler.endpoint"),
