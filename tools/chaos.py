@@ -8,17 +8,23 @@ of one of ``--kinds`` every ``--interval`` seconds (for ``--pass-done-share`` of
 that, the instant the next ``pass_done`` report of a pass no checkpoint holds lands in
 Redis), each kind killed once first, in a seeded order. A fault is a kill -9, or for
 ``--freeze-share`` of them a freeze (SIGSTOP, SIGCONT ``--freeze-seconds`` later); for
-``--double-share`` of them a second fault of another kind follows within a second. Then the
+``--double-share`` of them a second fault of another kind follows within a second.
+Meanwhile ``--pollers`` REST clients read the job, its passes, events, triggers and
+``/metrics``, and every ``--export-every`` seconds an online export is asked for; the days
+(``--split-interval`` minutes a split) end with a shrink and a base model, a delta model
+every ``--delta-every`` passes. Then the
 same job without faults over the same data, and a summary: faults and recoveries per kind
 and way (the fault -> the end of the first pass handed out after it), the longest time
 without a pass done, whether REST, ``passes.jsonl``
 and the checkpoints agree pass by pass (every row in ``RUN/chaos-passes.txt``, the failing
-ones printed) and the mean predict AUC against the no-fault run. Exit code 0: the job
-succeeded and all agree; 1: not; 2: bad arguments.
+ones printed), the mean predict AUC against the no-fault run, the REST answers by status
+(a 5xx is a defect, but a 503 saying when to ask again) and the exports' outcomes. Exit
+code 0: the job succeeded, all agree and no 5xx; 1: not; 2: bad arguments.
 
     .venv/bin/python tools/chaos.py --minutes 5 --seed 7
     .venv/bin/python tools/chaos.py --minutes 30 --interval 20 60 --run-dir /tmp/chaos
-    .venv/bin/python tools/chaos.py --minutes 120 --freeze-share 0.5 --double-share 0.2
+    .venv/bin/python tools/chaos.py --minutes 120 --freeze-share 0.5 --double-share 0.2 \
+        --split-interval 5 --pass-seconds 4 --delta-every 6 --pollers 2 --export-every 300
 
 The code is shared with ``tests/e2e/test_chaos.py`` (``tests/e2e/chaos_harness.py``,
 ``tests/e2e/chaos_checks.py``).
@@ -34,10 +40,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 
 from chaos_checks import agreement, kept_records, mean_predict_auc, read_records  # noqa: E402
+from chaos_clients import RestClients  # noqa: E402
 from chaos_harness import KINDS, Schedule, Stack, run_chaos, summary  # noqa: E402
 from streamrec.layout import format_day, parse_day, split_names  # noqa: E402
 
@@ -93,7 +102,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="a split (a pass) lands every this many seconds: the job has minutes*60/this passes",
     )
     p.add_argument("--samples-per-split", type=int, default=300)
+    p.add_argument(
+        "--split-interval",
+        type=int,
+        default=1,
+        help="minutes of a day a split (a pass) covers: a day ends every 1440/this passes",
+    )
+    p.add_argument(
+        "--delta-every", type=int, default=0, help="save_delta_frequency (0: no delta models)"
+    )
+    p.add_argument("--pollers", type=int, default=2, help="REST clients polling the job")
+    p.add_argument(
+        "--export-every",
+        type=float,
+        default=0.0,
+        help="seconds between two online exports asked over REST (0: none)",
+    )
     p.add_argument("--no-baseline", action="store_true", help="skip the no-fault run")
+    p.add_argument(
+        "--no-faults",
+        action="store_true",
+        help="the job (named nofault) and its clients without faults: a baseline to run "
+        "beside a chaos run (a long one), on a stack of its own",
+    )
+    p.add_argument(
+        "--baseline-model",
+        type=Path,
+        help="the model directory of a --no-faults run of the same flags (RUN/models/nofault): "
+        "the baseline, instead of a no-fault job after the chaos",
+    )
     p.add_argument("--every-row", action="store_true", help="print every pass's row")
     return p
 
@@ -107,6 +144,13 @@ def check(args: argparse.Namespace) -> tuple[str, ...]:
     for flag in ("minutes", "pass_seconds"):
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if args.split_interval < 1 or 1440 % args.split_interval:
+        raise ValueError(f"--split-interval must divide 1440, got {args.split_interval}")
+    for flag in ("delta_every", "pollers"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    if args.export_every < 0:
+        raise ValueError(f"--export-every must be >= 0, got {args.export_every}")
     for flag in ("checkpoint_per_pass", "samples_per_split"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -124,12 +168,27 @@ def check(args: argparse.Namespace) -> tuple[str, ...]:
     return kinds
 
 
-def job_end(passes: int) -> tuple[int, str, str]:
-    """(days, end_day, end_split) of a job of ``passes`` one-minute splits from START_DAY."""
-    per_day = len(split_names(1))
-    days = math.ceil(passes / per_day)
+def job_end(passes: int, split_interval: int = 1) -> tuple[int, str, str]:
+    """(days, end_day, end_split) of a job of ``passes`` splits of ``split_interval`` minutes
+    from START_DAY."""
+    names = split_names(split_interval)
+    days = math.ceil(passes / len(names))
     end_day = format_day(parse_day(START_DAY) + dt.timedelta(days=days - 1))
-    return days, end_day, split_names(1)[(passes - 1) % per_day]
+    return days, end_day, names[(passes - 1) % len(names)]
+
+
+def saves_line(model: Path) -> str:
+    """What the job left in ``model``: its day-end base models, delta models (and the rows
+    their delete records carry: shrink's evictions), checkpoints."""
+    days = [d for d in model.iterdir() if d.is_dir()]
+    bases = [d for d in days if (d / "base" / "MANIFEST.json").exists()]
+    deltas = [x for d in days for x in d.glob("delta_*") if (x / "MANIFEST.json").exists()]
+    checkpoints = [x for d in days for x in d.iterdir() if x.name.isdigit()]
+    deleted = sum(len(np.load(f)) for x in deltas for f in x.glob("sparse/*/*.delta.deleted.npy"))
+    return (
+        f"saves: {len(bases)} day-end base model(s) of {len(days)} day(s), {len(deltas)} delta "
+        f"model(s) carrying {deleted} deleted row(s), {len(checkpoints)} checkpoint(s)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,13 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(2**31)
     passes = max(2, round(args.minutes * 60 / args.pass_seconds))
-    days, end_day, end_split = job_end(passes)
+    days, end_day, end_split = job_end(passes, args.split_interval)
     run = args.run_dir.resolve()
     print(
         f"chaos: seed {seed}; {args.minutes:g} min of faults every {args.interval[0]:g}-"
         f"{args.interval[1]:g}s of {', '.join(kinds)}; a job of {passes} passes (a split "
-        f"lands every {args.pass_seconds:g}s), checkpoint_per_pass {args.checkpoint_per_pass}; "
-        f"run directory {run}",
+        f"lands every {args.pass_seconds:g}s), {days} day(s) of {args.split_interval}-minute "
+        f"splits, checkpoint_per_pass {args.checkpoint_per_pass}, save_delta_frequency "
+        f"{args.delta_every}; {args.pollers} REST poller(s), an online export every "
+        f"{args.export_every:g}s (0: none); run directory {run}",
         flush=True,
     )
     schedule = Schedule(
@@ -171,27 +232,49 @@ def main(argv: list[str] | None = None) -> int:
         "100000",
         "--timeout-s",
         str(args.minutes * 60 + 3600),
-        split_interval=1,
+        split_interval=args.split_interval,
         samples=args.samples_per_split,
         rate=1 / args.pass_seconds,
     )
     try:
         template = stack.drop_demo()
         window = {"end_day": end_day, "end_split": end_split}
-        job_id = stack.submit(template, "chaos", args.checkpoint_per_pass, **window)
+        saves = {"save_delta_frequency": args.delta_every}
+        name = "nofault" if args.no_faults else "chaos"
+        job_id = stack.submit(template, name, args.checkpoint_per_pass, saves, **window)
         t0 = stack.job(job_id)["created_at"]
-        faults = run_chaos(
-            stack, job_id, schedule, args.minutes * 60, say=lambda s: print(s, flush=True)
-        )
-        print(f"faults over at t+{time.time() - t0:.0f}s; waiting for the job's end", flush=True)
-        job = stack.wait_state(job_id, passes * args.pass_seconds + 1800)
+        token = (run / "api-token").read_text().strip()
+        clients = RestClients(
+            stack.state["api_url"], token, job_id, args.pollers, args.export_every, seed=seed
+        ).start()
+        try:
+            faults = (
+                []
+                if args.no_faults
+                else run_chaos(
+                    stack, job_id, schedule, args.minutes * 60, say=lambda s: print(s, flush=True)
+                )
+            )
+            print(
+                f"faults over at t+{time.time() - t0:.0f}s; waiting for the job's end", flush=True
+            )
+            job = stack.wait_state(job_id, passes * args.pass_seconds + 1800)
+        finally:
+            clients.stop()
         passes_rest, events = stack.passes(job_id), stack.events(job_id)
         for line in summary(faults, job, events, t0):
             print(line)
+        for line in clients.report():
+            print(line)
+        print(saves_line(stack.model_path(job)))
         baseline, base_auc = None, None
-        if not args.no_baseline:
+        if args.baseline_model is not None:
+            baseline = kept_records(read_records(args.baseline_model))
+            aucs = [float(r["predict_auc"]) for r in baseline if r.get("predict_auc") is not None]
+            base_auc = sum(aucs) / len(aucs) if aucs else None
+        elif not (args.no_baseline or args.no_faults):
             print("the same job without faults ...", flush=True)
-            base_id = stack.submit(template, "nofault", args.checkpoint_per_pass, **window)
+            base_id = stack.submit(template, "nofault", args.checkpoint_per_pass, saves, **window)
             base = stack.wait_state(base_id, passes * 10 + 600)
             if base["state"] != "succeeded":
                 print(f"! the no-fault job {base['state']}: {base.get('error')}")
@@ -215,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chaos: FAIL: the job is {job['state']}: {job.get('error')}")
         elif not verdict.ok:
             print("chaos: FAIL: REST, passes.jsonl and the checkpoints disagree")
+        elif clients.answers.fives:
+            print(f"chaos: FAIL: {clients.answers.fives} REST answer(s) 5xx, not a 503 Retry-After")
         else:
             print("chaos: PASS")
-        return 0 if job["state"] == "succeeded" and verdict.ok else 1
+        ok = job["state"] == "succeeded" and verdict.ok and not clients.answers.fives
+        return 0 if ok else 1
     finally:
         stack.down()
 

@@ -50,9 +50,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "unknown job"),
         (409, "not allowed in the job's current state, or its model path is another job's"),
         (413, "body too large"),
-        (503, "Redis unavailable"),
+        (503, "Redis unavailable (Retry-After says when to ask again)"),
     ]
 }
+
+#: Seconds a client is told to wait (``Retry-After``) when Redis is down: a restart's order.
+REDIS_RETRY_AFTER_S = "2"
 
 
 #: What each insecure setting leaves open (the start-up warning says it).
@@ -252,6 +255,7 @@ def create_app(settings: Settings, start_scheduler: bool | None = None) -> FastA
                 "detail": f"state store unavailable: {type(exc).__name__}: {exc}",
                 "code": "unavailable",
             },
+            headers={"Retry-After": REDIS_RETRY_AFTER_S},  # a Redis restart takes seconds
         )
 
     @app.middleware("http")

@@ -412,8 +412,9 @@ def test_redis_down_gives_503_not_a_hang(tmp_path, roots):
             assert resp.status_code == 503 and resp.json()["redis"] is False
             resp = c.get("/v1/jobs")
             assert resp.status_code == 503 and "unavailable" in resp.json()["detail"]
+            assert resp.headers["retry-after"] == "2"  # a client knows to ask again
             resp = c.post("/v1/jobs", json=job_body(roots, "x"))
-            assert resp.status_code == 503
+            assert resp.status_code == 503 and resp.headers["retry-after"] == "2"
             assert c.get("/healthz").status_code == 200
             server.start()
             wait_for(lambda: c.get("/readyz").status_code == 200, timeout=10)

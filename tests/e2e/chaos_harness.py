@@ -200,13 +200,20 @@ class Stack:
         return spec
 
     def submit(
-        self, template: dict[str, Any], name: str, checkpoint_per_pass: int, **data: Any
+        self,
+        template: dict[str, Any],
+        name: str,
+        checkpoint_per_pass: int,
+        checkpoint: dict[str, Any] | None = None,
+        **data: Any,
     ) -> str:
         """Creates and starts ``template`` as ``name``, its model under ``RUN/models/name``
-        (``data``: fields of its ``data`` section replaced, e.g. ``end_split``)."""
+        (``data``: fields of its ``data`` section replaced, e.g. ``end_split``;
+        ``checkpoint``: of its ``checkpoint`` section, e.g. ``save_delta_frequency``)."""
         spec = json.loads(json.dumps(template))
         spec["name"] = name
         spec["data"].update(data)
+        spec["checkpoint"].update(checkpoint or {})
         spec["checkpoint"]["model_save_path"] = f"{self.state['model_root']}/{name}"
         spec["checkpoint"]["checkpoint_per_pass"] = checkpoint_per_pass
         job_id = self.call("POST", "", json=spec)["id"]

@@ -14,16 +14,21 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from servers import wait_for
+from streamrec.auth import load_token
 from streamrec.embedding_store import EmbeddingStoreClient, LocalShards, StaleGeneration
 from streamrec.embedding_store.service.generations import GenerationFence
+from streamrec.embedding_store.service.shard_link import ShardLink
 from streamrec.errors import BadRequest
 from streamrec.process import stop_process
 from streamrec.store_schema import TableOptions
+from streamrec.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 TABLE = {
     "name": "user",
@@ -117,6 +122,72 @@ def test_a_thawed_rank_of_an_old_generation_is_refused_and_writes_nothing(shards
             stop_process(old, timeout_s=5)
 
 
+def test_a_thawed_shard_refuses_the_old_generation_once_the_new_one_reached_it(shards):
+    """The shards freeze (SIGSTOP) while generation 2's first request and then a push of
+    generation 1 wait on their sockets. When they thaw, the shard runs the old push before
+    generation 2's request (the fence lets it end first) or refuses it; either way, from
+    then on every write of generation 1 is refused and the rows are generation 2's to the
+    last bit: a shard that missed the restart while frozen does not let the old group write
+    into the new group's store."""
+    keys = torch.tensor(KEYS)
+    old = EmbeddingStoreClient(
+        shards.endpoints, [TableOptions(**TABLE)], timeout_s=20, namespace=NAMESPACE, generation=1
+    )
+    # generation 2's sockets, connected before the freeze by a ping (which carries no
+    # namespace, so no generation): its first fenced request waits on the frozen socket
+    token = load_token()  # the shards' (LocalShards hands them the same file)
+    new_link = ShardLink(shards.endpoints, 20, DEFAULT_MAX_MESSAGE_BYTES, token, NAMESPACE, 2)
+    go, outcome = threading.Event(), {}
+
+    def new_group() -> None:
+        new_link.broadcast("ping")
+        go.wait(30)
+        outcome["new"] = new_link.broadcast("tables")
+
+    def old_push(name: str) -> None:
+        try:
+            old.push("user", keys, torch.ones(keys.numel(), DIM))
+            outcome[name] = "applied"
+        except StaleGeneration as exc:
+            outcome[name] = str(exc)
+
+    newer = threading.Thread(target=new_group)
+    older = threading.Thread(target=old_push, args=("queued",))
+    pids = [p.pid for p in shards.procs if p is not None]
+    new = None
+    try:
+        old.push("user", keys, torch.full((keys.numel(), DIM), -1.0))
+        newer.start()
+        wait_for(lambda: new_link.open_sockets() == len(pids), 30, 0.02, what="the pings")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        go.set()  # generation 2's request waits on the frozen shards' sockets ...
+        time.sleep(0.5)
+        older.start()  # ... then generation 1's push
+        time.sleep(0.5)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        newer.join(60)
+        older.join(60)
+        assert len(outcome.get("new", [])) == len(pids), outcome
+        assert outcome.get("queued") == "applied" or "is 1" in outcome.get("queued", ""), outcome
+        new = EmbeddingStoreClient(
+            shards.endpoints, None, timeout_s=20, namespace=NAMESPACE, generation=2
+        )
+        new.push("user", keys, torch.full((keys.numel(), DIM), 2.0))  # the new group trains
+        rows = new.pull("user", keys)
+        old_push("after")  # the old group, awake, pushes again
+        said = outcome["after"]
+        assert "refused" in said and "generation 2" in said and "is 1" in said, outcome
+        assert torch.equal(new.pull("user", keys), rows)  # nothing of generation 1 landed
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        for c in (old, new, new_link):
+            if c is not None:
+                c.close()
+
+
 def test_an_unfenced_client_and_the_newest_generation_are_served(shards):
     """A client without a generation (a pinned group, a tool) is not fenced; the newest
     generation and newer ones are; a stale one is refused on every op, reads included."""
@@ -147,22 +218,60 @@ def test_an_unfenced_client_and_the_newest_generation_are_served(shards):
             c.close()
 
 
+def check(fence: GenerationFence, op: str, namespace: str, meta: dict) -> None:
+    """One request of ``op`` through the fence, doing nothing."""
+    with fence.admit(op, namespace, meta):
+        pass
+
+
 def test_the_fence_rules():
     """Older refused, equal and newer taken, none unfenced, namespaces apart, a drop forgets,
     a malformed generation is a bad request naming the field and the value."""
     fence = GenerationFence()
-    fence.check("push", "a", {"generation": 3})
-    fence.check("push", "a", {"generation": 3})
-    fence.check("push", "b", {"generation": 1})
-    fence.check("push", "a", {})
+    check(fence, "push", "a", {"generation": 3})
+    check(fence, "push", "a", {"generation": 3})
+    check(fence, "push", "b", {"generation": 1})
+    check(fence, "push", "a", {})
     with pytest.raises(StaleGeneration, match="namespace 'a' belongs to generation 3"):
-        fence.check("push", "a", {"generation": 2})
-    fence.check("pull", "a", {"generation": 7})
+        check(fence, "push", "a", {"generation": 2})
+    check(fence, "pull", "a", {"generation": 7})
     assert fence.newest("a") == 7 and fence.newest("b") == 1
     fence.forget("a")
-    fence.check("push", "a", {"generation": 1})
+    check(fence, "push", "a", {"generation": 1})
     for bad in (-1, "3", 1.5, True, 2**63):
         with pytest.raises(BadRequest, match="field 'generation' must be an integer"):
-            fence.check("push", "a", {"generation": bad})
+            check(fence, "push", "a", {"generation": bad})
     with pytest.raises(BadRequest, match="generation must be an integer >= 0"):
         EmbeddingStoreClient(["ipc:///nonexistent"], generation=-2, check=False)
+
+
+def test_a_new_generation_waits_for_the_old_writes_in_flight():
+    """A request of generation 1 admitted and still running (a push on another worker
+    thread) holds generation 2's first request back until it ends; from the moment
+    generation 2 knocks, generation 1's next request is refused."""
+    fence = GenerationFence()
+    release, order = threading.Event(), []
+
+    def old_push() -> None:
+        with fence.admit("push", "a", {"generation": 1}):
+            release.wait(30)
+            order.append("old push ended")
+
+    def new_pull() -> None:
+        with fence.admit("pull", "a", {"generation": 2}):
+            order.append("new pull ran")
+
+    old = threading.Thread(target=old_push)
+    old.start()
+    wait_for(lambda: fence.newest("a") == 1, 10, 0.01, what="the old push admitted")
+    new = threading.Thread(target=new_pull)
+    new.start()
+    wait_for(lambda: fence.newest("a") == 2, 10, 0.01, what="generation 2 knocking")
+    with pytest.raises(StaleGeneration, match="generation 2, this request's is 1"):
+        check(fence, "push", "a", {"generation": 1})
+    time.sleep(0.2)
+    assert order == []  # the new pull waits for the push in flight
+    release.set()
+    old.join(10)
+    new.join(10)
+    assert order == ["old push ended", "new pull ran"]

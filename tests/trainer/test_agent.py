@@ -432,4 +432,10 @@ def test_a_group_that_left_without_a_checkpoint_sends_the_job_back_to_its_start(
     assert pass_lines(model) == [(1, []), (2, [])]
     records = [json.loads(line) for line in (model / "passes.jsonl").read_text().splitlines()]
     assert not [r for r in records if r.get("rolled_back")]
-    assert "no checkpoint holds 20190720/1: the job goes back to its start" in log_b.read_text()
+    # Who sees the loss first is a race, and either rewinds the job to its start: the API, on
+    # the new group's ``started`` report (a fresh model while pass 1 counts done), or the
+    # group, when it takes pass 2 before the API has read that report.
+    restarts = [e["message"] for e in events_of(client, job_id, "restart")]
+    by_api = any("a trainer group started from a fresh model" in m for m in restarts)
+    by_group = "no checkpoint holds 20190720/1: the job goes back to its start" in log_b.read_text()
+    assert by_api or by_group, (restarts, log_b.read_text()[-3000:])

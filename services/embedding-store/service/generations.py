@@ -19,7 +19,10 @@ fence; a shard restarted empty starts without fences (its rows are gone: the inc
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import threading
+from collections.abc import Iterator
 
 from streamrec.embedding_store.errors import StaleGeneration
 from streamrec.errors import BadRequest, quote
@@ -48,15 +51,25 @@ def request_generation(meta: Meta) -> int | None:
 
 
 class GenerationFence:
-    """The newest generation seen per namespace, and the check of each request against it."""
+    """The newest generation seen per namespace, the check of each request against it, and
+    the requests of each generation in flight.
+
+    A shard runs requests on several worker threads, so an older generation's push that
+    passed the check may still be writing when the newer generation's first request comes
+    (a shard that thaws with both groups' requests on its sockets). That first request waits
+    until the older ones in flight are done: every write of an old group either ends before
+    the new group's first request runs, or is refused."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._newest: dict[str, int] = {}
+        self._in_flight: dict[str, collections.Counter[int]] = {}
 
-    def check(self, op: str, namespace: str, meta: Meta) -> None:
-        """Refuses ``op`` on ``namespace`` when the request's generation is older than the
-        newest seen there; a newer one becomes the newest.
+    @contextlib.contextmanager
+    def admit(self, op: str, namespace: str, meta: Meta) -> Iterator[None]:
+        """Runs the body of ``op`` on ``namespace`` as a request of its generation: refused
+        when older than the newest seen there; a newer one becomes the newest, once the older
+        requests in flight have ended.
 
         Raises:
             StaleGeneration: an older generation (nothing was done).
@@ -64,8 +77,9 @@ class GenerationFence:
         """
         generation = request_generation(meta)
         if generation is None:
+            yield
             return
-        with self._lock:
+        with self._changed:
             newest = self._newest.get(namespace, -1)
             if generation < newest:
                 raise StaleGeneration(
@@ -73,14 +87,25 @@ class GenerationFence:
                     f"generation {newest}, this request's is {generation} (its trainer group "
                     f"lost the job to a newer assignment)"
                 )
-            self._newest[namespace] = generation
+            self._newest[namespace] = generation  # from now on the older ones are refused
+            busy = self._in_flight.setdefault(namespace, collections.Counter())
+            self._changed.wait_for(lambda: not any(n for g, n in busy.items() if g < generation))
+            busy[generation] += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                busy[generation] -= 1
+                if not busy[generation]:
+                    del busy[generation]
+                self._changed.notify_all()
 
     def newest(self, namespace: str) -> int | None:
         """The newest generation seen on ``namespace`` (None: no fenced request yet)."""
-        with self._lock:
+        with self._changed:
             return self._newest.get(namespace)
 
     def forget(self, namespace: str) -> None:
         """Drops ``namespace``'s fence (the namespace was dropped)."""
-        with self._lock:
+        with self._changed:
             self._newest.pop(namespace, None)

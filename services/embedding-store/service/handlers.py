@@ -209,8 +209,8 @@ class StoreService:
             # the namespace first: a shard restarted empty holds none of the job's
             namespace, store = of(meta)
             check_request(op, meta, self.incarnation)
-            self.fence.check(op, namespace, meta)
-            out, out_arrays = handler(namespace, store, meta, arrays)
+            with self.fence.admit(op, namespace, meta):
+                out, out_arrays = handler(namespace, store, meta, arrays)
             return {**out, REPLY_FIELD: self.incarnation}, out_arrays
 
         return handle_in
