@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline, base_auc = None, None
         if args.baseline_model is not None:
             baseline = kept_records(read_records(args.baseline_model))
+            if not baseline:
+                print(f"! --baseline-model {args.baseline_model}: no pass recorded in passes.jsonl")
             aucs = [float(r["predict_auc"]) for r in baseline if r.get("predict_auc") is not None]
             base_auc = sum(aucs) / len(aucs) if aucs else None
         elif not (args.no_baseline or args.no_faults):

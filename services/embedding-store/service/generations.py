@@ -89,7 +89,8 @@ class GenerationFence:
                 )
             self._newest[namespace] = generation  # from now on the older ones are refused
             busy = self._in_flight.setdefault(namespace, collections.Counter())
-            self._changed.wait_for(lambda: not any(n for g, n in busy.items() if g < generation))
+            # busy holds the generations with requests in flight (a count of 0 is removed)
+            self._changed.wait_for(lambda: not any(g < generation for g in busy))
             busy[generation] += 1
         try:
             yield
@@ -98,7 +99,7 @@ class GenerationFence:
                 busy[generation] -= 1
                 if not busy[generation]:
                     del busy[generation]
-                self._changed.notify_all()
+                    self._changed.notify_all()
 
     def newest(self, namespace: str) -> int | None:
         """The newest generation seen on ``namespace`` (None: no fenced request yet)."""
@@ -109,3 +110,5 @@ class GenerationFence:
         """Drops ``namespace``'s fence (the namespace was dropped)."""
         with self._changed:
             self._newest.pop(namespace, None)
+            if not self._in_flight.get(namespace):  # requests in flight keep their own count
+                self._in_flight.pop(namespace, None)
