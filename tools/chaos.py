@@ -18,13 +18,18 @@ and way (the fault -> the end of the first pass handed out after it), the longes
 without a pass done, whether REST, ``passes.jsonl``
 and the checkpoints agree pass by pass (every row in ``RUN/chaos-passes.txt``, the failing
 ones printed), the mean predict AUC against the no-fault run, the REST answers by status
-(a 5xx is a defect, but a 503 saying when to ask again) and the exports' outcomes. Exit
-code 0: the job succeeded, all agree and no 5xx; 1: not; 2: bad arguments.
+(a 5xx is a defect, but a 503 saying when to ask again) and the exports' outcomes, and
+whether the model is the no-fault run's bit for bit, checkpoint by checkpoint. With
+``--push-order rank`` (the job's ``runner.sparse_push_order``) the model of a run repeats
+bit for bit, so it must be: a difference is state a recovery lost or applied twice. Exit
+code 0: the job succeeded, all agree, no 5xx, and in rank order the model is the no-fault
+one; 1: not; 2: bad arguments.
 
     .venv/bin/python tools/chaos.py --minutes 5 --seed 7
     .venv/bin/python tools/chaos.py --minutes 30 --interval 20 60 --run-dir /tmp/chaos
     .venv/bin/python tools/chaos.py --minutes 120 --freeze-share 0.5 --double-share 0.2 \
-        --split-interval 5 --pass-seconds 4 --delta-every 6 --pollers 2 --export-every 300
+        --split-interval 5 --pass-seconds 4 --delta-every 6 --pollers 2 --export-every 300 \
+        --push-order rank
 
 The code is shared with ``tests/e2e/test_chaos.py`` (``tests/e2e/chaos_harness.py``,
 ``tests/e2e/chaos_checks.py``).
@@ -45,7 +50,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 
-from chaos_checks import agreement, kept_records, mean_predict_auc, read_records  # noqa: E402
+from chaos_checks import (  # noqa: E402
+    agreement,
+    kept_records,
+    mean_predict_auc,
+    read_records,
+    same_model,
+)
 from chaos_clients import RestClients  # noqa: E402
 from chaos_harness import KINDS, Schedule, Stack, run_chaos, summary  # noqa: E402
 from streamrec.layout import format_day, parse_day, split_names  # noqa: E402
@@ -103,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--samples-per-split", type=int, default=300)
     p.add_argument(
+        "--push-order",
+        choices=("arrival", "rank"),
+        default="arrival",
+        help="the job's runner.sparse_push_order (rank: the model repeats bit for bit, so a "
+        "run with faults can be compared with its no-fault twin checkpoint by checkpoint)",
+    )
+    p.add_argument(
+        "--trainers",
+        type=int,
+        default=2,
+        help="ranks of the trainer group (1: a run whose model is bit for bit repeatable)",
+    )
+    p.add_argument(
         "--split-interval",
         type=int,
         default=1,
@@ -151,7 +175,7 @@ def check(args: argparse.Namespace) -> tuple[str, ...]:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
     if args.export_every < 0:
         raise ValueError(f"--export-every must be >= 0, got {args.export_every}")
-    for flag in ("checkpoint_per_pass", "samples_per_split"):
+    for flag in ("checkpoint_per_pass", "samples_per_split", "trainers"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     for flag in ("interval", "freeze_seconds"):
@@ -225,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "--days",
         str(days),
         "--trainers",
-        "2",
+        str(args.trainers),
         "--store-shards",
         "2",
         "--max-restarts",
@@ -238,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         template = stack.drop_demo()
+        model = template.setdefault("model", {})
+        model["runner"] = {**(model.get("runner") or {}), "sparse_push_order": args.push_order}
         window = {"end_day": end_day, "end_split": end_split}
         saves = {"save_delta_frequency": args.delta_every}
         name = "nofault" if args.no_faults else "chaos"
@@ -267,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in clients.report():
             print(line)
         print(saves_line(stack.model_path(job)))
-        baseline, base_auc = None, None
+        baseline, base_auc, twin = None, None, args.baseline_model
         if args.baseline_model is not None:
             baseline = kept_records(read_records(args.baseline_model))
             if not baseline:
@@ -280,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             base = stack.wait_state(base_id, passes * 10 + 600)
             if base["state"] != "succeeded":
                 print(f"! the no-fault job {base['state']}: {base.get('error')}")
-            baseline = kept_records(read_records(stack.model_path(base)))
+            twin = stack.model_path(base)
+            baseline = kept_records(read_records(twin))
             base_auc = mean_predict_auc(stack.passes(base_id))
         verdict = agreement(job, passes_rest, events, stack.model_path(job), baseline)
         rows = run / "chaos-passes.txt"
@@ -296,15 +323,25 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             print(f"mean predict AUC: chaos {auc}, no faults {base_auc}")
+        match = None if twin is None else same_model(stack.model_path(job), twin)
+        if match is not None:
+            print(
+                match.line()
+                + ("" if args.push_order == "rank" else " (arrival order: not expected)")
+            )
+        # in rank order a recovery must leave the model exactly the no-fault one
+        model_ok = match is None or args.push_order != "rank" or match.first_difference is None
         if job["state"] != "succeeded":
             print(f"chaos: FAIL: the job is {job['state']}: {job.get('error')}")
         elif not verdict.ok:
             print("chaos: FAIL: REST, passes.jsonl and the checkpoints disagree")
         elif clients.answers.fives:
             print(f"chaos: FAIL: {clients.answers.fives} REST answer(s) 5xx, not a 503 Retry-After")
+        elif not model_ok:
+            print("chaos: FAIL: in rank push order the model differs from the no-fault run's")
         else:
             print("chaos: PASS")
-        ok = job["state"] == "succeeded" and verdict.ok and not clients.answers.fives
+        ok = job["state"] == "succeeded" and verdict.ok and not clients.answers.fives and model_ok
         return 0 if ok else 1
     finally:
         stack.down()

@@ -198,6 +198,14 @@ class RunnerConfig(DataFields, CheckpointFields):
     #: Pull batch i+1 while batch i computes (its rows are then one push older); False pulls
     #: after the previous push (no staleness, no overlap).
     sparse_pipeline: bool = True
+    #: How the ranks' pushes of a step reach the store. ``arrival``: each rank pushes as
+    #: soon as its step is done, beside the next step's compute, and a shard applies two
+    #: ranks' updates of a row in the order they come (PaddleRec's parameter server): a run
+    #: of several ranks does not repeat bit for bit, and a fault's replay of a pass takes
+    #: another path than the first time. ``rank``: ranks push one after another in rank
+    #: order and pull the next batch after every push (no overlap, no pipelining): a run,
+    #: and a run with faults and restarts, repeats bit for bit. One rank: the same.
+    sparse_push_order: Literal["arrival", "rank"] = "arrival"
     #: Where a batch's pull and push run: ``inline`` on the training thread between its
     #: steps, with every intra-op thread; ``thread`` on a thread of their own, beside the
     #: step; ``auto``: inline for a CPU model with its store in-process (on cores the gemms

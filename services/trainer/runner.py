@@ -300,7 +300,9 @@ class OnlineTrainer(ModelSaves):
         that same step, then this rank raises its error and the others :class:`GroupError`.
         """
         prefetch = self._prefetch(files, stats, batch_size)
-        pipelined = self.config.runner.sparse_pipeline
+        in_rank_order = self.config.runner.sparse_push_order == "rank" and self.world > 1
+        # in rank order the next batch is pulled after every rank's push: no stale rows
+        pipelined = self.config.runner.sparse_pipeline and not in_rank_order
         n = 0
         pushes: list[Future] = []
         failure: Exception | None = None
@@ -352,10 +354,14 @@ class OnlineTrainer(ModelSaves):
                     self.progress_at = time.monotonic()
                     if self.thread_tuner is not None:
                         self.thread_tuner.step_done()
+                    if in_rank_order:
+                        mine = (pulled, item[0]) if item is not None else (None, None)
+                        self._push_in_rank_order(*mine)
                     if item is not None:
                         assert p is not None and pulled is not None
-                        # FIFO after pull(i+1): the next pull never sees this push (module doc)
-                        pushes.append(self._pool.submit(self._push, pulled, batch.labels))
+                        if not in_rank_order:
+                            # FIFO after pull(i+1): the next pull never sees this push (module doc)
+                            pushes.append(self._pool.submit(self._push, pulled, batch.labels))
                         acc.add(p.detach().cpu(), batch.labels)
                         n += len(batch)
                         if len(pushes) > 4:
@@ -381,6 +387,24 @@ class OnlineTrainer(ModelSaves):
         if peers_failed:
             raise GroupError(f"{peers_failed} other rank(s) failed a training step")
         return n
+
+    def _push_in_rank_order(self, pulled: SparseBatch | None, batch: Batch | None) -> None:
+        """This step's pushes, rank after rank (``runner.sparse_push_order: rank``): a row
+        two ranks update takes rank 0's push, then rank 1's, in every run, so a run and its
+        replays after a restart repeat bit for bit. Every rank takes every turn (one step
+        all-reduce each, bounded by the step timeout) whether it has a batch or its push
+        failed; a failed push is raised after the last turn, and the next step's gradient
+        all-reduce stops every rank."""
+        failure: Exception | None = None
+        for turn in range(self.world):
+            if turn == self.rank and pulled is not None and batch is not None:
+                try:
+                    self._push(pulled, batch.labels)
+                except Exception as exc:
+                    failure = exc
+            ddp.all_reduce_sum(torch.zeros(1))  # the turn passes once its push is applied
+        if failure is not None:
+            raise failure
 
     def _together(
         self,

@@ -18,6 +18,9 @@ What is checked, for every pass of the job's plan (``Agreement.rows``, one row e
                 job's ``last_checkpoint`` is a complete one
 
 A pass fails when any of these does; ``Agreement.ok`` is True when none did.
+
+:func:`same_model` compares the model itself with a no-fault twin's, checkpoint by
+checkpoint, bit for bit: with ``runner.sparse_push_order: rank`` they must be equal.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from streamrec.control.keys import pass_key
 from streamrec.layout import MANIFEST_NAME, iter_passes
 from streamrec.trainer.errors import CheckpointError
@@ -338,3 +343,75 @@ def mean_predict_auc(rest_passes: list[dict[str, Any]]) -> float | None:
         if p["state"] == "done" and p.get("predict_auc") is not None
     ]
     return sum(aucs) / len(aucs) if aucs else None
+
+
+@dataclass
+class ModelMatch:
+    """Checkpoint by checkpoint, a model against its no-fault twin's (:func:`same_model`)."""
+
+    compared: int
+    equal: int
+    #: the first checkpoint that differs and what differs in it; None: every one is equal
+    first_difference: str | None = None
+
+    def line(self) -> str:
+        head = f"model: {self.equal}/{self.compared} checkpoints the no-fault run's bit for bit"
+        return head if self.first_difference is None else f"{head}; {self.first_difference}"
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    """Nested dicts / lists of tensors and plain values equal, tensors bit for bit."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _sparse_differences(a: Path, b: Path) -> list[str]:
+    """The tables of two sparse saves that differ (rows compared key by key: a shard's save
+    lists its keys in its hash table's order, which the order of inserts decides)."""
+    out = []
+    names = sorted(p.relative_to(a).as_posix() for p in a.glob("*/*.keys.npy"))
+    if names != sorted(p.relative_to(b).as_posix() for p in b.glob("*/*.keys.npy")):
+        return ["the shards' tables"]
+    for name in names:
+        stem = name[: -len(".keys.npy")]
+        ka, kb = np.load(a / name), np.load(b / name)
+        ra, rb = np.load(a / f"{stem}.rows.npy"), np.load(b / f"{stem}.rows.npy")
+        oa, ob = np.argsort(ka, kind="stable"), np.argsort(kb, kind="stable")
+        if not (np.array_equal(ka[oa], kb[ob]) and np.array_equal(ra[oa], rb[ob], equal_nan=True)):
+            out.append(stem)
+    return out
+
+
+def same_model(model_path: Path, twin_path: Path) -> ModelMatch:
+    """Whether every checkpoint both model directories hold is the same model bit for bit:
+    the dense state (weights, optimizer, LR scheduler, step) and every shard's rows, key by
+    key. With ``runner.sparse_push_order: rank`` a run repeats bit for bit, so a run with
+    faults must equal its no-fault twin at every checkpoint: a difference is state a
+    recovery lost or applied twice."""
+    ours, theirs = read_checkpoints(model_path), read_checkpoints(twin_path)
+    both = sorted(
+        (k for k in ours.keys() & theirs.keys() if ours[k].manifest and theirs[k].manifest),
+        key=lambda k: (k.split("/")[0], int(k.split("/")[1])),
+    )
+    match = ModelMatch(len(both), 0)
+    for key in both:
+        day, pass_id = key.split("/")
+        a, b = model_path / day / pass_id, twin_path / day / pass_id
+        diffs = [] if _same_tree(_dense(a), _dense(b)) else ["dense.pt"]
+        diffs += _sparse_differences(a / "sparse", b / "sparse")
+        if diffs:
+            if match.first_difference is None:
+                match.first_difference = f"first difference at {key}: {', '.join(diffs[:6])}"
+        else:
+            match.equal += 1
+    return match
+
+
+def _dense(directory: Path) -> dict[str, Any]:
+    state = torch.load(directory / "dense.pt", map_location="cpu", weights_only=True)
+    return {k: state[k] for k in ("model", "optimizer", "scheduler", "trainer")}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from e2e.chaos_checks import same_model
 from servers import torchrun_command
 from streamrec.datagen.planted import StreamParams, generate
 from streamrec.embedding_store import LocalShards
@@ -196,3 +197,46 @@ def test_a_store_tier_other_than_the_shards_is_refused(tmp_path, stream):
         f"store.tier is 'ssd' but shard 0 ({local.endpoints[0]}) serves tier 'host' (shards "
         f"own their tier: start them with --tier ssd, or change store.tier)"
     )
+
+
+def _two_rank_run(tmp_path: Path, data: Path, name: str, push_order: str) -> Path:
+    """Two ranks over 2 fresh shard processes, the job of ``small_config`` with batches of 64
+    (several steps a pass, rank 0 with more than rank 1); returns the model directory."""
+    out = tmp_path / name
+    out.mkdir()
+    config = small_config(
+        data, out / "model", end_day="20190720", train_batch_size=64, sparse_push_order=push_order
+    )
+    with LocalShards(tables_file(config, out / "tables.json"), 2) as shards:
+        job = config.model_dump(mode="json")
+        job["store"]["endpoints"] = shards.endpoints
+        (out / "job.yaml").write_text(yaml.safe_dump(job))
+        proc = torchrun("two_rank_worker.py", out / "job.yaml", out, 240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "model"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ranks_in_rank_push_order_repeat_bit_for_bit(tmp_path):
+    """``runner.sparse_push_order: rank``: two runs of the same two-rank job leave the same
+    model at every checkpoint, dense state and every row (in arrival order a row two ranks
+    update takes their pushes in whichever order they reach its shard)."""
+    data = tmp_path / "data"
+    # 3 files a split: rank 0 reads 2, rank 1 reads 1; both see the popular keys every step
+    generate(
+        data,
+        "20190720",
+        1,
+        720,
+        1200,
+        files_per_split=3,
+        params=StreamParams(slots=SLOTS, vocab=100, seed=5),
+    )
+    first = _two_rank_run(tmp_path, data, "first", "rank")
+    second = _two_rank_run(tmp_path, data, "second", "rank")
+    match = same_model(first, second)
+    assert (match.compared, match.equal, match.first_difference) == (2, 2, None), match.line()
+    recs = [json.loads(x) for x in (first / "passes.jsonl").read_text().splitlines()]
+    assert [(r["samples"], r["world_size"]) for r in recs] == [(1200, 2), (1200, 2)]
+    assert all(r["step"] > 2 for r in recs[1:])  # several steps a pass
