@@ -58,7 +58,14 @@ from chaos_checks import (  # noqa: E402
     same_model,
 )
 from chaos_clients import RestClients  # noqa: E402
-from chaos_harness import KINDS, Schedule, Stack, run_chaos, summary  # noqa: E402
+from chaos_harness import (  # noqa: E402
+    KINDS,
+    Schedule,
+    Stack,
+    run_chaos,
+    summary,
+    with_push_order,
+)
 from streamrec.layout import format_day, parse_day, split_names  # noqa: E402
 
 START_DAY = "20190720"  # `streamrec up`'s
@@ -261,9 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=1 / args.pass_seconds,
     )
     try:
-        template = stack.drop_demo()
-        model = template.setdefault("model", {})
-        model["runner"] = {**(model.get("runner") or {}), "sparse_push_order": args.push_order}
+        template = with_push_order(stack.drop_demo(), args.push_order)
         window = {"end_day": end_day, "end_split": end_split}
         saves = {"save_delta_frequency": args.delta_every}
         name = "nofault" if args.no_faults else "chaos"

@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 import redis
-from chaos_checks import agreement, kept_records, mean_predict_auc, read_records
+from chaos_checks import agreement, kept_records, mean_predict_auc, read_records, same_model
 from servers import wait_for
 from stack_helpers import STREAMREC, Output, child_pids, start_stack, stderr_log, trainer_rank
 from streamrec.control import keys, redis_io
@@ -500,6 +500,15 @@ def run_chaos(
 SUITE_CHECKPOINT_PER_PASS = 3
 
 
+def with_push_order(template: dict[str, Any], order: str) -> dict[str, Any]:
+    """``template`` (a job spec) with its trainer's ``runner.sparse_push_order`` set:
+    ``rank`` makes the model repeat bit for bit, faults and all."""
+    spec = json.loads(json.dumps(template))
+    model = spec.setdefault("model", {})
+    model["runner"] = {**(model.get("runner") or {}), "sparse_push_order": order}
+    return spec
+
+
 def run_and_judge(
     tmp_path: Path, schedule: Schedule, min_faults: int, split_interval: int
 ) -> list[Fault]:
@@ -521,7 +530,7 @@ def run_and_judge(
         samples=300,
     )
     try:
-        template = stack.drop_demo()
+        template = with_push_order(stack.drop_demo(), "rank")
         job_id = stack.submit(template, "chaos", SUITE_CHECKPOINT_PER_PASS)
         wait_for(lambda: done_after(stack, job_id, 0), 90, 0.3, what="a first pass done")
         t0 = stack.job(job_id)["created_at"]
@@ -540,8 +549,12 @@ def run_and_judge(
             print(line)
         chaos_auc, base_auc = mean_predict_auc(passes), mean_predict_auc(stack.passes(base_id))
         print(f"mean predict AUC: chaos {chaos_auc}, no faults {base_auc}")
+        # in rank push order the recoveries must leave the no-fault model, bit for bit
+        match = same_model(stack.model_path(job), stack.model_path(base))
+        print(match.line())
         assert job["state"] == "succeeded", job
         assert verdict.ok, "\n".join(verdict.report())
+        assert match.first_difference is None and match.equal == match.compared > 0, match.line()
         return faults
     finally:
         stack.down()

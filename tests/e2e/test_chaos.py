@@ -6,7 +6,9 @@ in Redis (freezes and a double fault: ``test_chaos_freeze.py``). Each next fault
 handed out after the last one is done. Then a no-fault job over the same data, and the
 verdict of :mod:`chaos_checks`: the job succeeded and REST, ``passes.jsonl`` and the
 checkpoints agree pass by pass, the model holding exactly the passes REST calls done, each
-trained on the model after the pass before it.
+trained on the model after the pass before it; and, both jobs pushing in rank order
+(``runner.sparse_push_order: rank``), the chaos job's model equal to the no-fault job's at
+every checkpoint, bit for bit.
 
 The seed is printed; ``STREAMREC_CHAOS_SEED`` runs another (``tools/chaos.py``: the same for
 as long as asked).

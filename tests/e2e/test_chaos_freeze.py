@@ -3,7 +3,8 @@
 group, a store shard, Redis, the API, the sampler) is frozen in turn, in a seeded random
 order: SIGSTOP for longer than the API's heartbeat TTL (10 s), then SIGCONT. No socket closes
 and no process exits: the silent peer must be noticed or waited for, and nothing it does
-when it wakes may break the lineage. Then a double fault (two kinds within a second). Each
+when it wakes may break the lineage or change the model (the model must equal the no-fault
+job's bit for bit). Then a double fault (two kinds within a second). Each
 next fault once a pass handed out after the last thaw is done; then the verdict of
 :mod:`chaos_checks`, as in ``test_chaos.py`` (its own file: the two run side by side).
 
