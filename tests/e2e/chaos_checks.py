@@ -370,9 +370,26 @@ def _same_tree(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+#: The row's flags word and its "changed since the last base/delta save" bit
+#: (csrc/shared/row_layout.h): save bookkeeping, not training state. An export asked over REST
+#: lands at a moment, so at another pass in two runs; it clears the bit in the rows it takes.
+FLAGS_COLUMN, DIRTY_BIT = 3, 2
+
+
+def _training_state(rows: np.ndarray) -> np.ndarray:
+    """``rows`` with the dirty bit of every flags word cleared (the rest as it is)."""
+    if rows.ndim != 2 or rows.shape[1] <= FLAGS_COLUMN or rows.dtype != np.float32:
+        return rows
+    out = rows.copy()
+    flags = out[:, FLAGS_COLUMN].astype(np.int64)
+    out[:, FLAGS_COLUMN] = (flags & ~DIRTY_BIT).astype(np.float32)
+    return out
+
+
 def _sparse_differences(a: Path, b: Path) -> list[str]:
     """The tables of two sparse saves that differ (rows compared key by key: a shard's save
-    lists its keys in its hash table's order, which the order of inserts decides)."""
+    lists its keys in its hash table's order, which the order of inserts decides), the dirty
+    bit aside (:func:`_training_state`)."""
     out = []
     names = sorted(p.relative_to(a).as_posix() for p in a.glob("*/*.keys.npy"))
     if names != sorted(p.relative_to(b).as_posix() for p in b.glob("*/*.keys.npy")):
@@ -380,7 +397,8 @@ def _sparse_differences(a: Path, b: Path) -> list[str]:
     for name in names:
         stem = name[: -len(".keys.npy")]
         ka, kb = np.load(a / name), np.load(b / name)
-        ra, rb = np.load(a / f"{stem}.rows.npy"), np.load(b / f"{stem}.rows.npy")
+        ra = _training_state(np.load(a / f"{stem}.rows.npy"))
+        rb = _training_state(np.load(b / f"{stem}.rows.npy"))
         oa, ob = np.argsort(ka, kind="stable"), np.argsort(kb, kind="stable")
         if not (np.array_equal(ka[oa], kb[ob]) and np.array_equal(ra[oa], rb[ob], equal_nan=True)):
             out.append(stem)
@@ -390,9 +408,9 @@ def _sparse_differences(a: Path, b: Path) -> list[str]:
 def same_model(model_path: Path, twin_path: Path) -> ModelMatch:
     """Whether every checkpoint both model directories hold is the same model bit for bit:
     the dense state (weights, optimizer, LR scheduler, step) and every shard's rows, key by
-    key. With ``runner.sparse_push_order: rank`` a run repeats bit for bit, so a run with
-    faults must equal its no-fault twin at every checkpoint: a difference is state a
-    recovery lost or applied twice."""
+    key (but the saves' dirty bit). With ``runner.sparse_push_order: rank`` a run repeats
+    bit for bit, so a run with faults must equal its no-fault twin at every checkpoint: a
+    difference is state a recovery lost or applied twice."""
     ours, theirs = read_checkpoints(model_path), read_checkpoints(twin_path)
     both = sorted(
         (k for k in ours.keys() & theirs.keys() if ours[k].manifest and theirs[k].manifest),

@@ -5,10 +5,14 @@ group restarted from an older checkpoint while REST kept the passes after it ``d
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from chaos_checks import agreement
+import numpy as np
+import torch
+from chaos_checks import agreement, same_model
 from streamrec.trainer.model.checkpoint_dirs import write_manifest
 
 DAY = "20190720"
@@ -130,3 +134,75 @@ def test_a_checkpoint_of_another_training_or_missing_fails(tmp_path: Path) -> No
     assert "manifest step 7 but passes.jsonl step 3" in text
     assert "no checkpoint directory where one is due" in text
     assert "last_checkpoint 20190720/6 is not a complete checkpoint" in text
+
+
+def write_model(model: Path, rows: dict[int, np.ndarray], weight: float = 1.0) -> None:
+    """A checkpoint after pass 3 and one after pass 6: a dense state and one shard's table
+    ``slot_0`` whose rows are ``rows[pass_id]`` (keys 10, 11, 12 saved in reverse order)."""
+    for pass_id, table in rows.items():
+        directory = model / DAY / str(pass_id)
+        shard = directory / "sparse" / "shard-0-of-1"
+        shard.mkdir(parents=True)
+        np.save(shard / "slot_0.keys.npy", np.array([12, 11, 10], dtype=np.int64))
+        np.save(shard / "slot_0.rows.npy", table[::-1].copy())
+        (shard / "MANIFEST.json").write_text("{}")
+        state = {
+            "model": {"w": torch.full((2,), weight * pass_id)},
+            "optimizer": {"state": {0: {"sum": torch.ones(2)}}, "param_groups": []},
+            "scheduler": {"last_epoch": pass_id},
+            "trainer": {"day": DAY, "pass_id": pass_id, "step": pass_id},
+        }
+        torch.save(state, directory / "dense.pt")
+        write_manifest(directory, {"day": DAY, "pass_id": pass_id, "step": pass_id})
+
+
+def table(flags: float, g2sum: float) -> np.ndarray:
+    """3 rows of [show, click, unseen, flags, w, g2sum]."""
+    return np.array([[5.0, 1.0, 0.0, flags, 0.25, g2sum]] * 3, dtype=np.float32)
+
+
+def test_same_model_takes_the_rows_key_by_key_and_leaves_the_saves_dirty_bit_aside(tmp_path):
+    # an export cleared the dirty bit (2) in one run only: the same training state
+    write_model(tmp_path / "a", {3: table(3.0, 0.5), 6: table(3.0, 0.75)})
+    write_model(tmp_path / "b", {3: table(1.0, 0.5), 6: table(3.0, 0.75)})
+    match = same_model(tmp_path / "a", tmp_path / "b")
+    assert (match.compared, match.equal, match.first_difference) == (2, 2, None)
+    assert match.line() == "model: 2/2 checkpoints the no-fault run's bit for bit"
+
+
+def test_same_model_names_the_first_checkpoint_and_the_part_that_differ(tmp_path):
+    write_model(tmp_path / "a", {3: table(3.0, 0.5), 6: table(3.0, 0.75)})
+    # the expanded bit (1) and an AdaGrad sum one ulp apart at pass 6; the dense state too
+    g2 = float(np.nextafter(np.float32(0.75), np.float32(1)))
+    write_model(tmp_path / "b", {3: table(3.0, 0.5), 6: table(2.0, g2)}, weight=1.0)
+    write_model(tmp_path / "c", {3: table(3.0, 0.5), 6: table(3.0, 0.75)}, weight=1.5)
+    rows = same_model(tmp_path / "a", tmp_path / "b")
+    assert (rows.compared, rows.equal) == (2, 1)
+    assert rows.first_difference == "first difference at 20190720/6: shard-0-of-1/slot_0"
+    dense = same_model(tmp_path / "a", tmp_path / "c")
+    assert dense.first_difference == "first difference at 20190720/3: dense.pt"
+    assert dense.line().startswith("model: 0/2 checkpoints the no-fault run's bit for bit; ")
+
+
+def test_same_model_tool_says_it_and_exits_by_it(tmp_path):
+    tool = Path(__file__).resolve().parents[2] / "tools" / "same_model.py"
+    write_model(tmp_path / "a", {3: table(3.0, 0.5), 6: table(3.0, 0.75)})
+    write_model(tmp_path / "b", {3: table(1.0, 0.5), 6: table(3.0, 0.75)})
+    write_model(tmp_path / "c", {3: table(3.0, 0.5), 6: table(3.0, 0.5)})
+
+    def run(*args: Path) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(tool), *map(str, args)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    same, other, bad = (
+        run(tmp_path / "a", tmp_path / "b"),
+        run(tmp_path / "a", tmp_path / "c"),
+        run(tmp_path / "a", tmp_path / "none"),
+    )
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.splitlines()[-1] == "model: 2/2 checkpoints the no-fault run's bit for bit"
+    assert other.returncode == 1, other.stderr
+    assert other.stdout.splitlines()[-1].endswith(
+        "first difference at 20190720/6: shard-0-of-1/slot_0"
+    )
+    assert bad.returncode == 2 and "none is not a directory" in bad.stderr
