@@ -1,12 +1,13 @@
 """Chaos run: kills and freezes of the stack's services at random for as long as asked, then
 the verdict.
 
-On a `streamrec up --keep-running` stack in ``--run-dir`` (one trainer group of 2 ranks, 2
-store shards) a job over REST, its data landing one split every ``--pass-seconds`` for
-``--minutes`` (the job cannot finish sooner), ``--checkpoint-per-pass``; meanwhile a fault
-of one of ``--kinds`` every ``--interval`` seconds (for ``--pass-done-share`` of them, after
-that, the instant the next ``pass_done`` report of a pass no checkpoint holds lands in
-Redis), each kind killed once first, in a seeded order. A fault is a kill -9, or for
+On a `streamrec up --keep-running` stack in ``--run-dir`` (one trainer group of
+``--trainers`` ranks, 2 store shards) a job over REST, its data landing one split every
+``--pass-seconds`` for ``--minutes`` (the job cannot finish sooner),
+``--checkpoint-per-pass``; meanwhile a fault of one of ``--kinds`` every ``--interval``
+seconds (for ``--pass-done-share`` of them, after that, the instant the next ``pass_done``
+report of a pass no checkpoint holds lands in Redis), each kind killed once first, in a
+seeded order. A fault is a kill -9, or for
 ``--freeze-share`` of them a freeze (SIGSTOP, SIGCONT ``--freeze-seconds`` later); for
 ``--double-share`` of them a second fault of another kind follows within a second.
 Meanwhile ``--pollers`` REST clients read the job, its passes, events, triggers and

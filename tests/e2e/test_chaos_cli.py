@@ -30,6 +30,7 @@ def test_a_long_run_crosses_day_ends():
         (["--pollers", "-2"], "--pollers must be >= 0, got -2"),
         (["--export-every", "-5"], "--export-every must be >= 0, got -5.0"),
         (["--kinds", "api,disk"], "--kinds must be some of"),
+        (["--trainers", "0"], "--trainers must be >= 1, got 0"),
     ],
 )
 def test_bad_flags_are_refused_naming_them(flags, names):
@@ -52,3 +53,19 @@ def test_the_answers_are_counted_by_status_and_only_real_5xx_are_defects():
     assert answers.by_status == {"200": 1, "503": 2, "500": 1, "unreachable": 1}
     assert answers.unavailable == 2 and answers.fives == 1 and answers.total == 5
     assert answers.server_errors[0][1:3] == ("GET /v1/jobs/j/passes", 500)
+
+
+def test_the_push_order_goes_into_the_job_and_an_unknown_one_is_refused(capsys):
+    from chaos_harness import with_push_order
+
+    template = {"name": "demo", "model": {"runner": {"sparse_threads": 2}}}
+    spec = with_push_order(template, "rank")
+    assert spec["model"]["runner"] == {"sparse_threads": 2, "sparse_push_order": "rank"}
+    assert template["model"]["runner"] == {"sparse_threads": 2}  # the template is left alone
+    assert with_push_order({"name": "demo"}, "arrival")["model"] == {
+        "runner": {"sparse_push_order": "arrival"}
+    }
+    assert chaos.build_parser().parse_args([]).push_order == "arrival"
+    with pytest.raises(SystemExit):
+        chaos.build_parser().parse_args(["--push-order", "sorted"])
+    assert "invalid choice: 'sorted'" in capsys.readouterr().err
